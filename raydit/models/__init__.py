@@ -1,0 +1,1 @@
+"""Model adapters: make diffusers transformers sequence-parallel without editing them."""

@@ -1,0 +1,1 @@
+"""Sequence-parallel attention on torch.distributed; knows nothing of Ray or models."""

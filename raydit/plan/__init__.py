@@ -1,0 +1,1 @@
+"""The planner: pure Python, imports neither torch nor ray."""

@@ -1,0 +1,1 @@
+"""The Ray runtime: one actor per rank, process groups, the engine."""
