@@ -1,0 +1,219 @@
+"""Sequence-parallel attention: Ulysses all-to-all inside, ring of K/V blocks across.
+
+Legend: B batch, H all heads, h = H / U heads of one Ulysses rank, S local tokens of one
+rank (layout.local_len), U ulysses degree, R ring degree, D head dim, T = U * S tokens of a
+Ulysses group (one ring block).
+
+Per rank:  q,k,v (B, H, S, D)  --all-to-all over ulysses_group-->  (B, h, T, D)
+           ring over ring_group: keep q, pass each (k, v) block around, merge with lse
+           out (B, h, T, D)    --all-to-all back----------------->  (B, H, S, D)
+Pad keys are dropped from each block before the kernel (the layout tells every rank which
+tokens are pad without communication); pad queries are computed and dropped at gather.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from raydit.parallel.kernels import AttentionKernel, select_kernel
+from raydit.parallel.mesh import ParallelMesh, check_layout
+from raydit.parallel.sharding import SeqLayout, select_ranges
+
+
+# -- pure math -----------------------------------------------------------------------------
+def merge_attention(
+    out_a: Tensor | None, lse_a: Tensor | None, out_b: Tensor, lse_b: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Merge two partial attentions over disjoint key sets; returns (out float32, lse float32).
+
+    out_* (B, H, Sq, D), lse_* (B, H, Sq). With a = keys of block a, b = keys of block b:
+        lse = log(exp(lse_a) + exp(lse_b))
+        out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+    Stable form: subtract m = max(lse_a, lse_b) before exponentiating, so the weights
+    w_a = exp(lse_a - m), w_b = exp(lse_b - m) lie in [0, 1] and one of them is 1:
+        lse = m + log(w_a + w_b),  out = (w_a out_a + w_b out_b) / (w_a + w_b)
+    A row whose both lse are -inf (no key yet) uses m = 0: weights 0, lse -inf, out 0, no NaN.
+    `out_a is None` starts the accumulation.
+    """
+    if out_a is None or lse_a is None:
+        return out_b.float(), lse_b.float()
+    lse_a, lse_b = lse_a.float(), lse_b.float()
+    m = torch.maximum(lse_a, lse_b)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = w_a + w_b
+    lse = m + torch.log(total)
+    # total >= 1 wherever a row has a key; clamp only guards the all -inf rows (0 / tiny = 0).
+    inv = (1.0 / total.clamp_min(torch.finfo(torch.float32).tiny)).unsqueeze(-1)
+    out = out_a.float() * (w_a.unsqueeze(-1) * inv) + out_b.float() * (w_b.unsqueeze(-1) * inv)
+    return out, lse
+
+
+def seq_to_head_send(x_NBHSD: Tensor, ulysses: int) -> Tensor:
+    """(N, B, H, S, D) -> (U, N, B, h, S, D) contiguous: slice j of dim 0 goes to Ulysses rank j.
+
+    N stacks q, k, v so one all-to-all moves all three.
+    """
+    N, B, H, S, D = x_NBHSD.shape
+    assert H % ulysses == 0, "caller checks head divisibility"
+    return x_NBHSD.reshape(N, B, ulysses, H // ulysses, S, D).permute(2, 0, 1, 3, 4, 5).contiguous()
+
+
+def seq_to_head_recv(x_UNBhSD: Tensor) -> Tensor:
+    """Received (U, N, B, h, S, D), slice j from Ulysses rank j -> (N, B, h, U*S, D).
+
+    Rank j holds sequence chunk j, so concatenating along the sequence in j order gives the
+    Ulysses group's tokens in order: [local seq of rank 0 | local seq of rank 1 | ...].
+    """
+    U, N, B, h, S, D = x_UNBhSD.shape
+    return x_UNBhSD.permute(1, 2, 3, 0, 4, 5).reshape(N, B, h, U * S, D)
+
+
+def head_to_seq_send(x_BhTD: Tensor, ulysses: int) -> Tensor:
+    """(B, h, U*S, D) -> (U, B, h, S, D) contiguous: sequence chunk j goes back to Ulysses rank j."""
+    B, h, T, D = x_BhTD.shape
+    assert T % ulysses == 0, "a Ulysses block is U local sequences"
+    return x_BhTD.reshape(B, h, ulysses, T // ulysses, D).permute(2, 0, 1, 3, 4).contiguous()
+
+
+def head_to_seq_recv(x_UBhSD: Tensor) -> Tensor:
+    """Received (U, B, h, S, D), slice j = head slice j of my tokens -> (B, U*h = H, S, D)."""
+    U, B, h, S, D = x_UBhSD.shape
+    return x_UBhSD.permute(1, 0, 2, 3, 4).reshape(B, U * h, S, D)
+
+
+def feasible_ulysses(heads: int) -> list[int]:
+    return [d for d in range(1, heads + 1) if heads % d == 0]
+
+
+# -- communication ------------------------------------------------------------------------
+def _all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
+    """all_to_all_single along dim 0 (one slice per group rank)."""
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+class RingComm:
+    """Sends a block to the next ring rank while receiving one from the previous.
+
+    Usage per step: `nxt = comm.send_recv(block); comm.commit(); ...compute...; comm.wait()`.
+    Both ops are posted together (batch_isend_irecv) so neither side blocks on the other.
+    """
+
+    def __init__(self, mesh: ParallelMesh):
+        self._group = mesh.ring_group
+        self._prev, self._next = mesh.ring_prev, mesh.ring_next
+        self._ops: list[dist.P2POp] = []
+        self._reqs: list = []
+
+    def send_recv(self, block: Tensor) -> Tensor:
+        recv = torch.empty_like(block)
+        self._ops.append(dist.P2POp(dist.isend, block, self._next, self._group))
+        self._ops.append(dist.P2POp(dist.irecv, recv, self._prev, self._group))
+        return recv
+
+    def commit(self) -> None:
+        assert not self._reqs, "wait() before the next commit()"
+        self._reqs = dist.batch_isend_irecv(self._ops)
+        self._ops = []
+
+    def wait(self) -> None:
+        for req in self._reqs:
+            req.wait()
+        self._reqs = []
+
+
+def ring_attention(
+    q_BhTD: Tensor,
+    kv_2BhTD: Tensor,
+    mesh: ParallelMesh,
+    block_ranges: list[tuple[tuple[int, int], ...]],
+    scale: float,
+    kernel: AttentionKernel,
+) -> Tensor:
+    """Attention of local queries over the K/V blocks of every ring rank -> (B, h, T, D).
+
+    `block_ranges[r]` are the real-key ranges of the block that ring rank r holds; a block
+    of pad only is skipped (it contributes nothing). The next block is received while the
+    current one is computed on.
+    """
+    R = mesh.ring
+    if R == 1:
+        ranges = block_ranges[0]
+        k, v = select_ranges(kv_2BhTD[0], ranges, 2), select_ranges(kv_2BhTD[1], ranges, 2)
+        return kernel(q_BhTD, k, v, scale)[0]
+    comm = RingComm(mesh)
+    out = lse = None
+    kv = kv_2BhTD
+    for step in range(R):
+        if step + 1 < R:
+            next_kv = comm.send_recv(kv)
+            comm.commit()
+        # At step t this rank holds the block that started on ring rank (ring_rank - t).
+        ranges = block_ranges[(mesh.ring_rank - step) % R]
+        if ranges:
+            k, v = select_ranges(kv[0], ranges, 2), select_ranges(kv[1], ranges, 2)
+            block_out, block_lse = kernel(q_BhTD, k, v, scale)
+            out, lse = merge_attention(out, lse, block_out, block_lse)
+        if step + 1 < R:
+            comm.wait()
+            kv = next_kv
+    assert out is not None, "the layout holds at least one real token"
+    return out.to(q_BhTD.dtype)
+
+
+def sp_attention(
+    q_BHSD: Tensor,
+    k_BHSD: Tensor,
+    v_BHSD: Tensor,
+    mesh: ParallelMesh,
+    layout: SeqLayout,
+    scale: float | None = None,
+    kernel: AttentionKernel | None = None,
+) -> Tensor:
+    """Full (non-causal) attention over the whole sp-sharded sequence; local shard in and out.
+
+    q, k, v: this rank's local sequence (layout.local_len tokens) with all heads, (B, H, S, D).
+    Returns (B, H, S, D) in q's dtype; rows of pad queries are defined but meaningless.
+    """
+    check_layout(mesh, layout)
+    if q_BHSD.dim() != 4 or k_BHSD.shape != q_BHSD.shape or v_BHSD.shape != q_BHSD.shape:
+        raise ValueError(
+            f"q, k, v must share one (batch, heads, tokens, head_dim) shape; got "
+            f"{tuple(q_BHSD.shape)}, {tuple(k_BHSD.shape)}, {tuple(v_BHSD.shape)}"
+        )
+    B, H, S, D = q_BHSD.shape
+    if S != layout.local_len:
+        raise ValueError(
+            f"q has {S} tokens, but this rank's local sequence is {layout.local_len} tokens "
+            f"(parts {layout.part_lengths} over sp={layout.sp}); shard the inputs with the same SeqLayout"
+        )
+    U = mesh.ulysses
+    if H % U:
+        raise ValueError(
+            f"ulysses_degree {U} does not divide the {H} attention heads; "
+            f"feasible: {', '.join(map(str, feasible_ulysses(H)))}"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if kernel is None:
+        kernel = select_kernel(q_BHSD.device, q_BHSD.dtype)
+
+    # (3, B, H, S, D) -> Ulysses -> (3, B, h, T, D) with T = U * S.
+    qkv = torch.stack([q_BHSD, k_BHSD, v_BHSD])
+    if U > 1:
+        qkv = seq_to_head_recv(_all_to_all(seq_to_head_send(qkv, U), mesh.ulysses_group))
+    q_BhTD, kv_2BhTD = qkv[0], qkv[1:]
+
+    # The block of ring rank r is the local sequences of sp indices r*U .. r*U + U - 1.
+    block_ranges = [layout.key_ranges(range(r * U, (r + 1) * U)) for r in range(mesh.ring)]
+    out_BhTD = ring_attention(q_BhTD, kv_2BhTD, mesh, block_ranges, scale, kernel)
+
+    if U > 1:
+        return head_to_seq_recv(_all_to_all(head_to_seq_send(out_BhTD, U), mesh.ulysses_group))
+    return out_BhTD

@@ -1,0 +1,193 @@
+"""Process groups for ulysses x ring x cfg x replicas, built explicitly (no globals).
+
+Rank order (docs/design.md):
+    sp_index    = ring_rank * ulysses + ulysses_rank      (Ulysses groups: neighbouring ranks)
+    global_rank = (replica * cfg + cfg_rank) * sp + sp_index
+so a Ulysses group stays inside a node, and a ring group strides by `ulysses`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from raydit.parallel.sharding import SeqLayout
+
+
+@dataclass(frozen=True)
+class ParallelMesh:
+    """Degrees, this rank's coordinates and the process groups it belongs to.
+
+    A group is None where its degree is 1 (no communication on that axis).
+    """
+
+    ulysses: int
+    ring: int
+    cfg: int
+    replicas: int
+    rank: int
+    ulysses_group: dist.ProcessGroup | None
+    ring_group: dist.ProcessGroup | None
+    sp_group: dist.ProcessGroup | None
+    cfg_group: dist.ProcessGroup | None
+    ring_prev: int  # global rank this rank receives K/V from
+    ring_next: int  # global rank this rank sends K/V to
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses * self.ring
+
+    @property
+    def world_size(self) -> int:
+        return self.sp * self.cfg * self.replicas
+
+    @property
+    def sp_index(self) -> int:
+        return self.rank % self.sp
+
+    @property
+    def ulysses_rank(self) -> int:
+        return self.sp_index % self.ulysses
+
+    @property
+    def ring_rank(self) -> int:
+        return self.sp_index // self.ulysses
+
+    @property
+    def cfg_rank(self) -> int:
+        return (self.rank // self.sp) % self.cfg
+
+    @property
+    def replica(self) -> int:
+        return self.rank // (self.sp * self.cfg)
+
+
+def _check_degree(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} {value!r} must be an integer >= 1")
+
+
+def global_rank(ulysses: int, ring: int, cfg: int, replica: int, cfg_rank: int, ring_rank: int, ulysses_rank: int) -> int:
+    """The global rank of a mesh coordinate (the formula of docs/design.md)."""
+    sp = ulysses * ring
+    return (replica * cfg + cfg_rank) * sp + ring_rank * ulysses + ulysses_rank
+
+
+def mesh_groups(ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1) -> dict[str, list[list[int]]]:
+    """Every group of every axis as lists of global ranks, in creation order (pure).
+
+    All ranks must call new_group for every group in the same order, so the order here is
+    the order of creation; each list is ascending, so a rank's position in it is its axis rank.
+    """
+    g = lambda rep, c, r, u: global_rank(ulysses, ring, cfg, rep, c, r, u)  # noqa: E731
+    return {
+        "ulysses": [
+            [g(rep, c, r, u) for u in range(ulysses)]
+            for rep in range(replicas) for c in range(cfg) for r in range(ring)
+        ],
+        "ring": [
+            [g(rep, c, r, u) for r in range(ring)]
+            for rep in range(replicas) for c in range(cfg) for u in range(ulysses)
+        ],
+        "sp": [
+            [g(rep, c, r, u) for r in range(ring) for u in range(ulysses)]
+            for rep in range(replicas) for c in range(cfg)
+        ],
+        "cfg": [
+            [g(rep, c, r, u) for c in range(cfg)]
+            for rep in range(replicas) for r in range(ring) for u in range(ulysses)
+        ],
+    }
+
+
+def build_mesh(ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1) -> ParallelMesh:
+    """Build the mesh on the initialized default process group (world size == product).
+
+    With all degrees 1 the default group may be uninitialized (single process, no groups).
+    """
+    for name, value in (("ulysses_degree", ulysses), ("ring_degree", ring), ("cfg_degree", cfg), ("replicas", replicas)):
+        _check_degree(name, value)
+    product = ulysses * ring * cfg * replicas
+    initialized = dist.is_available() and dist.is_initialized()
+    if not initialized:
+        if product != 1:
+            raise ValueError(
+                f"ulysses {ulysses} x ring {ring} x cfg {cfg} x replicas {replicas} = {product} ranks, "
+                f"but torch.distributed is not initialized; call init_process_group with world_size {product}"
+            )
+        return ParallelMesh(1, 1, 1, 1, 0, None, None, None, None, 0, 0)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if product != world:
+        raise ValueError(
+            f"ulysses {ulysses} x ring {ring} x cfg {cfg} x replicas {replicas} = {product} ranks, "
+            f"but the world size is {world}; choose degrees whose product is {world}"
+        )
+
+    # new_group is collective over the default group: every rank creates every group of
+    # every axis in the same order, and keeps the one it belongs to.
+    degrees = {"ulysses": ulysses, "ring": ring, "sp": ulysses * ring, "cfg": cfg}
+    mine: dict[str, dist.ProcessGroup | None] = {}
+    for axis, groups in mesh_groups(ulysses, ring, cfg, replicas).items():
+        mine[axis] = None
+        if degrees[axis] == 1:
+            continue
+        for ranks in groups:
+            group = dist.new_group(ranks=ranks)
+            if rank in ranks:
+                mine[axis] = group
+
+    sp = ulysses * ring
+    sp_index = rank % sp
+    ring_rank, ulysses_rank = divmod(sp_index, ulysses)
+    base = rank - sp_index
+    ring_prev = base + ((ring_rank - 1) % ring) * ulysses + ulysses_rank
+    ring_next = base + ((ring_rank + 1) % ring) * ulysses + ulysses_rank
+    return ParallelMesh(
+        ulysses=ulysses,
+        ring=ring,
+        cfg=cfg,
+        replicas=replicas,
+        rank=rank,
+        ulysses_group=mine["ulysses"],
+        ring_group=mine["ring"],
+        sp_group=mine["sp"],
+        cfg_group=mine["cfg"],
+        ring_prev=ring_prev,
+        ring_next=ring_next,
+    )
+
+
+def check_layout(mesh: ParallelMesh, layout: SeqLayout) -> None:
+    if layout.sp != mesh.sp:
+        raise ValueError(
+            f"SeqLayout sp {layout.sp} does not match the mesh's ulysses {mesh.ulysses} x ring {mesh.ring} = "
+            f"{mesh.sp}; build the layout with sp={mesh.sp}"
+        )
+
+
+def gather_sequence(x_local: Tensor, mesh: ParallelMesh, layout: SeqLayout, part: int, dim: int = 1) -> Tensor:
+    """All-gather one part over the sp group and remove its padding -> the full part.
+
+    `x_local` is either this rank's chunk of `part` (chunk_lengths[part] along `dim`) or its
+    whole local sequence (local_len along `dim`), from which the part's chunk is taken.
+    Every rank of the sp group returns the same tensor, bit for bit.
+    """
+    check_layout(mesh, layout)
+    layout._check_part(part)
+    size, chunk = x_local.size(dim), layout.chunk_lengths[part]
+    if size != chunk:
+        if size != layout.local_len:
+            raise ValueError(
+                f"x_local has {size} tokens along dim {dim}; expected part {part}'s chunk ({chunk}) "
+                f"or the whole local sequence ({layout.local_len})"
+            )
+        x_local = x_local.narrow(dim, layout.part_offset(part), chunk)
+    if mesh.sp_group is None:
+        return layout.unshard([x_local], part, dim)
+    x_local = x_local.contiguous()
+    chunks = [torch.empty_like(x_local) for _ in range(mesh.sp)]
+    dist.all_gather(chunks, x_local, group=mesh.sp_group)  # group rank == sp_index (ascending ranks)
+    return layout.unshard(chunks, part, dim)
