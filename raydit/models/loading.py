@@ -66,10 +66,12 @@ def load_pipeline(model: str | Path, device=None, dtype=None):
     import diffusers
     import torch
 
+    # Loading bars from every rank would drown the generation's own progress bar.
+    diffusers.utils.logging.disable_progress_bar()
     path = resolve_model_dir(str(model))
     class_name = json.loads((path / "model_index.json").read_text())["_class_name"]
     pipeline_cls = getattr(diffusers, class_name)
-    pipe = pipeline_cls.from_pretrained(str(path), torch_dtype=dtype or torch.float32)
+    pipe = pipeline_cls.from_pretrained(str(path), dtype=dtype or torch.float32)
     if device is not None:
         pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

@@ -1,0 +1,194 @@
+"""The runtime sub-commands of `raydit`: generate, doctor, verify.
+
+`raydit.cli` owns argument parsing and the exit-status rule (user errors: one line,
+status 2); these functions do the work and return the process exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with any of the options below (command line wins)")
+    p.add_argument("--prompt", help="text prompt (required, here or in --config)")
+    p.add_argument("--negative-prompt", dest="negative_prompt")
+    p.add_argument("--model", help="'tiny' (default) or a local diffusers pipeline directory")
+    p.add_argument("--frames", type=int)
+    p.add_argument("--height", type=int)
+    p.add_argument("--width", type=int)
+    p.add_argument("--steps", type=int, help="denoising steps (default 50)")
+    p.add_argument("--guidance-scale", dest="guidance_scale", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--ulysses", type=int)
+    p.add_argument("--ring", type=int)
+    p.add_argument("--cfg", type=int, choices=[1, 2])
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--out", help="mp4 to write (default video.mp4)")
+    p.add_argument("--save-latents", dest="save_latents", help="write the final latents as .npy")
+    p.add_argument("--fps", type=int)
+    p.add_argument("--json", action="store_true", default=None, help="print a JSON summary")
+
+
+GENERATE_DEFAULTS = {
+    "model": "tiny",
+    "steps": 50,
+    "guidance_scale": 6.0,
+    "seed": 0,
+    "device": "auto",
+    "out": "video.mp4",
+    "fps": 8,
+    "json": False,
+    "negative_prompt": "",
+}
+
+
+def resolve_generate_options(args: argparse.Namespace) -> dict:
+    """Merge defaults < --config file < command line, and check what is required."""
+    from raydit.jobconfig import GENERATE_OPTIONS, load_job_config
+
+    opts = dict(GENERATE_DEFAULTS)
+    if args.config:
+        opts.update(load_job_config(args.config))
+    for key in GENERATE_OPTIONS:
+        value = getattr(args, key, None)
+        if value is not None:
+            opts[key] = value
+    if not opts.get("prompt"):
+        raise ValueError("--prompt is required (on the command line or as 'prompt:' in --config)")
+    if opts.get("steps", 1) < 1:
+        raise ValueError(f"--steps {opts['steps']} must be at least 1")
+    if opts.get("fps", 1) < 1:
+        raise ValueError(f"--fps {opts['fps']} must be at least 1")
+    if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
+    return opts
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from raydit.runtime.engine import Engine
+
+    o = resolve_generate_options(args)
+    workers = o.get("workers")
+    device = o["device"]
+    if workers is None and device != "cuda" and o.get("address") is None:
+        # On a CPU machine the default is 2 ranks: the smallest parallel run.
+        workers = None if _has_gpu_cluster() else 2
+    with Engine(
+        model=o["model"],
+        workers=workers,
+        device=device,
+        ulysses=o.get("ulysses"),
+        ring=o.get("ring"),
+        cfg=o.get("cfg"),
+        address=o.get("address"),
+        frames=o.get("frames"),
+        height=o.get("height"),
+        width=o.get("width"),
+        show_plan=not o["json"],
+    ) as engine:
+        result = engine.generate(
+            o["prompt"],
+            negative_prompt=o.get("negative_prompt"),
+            num_frames=o.get("frames"),
+            height=o.get("height"),
+            width=o.get("width"),
+            num_inference_steps=o["steps"],
+            guidance_scale=o["guidance_scale"],
+            seed=o["seed"],
+            progress=not o["json"],
+        )
+        result.save(o["out"], fps=o["fps"])
+        if o.get("save_latents"):
+            np.save(o["save_latents"], result.latents)
+        summary = {
+            "out": o["out"],
+            "latents": o.get("save_latents"),
+            "frames": list(result.frames.shape),
+            "plan": result.plan.to_dict(),
+            "kernel": engine.kernel,
+            "timings": {k: v for k, v in result.timings.items() if k != "step_seconds"},
+            "startup": engine.timings,
+        }
+    if o["json"]:
+        print(json.dumps(summary))
+    else:
+        t = result.timings
+        print(
+            f"wrote {o['out']}: {result.frames.shape[0]} frames {result.frames.shape[2]}x"
+            f"{result.frames.shape[1]}, {len(t['step_seconds'])} steps in "
+            f"{t['denoise_seconds']:.2f} s, total {t['total_seconds']:.2f} s"
+        )
+    return 0
+
+
+def _has_gpu_cluster() -> bool:
+    import ray
+
+    if ray.is_initialized():
+        return ray.cluster_resources().get("GPU", 0) > 0
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help="Ray cluster to inspect (default: RAY_ADDRESS)")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from raydit.doctor import collect, format_report
+
+    info = collect(args.address)
+    print(json.dumps(info, indent=2) if args.json else format_report(info))
+    return 0
+
+
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--workers", type=int, default=4, help="largest world size to check")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--frames", type=int)
+    p.add_argument("--height", type=int)
+    p.add_argument("--width", type=int)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--address")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from raydit.verify import format_verify_table, verify
+
+    rows = verify(
+        model=args.model,
+        workers=args.workers,
+        device=args.device,
+        steps=args.steps,
+        frames=args.frames,
+        height=args.height,
+        width=args.width,
+        rtol=args.rtol,
+        atol=args.atol,
+        address=args.address,
+    )
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(format_verify_table(rows, rtol=args.rtol, atol=args.atol))
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        print(f"raydit verify: {len(bad)} plan(s) out of tolerance", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,99 @@
+"""`raydit doctor`: what this machine and cluster will run, said up front.
+
+A user of another project lost days to a shape mismatch that came from a missing optional
+kernel package; raydit reports which attention kernel runs, and why, before any job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+
+
+def collect(address: str | None = None) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from raydit.parallel.kernels import describe_kernels
+
+    info: dict = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "nccl_available": dist.is_nccl_available(),
+        "gloo_available": dist.is_gloo_available(),
+        "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
+        "kernels": describe_kernels(),
+    }
+    for mod in ("diffusers", "transformers", "ray"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception as exc:  # a broken install is exactly what doctor must show
+            info[mod] = f"not importable: {exc}"
+    info["cluster"] = _cluster(address)
+    return info
+
+
+def _cluster(address: str | None) -> dict:
+    import os
+
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return {"status": "no cluster given (generate starts a local Ray)"}
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except Exception as exc:
+        return {"status": f"cannot connect to {address}: {type(exc).__name__}: {exc}"}
+    try:
+        nodes = []
+        for n in ray.nodes():
+            res = n.get("Resources", {})
+            nodes.append(
+                {
+                    "node_id": n["NodeID"][:12],
+                    "ip": n.get("NodeManagerAddress"),
+                    "alive": bool(n.get("Alive")),
+                    "cpus": res.get("CPU", 0),
+                    "gpus": res.get("GPU", 0),
+                    "accelerator": (n.get("Labels") or {}).get("ray.io/accelerator-type", "")
+                    or next((k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")), ""),
+                }
+            )
+        return {"status": f"connected to {address}", "nodes": nodes}
+    finally:
+        ray.shutdown()
+
+
+def format_report(info: dict) -> str:
+    k = info["kernels"]
+    lines = [
+        f"python        {info['python']}",
+        f"torch         {info['torch']} (CUDA {info['cuda_version'] or 'none'})",
+        f"diffusers     {info['diffusers']}",
+        f"transformers  {info['transformers']}",
+        f"ray           {info['ray']}",
+        f"GPUs          {', '.join(info['gpus']) or 'none visible'}",
+        f"NCCL          {'available' if info['nccl_available'] else 'not available'}",
+        f"gloo          {'available' if info['gloo_available'] else 'not available'}",
+        f"flash-attn    {'installed' if info['flash_attn_installed'] else 'not installed'}",
+        f"attention     {_kernel_line(k)}",
+        f"cluster       {info['cluster']['status']}",
+    ]
+    for n in info["cluster"].get("nodes", []):
+        lines.append(
+            f"  node {n['node_id']} {n['ip']} {'alive' if n['alive'] else 'DEAD'} "
+            f"cpus={n['cpus']:g} gpus={n['gpus']:g} {n['accelerator']}"
+        )
+    return "\n".join(lines)
+
+
+def _kernel_line(k: dict) -> str:
+    parts = []
+    for key in ("cpu", "cuda"):
+        if key in k and k[key]:
+            parts.append(f"{key}: {k[key]}")
+    return "; ".join(parts) if parts else str(k)

@@ -1,0 +1,68 @@
+"""`raydit generate --config job.yaml`: every command-line option, from a file.
+
+Keys are the long option names with dashes or underscores (`save-latents` or
+`save_latents`). Unknown keys and wrong types are refused with the key named: nothing a
+user wrote is silently ignored. Options given on the command line win over the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+# key -> (type, description); the types the command line would parse them to.
+GENERATE_OPTIONS: dict[str, type] = {
+    "prompt": str,
+    "negative_prompt": str,
+    "model": str,
+    "frames": int,
+    "height": int,
+    "width": int,
+    "steps": int,
+    "guidance_scale": float,
+    "seed": int,
+    "workers": int,
+    "device": str,
+    "ulysses": int,
+    "ring": int,
+    "cfg": int,
+    "address": str,
+    "out": str,
+    "save_latents": str,
+    "json": bool,
+    "fps": int,
+}
+
+
+def load_job_config(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {path!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ValueError(f"config file {path!r} is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path!r} must be a mapping of option: value, got {type(data).__name__}")
+    out = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in GENERATE_OPTIONS:
+            known = ", ".join(k.replace("_", "-") for k in GENERATE_OPTIONS)
+            raise ValueError(f"config file {path!r}: unknown key {raw_key!r}; known keys: {known}")
+        want = GENERATE_OPTIONS[key]
+        if value is None:
+            continue
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if want is not bool and isinstance(value, bool) or not isinstance(value, want):
+            raise ValueError(
+                f"config file {path!r}: key {raw_key!r} must be {want.__name__}, got {value!r}"
+            )
+        out[key] = value
+    return out

@@ -1,0 +1,38 @@
+"""mp4 in and out through imageio-ffmpeg (the ffmpeg binary ships inside its wheel)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
+    """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16)."""
+    import imageio_ffmpeg
+
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {frames.shape}")
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    f, h, w, _ = frames.shape
+    writer = imageio_ffmpeg.write_frames(
+        path, (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
+        quality=8, ffmpeg_log_level="error",
+    )
+    writer.send(None)
+    for frame in frames:
+        writer.send(np.ascontiguousarray(frame))
+    writer.close()
+
+
+def read_mp4(path: str) -> np.ndarray:
+    """Decode an mp4 back to uint8 [F, H, W, 3] (for tests and `raydit verify`)."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(path)
+    meta = next(reader)
+    w, h = meta["size"]
+    frames = [np.frombuffer(buf, dtype=np.uint8).reshape(h, w, 3) for buf in reader]
+    return np.stack(frames)

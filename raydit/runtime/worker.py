@@ -1,0 +1,173 @@
+"""One Ray actor per rank: loads the pipeline once, joins process groups, runs steps.
+
+The actor is deliberately thin: the denoising math lives in the model layer
+(`raydit.models.runner`), the collectives in `raydit.parallel`. The actor owns the
+things that only exist inside a Ray worker process: its device, its TCPStore, its
+process group, and the warm pipeline that survives across requests and regroupings.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+
+class RankWorker:
+    """Plain class; the engine wraps it with `ray.remote(...)` and its own options."""
+
+    def __init__(self, model_dir: str, device: str, dtype: str = "float32", threads: int = 1):
+        import torch
+
+        torch.set_num_threads(max(1, int(threads)))
+        self._model_dir = model_dir
+        self._device_kind = device
+        self._dtype_name = dtype
+        self._pipe = None
+        self._runner = None
+        self._state = None
+        self._store = None
+        self._rank = None
+        self._mesh_degrees = None
+        self.load_seconds = 0.0
+
+    # -- identity ----------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "node_id": ctx.get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "actor_id": ctx.get_actor_id(),
+        }
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    # -- model -------------------------------------------------------------------------
+
+    def _device(self):
+        import torch
+
+        if self._device_kind == "cuda":
+            # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU: it is always index 0 here.
+            return torch.device("cuda", 0)
+        return torch.device("cpu")
+
+    def load(self) -> float:
+        """Load the pipeline once; later calls are free. Returns the seconds it took."""
+        if self._pipe is not None:
+            return 0.0
+        import torch
+
+        from raydit.models.loading import load_pipeline
+
+        t0 = time.perf_counter()
+        dtype = getattr(torch, self._dtype_name)
+        self._pipe = load_pipeline(self._model_dir, device=self._device(), dtype=dtype)
+        self.load_seconds = time.perf_counter() - t0
+        return self.load_seconds
+
+    # -- process groups ----------------------------------------------------------------
+
+    def open_store(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 hosts the rendezvous store on a port the OS picks (no free-port race)."""
+        import ray
+        import torch.distributed as dist
+
+        ip = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(
+            ip, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+        )
+        return ip, int(self._store.port)
+
+    def join_group(
+        self,
+        rank: int,
+        world_size: int,
+        addr: tuple[str, int] | None,
+        degrees: dict[str, int],
+        backend: str,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """Join a fresh process group and parallelize the warm pipeline for `degrees`."""
+        import torch
+        import torch.distributed as dist
+
+        from raydit.models.runner import CogVideoXRunner
+        from raydit.parallel.mesh import build_mesh
+
+        self.load()
+        self.leave_group()
+        mesh = None
+        if world_size > 1:
+            if rank == 0:
+                store = self._store
+            else:
+                host, port = addr
+                store = dist.TCPStore(
+                    host, port, is_master=False, timeout=timedelta(seconds=timeout_s)
+                )
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout_s),
+                device_id=self._device() if backend == "nccl" else None,
+            )
+            mesh = build_mesh(
+                ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1
+            )
+        self._rank = rank
+        self._mesh_degrees = dict(degrees)
+        self._runner = CogVideoXRunner(
+            self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name)
+        )
+        from raydit.parallel.kernels import select_kernel
+
+        return {"rank": rank, "kernel": select_kernel(self._device()).name}
+
+    def leave_group(self) -> None:
+        """Undo the parallelization and destroy the process group (safe to call twice)."""
+        import torch.distributed as dist
+
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        self._state = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        # The store is kept: rank 0 may already have opened the next group's store, and a
+        # new group always gets a new store on a new port (reusing one hangs).
+
+    # -- one request -------------------------------------------------------------------
+
+    def prepare(self, request, checkpoint: dict | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self._state = self._runner.prepare(request, checkpoint=checkpoint)
+        return {
+            "seconds": time.perf_counter() - t0,
+            "num_steps": int(self._state.num_steps),
+            "step_index": int(self._state.step_index),
+            "timesteps": [float(t) for t in self._state.timesteps],
+        }
+
+    def step(self, want_checkpoint: bool) -> dict | None:
+        """One denoising step, collective across the group. Rank 0 returns the checkpoint
+        so the driver always holds the last finished step where no worker can lose it."""
+        self._state = self._runner.step(self._state)
+        if want_checkpoint:
+            return self._runner.checkpoint(self._state)
+        return None
+
+    def decode(self):
+        import torch
+
+        with torch.no_grad():
+            return self._runner.decode(self._state.latents)

@@ -1,0 +1,37 @@
+"""Shared fixtures: one local Ray per test session, a private model cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    # The tiny pipeline is built once per session in a private cache, through the same
+    # save_pretrained / from_pretrained path a user's first run takes.
+    if "RAYDIT_CACHE" not in os.environ:
+        os.environ["RAYDIT_CACHE"] = str(tmp_path_factory.mktemp("raydit-cache"))
+    os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    yield
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray instance shared by the runtime tests (8 CPU slots declared so that
+    4-rank plans fit on a 2-core machine; the tests are about correctness, not speed)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=8,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        logging_level="WARNING",
+        runtime_env={"env_vars": {"RAYDIT_CACHE": os.environ["RAYDIT_CACHE"]}},
+    )
+    yield ray
+    ray.shutdown()
