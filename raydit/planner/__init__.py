@@ -1,1 +1,33 @@
-"""The planner: pure Python, imports neither torch nor ray."""
+"""The planner: pure Python, imports neither torch nor ray.
+
+    from raydit.planner import plan
+    result = plan("cogvideox-2b", 49, 480, 720, gpus=8)
+    result.best.ulysses, result.best.ring, result.best.cfg, result.best.placement
+
+Layers: `model` (ModelSpec, geometry of a request), `hardware` (device table), `cluster`
+(ClusterSpec), `cost` (step time and memory model, with the formulas), `search` (enumerate,
+judge, rank), `report` (the readable table).
+"""
+
+from raydit.planner.cluster import ClusterSpec, NodeSpec
+from raydit.planner.hardware import DEVICE_TYPES, DeviceType, device_type
+from raydit.planner.model import BUILTIN_MODELS, ModelSpec, VideoGeometry, model_spec
+from raydit.planner.search import Plan, PlanError, PlanResult, Rank, Rejection, plan
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "ClusterSpec",
+    "DEVICE_TYPES",
+    "DeviceType",
+    "ModelSpec",
+    "NodeSpec",
+    "Plan",
+    "PlanError",
+    "PlanResult",
+    "Rank",
+    "Rejection",
+    "VideoGeometry",
+    "device_type",
+    "model_spec",
+    "plan",
+]

@@ -1,0 +1,130 @@
+"""`raydit` command line: one small function per subcommand.
+
+To add a subcommand: write `add_<name>_arguments(parser)` and `cmd_<name>(args) -> int`, and
+add one line to SUBCOMMANDS. User errors (ValueError from raydit, missing files, bad YAML,
+bad arguments) print one line `raydit: error: ...` to stderr and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, NamedTuple
+
+USER_ERROR = 2
+
+
+class UsageError(Exception):
+    """Raised by the parser instead of printing usage and exiting."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print the usage block and call sys.exit
+        _, _, command = self.prog.partition(" ")  # "raydit plan" -> "plan"
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+# -- plan ----------------------------------------------------------------------------------
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True,
+                   help="built-in name (e.g. cogvideox-2b, tiny) or a local diffusers pipeline directory")
+    p.add_argument("--frames", type=int, help="video frames (default: the model's)")
+    p.add_argument("--height", type=int, help="pixels (default: the model's)")
+    p.add_argument("--width", type=int, help="pixels (default: the model's)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--gpus", type=int, help="number of devices of --gpu-type")
+    where.add_argument("--cluster", help="YAML file listing nodes, device types, counts, links")
+    p.add_argument("--gpu-type", dest="gpu_type", default="H100",
+                   help="device type for --gpus (default H100; see raydit.planner.DEVICE_TYPES)")
+    p.add_argument("--per-node", dest="per_node", type=int,
+                   help="devices per node for --gpus (default: the type's usual node, 8 for H100)")
+    p.add_argument("--ulysses", type=int, help="force the Ulysses degree")
+    p.add_argument("--ring", type=int, help="force the ring degree")
+    p.add_argument("--cfg", type=int, help="force the CFG degree (1 or 2)")
+    p.add_argument("--replicas", type=int, help="force the number of replicas")
+    p.add_argument("--no-cfg", dest="guidance", action="store_false",
+                   help="classifier-free guidance off: one branch per step, cfg 1")
+    p.add_argument("--top", type=int, default=10,
+                   help="feasible plans to list (default 10; 0 for all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from raydit.planner import plan
+    from raydit.planner.report import format_plan_table
+
+    if args.top < 0:
+        raise ValueError(f"--top {args.top} must be 0 (all) or more")
+    result = plan(
+        args.model, args.frames, args.height, args.width,
+        gpus=args.gpus, gpu_type=args.gpu_type if args.gpus is not None else None,
+        per_node=args.per_node, cluster=args.cluster,
+        ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
+        guidance=args.guidance,
+    )
+    top = args.top or None
+    if args.json:
+        print(json.dumps(result.to_dict(top=top), indent=1))
+    else:
+        print(format_plan_table(result, limit=top))
+    return 0
+
+
+# -- registry --------------------------------------------------------------------------------
+
+
+class Subcommand(NamedTuple):
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("plan", "rank every parallel layout for a model, a video and a cluster",
+               add_plan_arguments, cmd_plan),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from raydit import __version__
+
+    parser = _Parser(prog="raydit", description="Elastic sequence-parallel video diffusion on Ray.")
+    parser.add_argument("--version", action="version", version=f"raydit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for s in SUBCOMMANDS:
+        sp = sub.add_parser(s.name, help=s.help, description=s.help)
+        s.add_arguments(sp)
+        sp.set_defaults(_run=s.run)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "_run", None) is None:
+            parser.print_help(sys.stderr)
+            return USER_ERROR
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(f"raydit: error: {_one_line(exc)}", file=sys.stderr)
+        return USER_ERROR
+    except (ValueError, OSError) as exc:  # PlanError is a ValueError; missing files are OSError
+        print(f"raydit: error: {_one_line(exc)}", file=sys.stderr)
+        return USER_ERROR
+    except KeyboardInterrupt:
+        print("raydit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+r"""Cost and memory model of one denoising step for one sequence-parallel layout.
+
+Notation (all per denoising step, per rank):
+
+    T, V   text tokens in the attention sequence, video tokens
+    X      text tokens only cross-attended (Wan, LTX); 0 for CogVideoX
+    U, R   ulysses degree, ring degree;  sp = U * R
+    T' = ceil(T / sp) * sp,  V' = ceil(V / sp) * sp,  S' = T' + V'   (docs/design.md padding)
+    s  = S' / sp                        local tokens on each rank
+    b  = 2 if guidance runs both branches in one group (cfg = 1), else 1
+    h  = heads * head_dim,  f = FFN width,  L = layers,  e = 2 bytes per activation
+    P  = achievable FLOP/s of the slowest device in the group (peak x efficiency)
+    B, a   link bandwidth (bytes/s, one direction) and latency of the link a collective uses
+
+Compute (padding included: pad queries are computed and dropped, pad keys are masked but
+still go through the kernel):
+
+    linear   F_lin = 2 b s L (4 h^2 + 2 h f)  [+ 2 b s L 2h^2 + 2 b X L 2h^2 with cross-attention]
+    attention: after the Ulysses all-to-all a rank holds h/U of the channels of S'/R queries
+             and meets the S' keys in R ring steps of S'/R keys each:
+             F_blk = 4 b (S'/R)^2 (h/U)     per ring step and layer (QK^T and PV, 2 FLOP/MAC)
+    cross    F_x   = 4 b s X h L
+
+Communication:
+
+    Ulysses: 4 all-to-alls per attention layer (q, k, v in; the output back). Each moves the
+             rank's b s h e bytes, of which (U-1)/U leave the rank:
+             t_a2a = 4 (a_intra + b s h e (U-1)/U / B_intra)       on the critical path
+    Ring:    R-1 exchanges of one K and one V block, 2 b (S'/R) (h/U) e bytes, overlapped with
+             the block in flight:  t_kv = a_ring + 2 b (S'/R)(h/U) e / B_ring
+             t_ring = t_blk + (R-1) (max(t_blk, t_kv) + o),   t_blk = F_blk / P
+             o: a fixed cost per ring step (kernel launch, log-sum-exp merge of the
+             partial output), RING_STEP_OVERHEAD_S; it is why Ulysses wins inside a
+             fast node when both hide their communication.
+             B_ring is the network when the ring group spans nodes, else the node's link.
+    Edges:   once per step the split/gather of the transformer input/output across sp
+             (b V' c e bytes, c = latent channels x patch volume) and, with cfg = 2, the
+             exchange of the noise prediction between the two groups (same size).
+
+Step time of one replica:
+
+    t_step = L (F_lin/L + F_x/L) / P + L (t_a2a + t_ring) + t_edges
+
+A replica (cfg groups of sp ranks) finishes one step of one request in t_step: CFG = 2
+halves b, so each group does half the work, at the price of the edge exchange. Replicas
+serve separate requests: throughput = sum over replicas of 1 / t_step; latency is not
+changed by them.
+
+Memory per rank (no weight sharding under sequence parallelism: every rank holds the
+whole pipeline):
+
+    M = W + e b s (10 h + f) + [R > 1] 4 b (S'/R) (h/U) e + reserve
+        W: transformer + text encoder + VAE weights; 10 h: residual, norm output, q, k, v,
+        attention output, two all-to-all buffers and slack; f: the FFN intermediate; the
+        ring term: current and next K/V block. reserve: CUDA context, workspaces,
+        fragmentation (1.5 GB on GPUs, 0.5 GB for a CPU slot). Flash-style attention: no
+        S x S matrix. The VAE decode is assumed tiled (below the transformer peak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raydit.planner.model import ModelSpec, VideoGeometry
+
+ACT_BYTES = 2
+GB = 1e9
+RING_STEP_OVERHEAD_S = 20e-6
+
+
+def ceil_to(n: int, k: int) -> int:
+    """Smallest multiple of k that is >= n."""
+    return -(-n // k) * k
+
+
+def padded_parts(geo: VideoGeometry, sp: int) -> tuple[int, int]:
+    """(T', V'): text and video token counts, each padded to a multiple of sp."""
+    return ceil_to(geo.text_tokens, sp), ceil_to(geo.video_tokens, sp)
+
+
+def pad_tokens(geo: VideoGeometry, sp: int) -> int:
+    text, video = padded_parts(geo, sp)
+    return text + video - geo.sequence_tokens
+
+
+def split_kind(geo: VideoGeometry, sp: int) -> str:
+    """How the video part is cut: whole latent frames, whole latent rows, or bare tokens."""
+    if geo.token_frames % sp == 0:
+        return "frames"
+    if (geo.token_frames * geo.token_rows) % sp == 0:
+        return "rows"
+    return "tokens"
+
+
+SPLIT_ORDER = {"frames": 0, "rows": 1, "tokens": 2}
+
+
+def batch_per_group(guidance: bool, cfg: int) -> int:
+    """Samples one sequence-parallel group carries through the transformer per step."""
+    return 2 if guidance and cfg == 1 else 1
+
+
+def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
+              reserve_gb: float) -> float:
+    """Peak memory per rank in GB (formula in the module docstring)."""
+    sp = ulysses * ring
+    text, video = padded_parts(geo, sp)
+    seq = text + video
+    s = seq // sp
+    h, f = spec.hidden, spec.ffn_hidden
+    act = ACT_BYTES * batch * s * (10 * h + f)
+    if ring > 1:
+        act += 4 * batch * (seq // ring) * (h // ulysses) * ACT_BYTES
+    return (spec.weight_bytes + act) / GB + reserve_gb
+
+
+@dataclass(frozen=True)
+class Link:
+    """Bandwidth in GB/s (one direction) and latency in microseconds."""
+
+    gb_s: float
+    latency_us: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_us * 1e-6 + nbytes / (self.gb_s * GB)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One replica's predicted step, seconds, with its parts."""
+
+    compute: float  # linear layers + cross-attention + attention blocks not hidden by comm
+    all_to_all: float
+    ring_exposed: float  # ring K/V transfer time not hidden behind compute
+    edges: float  # split/gather and the CFG exchange
+    total: float
+
+    def to_dict(self) -> dict:
+        return {k: round(v, 6) for k, v in self.__dict__.items()}
+
+
+def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
+              flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
+    """Predicted time of one denoising step on one replica (formula in the module docstring)."""
+    sp = ulysses * ring
+    text, video = padded_parts(geo, sp)
+    seq = text + video
+    s = seq // sp
+    h, f, L, X, b = spec.hidden, spec.ffn_hidden, spec.layers, geo.cross_text_tokens, batch
+    e = ACT_BYTES
+
+    lin_flops = 2 * b * s * L * (4 * h * h + 2 * h * f)
+    if X:
+        lin_flops += 2 * b * s * L * 2 * h * h + 2 * b * X * L * 2 * h * h
+        lin_flops += 4 * b * s * X * h * L
+    t_lin = lin_flops / flops_per_s
+
+    block = seq // ring
+    t_blk = 4 * b * block * block * (h / ulysses) / flops_per_s
+    if ring > 1:
+        t_kv = ring_link.seconds(2 * b * block * (h / ulysses) * e)
+        t_ring = t_blk + (ring - 1) * (max(t_blk, t_kv) + RING_STEP_OVERHEAD_S)
+    else:
+        t_ring = t_blk
+    t_attn_compute = ring * t_blk
+    ring_exposed = max(0.0, t_ring - t_attn_compute)
+
+    t_a2a = 4 * intra.seconds(b * s * h * e * (ulysses - 1) / ulysses) if ulysses > 1 else 0.0
+
+    channels = spec.in_channels * spec.patch_size ** 2 * (spec.patch_size_t or 1)
+    out_bytes = b * video * channels * e
+    edges = 0.0
+    if sp > 1:
+        edges += 2 * edge_link.seconds(out_bytes * (sp - 1) / sp)
+    if cfg == 2:
+        edges += edge_link.seconds(out_bytes)
+
+    compute = t_lin + L * t_attn_compute
+    total = compute + L * (t_a2a + ring_exposed) + edges
+    return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total)

@@ -1,0 +1,102 @@
+"""Device types the planner knows: memory, compute rate and links.
+
+Every figure is a vendor datasheet number (dense, no structured sparsity) or, for the
+achievable fractions, a round calibration against published single-GPU CogVideoX timings
+(docs in `raydit.planner.cost`). They feed a model that ranks layouts; they are not a
+promise of absolute speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LINK_KINDS = ("nvlink", "pcie", "shm")
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """One accelerator type (or `cpu`, one CPU slot as the Ray runtime uses it).
+
+    name: the key users type (`--gpu-type H100`).
+    memory_gb: device memory in GB (1e9 bytes) a rank can use, before the planner's reserve.
+    tflops: dense bf16 tensor-core peak in TFLOP/s (fp16 where the device has no bf16: T4).
+    efficiency: the fraction of `tflops` a DiT forward achieves (large GEMMs plus flash
+        attention), 0 < efficiency <= 1.
+    link_gb_s: per-GPU bandwidth to the other GPUs of its node, GB/s in one direction
+        (NVLink aggregate for SXM parts, PCIe x16 for PCIe parts, memory copies for cpu).
+    link_kind: "nvlink", "pcie" or "shm" (CPU slots talking through shared memory).
+    link_latency_us: latency of one collective hop inside the node, microseconds.
+    per_node: how many a typical node holds (the default for `--gpus N`).
+    """
+
+    name: str
+    memory_gb: float
+    tflops: float
+    efficiency: float
+    link_gb_s: float
+    link_kind: str
+    link_latency_us: float = 10.0
+    per_node: int = 8
+
+    def __post_init__(self):
+        if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
+            raise ValueError(f"device type {self.name!r}: memory, tflops and link must be > 0")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"device type {self.name!r}: efficiency {self.efficiency} not in (0, 1]")
+        if self.link_kind not in LINK_KINDS:
+            raise ValueError(
+                f"device type {self.name!r}: link_kind {self.link_kind!r} is not one of "
+                f"{', '.join(LINK_KINDS)}"
+            )
+
+    @property
+    def flops_per_second(self) -> float:
+        """Achievable FLOP/s: peak times the achievable fraction."""
+        return self.tflops * 1e12 * self.efficiency
+
+
+# Calibration of `efficiency`: CogVideoX-2b, 49x480x720, guidance on, is about 2.4e14 FLOP
+# per step (see cost.py). H100 ~45 s / 50 steps (incl. VAE) -> ~0.35; A100 ~90 s -> ~0.45;
+# xDiT's L40 figure (2.1 s/step on one GPU) -> ~0.6. Others are set by analogy.
+DEVICE_TYPES: dict[str, DeviceType] = {
+    d.name: d
+    for d in (
+        DeviceType("H100", 80, 989, 0.35, 450, "nvlink", 8.0),
+        DeviceType("H200", 141, 989, 0.38, 450, "nvlink", 8.0),
+        DeviceType("A100-80GB", 80, 312, 0.45, 300, "nvlink", 8.0),
+        DeviceType("A100-40GB", 40, 312, 0.45, 300, "nvlink", 8.0),
+        DeviceType("L40S", 48, 362, 0.45, 25, "pcie", 15.0),
+        DeviceType("L40", 48, 181, 0.6, 25, "pcie", 15.0),
+        DeviceType("L4", 24, 121, 0.5, 12, "pcie", 15.0),
+        # A10G (AWS) runs lower clocks than the A10 datasheet's 125; ~70 is an estimate.
+        DeviceType("A10G", 24, 70, 0.5, 12, "pcie", 15.0, per_node=4),
+        # Consumer parts have no peer-to-peer: traffic bounces through host memory.
+        DeviceType("RTX4090", 24, 165, 0.5, 12, "pcie", 20.0, per_node=4),
+        # Turing has no bf16: the figure is fp16 with fp32 accumulate; PCIe gen3.
+        DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0, per_node=4),
+        # One Ray CPU slot: memory shared with the host, a few cores' worth of fp32.
+        DeviceType("cpu", 16, 0.2, 0.5, 5, "shm", 50.0, per_node=64),
+    )
+}
+
+# Between nodes, per GPU, one direction: 200 Gb/s (a common cloud NIC per GPU or per node).
+DEFAULT_NETWORK_GB_S = 25.0
+DEFAULT_NETWORK_LATENCY_US = 20.0
+
+
+# Names Ray reports as `accelerator_type` (and common spellings) for the table's entries.
+ALIASES = {"a100": "A100-80GB", "a100-80g": "A100-80GB", "a100-40g": "A100-40GB",
+           "h100-sxm": "H100", "h100-80gb": "H100", "h200-141gb": "H200", "4090": "RTX4090",
+           "rtx-4090": "RTX4090", "cpu-slot": "cpu"}
+
+
+def device_type(name: str) -> DeviceType:
+    """Look a device type up by name (or alias), case-insensitively; ValueError lists the known."""
+    key = ALIASES.get(str(name).lower(), str(name))
+    for known, value in DEVICE_TYPES.items():
+        if known.lower() == key.lower():
+            return value
+    raise ValueError(
+        f"unknown GPU type {name!r}; known: {', '.join(DEVICE_TYPES)} "
+        "(or describe it in a cluster file)"
+    )

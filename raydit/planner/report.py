@@ -1,0 +1,61 @@
+"""The readable form of a PlanResult: best plan, ranked alternatives, rejections by reason."""
+
+from __future__ import annotations
+
+from raydit.planner.search import Plan, PlanResult
+
+
+def _degrees(p) -> str:
+    return f"cfg {p.cfg} x ulysses {p.ulysses} x ring {p.ring} x replicas {p.replicas}"
+
+
+def _compact(degrees: list[tuple[int, int, int, int]]) -> str:
+    """(cfg, ulysses, ring, replicas) tuples as 'cfg/ulysses/ring/replicas' items."""
+    shown = ", ".join(f"{c}/{u}/{r}/{k}" for c, u, r, k in degrees[:8])
+    return shown + (f", ... ({len(degrees)} layouts)" if len(degrees) > 8 else "")
+
+
+def _row(i: int, p: Plan) -> str:
+    return (f"{i:>4}  {p.cfg:>3} {p.ulysses:>7} {p.ring:>4} {p.replicas:>8} {p.world_size:>5}  "
+            f"{p.predicted_step_seconds:>9.4f} {p.throughput_steps_per_second:>9.2f} "
+            f"{p.memory_gb_per_gpu:>7.1f}  {p.split:<6} {p.pad_tokens:>5}  {p.kind}")
+
+
+def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
+    """Best plan with its explanation, then up to `limit` ranked candidates, then every
+    rejected layout grouped by reason."""
+    m, g, best = result.model, result.geometry, result.best
+    cl = result.cluster
+    types = ", ".join(f"{sum(n.count for n in cl.nodes if n.device.name == t)} x {t}" for t in cl.types)
+    text = (f" + {g.text_tokens} text = {g.sequence_tokens} tokens" if g.text_tokens
+            else f" tokens (+ {g.cross_text_tokens} cross-attended text)")
+    lines = [
+        f"model   {m.name}: {m.heads} heads x {m.head_dim}, {m.layers} layers, "
+        f"{m.weight_bytes / 1e9:.1f} GB of weights",
+        f"request {g.frames} frames x {g.height} x {g.width} -> {g.token_frames} x {g.token_rows} x "
+        f"{g.token_cols} patches = {g.video_tokens} video{text}",
+        f"cluster {cl.total} devices ({types}) on {len(cl.nodes)} node{'s' if len(cl.nodes) != 1 else ''}; "
+        f"guidance {'on' if result.guidance else 'off'}",
+        "",
+        f"best    {_degrees(best)} on {best.world_size} devices: "
+        f"{best.predicted_step_seconds:.4f} s/step, {best.memory_gb_per_gpu:.1f} GB/device",
+        f"        split {best.split}: {best.split_cost}",
+    ]
+    lines += [f"        {n}" for n in best.notes]
+    c = best.cost
+    lines.append(f"        step = compute {c.compute:.4f} + all-to-all {c.all_to_all:.4f} + ring exposed "
+                 f"{c.ring_exposed:.4f} + edges {c.edges:.4f} s")
+    shown = result.candidates if limit is None else result.candidates[:limit]
+    lines += ["", f"feasible ({len(result.candidates)}, ranked by step time, then throughput):",
+              "rank  cfg ulysses ring replicas  gpus     step_s   steps/s  GB/dev  split    pad  kind"]
+    lines += [_row(i + 1, p) for i, p in enumerate(shown)]
+    if len(shown) < len(result.candidates):
+        lines.append(f"      ... {len(result.candidates) - len(shown)} more")
+    if result.rejected:
+        by_reason: dict[str, list] = {}
+        for r in result.rejected:
+            by_reason.setdefault(r.reason, []).append((r.cfg, r.ulysses, r.ring, r.replicas))
+        lines += ["", f"rejected ({len(result.rejected)} layouts, as cfg/ulysses/ring/replicas):"]
+        for reason, degs in by_reason.items():
+            lines.append(f"  {_compact(degs)}: {reason}")
+    return "\n".join(lines)

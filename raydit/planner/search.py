@@ -1,0 +1,515 @@
+"""Enumerate every layout (cfg x ulysses x ring x replicas), judge it, rank the feasible ones.
+
+A layout is feasible when
+  - ulysses divides the attention heads and fits inside one node (its all-to-alls are the
+    most bandwidth-hungry collective: they stay on NVLink/PCIe),
+  - every rank holds the whole pipeline plus its share of activations (`cost.memory_gb`),
+  - the groups fit the devices offered (Ulysses groups packed node by node),
+  - sp = ulysses x ring does not exceed the video tokens (every rank holds real video).
+Uneven token counts are never a reason to refuse: text and video are padded to sp.
+
+Placement: nodes are taken fastest first; a node of c devices offers c // ulysses
+"Ulysses slots" of neighbouring devices; slot j of the concatenated list is ring rank
+j % ring of cfg rank (j // ring) % cfg of replica j // (cfg * ring), so
+rank = (replica * cfg + cfg_rank) * sp + ring_rank * ulysses + ulysses_rank (docs/design.md).
+Devices that cannot hold a rank, and those left over when groups do not divide the slots,
+are left out and the plan says so.
+
+Ranking: predicted step time of the fastest replica (what one request waits per step),
+step times within 0.5% count as equal; then throughput (replicas add it), then fewer pad
+tokens, then the split (frames, rows, tokens), then fewer devices.
+
+Mixed device types: a layout packed fastest-first may put a group across types (paced by
+its slowest member), replicas of one shape on different types, or leave the slow devices
+out; in addition a "per-type" plan runs the best layout of each type's nodes side by side
+(replicas of different shapes). Every plan's `notes` say which of these it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from raydit.planner import cost as costmod
+from raydit.planner.cluster import ClusterSpec, NodeSpec
+from raydit.planner.cost import Link, StepCost
+from raydit.planner.hardware import DeviceType
+from raydit.planner.model import ModelSpec, VideoGeometry, model_spec
+
+TIE_TOLERANCE = 0.005
+GPU_RESERVE_GB = 1.5
+CPU_RESERVE_GB = 0.5
+
+
+class PlanError(ValueError):
+    """No feasible layout (or a forced one is infeasible); the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where one rank runs and what it is in the mesh."""
+
+    rank: int
+    replica: int
+    cfg_rank: int
+    sp_index: int
+    ulysses_rank: int
+    ring_rank: int
+    node: str
+    gpu_index: int
+    gpu_type: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Run:
+    """`slots` consecutive Ulysses groups on one node, starting at device `first_gpu`."""
+
+    node: str
+    gpu_type: str
+    first_gpu: int
+    slots: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    ulysses: int
+    ring: int
+    cfg: int
+    replicas: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One feasible layout. For kind "per-type", `parts` holds one uniform plan per device
+    type and the top-level degrees are those of the fastest part."""
+
+    ulysses: int
+    ring: int
+    cfg: int
+    replicas: int
+    world_size: int
+    pad_tokens: int
+    text_pad_tokens: int
+    video_pad_tokens: int
+    split: str
+    predicted_step_seconds: float
+    slowest_step_seconds: float
+    throughput_steps_per_second: float
+    memory_gb_per_gpu: float
+    cost: StepCost
+    gpus_offered: int
+    kind: str = "uniform"
+    notes: tuple[str, ...] = ()
+    runs: tuple[Run, ...] = ()
+    parts: tuple["Plan", ...] = ()
+    replica_step_seconds: tuple[float, ...] = ()
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses * self.ring
+
+    @property
+    def gpus_left_out(self) -> int:
+        return self.gpus_offered - self.world_size
+
+    @property
+    def degrees(self) -> dict:
+        return {"ulysses": self.ulysses, "ring": self.ring, "cfg": self.cfg, "replicas": self.replicas}
+
+    @property
+    def split_cost(self) -> str:
+        """What the split costs: pad tokens and the extra compute they bring."""
+        what = {"frames": "whole latent frames per rank",
+                "rows": "whole latent rows per rank",
+                "tokens": "chunks cut inside a latent row"}[self.split]
+        return (f"{what}; {self.video_pad_tokens} video + {self.text_pad_tokens} text pad tokens")
+
+    @property
+    def explanation(self) -> str:
+        head = (f"cfg {self.cfg} x ulysses {self.ulysses} x ring {self.ring} x {self.replicas} "
+                f"replica{'s' if self.replicas != 1 else ''} on {self.world_size} of "
+                f"{self.gpus_offered} devices; split by {self.split_cost}")
+        return "; ".join((head,) + self.notes)
+
+    @cached_property
+    def placement(self) -> tuple[Rank, ...]:
+        """Every rank's node and device index, in global rank order."""
+        if self.parts:
+            out: list[Rank] = []
+            replica0 = 0
+            for part in self.parts:
+                for r in part.placement:
+                    out.append(Rank(len(out), r.replica + replica0, r.cfg_rank, r.sp_index,
+                                    r.ulysses_rank, r.ring_rank, r.node, r.gpu_index, r.gpu_type))
+                replica0 += part.replicas
+            return tuple(out)
+        U, R, C, sp = self.ulysses, self.ring, self.cfg, self.sp
+        out = []
+        j = 0
+        limit = self.replicas * C * R
+        for run in self.runs:
+            for k in range(run.slots):
+                if j >= limit:
+                    break
+                replica, cfg_rank, ring_rank = j // (C * R), (j // R) % C, j % R
+                for u in range(U):
+                    sp_index = ring_rank * U + u
+                    out.append(Rank((replica * C + cfg_rank) * sp + sp_index, replica, cfg_rank,
+                                    sp_index, u, ring_rank, run.node, run.first_gpu + k * U + u,
+                                    run.gpu_type))
+                j += 1
+        out.sort(key=lambda r: r.rank)
+        return tuple(out)
+
+    def to_dict(self, placement: bool = True) -> dict:
+        d = {
+            "kind": self.kind,
+            "ulysses": self.ulysses, "ring": self.ring, "cfg": self.cfg, "replicas": self.replicas,
+            "sp": self.sp, "world_size": self.world_size, "gpus_left_out": self.gpus_left_out,
+            "pad_tokens": self.pad_tokens, "text_pad_tokens": self.text_pad_tokens,
+            "video_pad_tokens": self.video_pad_tokens, "split": self.split,
+            "split_cost": self.split_cost,
+            "predicted_step_seconds": round(self.predicted_step_seconds, 6),
+            "slowest_step_seconds": round(self.slowest_step_seconds, 6),
+            "throughput_steps_per_second": round(self.throughput_steps_per_second, 4),
+            "memory_gb_per_gpu": round(self.memory_gb_per_gpu, 2),
+            "cost_seconds": self.cost.to_dict(),
+            "notes": list(self.notes),
+            "explanation": self.explanation,
+        }
+        if self.parts:
+            d["parts"] = [p.to_dict(placement=False) for p in self.parts]
+        if placement:
+            d["placement"] = [r.to_dict() for r in self.placement]
+        return d
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Every layout judged: `candidates` ranked best first, `rejected` with reasons."""
+
+    model: ModelSpec
+    geometry: VideoGeometry
+    cluster: ClusterSpec
+    guidance: bool
+    candidates: tuple[Plan, ...]
+    rejected: tuple[Rejection, ...] = field(default=())
+
+    @property
+    def best(self) -> Plan:
+        return self.candidates[0]
+
+    def to_dict(self, top: int | None = None) -> dict:
+        """JSON-ready; `top` limits the candidates listed (placement is per rank)."""
+        m = self.model
+        g = self.geometry
+        shown = self.candidates if top is None else self.candidates[:top]
+        return {
+            "model": {
+                "name": m.name, "family": m.family, "heads": m.heads, "head_dim": m.head_dim,
+                "layers": m.layers, "hidden": m.hidden, "ffn_hidden": m.ffn_hidden,
+                "patch_size": m.patch_size, "patch_size_t": m.patch_size_t,
+                "positional": m.positional, "text_in_sequence": m.text_in_sequence,
+                "params": m.params, "weights_gb": round(m.weight_bytes / 1e9, 2),
+                "text_tokens": m.text_tokens, "video_tokens": g.video_tokens,
+                "sequence_tokens": g.sequence_tokens,
+                "frames": g.frames, "height": g.height, "width": g.width,
+                "latent_frames": g.latent_frames, "latent_height": g.latent_height,
+                "latent_width": g.latent_width, "token_frames": g.token_frames,
+                "token_rows": g.token_rows, "token_cols": g.token_cols,
+            },
+            "cluster": self.cluster.to_dict(),
+            "guidance": self.guidance,
+            "best": self.best.to_dict(),
+            "candidates": [p.to_dict() for p in shown],
+            "candidates_total": len(self.candidates),
+            "rejected": [r.to_dict() for r in self.rejected],
+        }
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _reserve(dev: DeviceType) -> float:
+    return CPU_RESERVE_GB if dev.link_kind == "shm" else GPU_RESERVE_GB
+
+
+def _divisors_text(spec: ModelSpec) -> str:
+    return ", ".join(str(d) for d in spec.heads_divisors())
+
+
+def _check_forced(name: str, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _resolve_cluster(gpus, gpu_type, per_node, cluster) -> ClusterSpec:
+    if cluster is not None and gpus is not None:
+        raise ValueError("give either gpus=N (with gpu_type) or cluster=, not both")
+    if cluster is None:
+        if gpus is None:
+            raise ValueError("give gpus=N (with gpu_type) or cluster= (a ClusterSpec, dict or YAML path)")
+        return ClusterSpec.uniform(gpus, gpu_type or "H100", per_node)
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    if isinstance(cluster, dict):
+        return ClusterSpec.from_dict(cluster)
+    if isinstance(cluster, (str, Path)):
+        return ClusterSpec.from_yaml(cluster)
+    raise ValueError(f"cluster must be a ClusterSpec, a dict or a YAML path, got {type(cluster).__name__}")
+
+
+class _Layouts:
+    """Judges layouts for one (model, request, cluster); holds the per-call caches."""
+
+    def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, guidance: bool):
+        self.spec, self.geo, self.cluster, self.guidance = spec, geo, cluster, guidance
+        # Fastest first; stable on the order given.
+        self.order: list[tuple[int, NodeSpec]] = sorted(
+            enumerate(cluster.nodes),
+            key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
+        self.max_node = max(n.count for n in cluster.nodes)
+        self.network = Link(cluster.network_gb_s, cluster.network_latency_us)
+        self._cost_cache: dict = {}
+
+    def _cost(self, U, R, C, b, flops, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
+        key = (U, R, C, b, flops, intra, ring_link, edge_link)
+        hit = self._cost_cache.get(key)
+        if hit is None:
+            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link)
+            self._cost_cache[key] = hit
+        return hit
+
+    def judge(self, C: int, U: int, R: int, K: int | None) -> Plan | Rejection:
+        """A feasible Plan for cfg C x ulysses U x ring R (K replicas, None: as many as fit)."""
+        spec, geo, N = self.spec, self.geo, self.cluster.total
+        sp = U * R
+        k_shown = K or 1
+
+        def reject(reason):
+            return Rejection(U, R, C, k_shown, reason)
+
+        if C == 2 and not self.guidance:
+            return reject("cfg 2 runs the two guidance branches on separate groups, but guidance is "
+                          "off (--no-cfg); use cfg 1")
+        if spec.heads % U:
+            return reject(f"ulysses {U} does not divide the {spec.heads} attention heads; "
+                          f"feasible: {_divisors_text(spec)}")
+        if U > self.max_node:
+            return reject(f"ulysses {U} exceeds the largest node ({self.max_node} devices); a Ulysses "
+                          "group must stay inside one node: use ring for the rest")
+        need = C * sp * k_shown
+        if need > N:
+            return reject(f"cfg {C} x ulysses {U} x ring {R} x replicas {k_shown} = {need} devices, "
+                          f"but the cluster offers {N}")
+        if sp > geo.video_tokens:
+            return reject(f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video tokens; "
+                          "every rank must hold video tokens: use fewer devices")
+        b = costmod.batch_per_group(self.guidance, C)
+        base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0)
+
+        runs: list[tuple[NodeSpec, int]] = []  # (node, Ulysses slots)
+        excluded: dict[str, int] = {}
+        for _, node in self.order:
+            dev = node.device
+            if base_gb + _reserve(dev) > dev.memory_gb:
+                excluded[dev.name] = excluded.get(dev.name, 0) + node.count
+                continue
+            if node.count // U:
+                runs.append((node, node.count // U))
+        slots = sum(s for _, s in runs)
+        per_replica = C * R
+        if not runs:
+            biggest = max((n.device for n in self.cluster.nodes), key=lambda d: d.memory_gb)
+            weights = spec.weight_bytes / 1e9
+            if weights + _reserve(biggest) > biggest.memory_gb:
+                fix = "the weights alone do not fit: use devices with more memory"
+            else:
+                fix = "raise ring or ulysses (activations shrink with sp) or use devices with more memory"
+            return reject(f"needs {base_gb + _reserve(biggest):.1f} GB per device (weights "
+                          f"{weights:.1f} GB + activations {base_gb - weights:.1f} GB + reserve), "
+                          f"the largest device offered ({biggest.name}) has {biggest.memory_gb:g} GB; {fix}")
+        fit = slots // per_replica
+        if K is not None and fit < K or fit == 0:
+            why = (f"needs {k_shown * per_replica} Ulysses groups of {U} devices on single nodes, "
+                   f"the usable nodes hold {slots}")
+            if excluded:
+                why += " (" + ", ".join(f"{n} {t}" for t, n in excluded.items()) + \
+                       f" cannot hold a rank: {base_gb:.1f} GB + reserve)"
+            return reject(why)
+        K = fit if K is None else K
+
+        # Walk the slots replica by replica; each cfg group is R consecutive slots.
+        run_nodes = [node for node, _ in runs]
+        slot_node = []  # index into run_nodes per slot, built lazily only up to what is used
+        for i, (_, s) in enumerate(runs):
+            slot_node.extend([i] * s)
+            if len(slot_node) >= K * per_replica:
+                break
+        steps, costs = [], []
+        notes: list[str] = []
+        spans_types, crosses = [], False
+        for rep in range(K):
+            first = rep * per_replica
+            lo, hi = slot_node[first], slot_node[first + per_replica - 1]
+            nodes = run_nodes[lo:hi + 1]
+            devs = [n.device for n in nodes]
+            slow = min(devs, key=lambda d: d.flops_per_second)
+            intra = min((Link(n.intra_gb_s, n.device.link_latency_us) for n in nodes),
+                        key=lambda lk: (lk.gb_s, -lk.latency_us))
+            group_crosses = any(slot_node[first + c * R] != slot_node[first + c * R + R - 1]
+                                for c in range(C))
+            ring_link = self.network if group_crosses else intra
+            edge_link = self.network if lo != hi else intra
+            crosses = crosses or group_crosses
+            c = self._cost(U, R, C, b, slow.flops_per_second, intra, ring_link, edge_link)
+            steps.append(c.total)
+            costs.append(c)
+            names = sorted({d.name for d in devs})
+            if len(names) > 1:
+                spans_types.append((rep, names, slow.name))
+        world = K * per_replica * U
+        fastest = min(range(K), key=lambda i: steps[i])
+        text_p, video_p = costmod.padded_parts(geo, sp)
+
+        if crosses:
+            notes.append(f"a ring group crosses nodes over the network ({self.network.gb_s:g} GB/s)")
+        for rep, names, slow in spans_types[:3]:
+            notes.append(f"replica {rep} spans {' + '.join(names)}: paced by {slow}")
+        if K > 1 and max(steps) > min(steps) * (1 + TIE_TOLERANCE):
+            notes.append(f"replicas step in {min(steps):.3g} to {max(steps):.3g} s (different devices or links)")
+        if excluded:
+            notes.append(", ".join(f"{n} {t}" for t, n in excluded.items()) +
+                         f" left out: a rank needs {base_gb:.1f} GB + reserve")
+        left = N - world - sum(excluded.values())
+        if left:
+            notes.append(f"{left} device{'s' if left != 1 else ''} left out: groups of "
+                         f"{C * sp} (cfg {C} x sp {sp}) do not fill the rest"
+                         + (" with Ulysses groups inside nodes" if U > 1 else ""))
+        mem = base_gb + max(_reserve(n.device) for n in run_nodes)
+        return Plan(
+            ulysses=U, ring=R, cfg=C, replicas=K, world_size=world,
+            pad_tokens=text_p + video_p - geo.sequence_tokens,
+            text_pad_tokens=text_p - geo.text_tokens, video_pad_tokens=video_p - geo.video_tokens,
+            split=costmod.split_kind(geo, sp),
+            predicted_step_seconds=steps[fastest], slowest_step_seconds=max(steps),
+            throughput_steps_per_second=sum(1.0 / t for t in steps),
+            memory_gb_per_gpu=mem, cost=costs[fastest], gpus_offered=N,
+            kind="uniform", notes=tuple(notes),
+            runs=tuple(Run(n.name, n.device.name, 0, s) for n, s in runs),
+            replica_step_seconds=tuple(steps),
+        )
+
+
+def _rank_key(p: Plan):
+    bucket = math.floor(math.log(max(p.predicted_step_seconds, 1e-12)) / math.log1p(TIE_TOLERANCE))
+    return (bucket, -p.throughput_steps_per_second, p.pad_tokens, costmod.SPLIT_ORDER[p.split],
+            p.world_size, -p.ulysses, p.cfg)
+
+
+def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas):
+    L = _Layouts(spec, geo, cluster, guidance)
+    N = cluster.total
+    feasible: list[Plan] = []
+    rejected: list[Rejection] = []
+    cfgs = [cfg] if cfg is not None else ([1, 2] if guidance else [1])
+    for C in cfgs:
+        if ulysses is not None:
+            us = [ulysses]
+        else:
+            us = list(range(1, min(N // C, spec.heads) + 1)) or [1]
+        for U in us:
+            if ring is not None:
+                rs = [ring]
+            else:
+                rs = list(range(1, max(N // (C * U * (replicas or 1)), 1) + 1))
+            for R in rs:
+                out = L.judge(C, U, R, replicas)
+                if isinstance(out, Plan):
+                    feasible.append(out)
+                    continue
+                rejected.append(out)
+                # Reasons that hold for every larger ring degree are listed once.
+                if ring is None and (spec.heads % U or U > L.max_node or C == 2 and not guidance
+                                     or "exceeds the" in out.reason and "video tokens" in out.reason):
+                    break
+    feasible.sort(key=_rank_key)
+    return feasible, rejected
+
+
+def _per_type(spec, geo, cluster, guidance) -> Plan | None:
+    """One best layout per device type, run side by side as replicas of different shapes."""
+    parts = []
+    for t in cluster.types:
+        sub = cluster.only(t)
+        feasible, _ = _enumerate(spec, geo, sub, guidance, None, None, None, None)
+        if feasible:
+            parts.append(feasible[0])
+    if len(parts) < 2:
+        return None
+    parts.sort(key=lambda p: p.predicted_step_seconds)
+    lead = parts[0]
+    world = sum(p.world_size for p in parts)
+    steps = tuple(t for p in parts for t in p.replica_step_seconds)
+    notes = ["one layout per device type, side by side (replicas of different shapes): " + "; ".join(
+        f"{p.runs[0].gpu_type}: cfg {p.cfg} x ulysses {p.ulysses} x ring {p.ring} x {p.replicas} at "
+        f"{p.predicted_step_seconds:.3g} s/step" for p in parts)]
+    left = cluster.total - world
+    if left:
+        notes.append(f"{left} device{'s' if left != 1 else ''} left out")
+    return Plan(
+        ulysses=lead.ulysses, ring=lead.ring, cfg=lead.cfg, replicas=sum(p.replicas for p in parts),
+        world_size=world, pad_tokens=lead.pad_tokens, text_pad_tokens=lead.text_pad_tokens,
+        video_pad_tokens=lead.video_pad_tokens, split=lead.split,
+        predicted_step_seconds=lead.predicted_step_seconds, slowest_step_seconds=max(steps),
+        throughput_steps_per_second=sum(p.throughput_steps_per_second for p in parts),
+        memory_gb_per_gpu=max(p.memory_gb_per_gpu for p in parts), cost=lead.cost,
+        gpus_offered=cluster.total, kind="per-type", notes=tuple(notes), parts=tuple(parts),
+        replica_step_seconds=steps,
+    )
+
+
+def plan(model, frames: int | None = None, height: int | None = None, width: int | None = None, *,
+         gpus: int | None = None, gpu_type: str | None = None, per_node: int | None = None,
+         cluster=None, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None,
+         replicas: int | None = None, guidance: bool = True) -> PlanResult:
+    """Plan `model` (name, diffusers directory or ModelSpec) for a frames x height x width
+    request on `gpus` devices of `gpu_type` or on `cluster` (ClusterSpec, dict, YAML path).
+
+    Any of ulysses / ring / cfg / replicas given restricts the enumeration; PlanError when no
+    layout remains feasible. guidance=False: one branch per step, so cfg is 1.
+    """
+    spec = model_spec(model)
+    geo = spec.geometry(frames, height, width)
+    cl = _resolve_cluster(gpus, gpu_type, per_node, cluster)
+    for name, value in (("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas)):
+        _check_forced(name, value)
+    if cfg is not None and cfg > 2:
+        raise ValueError(f"cfg {cfg} is not 1 or 2 (classifier-free guidance has two branches)")
+    if cfg == 2 and not guidance:
+        raise PlanError("cfg 2 runs the two guidance branches on separate groups, but guidance is "
+                        "off (--no-cfg); use cfg 1")
+    feasible, rejected = _enumerate(spec, geo, cl, guidance, ulysses, ring, cfg, replicas)
+    forced = any(v is not None for v in (ulysses, ring, cfg, replicas))
+    if len(cl.types) > 1 and not forced:
+        combo = _per_type(spec, geo, cl, guidance)
+        if combo is not None:
+            feasible.append(combo)
+            feasible.sort(key=_rank_key)
+    if not feasible:
+        reasons = list(dict.fromkeys(r.reason for r in rejected))
+        what = ("forced layout" if forced else "layout")
+        detail = reasons[0] if len(reasons) == 1 else \
+            "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more reasons)" if len(reasons) > 3 else "")
+        raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
+                        f"on {cl.total} devices: {detail}")
+    return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected))
