@@ -28,10 +28,12 @@ Communication:
              t_a2a = 4 (a_intra + b s h e (U-1)/U / B_intra)       on the critical path
     Ring:    R-1 exchanges of one K and one V block, 2 b (S'/R) (h/U) e bytes, overlapped with
              the block in flight:  t_kv = a_ring + 2 b (S'/R)(h/U) e / B_ring
-             t_ring = t_blk + (R-1) (max(t_blk, t_kv) + o),   t_blk = F_blk / P
-             o: a fixed cost per ring step (kernel launch, log-sum-exp merge of the
-             partial output), RING_STEP_OVERHEAD_S; it is why Ulysses wins inside a
-             fast node when both hide their communication.
+             t_ring = t_blk + (R-1) (max(k t_blk, t_kv) + o),   t_blk = F_blk / P
+             k = RING_OVERLAP_SLOWDOWN (1.1): the send/recv kernels take SMs from the
+             attention kernel while they overlap; o = RING_STEP_OVERHEAD_S, a fixed cost
+             per ring step (kernel launches, log-sum-exp merge of the partial output).
+             Together they are why Ulysses wins inside a fast node when the all-to-all
+             is cheap, and ring wins where links are slow.
              B_ring is the network when the ring group spans nodes, else the node's link.
     Edges:   once per step the split/gather of the transformer input/output across sp
              (b V' c e bytes, c = latent channels x patch volume) and, with cfg = 2, the
@@ -66,6 +68,7 @@ from raydit.planner.model import ModelSpec, VideoGeometry
 ACT_BYTES = 2
 GB = 1e9
 RING_STEP_OVERHEAD_S = 20e-6
+RING_OVERLAP_SLOWDOWN = 1.1
 
 
 def ceil_to(n: int, k: int) -> int:
@@ -159,7 +162,7 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     t_blk = 4 * b * block * block * (h / ulysses) / flops_per_s
     if ring > 1:
         t_kv = ring_link.seconds(2 * b * block * (h / ulysses) * e)
-        t_ring = t_blk + (ring - 1) * (max(t_blk, t_kv) + RING_STEP_OVERHEAD_S)
+        t_ring = t_blk + (ring - 1) * (max(RING_OVERLAP_SLOWDOWN * t_blk, t_kv) + RING_STEP_OVERHEAD_S)
     else:
         t_ring = t_blk
     t_attn_compute = ring * t_blk

@@ -28,6 +28,7 @@ out; in addition a "per-type" plan runs the best layout of each type's nodes sid
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -77,14 +78,20 @@ class Run:
 
 @dataclass(frozen=True)
 class Rejection:
+    """A layout that cannot run, and why. kind: heads, node, count, tokens, memory, guidance.
+    need_gb: the memory a rank would need (memory rejections; lets an error quote the least)."""
+
     ulysses: int
     ring: int
     cfg: int
     replicas: int
     reason: str
+    kind: str = "other"
+    need_gb: float = 0.0
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {"ulysses": self.ulysses, "ring": self.ring, "cfg": self.cfg,
+                "replicas": self.replicas, "reason": self.reason, "kind": self.kind}
 
 
 @dataclass(frozen=True)
@@ -268,18 +275,30 @@ def _resolve_cluster(gpus, gpu_type, per_node, cluster) -> ClusterSpec:
     raise ValueError(f"cluster must be a ClusterSpec, a dict or a YAML path, got {type(cluster).__name__}")
 
 
+@dataclass(frozen=True)
+class _NodeInfo:
+    node: NodeSpec
+    capacity_gb: float  # memory a rank may use: the device's memory less the reserve
+    flops: float
+    intra: Link
+
+
 class _Layouts:
     """Judges layouts for one (model, request, cluster); holds the per-call caches."""
 
     def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, guidance: bool):
         self.spec, self.geo, self.cluster, self.guidance = spec, geo, cluster, guidance
         # Fastest first; stable on the order given.
-        self.order: list[tuple[int, NodeSpec]] = sorted(
-            enumerate(cluster.nodes),
-            key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
+        order = sorted(enumerate(cluster.nodes),
+                       key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
+        self.nodes = [_NodeInfo(n, n.device.memory_gb - _reserve(n.device), n.device.flops_per_second,
+                                Link(n.intra_gb_s, n.device.link_latency_us)) for _, n in order]
         self.max_node = max(n.count for n in cluster.nodes)
         self.network = Link(cluster.network_gb_s, cluster.network_latency_us)
+        self.total = cluster.total
+        self._capacities = sorted({n.capacity_gb for n in self.nodes})
         self._cost_cache: dict = {}
+        self._slots_cache: dict = {}
 
     def _cost(self, U, R, C, b, flops, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
         key = (U, R, C, b, flops, intra, ring_link, edge_link)
@@ -289,123 +308,151 @@ class _Layouts:
             self._cost_cache[key] = hit
         return hit
 
+    def _slots(self, U: int, need_gb: float):
+        """Nodes that can hold a rank, their Ulysses slot counts and where each run starts."""
+        key = (U, tuple(cap >= need_gb for cap in self._capacities))
+        hit = self._slots_cache.get(key)
+        if hit is None:
+            usable = [i for i, n in enumerate(self.nodes) if n.capacity_gb >= need_gb]
+            runs = [(i, self.nodes[i].node.count // U) for i in usable if self.nodes[i].node.count >= U]
+            starts, total, reserve, worst = [], 0, [], 0.0
+            for i, s in runs:
+                starts.append(total)
+                total += s
+                worst = max(worst, _reserve(self.nodes[i].node.device))
+                reserve.append(worst)  # the largest reserve among runs[0..j]
+            excluded: dict[str, int] = {}
+            for i, n in enumerate(self.nodes):
+                if n.capacity_gb < need_gb:
+                    excluded[n.node.device.name] = excluded.get(n.node.device.name, 0) + n.node.count
+            one_link = len({self.nodes[i].intra for i, _ in runs}) <= 1
+            run_records = tuple(Run(self.nodes[i].node.name, self.nodes[i].node.device.name, 0, n)
+                                for i, n in runs)
+            hit = (runs, starts, total, excluded, reserve, one_link, run_records)
+            self._slots_cache[key] = hit
+        return hit
+
     def judge(self, C: int, U: int, R: int, K: int | None) -> Plan | Rejection:
         """A feasible Plan for cfg C x ulysses U x ring R (K replicas, None: as many as fit)."""
-        spec, geo, N = self.spec, self.geo, self.cluster.total
+        spec, geo, N = self.spec, self.geo, self.total
         sp = U * R
         k_shown = K or 1
 
-        def reject(reason):
-            return Rejection(U, R, C, k_shown, reason)
+        def reject(kind, reason):
+            return Rejection(U, R, C, k_shown, reason, kind)
 
         if C == 2 and not self.guidance:
-            return reject("cfg 2 runs the two guidance branches on separate groups, but guidance is "
-                          "off (--no-cfg); use cfg 1")
+            return reject("guidance", "cfg 2 runs the two guidance branches on separate groups, but "
+                          "guidance is off (--no-cfg); use cfg 1")
         if spec.heads % U:
-            return reject(f"ulysses {U} does not divide the {spec.heads} attention heads; "
+            return reject("heads", f"ulysses {U} does not divide the {spec.heads} attention heads; "
                           f"feasible: {_divisors_text(spec)}")
         if U > self.max_node:
-            return reject(f"ulysses {U} exceeds the largest node ({self.max_node} devices); a Ulysses "
-                          "group must stay inside one node: use ring for the rest")
+            return reject("node", f"ulysses {U} exceeds the largest node ({self.max_node} devices); a "
+                          "Ulysses group must stay inside one node: use ring for the rest")
         need = C * sp * k_shown
         if need > N:
-            return reject(f"cfg {C} x ulysses {U} x ring {R} x replicas {k_shown} = {need} devices, "
-                          f"but the cluster offers {N}")
+            return reject("count", f"cfg {C} x ulysses {U} x ring {R} x replicas {k_shown} = {need} "
+                          f"devices, but the cluster offers {N}")
         if sp > geo.video_tokens:
-            return reject(f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video tokens; "
-                          "every rank must hold video tokens: use fewer devices")
+            return reject("tokens", f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video "
+                          "tokens; every rank must hold video tokens: use fewer devices")
         b = costmod.batch_per_group(self.guidance, C)
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0)
-
-        runs: list[tuple[NodeSpec, int]] = []  # (node, Ulysses slots)
-        excluded: dict[str, int] = {}
-        for _, node in self.order:
-            dev = node.device
-            if base_gb + _reserve(dev) > dev.memory_gb:
-                excluded[dev.name] = excluded.get(dev.name, 0) + node.count
-                continue
-            if node.count // U:
-                runs.append((node, node.count // U))
-        slots = sum(s for _, s in runs)
-        per_replica = C * R
-        if not runs:
-            biggest = max((n.device for n in self.cluster.nodes), key=lambda d: d.memory_gb)
+        runs, starts, slots, excluded, reserve, one_link, run_records = self._slots(U, base_gb)
+        if not runs and excluded:
+            big = max(self.nodes, key=lambda n: n.capacity_gb)
+            dev = big.node.device
             weights = spec.weight_bytes / 1e9
-            if weights + _reserve(biggest) > biggest.memory_gb:
+            if weights > big.capacity_gb:
                 fix = "the weights alone do not fit: use devices with more memory"
             else:
                 fix = "raise ring or ulysses (activations shrink with sp) or use devices with more memory"
-            return reject(f"needs {base_gb + _reserve(biggest):.1f} GB per device (weights "
-                          f"{weights:.1f} GB + activations {base_gb - weights:.1f} GB + reserve), "
-                          f"the largest device offered ({biggest.name}) has {biggest.memory_gb:g} GB; {fix}")
-        fit = slots // per_replica
-        if K is not None and fit < K or fit == 0:
-            why = (f"needs {k_shown * per_replica} Ulysses groups of {U} devices on single nodes, "
-                   f"the usable nodes hold {slots}")
+            return Rejection(U, R, C, k_shown, (
+                f"needs {base_gb + dev.memory_gb - big.capacity_gb:.1f} GB per device (weights "
+                f"{weights:.1f} GB + activations {base_gb - weights:.1f} GB + reserve), the largest "
+                f"device offered ({dev.name}) has {dev.memory_gb:g} GB; {fix}"), "memory", base_gb)
+        P = C * R  # Ulysses slots per replica
+        fit = slots // P
+        if (K is not None and fit < K) or fit == 0:
+            why = (f"needs {k_shown * P} Ulysses groups of {U} devices on single nodes, the usable "
+                   f"nodes hold {slots}")
             if excluded:
                 why += " (" + ", ".join(f"{n} {t}" for t, n in excluded.items()) + \
                        f" cannot hold a rank: {base_gb:.1f} GB + reserve)"
-            return reject(why)
+            return reject("count", why)
         K = fit if K is None else K
 
-        # Walk the slots replica by replica; each cfg group is R consecutive slots.
-        run_nodes = [node for node, _ in runs]
-        slot_node = []  # index into run_nodes per slot, built lazily only up to what is used
-        for i, (_, s) in enumerate(runs):
-            slot_node.extend([i] * s)
-            if len(slot_node) >= K * per_replica:
-                break
-        steps, costs = [], []
+        # Replicas take P consecutive slots; each cfg group R of them. Replicas inside one node
+        # are counted in bulk, those straddling nodes one by one.
+        steps: list[float] = []
+        fastest_cost: StepCost | None = None
         notes: list[str] = []
-        spans_types, crosses = [], False
-        for rep in range(K):
-            first = rep * per_replica
-            lo, hi = slot_node[first], slot_node[first + per_replica - 1]
-            nodes = run_nodes[lo:hi + 1]
-            devs = [n.device for n in nodes]
-            slow = min(devs, key=lambda d: d.flops_per_second)
-            intra = min((Link(n.intra_gb_s, n.device.link_latency_us) for n in nodes),
-                        key=lambda lk: (lk.gb_s, -lk.latency_us))
-            group_crosses = any(slot_node[first + c * R] != slot_node[first + c * R + R - 1]
-                                for c in range(C))
-            ring_link = self.network if group_crosses else intra
-            edge_link = self.network if lo != hi else intra
-            crosses = crosses or group_crosses
-            c = self._cost(U, R, C, b, slow.flops_per_second, intra, ring_link, edge_link)
-            steps.append(c.total)
-            costs.append(c)
-            names = sorted({d.name for d in devs})
-            if len(names) > 1:
-                spans_types.append((rep, names, slow.name))
-        world = K * per_replica * U
-        fastest = min(range(K), key=lambda i: steps[i])
+        spans_types: list[tuple[int, list[str], str]] = []
+        crosses = False
+        k, r = 0, 0  # replica, index into runs
+        while k < K:
+            first = k * P
+            while starts[r] + runs[r][1] <= first:
+                r += 1
+            info = self.nodes[runs[r][0]]
+            inside = (starts[r] + runs[r][1] - first) // P
+            if inside >= 1:
+                m = min(inside, K - k)
+                c = self._cost(U, R, C, b, info.flops, info.intra, info.intra, info.intra)
+                steps.extend([c.total] * m)
+                k += m
+            else:
+                last = first + P - 1
+                r_hi = bisect_right(starts, last) - 1
+                # Nodes are sorted fastest first, so the last member paces the replica.
+                slow = self.nodes[runs[r_hi][0]]
+                if one_link:
+                    intra = slow.intra
+                else:
+                    intra = min((self.nodes[runs[j][0]].intra for j in range(r, r_hi + 1)),
+                                key=lambda lk: (lk.gb_s, -lk.latency_us))
+                group_crosses = any(bisect_right(starts, first + g * R) != bisect_right(starts, first + g * R + R - 1)
+                                    for g in range(C))
+                crosses = crosses or group_crosses
+                c = self._cost(U, R, C, b, slow.flops, intra,
+                               self.network if group_crosses else intra, self.network)
+                if info.node.device is not slow.node.device:
+                    names = sorted({self.nodes[runs[j][0]].node.device.name for j in range(r, r_hi + 1)})
+                    spans_types.append((k, names, slow.node.device.name))
+                steps.append(c.total)
+                k += 1
+            if fastest_cost is None or c.total < fastest_cost.total:
+                fastest_cost = c
+        assert fastest_cost is not None and len(steps) == K
+        world = K * P * U
         text_p, video_p = costmod.padded_parts(geo, sp)
 
         if crosses:
             notes.append(f"a ring group crosses nodes over the network ({self.network.gb_s:g} GB/s)")
-        for rep, names, slow in spans_types[:3]:
-            notes.append(f"replica {rep} spans {' + '.join(names)}: paced by {slow}")
+        for rep, names, slow_name in spans_types[:3]:
+            notes.append(f"replica {rep} spans {' + '.join(names)}: paced by {slow_name}")
         if K > 1 and max(steps) > min(steps) * (1 + TIE_TOLERANCE):
             notes.append(f"replicas step in {min(steps):.3g} to {max(steps):.3g} s (different devices or links)")
         if excluded:
             notes.append(", ".join(f"{n} {t}" for t, n in excluded.items()) +
                          f" left out: a rank needs {base_gb:.1f} GB + reserve")
-        left = N - world - sum(excluded.values())
+        left = N - world - (sum(excluded.values()) if excluded else 0)
         if left:
             notes.append(f"{left} device{'s' if left != 1 else ''} left out: groups of "
                          f"{C * sp} (cfg {C} x sp {sp}) do not fill the rest"
                          + (" with Ulysses groups inside nodes" if U > 1 else ""))
-        mem = base_gb + max(_reserve(n.device) for n in run_nodes)
+        mem = base_gb + reserve[bisect_right(starts, K * P - 1) - 1]
         return Plan(
             ulysses=U, ring=R, cfg=C, replicas=K, world_size=world,
             pad_tokens=text_p + video_p - geo.sequence_tokens,
             text_pad_tokens=text_p - geo.text_tokens, video_pad_tokens=video_p - geo.video_tokens,
             split=costmod.split_kind(geo, sp),
-            predicted_step_seconds=steps[fastest], slowest_step_seconds=max(steps),
+            predicted_step_seconds=fastest_cost.total, slowest_step_seconds=max(steps),
             throughput_steps_per_second=sum(1.0 / t for t in steps),
-            memory_gb_per_gpu=mem, cost=costs[fastest], gpus_offered=N,
+            memory_gb_per_gpu=mem, cost=fastest_cost, gpus_offered=N,
             kind="uniform", notes=tuple(notes),
-            runs=tuple(Run(n.name, n.device.name, 0, s) for n, s in runs),
+            runs=run_records,
             replica_step_seconds=tuple(steps),
         )
 
@@ -416,7 +463,7 @@ def _rank_key(p: Plan):
             p.world_size, -p.ulysses, p.cfg)
 
 
-def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas):
+def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world_size=None):
     L = _Layouts(spec, geo, cluster, guidance)
     N = cluster.total
     feasible: list[Plan] = []
@@ -431,16 +478,21 @@ def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas):
             if ring is not None:
                 rs = [ring]
             else:
-                rs = list(range(1, max(N // (C * U * (replicas or 1)), 1) + 1))
+                rs = list(range(1, max((world_size or N) // (C * U * (replicas or 1)), 1) + 1))
             for R in rs:
-                out = L.judge(C, U, R, replicas)
+                K = replicas
+                if world_size is not None:
+                    # Only layouts of exactly world_size devices: K follows from the rest.
+                    if world_size % (C * U * R) or (K is not None and K * C * U * R != world_size):
+                        continue
+                    K = world_size // (C * U * R)
+                out = L.judge(C, U, R, K)
                 if isinstance(out, Plan):
                     feasible.append(out)
                     continue
                 rejected.append(out)
                 # Reasons that hold for every larger ring degree are listed once.
-                if ring is None and (spec.heads % U or U > L.max_node or C == 2 and not guidance
-                                     or "exceeds the" in out.reason and "video tokens" in out.reason):
+                if ring is None and out.kind in ("heads", "node", "guidance", "tokens"):
                     break
     feasible.sort(key=_rank_key)
     return feasible, rejected
@@ -478,38 +530,55 @@ def _per_type(spec, geo, cluster, guidance) -> Plan | None:
     )
 
 
+def _summary(rejected: list[Rejection]) -> str:
+    """One reason per kind of rejection; for memory, the layout that needs the least."""
+    picked: dict[str, Rejection] = {}
+    for r in rejected:
+        have = picked.get(r.kind)
+        if have is None or (r.kind == "memory" and r.need_gb < have.need_gb):
+            picked[r.kind] = r
+    parts = []
+    for r in picked.values():
+        where = f" (at best: cfg {r.cfg} x ulysses {r.ulysses} x ring {r.ring})" if r.kind == "memory" else ""
+        parts.append(r.reason + where)
+    return "; ".join(parts)
+
+
 def plan(model, frames: int | None = None, height: int | None = None, width: int | None = None, *,
          gpus: int | None = None, gpu_type: str | None = None, per_node: int | None = None,
          cluster=None, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None,
-         replicas: int | None = None, guidance: bool = True) -> PlanResult:
+         replicas: int | None = None, guidance: bool = True,
+         world_size: int | None = None) -> PlanResult:
     """Plan `model` (name, diffusers directory or ModelSpec) for a frames x height x width
     request on `gpus` devices of `gpu_type` or on `cluster` (ClusterSpec, dict, YAML path).
 
-    Any of ulysses / ring / cfg / replicas given restricts the enumeration; PlanError when no
-    layout remains feasible. guidance=False: one branch per step, so cfg is 1.
+    Any of ulysses / ring / cfg / replicas given restricts the enumeration; world_size keeps
+    only layouts that use exactly that many devices (cfg x ulysses x ring x replicas);
+    PlanError when no layout remains feasible. guidance=False: one branch per step, cfg 1.
     """
     spec = model_spec(model)
     geo = spec.geometry(frames, height, width)
     cl = _resolve_cluster(gpus, gpu_type, per_node, cluster)
-    for name, value in (("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas)):
+    for name, value in (("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas),
+                        ("world_size", world_size)):
         _check_forced(name, value)
+    if world_size is not None and world_size > cl.total:
+        raise PlanError(f"world_size {world_size} is more than the {cl.total} devices offered")
     if cfg is not None and cfg > 2:
         raise ValueError(f"cfg {cfg} is not 1 or 2 (classifier-free guidance has two branches)")
     if cfg == 2 and not guidance:
         raise PlanError("cfg 2 runs the two guidance branches on separate groups, but guidance is "
                         "off (--no-cfg); use cfg 1")
-    feasible, rejected = _enumerate(spec, geo, cl, guidance, ulysses, ring, cfg, replicas)
-    forced = any(v is not None for v in (ulysses, ring, cfg, replicas))
+    feasible, rejected = _enumerate(spec, geo, cl, guidance, ulysses, ring, cfg, replicas, world_size)
+    forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))
     if len(cl.types) > 1 and not forced:
         combo = _per_type(spec, geo, cl, guidance)
         if combo is not None:
             feasible.append(combo)
             feasible.sort(key=_rank_key)
     if not feasible:
-        reasons = list(dict.fromkeys(r.reason for r in rejected))
         what = ("forced layout" if forced else "layout")
-        detail = reasons[0] if len(reasons) == 1 else \
-            "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more reasons)" if len(reasons) > 3 else "")
+        detail = _summary(rejected) or f"no layout of exactly {world_size} devices matches the forced degrees"
         raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
                         f"on {cl.total} devices: {detail}")
     return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected))
