@@ -68,6 +68,9 @@ def load_pipeline(model: str | Path, device=None, dtype=None):
 
     # Loading bars from every rank would drown the generation's own progress bar.
     diffusers.utils.logging.disable_progress_bar()
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     path = resolve_model_dir(str(model))
     class_name = json.loads((path / "model_index.json").read_text())["_class_name"]
     pipeline_cls = getattr(diffusers, class_name)

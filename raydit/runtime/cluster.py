@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from raydit.runtime.errors import WorkerFailure
 from raydit.runtime.worker import RankWorker
 
 
@@ -63,62 +65,73 @@ class RayCluster:
             raise ValueError("device 'cuda' asked for, but the Ray cluster has no GPUs; use --device cpu")
         return device
 
-    def cluster_spec(self, device: str, workers: int | None):
-        """The live cluster as the planner's ClusterSpec: GPUs per node with their type,
-        or CPU slots (one rank per slot) when running on CPU."""
+    def cluster_spec(self, device: str, workers: int | None = None, counts: dict | None = None):
+        """The live cluster as the planner's ClusterSpec: GPUs per node with their type, or
+        CPU slots (one rank per slot) on CPU. `counts` (node id -> devices) replaces what
+        the nodes offer, e.g. survivors plus free devices after a failure."""
         from raydit.planner import ClusterSpec, NodeSpec
 
+        key = "GPU" if device == "cuda" else "CPU"
         nodes = []
         for n in self.alive_nodes():
-            res = n["Resources"]
-            if device == "cuda":
-                count = int(res.get("GPU", 0))
-                gpu_type = _accelerator_type(n)
-            else:
-                count = int(res.get("CPU", 0))
-                gpu_type = "cpu"
+            count = int(n["Resources"].get(key, 0)) if counts is None else counts.get(n["NodeID"], 0)
+            gpu_type = _accelerator_type(n) if device == "cuda" else "cpu"
             if count > 0:
                 nodes.append(NodeSpec(name=n["NodeID"], gpu_type=gpu_type, count=count))
         total = sum(n.count for n in nodes)
-        if workers is not None:
-            if workers > total:
-                unit = "GPUs" if device == "cuda" else "CPU slots"
-                raise ValueError(
-                    f"workers {workers} is more than the {total} {unit} the Ray cluster has; "
-                    f"use --workers {total} or fewer"
-                )
-            # Keep the first `workers` slots, filling nodes in order (PACK).
-            kept, left = [], workers
-            for n in nodes:
-                if left <= 0:
-                    break
-                take = min(left, n.count)
-                kept.append(NodeSpec(name=n.name, gpu_type=n.gpu_type, count=take))
-                left -= take
-            nodes = kept
+        if workers is not None and workers > total:
+            unit = "GPUs" if device == "cuda" else "CPU slots"
+            raise ValueError(
+                f"workers {workers} is more than the {total} {unit} the Ray cluster has; "
+                f"use --workers {total} or fewer"
+            )
         if not nodes:
             raise ValueError(f"the Ray cluster has no {'GPUs' if device == 'cuda' else 'CPUs'} to run on")
         return ClusterSpec(nodes=tuple(nodes))
 
-    def plan(self, spec, *, frames, height, width, device, workers, ulysses, ring, cfg):
+    def plan(self, spec, *, frames=None, height=None, width=None, device, workers=None,
+             ulysses=None, ring=None, cfg=None, counts=None):
+        """The planner's result on the live cluster. `workers` given: the best plan that uses
+        exactly that many ranks is put first (the user asked for that many)."""
+        import dataclasses
+
+        from raydit.planner import PlanError
         from raydit.planner import plan as make_plan
 
-        cluster = self.cluster_spec(device, workers)
+        cluster = self.cluster_spec(device, workers, counts)
         result = make_plan(
-            spec,
-            frames=frames,
-            height=height,
-            width=width,
-            cluster=cluster,
-            ulysses=ulysses,
-            ring=ring,
-            cfg=cfg,
-            replicas=1,
+            spec, frames=frames, height=height, width=width, cluster=cluster,
+            ulysses=ulysses, ring=ring, cfg=cfg, replicas=1,
         )
-        return result
+        if workers is None:
+            return result
+        exact = [p for p in result.candidates if p.world_size == workers]
+        if not exact:
+            sizes = sorted({p.world_size for p in result.candidates})
+            raise PlanError(
+                f"no feasible plan runs on exactly {workers} workers with these degrees; "
+                f"feasible world sizes: {', '.join(map(str, sizes))}"
+            )
+        rest = [p for p in result.candidates if p.world_size != workers]
+        return dataclasses.replace(result, candidates=tuple(exact + rest))
 
     def start_pool(self, plan, **kwargs) -> "WorkerPool":
         return WorkerPool.start(plan.world_size, placement=plan.placement, **kwargs)
+
+    def free_slots(self, device: str) -> dict[str, int]:
+        return free_slots("GPU" if device == "cuda" else "CPU")
+
+
+def free_slots(key: str) -> dict[str, int]:
+    """Devices (`GPU`, or `CPU` slots) free right now, per alive node id."""
+    from ray._private.state import available_resources_per_node
+
+    alive = {n["NodeID"] for n in RayCluster.alive_nodes()}
+    return {
+        node: int(res.get(key, 0))
+        for node, res in available_resources_per_node().items()
+        if node in alive and int(res.get(key, 0)) > 0
+    }
 
 
 def _accelerator_type(node: dict) -> str:
@@ -131,57 +144,82 @@ def _accelerator_type(node: dict) -> str:
     return "H100"  # unknown type: plan with the table's default
 
 
-class WorkerPool:
-    """Warm actors on a placement group, and the process group formed over some of them.
+@dataclass
+class Member:
+    """One warm actor with the single-bundle placement group that reserves its device."""
 
-    The pool outlives its process groups: `form(plan)` tears the current group down and
-    forms a new one (fresh store, fresh port) over the first `plan` world-size actors,
-    reusing their loaded pipelines. Regrouping after a failure or a growth uses the same call.
+    actor: Any
+    pg: Any
+    info: dict
+
+    @property
+    def node_id(self) -> str:
+        return self.info["node_id"]
+
+
+class WorkerPool:
+    """Warm actors, and the process group formed over some of them.
+
+    Each rank gets its own one-bundle placement group, pinned to the node the plan chose:
+    a lost node then releases only its own ranks' reservations, and the survivors keep
+    theirs (removing a shared placement group would kill every actor in it). The pool
+    outlives its process groups: `form(plan)` tears the current group down and forms a new
+    one (fresh store, fresh port) over warm actors, reusing their loaded pipelines.
     """
 
-    def __init__(self, actors, pg, infos, device, timings):
-        self.actors = actors
-        self.pg = pg
-        self.infos = infos
+    def __init__(self, *, model_dir: str, device: str, dtype: str, placement_timeout_s: float):
+        self.model_dir = model_dir
         self.device = device
-        self.timings = timings
-        self.active: list = []
+        self.dtype = dtype
+        self.placement_timeout_s = placement_timeout_s
+        self.members: list[Member] = []
+        self.active: list[Member] = []
         self.plan = None
         self.kernel = None
+        self.timings: dict[str, float] = {}
 
     @classmethod
-    def start(
-        cls,
-        size: int,
-        *,
-        placement,
-        model_dir: str,
-        device: str,
-        dtype: str,
-        placement_timeout_s: float,
-    ) -> "WorkerPool":
+    def start(cls, size: int, *, placement=None, **kwargs) -> "WorkerPool":
+        pool = cls(**kwargs)
+        pool.timings = pool.add(size, [_node_of(p) for p in list(placement or [])[:size]])
+        return pool
+
+    @property
+    def actors(self) -> list:
+        return [m.actor for m in self.members]
+
+    @property
+    def infos(self) -> list[dict]:
+        return [m.info for m in self.members]
+
+    def add(self, count: int, nodes=None) -> dict[str, float]:
+        """Reserve `count` more devices (on `nodes`, node ids, where given), start an actor
+        on each and load the pipeline."""
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        pg = _reserve(size, placement, device, placement_timeout_s)
+        nodes = list(nodes or [])
+        pgs = _reserve(count, nodes, self.device, self.placement_timeout_s)
         timings["placement_seconds"] = time.perf_counter() - t0
         actors = []
         try:
             remote_cls = ray.remote(RankWorker)
-            for index in range(size):
+            for pg in pgs:
                 opts: dict[str, Any] = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        placement_group=pg, placement_group_bundle_index=index
+                        placement_group=pg, placement_group_bundle_index=0
                     ),
-                    "runtime_env": {"env_vars": _worker_env(device)},
+                    "runtime_env": {"env_vars": _worker_env(self.device)},
                     "num_cpus": 1,
+                    # A second thread answers pings while a step runs in the first.
+                    "max_concurrency": 2,
                 }
-                if device == "cuda":
+                if self.device == "cuda":
                     opts["num_gpus"] = 1
                 actors.append(
-                    remote_cls.options(**opts).remote(model_dir, device, dtype, threads=1)
+                    remote_cls.options(**opts).remote(self.model_dir, self.device, self.dtype, threads=1)
                 )
             t1 = time.perf_counter()
-            infos = ray.get([a.info.remote() for a in actors], timeout=placement_timeout_s + 120)
+            infos = ray.get([a.info.remote() for a in actors], timeout=self.placement_timeout_s + 120)
             timings["actors_seconds"] = time.perf_counter() - t1
             t2 = time.perf_counter()
             ray.get([a.load.remote() for a in actors])
@@ -189,52 +227,153 @@ class WorkerPool:
         except BaseException:
             for a in actors:
                 ray.kill(a, no_restart=True)
-            remove_placement_group(pg)
+            for pg in pgs:
+                remove_placement_group(pg)
             raise
-        return cls(actors, pg, infos, device, timings)
+        self.members.extend(Member(a, pg, info) for a, pg, info in zip(actors, pgs, infos))
+        return timings
 
     def form(self, plan, timeout_s: float) -> float:
         """(Re)form the process group for `plan`; returns the seconds it took."""
         t0 = time.perf_counter()
         world = plan.ulysses * plan.ring * plan.cfg
-        if world > len(self.actors):
-            raise ValueError(
-                f"plan needs {world} ranks but the pool has {len(self.actors)} workers"
-            )
+        if world > len(self.members):
+            raise ValueError(f"plan needs {world} ranks but the pool has {len(self.members)} workers")
         if self.active:
-            ray.get([a.leave_group.remote() for a in self.active])
-        self.active = self.actors[:world]
+            ray.get([m.actor.leave_group.remote() for m in self.active], timeout=timeout_s)
+        self.active = _assign(self.members, getattr(plan, "placement", None), world)
         self.plan = plan
-        self.kernel = _form_group(self.active, plan, self.device, timeout_s)
+        self.kernel = _form_group([m.actor for m in self.active], plan, self.device, timeout_s)
         return time.perf_counter() - t0
+
+    def free_slot_count(self) -> int:
+        key = "GPU" if self.device == "cuda" else "CPU"
+        return sum(free_slots(key).values())
+
+    def grow_to(self, plan) -> None:
+        """Start actors for the ranks of `plan` that no warm member can take, on the nodes
+        the plan placed them."""
+        world = plan.ulysses * plan.ring * plan.cfg
+        need = world - len(self.members)
+        if need <= 0:
+            return
+        spare: dict[str, int] = {}
+        for m in self.members:
+            spare[m.node_id] = spare.get(m.node_id, 0) + 1
+        new_nodes = []
+        for p in list(getattr(plan, "placement", None) or [])[:world]:
+            node = _node_of(p)
+            if spare.get(node, 0) > 0:
+                spare[node] -= 1
+            else:
+                new_nodes.append(node)
+        self.add(need, new_nodes[:need] if len(new_nodes) >= need else None)
 
     # -- one request: every call is collective over the active ranks -------------------------
 
-    def prepare(self, request, checkpoint: dict | None = None) -> dict:
-        outs = ray.get([a.prepare.remote(request, checkpoint) for a in self.active])
-        return outs[0]
+    def _call_all(self, refs: list, timeout_s: float | None) -> list:
+        """Wait for calls on the active ranks; a lost rank or a failed collective raises
+        WorkerFailure as soon as the first result shows it (ray.wait), never after a hang."""
+        pending = list(refs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+            if not ready:
+                raise WorkerFailure(
+                    f"a step made no progress for {timeout_s:.0f} s", lost=self.find_lost()
+                )
+            try:
+                ray.get(ready[0])
+            except Exception as exc:  # dead actor, dead node, or a collective that broke
+                raise WorkerFailure(
+                    f"rank failed: {type(exc).__name__}", lost=self.find_lost(), cause=exc
+                ) from exc
+        return ray.get(refs)
 
-    def step(self) -> dict:
-        refs = [a.step.remote(rank == 0) for rank, a in enumerate(self.active)]
-        return ray.get(refs)[0]
+    def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None) -> dict:
+        refs = [m.actor.prepare.remote(request, checkpoint) for m in self.active]
+        return self._call_all(refs, timeout_s)[0]
 
-    def decode(self):
+    def step(self, timeout_s: float | None = None) -> dict:
+        refs = [m.actor.step.remote(rank == 0) for rank, m in enumerate(self.active)]
+        return self._call_all(refs, timeout_s)[0]
+
+    def decode(self, timeout_s: float | None = None):
         # The VAE runs replicated today; rank 0's frames are the answer.
-        return ray.get(self.active[0].decode.remote())
+        return self._call_all([self.active[0].actor.decode.remote()], timeout_s)[0]
+
+    # -- failures ----------------------------------------------------------------------------
+
+    def find_lost(self, ping_timeout_s: float = 10.0) -> list[Member]:
+        """Ping every member (a second actor thread answers even mid-collective); the ones
+        that do not answer are killed, their reservations released, and returned."""
+        refs = {m.actor.ping.remote(): m for m in self.members}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=ping_timeout_s)
+        lost = []
+        for ref, m in refs.items():
+            ok = False
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                    ok = True
+                except Exception:
+                    ok = False
+            if not ok:
+                lost.append(m)
+        for m in lost:
+            self._drop(m)
+        return lost
+
+    def _drop(self, m: Member) -> None:
+        try:
+            ray.kill(m.actor, no_restart=True)
+        except Exception:
+            pass
+        try:
+            remove_placement_group(m.pg)
+        except Exception:
+            pass
+        if m in self.members:
+            self.members.remove(m)
+        if m in self.active:
+            self.active.remove(m)
+
+    def reset_group(self, timeout_s: float = 30.0) -> None:
+        """After a failure: survivors destroy their broken process group."""
+        if not self.active:
+            return
+        refs = [m.actor.leave_group.remote() for m in self.active]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        # A survivor that cannot even leave its group is stuck: drop it too.
+        stuck = [m for m, r in zip(self.active, refs) if r in pending]
+        for m in stuck:
+            self._drop(m)
+        self.active = []
 
     def close(self) -> None:
-        for a in self.actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:
-                pass
-        self.actors, self.active = [], []
-        if self.pg is not None:
-            try:
-                remove_placement_group(self.pg)
-            except Exception:
-                pass
-            self.pg = None
+        for m in list(self.members):
+            self._drop(m)
+        self.members, self.active = [], []
+
+
+def _assign(members: list[Member], placement, world: int) -> list[Member]:
+    """Order members as the plan's ranks: rank r takes a member on the node the plan put
+    it on; where the plan's node names are not Ray node ids, keep the pool's order."""
+    ranks = list(placement or [])[:world]
+    by_node: dict[str, list[Member]] = {}
+    for m in members:
+        by_node.setdefault(m.node_id, []).append(m)
+    if len(ranks) == world and all(len(by_node.get(_node_of(p), [])) > 0 for p in ranks):
+        chosen = []
+        for p in ranks:
+            pool = by_node[_node_of(p)]
+            if not pool:
+                break
+            chosen.append(pool.pop(0))
+        if len(chosen) == world:
+            return chosen
+    return members[:world]
 
 
 def _worker_env(device: str) -> dict[str, str]:
@@ -248,25 +387,29 @@ def _worker_env(device: str) -> dict[str, str]:
     return env
 
 
-def _reserve(world: int, placement, device: str, timeout_s: float):
-    """One bundle per rank, pinned to the node the plan placed it on."""
+def _reserve(count: int, nodes: list, device: str, timeout_s: float) -> list:
+    """One single-bundle placement group per rank, pinned to its planned node if known."""
     unit = {"GPU": 1.0, "CPU": 1.0} if device == "cuda" else {"CPU": 1.0}
-    bundles = [dict(unit) for _ in range(world)]
     alive = {n["NodeID"] for n in RayCluster.alive_nodes()}
-    selectors = None
-    placement = list(placement or [])[:world]
-    if placement and all(_node_of(p) in alive for p in placement):
-        selectors = [{"ray.io/node-id": _node_of(p)} for p in placement]
-    pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
+    pgs = []
+    for i in range(count):
+        node = nodes[i] if i < len(nodes) else None
+        selector = [{"ray.io/node-id": node}] if node in alive else None
+        pgs.append(placement_group([dict(unit)], strategy="PACK", bundle_label_selector=selector))
     try:
-        ray.get(pg.ready(), timeout=timeout_s)
+        ray.get([pg.ready() for pg in pgs], timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
+        for pg in pgs:
+            remove_placement_group(pg)
         raise ValueError(
-            f"the Ray cluster could not hold {world} x {unit} within {timeout_s:.0f} s "
-            f"(available: {ray.available_resources()}); free resources or ask for fewer workers"
+            f"the Ray cluster could not hold {count} x {unit} within {timeout_s:.0f} s "
+            f"(available: {_short(ray.available_resources())}); free resources or ask for fewer workers"
         ) from None
-    return pg
+    return pgs
+
+
+def _short(res: dict) -> dict:
+    return {k: v for k, v in res.items() if k in ("CPU", "GPU") or k.startswith("accelerator_type")}
 
 
 def _node_of(p) -> str:

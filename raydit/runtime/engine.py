@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from raydit.runtime.cluster import RayCluster, WorkerPool
+from raydit.runtime.cluster import RayCluster
+from raydit.runtime.controller import Controller, ElasticPolicy, Job
 
 DEVICES = ("auto", "cuda", "cpu")
 
@@ -48,6 +49,10 @@ class Engine:
     >>> with Engine(model="tiny", workers=2, device="cpu") as engine:
     ...     result = engine.generate("a red fox", num_inference_steps=4)
     ...     result.save("fox.mp4")
+
+    `workers` given: exactly that many ranks (the best plan of that size); None: the
+    planner's best plan on every device of the cluster. When ranks are lost mid-request
+    the engine re-plans on what is left and resumes from the last finished step.
     """
 
     def __init__(
@@ -65,7 +70,9 @@ class Engine:
         height: int | None = None,
         width: int | None = None,
         placement_timeout_s: float = 60.0,
-        collective_timeout_s: float = 300.0,
+        collective_timeout_s: float = 120.0,
+        step_timeout_s: float | None = None,
+        elastic: bool = True,
         show_plan: bool = True,
     ):
         from raydit.models.loading import resolve_model_dir
@@ -73,37 +80,38 @@ class Engine:
 
         if device not in DEVICES:
             raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-        if workers is not None and workers < 1:
-            raise ValueError(f"workers {workers} must be at least 1")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            raise ValueError(f"workers {workers!r} must be a positive integer")
         for name, value in (("ulysses", ulysses), ("ring", ring), ("cfg", cfg)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} {value} must be at least 1")
-        # Resolve the model before touching Ray: a typo costs no cluster start.
+        # Resolve the model and check the request before touching Ray: a typo costs no
+        # cluster start.
         self.model = model
         self.model_dir = str(resolve_model_dir(model))
         self.spec = model_spec(self.model_dir)
+        self.spec.geometry(frames, height, width)
+        self._geometry = (frames, height, width)
+        self._workers = workers
+        self._collective_timeout_s = collective_timeout_s
+        self.elastic = elastic
+        self.events: list[dict] = []
         self._timings: dict[str, float] = {}
+        self.group = None
         t0 = time.perf_counter()
         self.cluster = RayCluster.connect(address=address, want_workers=workers)
         try:
             self.device = self.cluster.resolve_device(device)
             self.dtype = dtype or ("bfloat16" if self.device == "cuda" else "float32")
             self.plan_result = self.cluster.plan(
-                self.spec,
-                frames=frames,
-                height=height,
-                width=width,
-                device=self.device,
-                workers=workers,
-                ulysses=ulysses,
-                ring=ring,
-                cfg=cfg,
+                self.spec, frames=frames, height=height, width=width, device=self.device,
+                workers=workers, ulysses=ulysses, ring=ring, cfg=cfg,
             )
             self.plan = self.plan_result.best
             if show_plan:
                 print(self.describe_plan(), flush=True)
             self._timings["plan_seconds"] = time.perf_counter() - t0
-            self.group: WorkerPool = self.cluster.start_pool(
+            self.group = self.cluster.start_pool(
                 self.plan,
                 model_dir=self.model_dir,
                 device=self.device,
@@ -112,17 +120,24 @@ class Engine:
             )
             self._timings["group_seconds"] = self.group.form(self.plan, collective_timeout_s)
         except BaseException:
-            if getattr(self, "group", None) is not None:
+            if self.group is not None:
                 self.group.close()
+                self.group = None
             self.cluster.close()
             raise
-        self._collective_timeout_s = collective_timeout_s
-        self._workers = workers
         self._timings.update(self.group.timings)
         self._timings["startup_seconds"] = time.perf_counter() - t0
-        self.events: list[dict] = [
-            {"event": "started", "plan": self.plan.to_dict(), "time": time.time()}
-        ]
+        self.controller = Controller(
+            self.group,
+            replan=self._replan,
+            policy=ElasticPolicy(max_recoveries=8 if elastic else 0),
+            events=self.events,
+            on_plan=self._set_plan,
+            regroup_cost_s=self._regroup_cost,
+            step_timeout_s=step_timeout_s,
+            collective_timeout_s=collective_timeout_s,
+        )
+        self._event("started", plan=_plan_brief(self.plan), seconds=self._timings["startup_seconds"])
 
     # -- information -------------------------------------------------------------------
 
@@ -139,29 +154,59 @@ class Engine:
     def timings(self) -> dict[str, float]:
         return dict(self._timings)
 
-    def actor_ids(self) -> list[str]:
-        return [info["actor_id"] for info in self.group.infos]
+    def _event(self, kind: str, **data) -> None:
+        self.events.append({"event": kind, "time": time.time(), **data})
+
+    # -- planning ------------------------------------------------------------------------
+
+    def _replan(self, capacity: int):
+        """Best plan on the pool's surviving members plus the cluster's free devices.
+
+        Where the user fixed the number of workers, the plan uses as many ranks as are
+        left; otherwise the planner's best."""
+        counts: dict[str, int] = {}
+        for m in self.group.members:
+            counts[m.node_id] = counts.get(m.node_id, 0) + 1
+        for node, free in self.cluster.free_slots(self.device).items():
+            counts[node] = counts.get(node, 0) + free
+        frames, height, width = self._geometry
+        result = self.cluster.plan(
+            self.spec, frames=frames, height=height, width=width, device=self.device,
+            counts=counts,
+        )
+        if self._workers is not None:
+            fits = [p for p in result.candidates if p.world_size <= capacity]
+            if fits:
+                return max(fits, key=lambda p: (p.world_size, -p.predicted_step_seconds))
+        return result.best
+
+    def _set_plan(self, plan) -> None:
+        self.plan = plan
+
+    def _regroup_cost(self) -> float:
+        t = self._timings
+        return t.get("actors_seconds", 0.0) + t.get("load_seconds", 0.0) + t.get("group_seconds", 0.0)
 
     def regroup(self, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None):
-        """Re-plan on this engine's workers with other degrees, keeping the actors and
-        their loaded weights; the planner refuses an infeasible layout with its reason."""
+        """Re-plan on this engine's warm workers with other degrees (fewer ranks is fine),
+        keeping the actors and their loaded weights; an infeasible layout is refused with
+        the planner's reason."""
+        if self.group is None:
+            raise RuntimeError("engine is shut down; create a new Engine")
+        counts: dict[str, int] = {}
+        for m in self.group.members:
+            counts[m.node_id] = counts.get(m.node_id, 0) + 1
+        frames, height, width = self._geometry
         result = self.cluster.plan(
-            self.spec,
-            frames=None,
-            height=None,
-            width=None,
-            device=self.device,
-            workers=len(self.group.actors),
-            ulysses=ulysses,
-            ring=ring,
-            cfg=cfg,
+            self.spec, frames=frames, height=height, width=width, device=self.device,
+            ulysses=ulysses, ring=ring, cfg=cfg, counts=counts,
         )
-        seconds = self.group.form(result.best, self._collective_timeout_s)
-        self.plan_result, self.plan = result, result.best
-        self.events.append(
-            {"event": "regrouped", "plan": self.plan.to_dict(), "seconds": seconds, "time": time.time()}
-        )
-        return self.plan
+        plan = result.best
+        self.group.reset_group()
+        seconds = self.group.form(plan, self._collective_timeout_s)
+        self.plan_result, self.plan = result, plan
+        self._event("regrouped", reason="requested", plan=_plan_brief(plan), seconds=seconds)
+        return plan
 
     # -- generation --------------------------------------------------------------------
 
@@ -199,66 +244,57 @@ class Engine:
                 f"guidance_scale {guidance_scale} turns classifier-free guidance off, but the "
                 "plan runs it on 2 groups (cfg 2); use guidance_scale > 1 or an Engine with cfg=1"
             )
-        timings: dict[str, float] = {}
+        if self.elastic:
+            self.controller.maybe_grow(self.plan, num_inference_steps)
+        first_event = len(self.events)
+        job = Job(request=request)
+        bar = _progress(num_inference_steps, enabled=progress)
         t_start = time.perf_counter()
-        prep = self.group.prepare(request)
-        timings["prepare_seconds"] = time.perf_counter() - t_start
 
-        step_seconds = []
-        checkpoint = None
-        bar = _progress(prep["num_steps"], enabled=progress)
-        t_loop = time.perf_counter()
+        def on_step(job: Job) -> None:
+            if bar is not None:
+                bar.update(1)
+            if callback_on_step_end is not None:
+                self._run_callback(callback_on_step_end, job)
+
         try:
-            step = prep["step_index"]
-            while step < prep["num_steps"]:
-                t_step = time.perf_counter()
-                checkpoint = self.group.step()
-                step_seconds.append(time.perf_counter() - t_step)
-                if bar is not None:
-                    bar.update(1)
-                if callback_on_step_end is not None:
-                    checkpoint = self._run_callback(
-                        callback_on_step_end, request, step, prep["timesteps"][step], checkpoint
-                    )
-                step += 1
+            self.controller.run(job, on_step=on_step)
         finally:
             if bar is not None:
                 bar.close()
-        timings["denoise_seconds"] = time.perf_counter() - t_loop
-        timings["step_seconds"] = step_seconds
-        t_dec = time.perf_counter()
-        frames = self.group.decode()
-        timings["decode_seconds"] = time.perf_counter() - t_dec
+        timings = dict(job.timings)
+        timings["step_seconds"] = list(job.step_seconds)
+        timings["denoise_seconds"] = float(sum(job.step_seconds))
         timings["total_seconds"] = time.perf_counter() - t_start
-        latents = checkpoint["latents"] if checkpoint is not None else self.group.latents()
         return GenerationResult(
-            frames=frames,
-            latents=_to_numpy(latents),
+            frames=job.frames,
+            latents=_to_numpy(job.checkpoint["latents"]),
             plan=self.plan,
             timings=timings,
             request=request,
+            events=self.events[first_event:],
         )
 
-    def _run_callback(self, callback, request, step, timestep, checkpoint):
+    def _run_callback(self, callback, job: Job) -> None:
         """diffusers' convention: callback(pipe, step, timestep, callback_kwargs) -> dict.
 
-        A callback may return new latents; they are pushed to the workers through the
-        same resume path a regrouping uses, so every rank continues from them.
-        """
-        latents = checkpoint["latents"]
-        out = callback(self, step, timestep, {"latents": latents})
+        A callback may return new latents; they reach the workers through the same resume
+        path a regrouping uses, so every rank continues from them."""
+        step = job.step_index - 1
+        latents = job.checkpoint["latents"]
+        out = callback(self, step, job.timesteps[step], {"latents": latents})
         if isinstance(out, dict) and "latents" in out and out["latents"] is not latents:
             import torch
 
-            checkpoint = dict(checkpoint)
+            checkpoint = dict(job.checkpoint)
             checkpoint["latents"] = torch.as_tensor(out["latents"]).to(latents.dtype)
-            self.group.prepare(request, checkpoint=checkpoint)
-        return checkpoint
+            job.checkpoint = checkpoint
+            job.prepared = False
 
     # -- lifetime ----------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Kill the actors, remove the placement group, disconnect what we connected."""
+        """Kill the actors, release their reservations, disconnect what we connected."""
         group, self.group = getattr(self, "group", None), None
         if group is not None:
             group.close()
@@ -278,6 +314,13 @@ class Engine:
                 self.shutdown()
         except Exception:
             pass
+
+
+def _plan_brief(plan) -> dict:
+    return {
+        "ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
+        "world_size": plan.world_size, "predicted_step_seconds": plan.predicted_step_seconds,
+    }
 
 
 def _to_numpy(t) -> np.ndarray:

@@ -132,12 +132,14 @@ def test_shutdown_leaves_no_actor_and_no_placement_group(ray_local):
     before = ray.available_resources().get("CPU", 0)
     engine = Engine(model="tiny", workers=2, device="cpu", show_plan=False)
     actors = list(engine.group.actors)
-    pg_id = engine.group.pg.id.hex()
+    pg_ids = [m.pg.id.hex() for m in engine.group.members]
+    assert len(pg_ids) == 2
     engine.shutdown()
     for a in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(a.ping.remote(), timeout=30)
-    assert placement_group_table()[pg_id]["state"] == "REMOVED"
+    table = placement_group_table()
+    assert all(table[pg]["state"] == "REMOVED" for pg in pg_ids)
     with pytest.raises(RuntimeError, match="shut down"):
         engine.generate("x")
     # Resources come back once Ray has processed the kills.
