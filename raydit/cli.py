@@ -83,9 +83,35 @@ class Subcommand(NamedTuple):
     run: Callable[[argparse.Namespace], int]
 
 
+def _runtime(name: str) -> Callable:
+    """The runtime sub-commands live in raydit.commands (torch and Ray load only when used)."""
+
+    def run(args: argparse.Namespace) -> int:
+        from raydit import commands
+
+        return getattr(commands, f"cmd_{name}")(args)
+
+    return run
+
+
+def _runtime_arguments(name: str) -> Callable:
+    def add(p: argparse.ArgumentParser) -> None:
+        from raydit import commands
+
+        getattr(commands, f"add_{name}_arguments")(p)
+
+    return add
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("plan", "rank every parallel layout for a model, a video and a cluster",
                add_plan_arguments, cmd_plan),
+    Subcommand("generate", "generate a video on a Ray cluster (a local one if none is given)",
+               _runtime_arguments("generate"), _runtime("generate")),
+    Subcommand("verify", "check every parallel plan against one rank on this cluster",
+               _runtime_arguments("verify"), _runtime("verify")),
+    Subcommand("doctor", "versions, kernels, NCCL/gloo and the Ray cluster, said up front",
+               _runtime_arguments("doctor"), _runtime("doctor")),
 ]
 
 
@@ -121,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # PlanError is a ValueError; missing files are OSError
         print(f"raydit: error: {_one_line(exc)}", file=sys.stderr)
         return USER_ERROR
+    except RuntimeError as exc:  # a run that failed after it started (e.g. every worker lost)
+        print(f"raydit: failed: {_one_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("raydit: interrupted", file=sys.stderr)
         return 130
