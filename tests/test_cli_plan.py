@@ -1,0 +1,116 @@
+"""`raydit plan`: table and JSON output, exit status 2 and one line on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydit.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table(capsys):
+    code, out, err = run(capsys, "plan", "--model", "cogvideox-2b", "--gpus", "8")
+    assert code == 0 and err == ""
+    assert "13 x 30 x 45 patches = 17550 video + 226 text = 17776 tokens" in out
+    assert out.count("\nbest ") == 1 and "feasible (" in out and "rejected (" in out
+    assert "ulysses 4 does not divide the 30 attention heads" in out
+
+
+def test_table_defaults_from_model_and_cluster_file(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "cogvideox1.5-5b", "--cluster",
+                       str(REPO / "cluster" / "2x8xH100.yaml"))
+    assert code == 0
+    assert "81 frames x 768 x 1360 -> 11 x 48 x 85 patches" in out
+
+
+def test_json_schema(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "cogvideox-2b", "--frames", "49", "--height", "480",
+                       "--width", "720", "--gpus", "4", "--json", "--top", "0")
+    assert code == 0
+    d = json.loads(out)
+    assert {"model", "best", "candidates", "rejected"} <= set(d)
+    m = d["model"]
+    assert (m["heads"], m["layers"], m["text_tokens"], m["video_tokens"]) == (30, 30, 226, 17550)
+    assert (m["latent_frames"], m["latent_height"], m["latent_width"]) == (13, 60, 90)
+    assert len(d["candidates"]) == d["candidates_total"]
+    for p in [d["best"], *d["candidates"]]:
+        for key in ("ulysses", "ring", "cfg", "replicas", "world_size", "pad_tokens", "split",
+                    "predicted_step_seconds", "memory_gb_per_gpu", "placement"):
+            assert key in p, key
+        assert len(p["placement"]) == p["world_size"]
+    assert d["best"] == d["candidates"][0]
+    for r in d["rejected"]:
+        assert {"ulysses", "ring", "cfg", "replicas", "reason"} <= set(r)
+
+
+def test_forced_and_no_cfg(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "cogvideox-2b", "--gpus", "8", "--ulysses", "2",
+                       "--ring", "4", "--cfg", "1", "--replicas", "1", "--json")
+    assert code == 0
+    best = json.loads(out)["best"]
+    assert (best["ulysses"], best["ring"], best["cfg"], best["replicas"]) == (2, 4, 1, 1)
+    code, out, _ = run(capsys, "plan", "--model", "cogvideox-2b", "--gpus", "8", "--no-cfg", "--json")
+    assert code == 0 and all(p["cfg"] == 1 for p in json.loads(out)["candidates"])
+
+
+BAD = [
+    (["--model", "cogvideox-2b", "--gpus", "8", "--height", "481"], "height 481 is not a multiple of 16"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--frames", "50"], "frames 50 cannot be taken by the VAE"),
+    (["--model", "cogvideox-2b", "--gpus", "0"], "gpus must be a positive integer, got 0"),
+    (["--model", "nope", "--gpus", "8"], "unknown model 'nope'"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--gpu-type", "Z80"], "unknown GPU type 'Z80'"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--ulysses", "4"],
+     "ulysses 4 does not divide the 30 attention heads; feasible: 1, 2, 3, 5, 6, 10, 15, 30"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--cfg", "3"], "cfg 3 is not 1 or 2"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--no-cfg", "--cfg", "2"], "guidance is off"),
+    (["--model", "wan2.1-t2v-14b", "--gpus", "4", "--gpu-type", "T4"], "the weights alone do not fit"),
+    (["--model", "cogvideox-2b", "--cluster", "/nonexistent/c.yaml"], "does not exist"),
+    (["--model", "cogvideox-2b"], "one of the arguments --gpus --cluster is required"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--cluster", "x.yaml"], "not allowed with argument"),
+    (["--gpus", "8"], "the following arguments are required: --model"),
+    (["--model", "cogvideox-2b", "--gpus", "eight"], "invalid int value: 'eight'"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD)
+def test_bad_input_one_line_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, "plan", *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("raydit: error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_bad_yaml_file(capsys, tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes: [ {gpu_type: H100, count: 8}\n")
+    code, _, err = run(capsys, "plan", "--model", "cogvideox-2b", "--cluster", str(bad))
+    assert code == 2 and err.startswith("raydit: error: cluster file") and err.count("\n") == 1
+    wrong = tmp_path / "w.yaml"
+    wrong.write_text("nodes:\n  - {gpu_type: H100, count: -1}\n")
+    code, _, err = run(capsys, "plan", "--model", "cogvideox-2b", "--cluster", str(wrong))
+    assert code == 2 and "count must be a positive integer, got -1" in err
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    code, _, err = run(capsys)
+    assert code == 2 and "plan" in err
+
+
+def test_real_process_prints_no_traceback():
+    out = subprocess.run([sys.executable, "-m", "raydit.cli", "plan", "--model", "cogvideox-2b",
+                          "--gpus", "8", "--width", "721"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "raydit: error: width 721 is not a multiple of 16 (VAE scale 8 x patch 2); nearest valid: 720 or 736"]

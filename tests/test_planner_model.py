@@ -1,0 +1,201 @@
+"""Model geometry: built-in specs, specs read from diffusers directories, request validation."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from raydit.planner import BUILTIN_MODELS, ModelSpec, model_spec
+
+# name, heads, head_dim, layers, patch_size_t, positional, text in sequence
+BUILTINS = [
+    ("cogvideox-2b", 30, 64, 30, None, "sinusoidal", True),
+    ("cogvideox-5b", 48, 64, 42, None, "rotary", True),
+    ("cogvideox1.5-5b", 48, 64, 42, 2, "rotary", True),
+    ("wan2.1-t2v-1.3b", 12, 128, 30, 1, "rotary", False),
+    ("wan2.1-t2v-14b", 40, 128, 40, 1, "rotary", False),
+    ("hunyuanvideo", 24, 128, 60, 1, "rotary", True),
+    ("ltx-video", 32, 64, 28, 1, "rotary", False),
+    ("mochi-1", 24, 128, 48, 1, "rotary", True),
+    ("tiny", 2, 16, 2, None, "sinusoidal", True),
+]
+
+
+@pytest.mark.parametrize("name,heads,head_dim,layers,patch_t,positional,joined", BUILTINS)
+def test_builtin_geometry(name, heads, head_dim, layers, patch_t, positional, joined):
+    spec = model_spec(name)
+    assert (spec.heads, spec.head_dim, spec.layers) == (heads, head_dim, layers)
+    assert spec.patch_size_t == patch_t
+    assert spec.positional == positional
+    assert spec.text_in_sequence is joined
+    geo = spec.geometry()  # the defaults are a valid request
+    assert geo.video_tokens > 0
+    assert geo.sequence_tokens == geo.video_tokens + (spec.text_tokens if joined else 0)
+
+
+def test_every_builtin_is_listed():
+    assert {b[0] for b in BUILTINS} == set(BUILTIN_MODELS)
+
+
+# model, frames, height, width -> latent frames, padded latent frames, latent h, w, token grid, video, sequence
+GEOMETRY = [
+    ("cogvideox-2b", 49, 480, 720, 13, 13, 60, 90, (13, 30, 45), 17550, 17776),
+    ("cogvideox-5b", 61, 480, 720, 16, 16, 60, 90, (16, 30, 45), 21600, 21826),
+    ("cogvideox1.5-5b", 81, 768, 1360, 21, 22, 96, 170, (11, 48, 85), 44880, 45106),
+    ("cogvideox1.5-5b", 85, 768, 1360, 22, 22, 96, 170, (11, 48, 85), 44880, 45106),
+    ("wan2.1-t2v-1.3b", 81, 480, 832, 21, 21, 60, 104, (21, 30, 52), 32760, 32760),
+    ("ltx-video", 161, 512, 704, 21, 21, 16, 22, (21, 16, 22), 7392, 7392),
+    ("tiny", 9, 64, 64, 3, 3, 8, 8, (3, 4, 4), 48, 64),
+    ("tiny", 1, 16, 16, 1, 1, 2, 2, (1, 1, 1), 1, 17),
+]
+
+
+@pytest.mark.parametrize("name,f,h,w,lf,plf,lh,lw,grid,video,seq", GEOMETRY)
+def test_request_geometry(name, f, h, w, lf, plf, lh, lw, grid, video, seq):
+    g = model_spec(name).geometry(f, h, w)
+    assert (g.latent_frames, g.padded_latent_frames, g.latent_height, g.latent_width) == (lf, plf, lh, lw)
+    assert (g.token_frames, g.token_rows, g.token_cols) == grid
+    assert (g.video_tokens, g.sequence_tokens) == (video, seq)
+
+
+BAD_REQUESTS = [
+    ("cogvideox-2b", 50, 480, 720, "frames 50 cannot be taken by the VAE: (frames - 1) must be a multiple of 4; nearest valid: 49 or 53"),
+    ("cogvideox-2b", 49, 481, 720, "height 481 is not a multiple of 16 (VAE scale 8 x patch 2); nearest valid: 480 or 496"),
+    ("cogvideox-2b", 49, 480, 730, "width 730 is not a multiple of 16 (VAE scale 8 x patch 2); nearest valid: 720 or 736"),
+    ("cogvideox-2b", 49, 8, 720, "height 8 is not a multiple of 16 (VAE scale 8 x patch 2); nearest valid: 16"),
+    ("cogvideox-2b", 0, 480, 720, "frames must be a positive integer, got 0"),
+    ("cogvideox-2b", -3, 480, 720, "frames must be a positive integer, got -3"),
+    ("cogvideox-2b", 49, 0, 720, "height must be a positive integer, got 0"),
+    ("cogvideox-2b", 49, 480, -16, "width must be a positive integer, got -16"),
+    ("cogvideox-2b", 49.0, 480, 720, "frames must be a positive integer, got 49.0"),
+    ("ltx-video", 160, 512, 704, "(frames - 1) must be a multiple of 8; nearest valid: 153 or 161"),
+    ("ltx-video", 161, 500, 704, "height 500 is not a multiple of 32 (VAE scale 32 x patch 1)"),
+    ("mochi-1", 164, 480, 848, "(frames - 1) must be a multiple of 6"),
+]
+
+
+@pytest.mark.parametrize("name,f,h,w,message", BAD_REQUESTS)
+def test_bad_request_names_value_and_rule(name, f, h, w, message):
+    with pytest.raises(ValueError) as info:
+        model_spec(name).geometry(f, h, w)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_model_lists_builtins(tmp_path):
+    with pytest.raises(ValueError, match="unknown model 'cogvideox-3b'; built-in: cogvideox-2b"):
+        model_spec("cogvideox-3b")
+    f = tmp_path / "file.json"
+    f.write_text("{}")
+    with pytest.raises(ValueError, match="is a file"):
+        model_spec(str(f))
+
+
+def test_spec_validation():
+    base = model_spec("tiny")
+    fields = {k: getattr(base, k) for k in base.__dataclass_fields__}
+    with pytest.raises(ValueError, match="heads must be a positive integer, got 0"):
+        ModelSpec(**{**fields, "heads": 0})
+    with pytest.raises(ValueError, match="positional 'alibi' is not one of"):
+        ModelSpec(**{**fields, "positional": "alibi"})
+    with pytest.raises(ValueError, match="frames 10 cannot be taken by the VAE"):
+        ModelSpec(**{**fields, "default_frames": 10})
+
+
+# -- specs from diffusers directories ------------------------------------------------------
+
+COGVIDEOX_2B_CONFIG = {
+    "_class_name": "CogVideoXTransformer3DModel",
+    "num_attention_heads": 30, "attention_head_dim": 64, "num_layers": 30, "in_channels": 16,
+    "patch_size": 2, "patch_size_t": None, "max_text_seq_length": 226, "sample_frames": 49,
+    "sample_height": 60, "sample_width": 90, "temporal_compression_ratio": 4,
+    "use_rotary_positional_embeddings": False, "use_learned_positional_embeddings": False,
+}
+
+
+def _write_safetensors(path, tensors: dict[str, tuple[str, list[int]]]):
+    """A valid safetensors file: 8-byte header length, JSON header, zero-filled data."""
+    sizes = {"BF16": 2, "F32": 4}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = sizes[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
+
+
+def _pipeline_dir(tmp_path, config, class_name="CogVideoXPipeline"):
+    root = tmp_path / "pipe"
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps({"_class_name": class_name}))
+    (root / "transformer" / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_spec_from_cogvideox_dir(tmp_path):
+    root = _pipeline_dir(tmp_path, COGVIDEOX_2B_CONFIG)
+    _write_safetensors(root / "transformer" / "diffusion_pytorch_model.safetensors",
+                       {"a": ("BF16", [10, 20]), "b": ("BF16", [7])})
+    spec = model_spec(str(root))
+    builtin = model_spec("cogvideox-2b")
+    for key in ("heads", "head_dim", "layers", "patch_size", "patch_size_t", "text_tokens",
+                "positional", "in_channels", "default_frames", "default_height", "default_width"):
+        assert getattr(spec, key) == getattr(builtin, key), key
+    assert spec.params == 207  # read from the safetensors header: 10*20 + 7 bf16 values
+    g = spec.geometry()
+    assert (g.video_tokens, g.sequence_tokens) == (17550, 17776)
+
+
+def test_spec_from_cogvideox15_dir_reads_patch_t_and_rotary(tmp_path):
+    cfg = {**COGVIDEOX_2B_CONFIG, "num_attention_heads": 48, "num_layers": 42, "patch_size_t": 2,
+           "use_rotary_positional_embeddings": True, "sample_frames": 81, "sample_height": 96,
+           "sample_width": 170}
+    spec = model_spec(str(_pipeline_dir(tmp_path, cfg)))
+    assert (spec.heads, spec.patch_size_t, spec.positional) == (48, 2, "rotary")
+    assert spec.geometry().token_frames == 11
+
+
+def test_spec_from_wan_dir(tmp_path):
+    cfg = {"_class_name": "WanTransformer3DModel", "num_attention_heads": 12, "attention_head_dim": 128,
+           "num_layers": 30, "patch_size": [1, 2, 2], "ffn_dim": 8960, "in_channels": 16}
+    spec = model_spec(str(_pipeline_dir(tmp_path, cfg, "WanPipeline")))
+    assert (spec.heads, spec.patch_size, spec.patch_size_t, spec.ffn_hidden) == (12, 2, 1, 8960)
+    assert spec.text_in_sequence is False
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda root: (root / "transformer" / "config.json").unlink(), "has no transformer/config.json"),
+    (lambda root: (root / "transformer" / "config.json").write_text("{not json"), "not valid JSON"),
+    (lambda root: (root / "transformer" / "config.json").write_text(
+        json.dumps({**COGVIDEOX_2B_CONFIG, "_class_name": "FluxTransformer2DModel"})),
+     "transformer class 'FluxTransformer2DModel' is not supported"),
+    (lambda root: (root / "transformer" / "config.json").write_text(
+        json.dumps({k: v for k, v in COGVIDEOX_2B_CONFIG.items() if k != "max_text_seq_length"})),
+     "missing 'max_text_seq_length'"),
+])
+def test_bad_model_dir(tmp_path, mutate, message):
+    root = _pipeline_dir(tmp_path, COGVIDEOX_2B_CONFIG)
+    mutate(root)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        model_spec(str(root))
+
+
+def test_tiny_matches_the_tiny_pipeline(tmp_path):
+    """The planner's `tiny` has the geometry of raydit/models/tiny.py (which imports torch)."""
+    tiny = pytest.importorskip("raydit.models.tiny")
+    spec = model_spec("tiny")
+    assert (spec.heads, spec.head_dim, spec.layers) == (tiny.TINY_HEADS, tiny.TINY_HEAD_DIM, tiny.TINY_LAYERS)
+    assert (spec.text_tokens, spec.in_channels, spec.patch_size) == (
+        tiny.TINY_TEXT_TOKENS, tiny.TINY_LATENT_CHANNELS, tiny.TINY_PATCH_SIZE)
+    assert (spec.default_frames, spec.default_height, spec.default_width) == (
+        tiny.TINY_FRAMES, tiny.TINY_HEIGHT, tiny.TINY_WIDTH)
+    # And the transformer config it writes reads back to the same geometry.
+    from_dir = model_spec(str(_pipeline_dir(tmp_path, {
+        "_class_name": "CogVideoXTransformer3DModel", **tiny._transformer_config()})))
+    assert from_dir.geometry() == spec.geometry()
+    assert from_dir.positional == spec.positional == "sinusoidal"

@@ -1,0 +1,394 @@
+"""The layout search: feasibility, padding, splits, placement, ranking, forced degrees,
+memory, mixed clusters, and the planner's import purity. Table-driven and pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from raydit.planner import ClusterSpec, NodeSpec, PlanError, model_spec, plan
+from raydit.planner import cost as costmod
+from raydit.planner.search import _rank_key
+
+
+def check_invariants(result, p):
+    """What must hold for every feasible plan, whatever the cost model says."""
+    spec, geo, cluster = result.model, result.geometry, result.cluster
+    assert spec.heads % p.ulysses == 0
+    assert p.world_size == sum(q.world_size for q in p.parts) if p.parts else \
+        p.world_size == p.cfg * p.ulysses * p.ring * p.replicas
+    assert p.world_size + p.gpus_left_out == cluster.total and p.gpus_left_out >= 0
+    if p.gpus_left_out:
+        assert any("left out" in n for n in p.notes), p.notes
+    sp = p.sp
+    text_p, video_p = math.ceil(geo.text_tokens / sp) * sp, math.ceil(geo.video_tokens / sp) * sp
+    if not p.parts:
+        assert (p.text_pad_tokens, p.video_pad_tokens) == (text_p - geo.text_tokens, video_p - geo.video_tokens)
+        assert p.pad_tokens == p.text_pad_tokens + p.video_pad_tokens
+        assert 0 <= p.text_pad_tokens < sp and 0 <= p.video_pad_tokens < sp
+    assert p.predicted_step_seconds > 0 and p.slowest_step_seconds >= p.predicted_step_seconds
+    assert p.throughput_steps_per_second >= 1 / p.slowest_step_seconds * 0.999
+    # Placement: every rank once, devices distinct and real, Ulysses groups on one node.
+    sizes = {n.name: n.count for n in cluster.nodes}
+    types = {n.name: n.device.name for n in cluster.nodes}
+    ranks = p.placement
+    assert [r.rank for r in ranks] == list(range(p.world_size))
+    assert len({(r.node, r.gpu_index) for r in ranks}) == p.world_size
+    for r in ranks:
+        assert 0 <= r.gpu_index < sizes[r.node] and r.gpu_type == types[r.node]
+        memory = next(n.device.memory_gb for n in cluster.nodes if n.name == r.node)
+        assert p.memory_gb_per_gpu <= memory
+    if not p.parts:
+        for r in ranks:
+            assert r.sp_index == r.ring_rank * p.ulysses + r.ulysses_rank
+            assert r.rank == (r.replica * p.cfg + r.cfg_rank) * sp + r.sp_index
+        groups: dict = {}
+        for r in ranks:
+            groups.setdefault((r.replica, r.cfg_rank, r.ring_rank), []).append(r)
+        for members in groups.values():
+            assert len({m.node for m in members}) == 1, "a Ulysses group left its node"
+            gpus = sorted(m.gpu_index for m in members)
+            assert gpus == list(range(gpus[0], gpus[0] + p.ulysses)), "Ulysses group not neighbours"
+
+
+# -- feasibility over world sizes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_cogvideox_2b_every_world_size(n):
+    """30 heads, 49 x 480 x 720 (17550 video tokens, divisible by neither 4 nor 8)."""
+    result = plan("cogvideox-2b", gpus=n)
+    for p in result.candidates:
+        check_invariants(result, p)
+    # Pure sequence parallelism over all n devices is never refused for unevenness.
+    pure = [p for p in result.candidates if p.cfg == 1 and p.sp == n and p.replicas == 1]
+    assert pure, f"no feasible sp={n} layout"
+    # Every ulysses degree that does not divide 30 is rejected, naming the feasible ones.
+    for r in result.rejected:
+        if r.kind == "heads":
+            assert r.reason.endswith("feasible: 1, 2, 3, 5, 6, 10, 15, 30")
+
+
+# n -> (cfg, ulysses, ring, replicas, devices used) of the best plan under the cost model
+# (H100, 8 to a node). 7: ulysses cannot be 7 (30 heads) but ring 7 uses all 7 (tokens
+# split, 11 pad tokens); 9-12 (a node of 8 plus 1-4): the 8-device plan on one node beats
+# every layout whose ring would cross to the second node; the rest is left out and said so.
+BEST_2B = {
+    1: (1, 1, 1, 1, 1), 2: (2, 1, 1, 1, 2), 3: (1, 3, 1, 1, 3), 4: (2, 2, 1, 1, 4),
+    5: (1, 5, 1, 1, 5), 6: (2, 3, 1, 1, 6), 7: (1, 1, 7, 1, 7), 8: (2, 1, 4, 1, 8),
+    9: (2, 1, 4, 1, 8), 12: (2, 1, 4, 1, 8), 16: (2, 2, 4, 1, 16),
+}
+
+
+@pytest.mark.parametrize("n", sorted(BEST_2B))
+def test_cogvideox_2b_best(n):
+    best = plan("cogvideox-2b", gpus=n).best
+    assert (best.cfg, best.ulysses, best.ring, best.replicas, best.world_size) == BEST_2B[n]
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_cogvideox_5b_48_heads(n):
+    result = plan("cogvideox-5b", gpus=n)
+    for p in result.candidates[:20]:
+        check_invariants(result, p)
+    assert any(p.cfg == 1 and p.sp == n for p in result.candidates)
+    for r in result.rejected:
+        if r.kind == "heads":
+            assert r.reason.endswith("feasible: 1, 2, 3, 4, 6, 8, 12, 16, 24, 48")
+    # 48 heads: Ulysses over a whole 8-device node is allowed.
+    if n == 8:
+        assert any(p.ulysses == 8 and p.ring == 1 and p.cfg == 1 for p in result.candidates)
+
+
+@pytest.mark.parametrize("model", ["cogvideox-2b", "cogvideox-5b", "wan2.1-t2v-1.3b", "mochi-1"])
+@pytest.mark.parametrize("p", [2, 3, 5, 7, 11, 13])
+def test_prime_world_sizes(model, p):
+    result = plan(model, gpus=p, cfg=1, ulysses=1, ring=p)
+    assert result.best.world_size == p and result.best.split in ("frames", "rows", "tokens")
+
+
+def test_cogvideox_2b_on_4_and_8_is_feasible_with_padding():
+    """xDiT refuses these (latent height 30); here text and video are each padded to sp."""
+    four = plan("cogvideox-2b", gpus=4, cfg=1, ulysses=2, ring=2).best
+    assert (four.text_pad_tokens, four.video_pad_tokens, four.split) == (2, 2, "tokens")
+    eight = plan("cogvideox-2b", gpus=8, cfg=1, ulysses=2, ring=4).best
+    assert (eight.text_pad_tokens, eight.video_pad_tokens, eight.split) == (6, 2, "tokens")
+
+
+def test_16_frames_on_3_devices():
+    """Open-Sora asserts d_t % sp == 0 for 16 frames on 3 GPUs; here it is a rows split."""
+    result = plan("cogvideox-5b", 61, 480, 720, gpus=3, cfg=1, ulysses=1, ring=3)
+    assert result.geometry.token_frames == 16
+    assert result.best.split == "rows" and result.best.video_pad_tokens == 0
+    assert plan("cogvideox-5b", 61, 480, 720, gpus=3).best.world_size == 3
+
+
+# model/request, sp -> split and pad tokens (text 226; video 13 x 30 x 45 for 2b)
+SPLITS = [
+    ("cogvideox-2b", 1, "frames", 0), ("cogvideox-2b", 2, "rows", 0), ("cogvideox-2b", 3, "rows", 2),
+    ("cogvideox-2b", 4, "tokens", 4), ("cogvideox-2b", 5, "rows", 4), ("cogvideox-2b", 6, "rows", 2),
+    ("cogvideox-2b", 7, "tokens", 11), ("cogvideox-2b", 8, "tokens", 8), ("cogvideox-2b", 13, "frames", 8),
+    ("cogvideox-2b", 26, "rows", 8), ("tiny", 3, "frames", 2), ("tiny", 4, "rows", 0),
+    ("tiny", 5, "tokens", 6),
+]
+
+
+@pytest.mark.parametrize("model,sp,split,pad", SPLITS)
+def test_split_and_padding(model, sp, split, pad):
+    geo = model_spec(model).geometry()
+    assert costmod.split_kind(geo, sp) == split
+    assert costmod.pad_tokens(geo, sp) == pad
+
+
+def test_aligned_split_wins_a_tie():
+    best = plan("cogvideox-2b", gpus=8).best
+    aligned = dataclasses.replace(best, split="frames", pad_tokens=0)
+    rows = dataclasses.replace(best, split="rows", pad_tokens=0)
+    tokens = dataclasses.replace(best, split="tokens", pad_tokens=0)
+    assert sorted([tokens, rows, aligned], key=_rank_key) == [aligned, rows, tokens]
+    more_pad, fewer_pad = dataclasses.replace(best, pad_tokens=5), dataclasses.replace(best, pad_tokens=1)
+    assert sorted([more_pad, fewer_pad], key=_rank_key) == [fewer_pad, more_pad]
+    # Throughput comes before padding; step time before both.
+    busier = dataclasses.replace(more_pad, throughput_steps_per_second=2 * best.throughput_steps_per_second)
+    assert sorted([fewer_pad, busier], key=_rank_key) == [busier, fewer_pad]
+    faster = dataclasses.replace(tokens, predicted_step_seconds=best.predicted_step_seconds * 0.9)
+    assert sorted([aligned, faster], key=_rank_key) == [faster, aligned]
+
+
+def test_ranked_by_step_time_then_throughput():
+    result = plan("cogvideox-2b", gpus=16)
+    times = [p.predicted_step_seconds for p in result.candidates]
+    for a, b in zip(result.candidates, result.candidates[1:]):
+        assert a.predicted_step_seconds <= b.predicted_step_seconds * (1 + 2 * 0.005)
+    assert times[0] == min(times)
+
+
+def test_replicas_raise_throughput_not_step_time():
+    one = plan("cogvideox-2b", gpus=8, cfg=2, ulysses=1, ring=4).best
+    two = plan("cogvideox-2b", gpus=16, cfg=2, ulysses=1, ring=4).best
+    assert (one.replicas, two.replicas) == (1, 2)
+    assert two.predicted_step_seconds == pytest.approx(one.predicted_step_seconds)
+    assert two.throughput_steps_per_second == pytest.approx(2 * one.throughput_steps_per_second)
+    forced = plan("cogvideox-2b", gpus=16, cfg=2, ulysses=1, ring=4, replicas=1).best
+    assert forced.world_size == 8 and any("8 devices left out" in n for n in forced.notes)
+
+
+def test_cfg2_halves_the_work_per_group():
+    spec = model_spec("cogvideox-2b")
+    geo = spec.geometry()
+    link = costmod.Link(450, 8)
+    one = costmod.step_cost(spec, geo, 1, 2, 1, 2, 1e14, link, link, link)
+    two = costmod.step_cost(spec, geo, 1, 2, 2, 1, 1e14, link, link, link)
+    assert two.compute == pytest.approx(one.compute / 2)
+
+
+@pytest.mark.parametrize("gb_s", [1e6, 0.01])
+def test_ring_step_is_max_of_compute_and_comm(gb_s):
+    """Per layer: t_blk + (R-1) (max(k t_blk, t_kv) + o), as the cost docstring states."""
+    spec, geo = model_spec("cogvideox-2b"), model_spec("cogvideox-2b").geometry()
+    U, R, b, flops = 1, 4, 2, 1e14
+    ring_link, fast = costmod.Link(gb_s, 5), costmod.Link(1e6, 0)
+    got = costmod.step_cost(spec, geo, U, R, 1, b, flops, fast, ring_link, fast)
+    text, video = costmod.padded_parts(geo, U * R)
+    block = (text + video) // R
+    h = spec.hidden
+    t_blk = 4 * b * block * block * (h / U) / flops
+    t_kv = 5e-6 + 2 * b * block * (h / U) * 2 / (gb_s * 1e9)
+    per_layer = t_blk + (R - 1) * (max(costmod.RING_OVERLAP_SLOWDOWN * t_blk, t_kv)
+                                   + costmod.RING_STEP_OVERHEAD_S)
+    assert got.ring_exposed == pytest.approx(spec.layers * (per_layer - R * t_blk))
+    assert (t_kv > t_blk) == (gb_s < 1)  # the two cases: communication hidden, and exposed
+
+
+def test_guidance_off():
+    result = plan("cogvideox-2b", gpus=8, guidance=False)
+    assert all(p.cfg == 1 for p in result.candidates)
+    with pytest.raises(PlanError, match=r"guidance is off \(--no-cfg\); use cfg 1"):
+        plan("cogvideox-2b", gpus=8, guidance=False, cfg=2)
+
+
+def test_large_cluster_plans_with_replicas():
+    result = plan("cogvideox-2b", gpus=1024)
+    best = result.best
+    assert best.replicas > 1
+    assert result.cluster.total == 1024 and len(result.cluster.nodes) == 128
+    check_invariants(result, best)
+
+
+def test_world_size_filter():
+    result = plan("tiny", cluster=ClusterSpec([NodeSpec("n0", "cpu", 4)]), world_size=4, replicas=1)
+    assert {(p.cfg, p.ulysses, p.ring) for p in result.candidates} == {
+        (1, 1, 4), (1, 2, 2), (2, 1, 2), (2, 2, 1)}
+    with pytest.raises(PlanError, match="world_size 5 is more than the 4 devices offered"):
+        plan("tiny", gpus=4, gpu_type="cpu", world_size=5)
+
+
+def test_sp_beyond_video_tokens_is_rejected():
+    result = plan("tiny", 1, 16, 16, gpus=4, gpu_type="cpu")  # one video token
+    assert all(p.sp == 1 for p in result.candidates)
+    assert any("sp 2 (ulysses x ring) exceeds the 1 video tokens" in r.reason for r in result.rejected)
+
+
+# -- forced degrees ----------------------------------------------------------------------------
+
+FORCED_OK = [
+    (dict(ulysses=3), lambda p: p.ulysses == 3),
+    (dict(ring=2), lambda p: p.ring == 2),
+    (dict(cfg=1), lambda p: p.cfg == 1),
+    (dict(replicas=2), lambda p: p.replicas == 2),
+    (dict(ulysses=2, ring=2, cfg=2), lambda p: (p.ulysses, p.ring, p.cfg) == (2, 2, 2)),
+    (dict(ulysses=1, ring=1, cfg=1, replicas=8), lambda p: p.replicas == 8 and p.world_size == 8),
+]
+
+
+@pytest.mark.parametrize("forced,check", FORCED_OK)
+def test_forced_degrees_restrict(forced, check):
+    result = plan("cogvideox-2b", gpus=8, **forced)
+    assert result.candidates and all(check(p) for p in result.candidates)
+    assert all(p.kind == "uniform" for p in result.candidates)
+
+
+FORCED_BAD = [
+    (dict(ulysses=4), "ulysses 4 does not divide the 30 attention heads; feasible: 1, 2, 3, 5, 6, 10, 15, 30"),
+    (dict(ulysses=2, ring=8), "cfg 1 x ulysses 2 x ring 8 x replicas 1 = 16 devices, but the cluster offers 8"),
+    (dict(replicas=9), "= 9 devices, but the cluster offers 8"),
+    (dict(ulysses=15, ring=1, cfg=1), "ulysses 15 exceeds the largest node (8 devices)"),
+]
+
+
+@pytest.mark.parametrize("forced,message", FORCED_BAD)
+def test_forced_infeasible_raises_plan_error(forced, message):
+    with pytest.raises(PlanError) as info:
+        plan("cogvideox-2b", gpus=8, **forced)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(gpus=8, ulysses=0), "ulysses must be a positive integer, got 0"),
+    (dict(gpus=8, cfg=3), "cfg 3 is not 1 or 2"),
+    (dict(gpus=8, ring=True), "ring must be a positive integer, got True"),
+    (dict(), "give gpus=N (with gpu_type) or cluster="),
+    (dict(gpus=8, cluster={"nodes": [{"gpu_type": "H100", "count": 8}]}), "not both"),
+    (dict(gpus=8, gpu_type="H1000"), "unknown GPU type 'H1000'"),
+    (dict(gpus=0), "gpus must be a positive integer, got 0"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        plan("cogvideox-2b", **kwargs)
+    assert message in str(info.value)
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def test_big_model_on_t4_is_rejected_for_memory():
+    with pytest.raises(PlanError) as info:
+        plan("wan2.1-t2v-14b", gpus=4, gpu_type="T4")
+    msg = str(info.value)
+    assert "the largest device offered (T4) has 16 GB; the weights alone do not fit" in msg
+    assert "at best:" in msg
+
+
+def test_activations_memory_rejection_names_the_fix():
+    result = plan("cogvideox-2b", gpus=4, gpu_type="T4")
+    memory = [r for r in result.rejected if r.kind == "memory"]
+    assert memory and all("raise ring or ulysses" in r.reason for r in memory)
+    assert (memory[0].cfg, memory[0].ulysses, memory[0].ring) == (1, 1, 1)
+    assert all(p.memory_gb_per_gpu <= 16 for p in result.candidates)
+
+
+def test_memory_falls_with_sp():
+    spec, geo = model_spec("cogvideox-5b"), model_spec("cogvideox-5b").geometry()
+    mems = [costmod.memory_gb(spec, geo, 1, r, 2, 0.0) for r in (1, 2, 4, 8)]
+    assert mems == sorted(mems, reverse=True)
+    assert mems[-1] > spec.weight_bytes / 1e9  # weights are not sharded
+
+
+# -- mixed clusters ------------------------------------------------------------------------------
+
+
+def test_mixed_cluster_file(tmp_path):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "cluster" / "mixed.yaml"
+    result = plan("cogvideox-5b", cluster=str(path))
+    for p in result.candidates[:30]:
+        check_invariants(result, p)
+    per_type = [p for p in result.candidates if p.kind == "per-type"]
+    assert len(per_type) == 1 and len(per_type[0].parts) >= 2
+    assert "one layout per device type" in per_type[0].notes[0]
+    assert len({r.gpu_type for r in per_type[0].placement}) >= 2
+
+
+def test_mixed_group_spans_types_paced_by_slowest():
+    """2 H100 + 6 A100: one 8-device group across both beats 2 H100 alone."""
+    cluster = ClusterSpec([NodeSpec("h", "H100", 2), NodeSpec("a", "A100-80GB", 6)])
+    best = plan("cogvideox-5b", cluster=cluster).best
+    assert best.world_size == 8
+    assert any("spans A100-80GB + H100: paced by A100-80GB" in n for n in best.notes)
+    h100_only = plan("cogvideox-5b", cluster=ClusterSpec([NodeSpec("h", "H100", 2)])).best
+    assert best.predicted_step_seconds < h100_only.predicted_step_seconds
+
+
+def test_mixed_leaves_out_devices_that_cannot_hold_a_rank():
+    cluster = ClusterSpec([NodeSpec("h", "H100", 8), NodeSpec("t", "T4", 4)])
+    result = plan("cogvideox-5b", cluster=cluster)
+    assert all(r.gpu_type == "H100" for r in result.best.placement)
+    assert any("4 T4 left out: a rank needs" in n for n in result.best.notes)
+
+
+def test_fastest_nodes_are_used_first():
+    cluster = ClusterSpec([NodeSpec("slow", "L40", 4), NodeSpec("fast", "H100", 4)])
+    best = plan("cogvideox-2b", cluster=cluster, world_size=4, replicas=1).best
+    assert {r.node for r in best.placement} == {"fast"}
+
+
+def test_ulysses_groups_stay_inside_nodes_across_nodes():
+    result = plan("cogvideox-5b", cluster=ClusterSpec.uniform(16, "H100", 8), ulysses=8, cfg=2)
+    best = result.best
+    check_invariants(result, best)
+    assert {r.node for r in best.placement if r.cfg_rank == 0} != {r.node for r in best.placement if r.cfg_rank == 1}
+    # Ulysses 3 on nodes of 8: 2 groups per node, so 16 devices hold only 4 groups.
+    with pytest.raises(PlanError, match="needs 5 Ulysses groups of 3 devices on single nodes, the usable nodes hold 4"):
+        plan("cogvideox-5b", cluster=ClusterSpec.uniform(16, "H100", 8), ulysses=3, ring=5, cfg=1)
+
+
+def test_cpu_slots_for_the_runtime():
+    result = plan("tiny", cluster=ClusterSpec([NodeSpec("n0", "cpu", 2), NodeSpec("n1", "cpu", 2)]),
+                  ulysses=2, ring=2, cfg=1, replicas=1)
+    best = result.best
+    check_invariants(result, best)
+    assert [(r.node, r.gpu_index) for r in best.placement] == [("n0", 0), ("n0", 1), ("n1", 0), ("n1", 1)]
+
+
+# -- result shape ------------------------------------------------------------------------------
+
+
+def test_to_dict_schema():
+    d = plan("cogvideox-2b", gpus=8).to_dict()
+    assert {"model", "best", "candidates", "rejected"} <= set(d)
+    assert {"heads", "layers", "text_tokens", "video_tokens", "latent_frames", "latent_height",
+            "latent_width"} <= set(d["model"])
+    assert (d["model"]["video_tokens"], d["model"]["text_tokens"]) == (17550, 226)
+    for entry in [d["best"]] + d["candidates"]:
+        assert {"ulysses", "ring", "cfg", "replicas", "world_size", "pad_tokens", "split",
+                "predicted_step_seconds", "memory_gb_per_gpu", "placement"} <= set(entry)
+        assert len(entry["placement"]) == entry["world_size"]
+        assert {"rank", "node", "gpu_index"} <= set(entry["placement"][0])
+    for entry in d["rejected"]:
+        assert {"ulysses", "ring", "cfg", "replicas", "reason"} <= set(entry)
+
+
+def test_planner_imports_neither_torch_nor_ray():
+    code = ("import sys, raydit, raydit.planner, raydit.cli; "
+            "raydit.plan('cogvideox-2b', gpus=8); "
+            "raydit.cli.main(['plan', '--model', 'tiny', '--gpus', '2', '--json']); "
+            "bad = [m for m in ('torch', 'ray', 'diffusers', 'numpy') if m in sys.modules]; "
+            "assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
