@@ -112,7 +112,9 @@ class RingComm:
         self._reqs: list = []
 
     def send_recv(self, block: Tensor) -> Tensor:
-        recv = torch.empty_like(block)
+        # Point-to-point ops need contiguous buffers; empty_like would copy odd strides.
+        block = block.contiguous()
+        recv = torch.empty(block.shape, dtype=block.dtype, device=block.device)
         self._ops.append(dist.P2POp(dist.isend, block, self._next, self._group))
         self._ops.append(dist.P2POp(dist.irecv, recv, self._prev, self._group))
         return recv

@@ -21,6 +21,8 @@ from raydit.parallel.sharding import SeqLayout
 class ParallelMesh:
     """Degrees, this rank's coordinates and the process groups it belongs to.
 
+    `rank` is the global rank (what torch.distributed calls the process); `mesh_rank` its
+    position among the mesh's ranks (equal unless the mesh spans a subset of the world).
     A group is None where its degree is 1 (no communication on that axis).
     """
 
@@ -29,6 +31,7 @@ class ParallelMesh:
     cfg: int
     replicas: int
     rank: int
+    mesh_rank: int
     ulysses_group: dist.ProcessGroup | None
     ring_group: dist.ProcessGroup | None
     sp_group: dist.ProcessGroup | None
@@ -46,7 +49,7 @@ class ParallelMesh:
 
     @property
     def sp_index(self) -> int:
-        return self.rank % self.sp
+        return self.mesh_rank % self.sp
 
     @property
     def ulysses_rank(self) -> int:
@@ -58,11 +61,11 @@ class ParallelMesh:
 
     @property
     def cfg_rank(self) -> int:
-        return (self.rank // self.sp) % self.cfg
+        return (self.mesh_rank // self.sp) % self.cfg
 
     @property
     def replica(self) -> int:
-        return self.rank // (self.sp * self.cfg)
+        return self.mesh_rank // (self.sp * self.cfg)
 
 
 def _check_degree(name: str, value: int) -> None:
@@ -70,19 +73,19 @@ def _check_degree(name: str, value: int) -> None:
         raise ValueError(f"{name} {value!r} must be an integer >= 1")
 
 
-def global_rank(ulysses: int, ring: int, cfg: int, replica: int, cfg_rank: int, ring_rank: int, ulysses_rank: int) -> int:
-    """The global rank of a mesh coordinate (the formula of docs/design.md)."""
+def mesh_rank_of(ulysses: int, ring: int, cfg: int, replica: int, cfg_rank: int, ring_rank: int, ulysses_rank: int) -> int:
+    """The mesh rank of a coordinate (the formula of docs/design.md; global when the mesh spans the world)."""
     sp = ulysses * ring
     return (replica * cfg + cfg_rank) * sp + ring_rank * ulysses + ulysses_rank
 
 
 def mesh_groups(ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1) -> dict[str, list[list[int]]]:
-    """Every group of every axis as lists of global ranks, in creation order (pure).
+    """Every group of every axis as lists of mesh ranks, in creation order (pure).
 
     All ranks must call new_group for every group in the same order, so the order here is
     the order of creation; each list is ascending, so a rank's position in it is its axis rank.
     """
-    g = lambda rep, c, r, u: global_rank(ulysses, ring, cfg, rep, c, r, u)  # noqa: E731
+    g = lambda rep, c, r, u: mesh_rank_of(ulysses, ring, cfg, rep, c, r, u)  # noqa: E731
     return {
         "ulysses": [
             [g(rep, c, r, u) for u in range(ulysses)]
@@ -103,54 +106,68 @@ def mesh_groups(ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1) ->
     }
 
 
-def build_mesh(ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1) -> ParallelMesh:
-    """Build the mesh on the initialized default process group (world size == product).
+def build_mesh(
+    ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1, ranks: list[int] | None = None
+) -> ParallelMesh | None:
+    """Build the mesh on the initialized default process group.
 
-    With all degrees 1 the default group may be uninitialized (single process, no groups).
+    Every rank of the default group must call this (group creation is collective). The mesh
+    spans `ranks` (ascending global ranks; default: the whole world, whose size must then be
+    the product of the degrees); a rank outside `ranks` gets None. With all degrees 1 the
+    default group may be uninitialized (single process, no groups).
     """
     for name, value in (("ulysses_degree", ulysses), ("ring_degree", ring), ("cfg_degree", cfg), ("replicas", replicas)):
         _check_degree(name, value)
     product = ulysses * ring * cfg * replicas
-    initialized = dist.is_available() and dist.is_initialized()
-    if not initialized:
-        if product != 1:
+    shape = f"ulysses {ulysses} x ring {ring} x cfg {cfg} x replicas {replicas} = {product} ranks"
+    if not (dist.is_available() and dist.is_initialized()):
+        if product != 1 or ranks not in (None, [0]):
             raise ValueError(
-                f"ulysses {ulysses} x ring {ring} x cfg {cfg} x replicas {replicas} = {product} ranks, "
-                f"but torch.distributed is not initialized; call init_process_group with world_size {product}"
+                f"{shape}, but torch.distributed is not initialized; call init_process_group with world_size {product}"
             )
-        return ParallelMesh(1, 1, 1, 1, 0, None, None, None, None, 0, 0)
+        return ParallelMesh(1, 1, 1, 1, 0, 0, None, None, None, None, 0, 0)
     world, rank = dist.get_world_size(), dist.get_rank()
-    if product != world:
-        raise ValueError(
-            f"ulysses {ulysses} x ring {ring} x cfg {cfg} x replicas {replicas} = {product} ranks, "
-            f"but the world size is {world}; choose degrees whose product is {world}"
-        )
+    if ranks is None:
+        if product != world:
+            raise ValueError(f"{shape}, but the world size is {world}; choose degrees whose product is {world}")
+        ranks = list(range(world))
+    ranks = list(ranks)
+    if len(ranks) != product:
+        raise ValueError(f"{shape}, but {len(ranks)} ranks were given ({ranks}); give exactly {product}")
+    if any(not 0 <= r < world for r in ranks) or any(a >= b for a, b in zip(ranks, ranks[1:])):
+        raise ValueError(f"mesh ranks {ranks} must be ascending global ranks below the world size {world}")
 
     # new_group is collective over the default group: every rank creates every group of
-    # every axis in the same order, and keeps the one it belongs to.
+    # every axis in the same order, and keeps the one it belongs to. Groups are lists of
+    # ascending mesh ranks, so group rank == axis rank (what all_gather order relies on).
     degrees = {"ulysses": ulysses, "ring": ring, "sp": ulysses * ring, "cfg": cfg}
     mine: dict[str, dist.ProcessGroup | None] = {}
     for axis, groups in mesh_groups(ulysses, ring, cfg, replicas).items():
         mine[axis] = None
         if degrees[axis] == 1:
             continue
-        for ranks in groups:
-            group = dist.new_group(ranks=ranks)
-            if rank in ranks:
+        for members in groups:
+            global_members = [ranks[m] for m in members]
+            group = dist.new_group(ranks=global_members)
+            if rank in global_members:
                 mine[axis] = group
+    if rank not in ranks:
+        return None
 
+    mesh_rank = ranks.index(rank)
     sp = ulysses * ring
-    sp_index = rank % sp
+    sp_index = mesh_rank % sp
     ring_rank, ulysses_rank = divmod(sp_index, ulysses)
-    base = rank - sp_index
-    ring_prev = base + ((ring_rank - 1) % ring) * ulysses + ulysses_rank
-    ring_next = base + ((ring_rank + 1) % ring) * ulysses + ulysses_rank
+    base = mesh_rank - sp_index
+    ring_prev = ranks[base + ((ring_rank - 1) % ring) * ulysses + ulysses_rank]
+    ring_next = ranks[base + ((ring_rank + 1) % ring) * ulysses + ulysses_rank]
     return ParallelMesh(
         ulysses=ulysses,
         ring=ring,
         cfg=cfg,
         replicas=replicas,
         rank=rank,
+        mesh_rank=mesh_rank,
         ulysses_group=mine["ulysses"],
         ring_group=mine["ring"],
         sp_group=mine["sp"],

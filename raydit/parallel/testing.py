@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -24,6 +25,20 @@ class DistributedError(RuntimeError):
     """A child failed with an exception that could not be sent back as itself."""
 
 
+def _report_error(results, rank) -> None:
+    # The time of the failure lets the parent blame the first failing rank, not the ranks
+    # whose collectives broke because it died.
+    failed_at = time.time()
+    text = traceback.format_exc()
+    exc = sys.exc_info()[1]
+    try:
+        payload = pickle.dumps(exc)
+        pickle.loads(payload)
+    except Exception:  # noqa: BLE001 - an exception that does not survive pickling
+        payload = None
+    results.put((rank, "error", (failed_at, payload, text)))
+
+
 def _child(fn, rank, world_size, host, port, backend, timeout, threads, args, kwargs, results) -> None:
     try:
         if threads is not None:
@@ -32,21 +47,18 @@ def _child(fn, rank, world_size, host, port, backend, timeout, threads, args, kw
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
         )
-        try:
-            value = fn(rank, world_size, *args, **kwargs)
-        finally:
-            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        _report_error(results, rank)
+        return
+    try:
+        value = fn(rank, world_size, *args, **kwargs)
         # Plain pickle copies tensor storages into the bytes (no shared memory that would
         # die with this process).
         results.put((rank, "ok", pickle.dumps(value)))
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        text = traceback.format_exc()
-        try:
-            payload = pickle.dumps(exc)
-            pickle.loads(payload)
-        except Exception:  # noqa: BLE001
-            payload = None
-        results.put((rank, "error", (payload, text)))
+    except BaseException:  # noqa: BLE001
+        _report_error(results, rank)  # before the group is torn down, which breaks peers
+    finally:
+        dist.destroy_process_group()
 
 
 def run_distributed(
@@ -114,7 +126,18 @@ def run_distributed(
             if status == "ok":
                 values[rank] = pickle.loads(payload)
                 continue
-            exc_payload, text = payload
+            # Other ranks usually fail right after, from broken collectives: collect for a
+            # moment and report the earliest failure.
+            errors = [(payload[0], rank, payload[1], payload[2])]
+            grace = time.monotonic() + 2.0
+            while time.monotonic() < grace and len(errors) + len(values) < world_size:
+                try:
+                    r, st, pl = results.get(timeout=max(0.0, grace - time.monotonic()))
+                except queue_mod.Empty:
+                    break
+                if st == "error":
+                    errors.append((pl[0], r, pl[1], pl[2]))
+            _, rank, exc_payload, text = min(errors)
             message = f"rank {rank} of {world_size} failed:\n{text}"
             if exc_payload is not None:
                 exc = pickle.loads(exc_payload)

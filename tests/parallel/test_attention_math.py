@@ -1,0 +1,167 @@
+"""Pure pieces of sp_attention: lse merge, Ulysses reshapes, kernels, input checks (no processes)."""
+
+import math
+
+import pytest
+import torch
+
+from raydit.parallel import SeqLayout, build_mesh, select_kernel, sp_attention
+from raydit.parallel.attention import (
+    feasible_ulysses,
+    head_to_seq_recv,
+    head_to_seq_send,
+    merge_attention,
+    seq_to_head_recv,
+    seq_to_head_send,
+)
+from raydit.parallel.kernels import available_kernels, describe_kernels
+
+# float32 results against float64 math: atol = rtol = 1e-5 unless a test states otherwise.
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def reference_scores(q, k, scale):
+    return torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale
+
+
+def reference_attention(q, k, v, scale):
+    s = reference_scores(q, k, scale)
+    return torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
+
+
+# -- kernels -------------------------------------------------------------------------------
+CPU_KERNELS = available_kernels("cpu")
+
+
+@pytest.mark.parametrize("name", CPU_KERNELS)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("sq, sk, d", [(1, 1, 64), (7, 17, 64), (33, 129, 128)])
+def test_kernel_lse_is_logsumexp_of_scores(name, dtype, tol, sq, sk, d):
+    """Every kernel's lse is logsumexp of the scores (a zero lse, as yunchang's torch path returns, fails).
+
+    lse is float32 by contract, so float64 inputs are held to 1e-6 there too.
+    """
+    kernel = select_kernel("cpu", dtype, prefer=name)
+    g = torch.Generator().manual_seed(sq * 1000 + sk)
+    q, k, v = (torch.randn(2, 3, n, d, generator=g).to(dtype) for n in (sq, sk, sk))
+    scale = 0.7 / math.sqrt(d)
+    out, lse = kernel(q, k, v, scale)
+    ref_out, ref_lse = reference_attention(q, k, v, scale)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 3, sq)
+    assert out.dtype == dtype and out.shape == (2, 3, sq, d)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+
+
+def test_kernel_empty_keys_contribute_nothing():
+    kernel = select_kernel("cpu", torch.float32)
+    q = torch.randn(1, 2, 3, 8)
+    out, lse = kernel(q, torch.zeros(1, 2, 0, 8), torch.zeros(1, 2, 0, 8), 0.3)
+    assert torch.equal(out, torch.zeros(1, 2, 3, 8))
+    assert torch.isneginf(lse).all()
+
+
+def test_select_kernel_choices():
+    assert select_kernel("cpu").name == "torch-cpu"
+    assert select_kernel("cpu", prefer="reference").name == "reference"
+    with pytest.raises(ValueError, match="'nope' is unknown"):
+        select_kernel("cpu", prefer="nope")
+    with pytest.raises(ValueError, match="cannot run on cpu"):
+        select_kernel("cpu", prefer="flash-attn")
+    info = describe_kernels()
+    assert info["cpu"]["selected"] == "torch-cpu"
+    assert "reference" in info["cpu"]["available"]
+
+
+# -- lse merge -----------------------------------------------------------------------------
+@pytest.mark.parametrize("splits", [(5, 7), (1, 1, 10), (12,), (3, 0, 9), (0, 12)])
+@pytest.mark.parametrize("offset", [0.0, 80.0])
+def test_merge_equals_attention_over_all_keys(splits, offset):
+    """Attention over key blocks merged with lse == attention over all keys, in any order."""
+    g = torch.Generator().manual_seed(len(splits))
+    q = torch.randn(2, 3, 5, 16, generator=g)
+    k = torch.randn(2, 3, sum(splits), 16, generator=g)
+    v = torch.randn(2, 3, sum(splits), 16, generator=g)
+    # A large offset on some scores checks that the merge never overflows exp().
+    q = q * (1.0 + offset / 16)
+    kernel = select_kernel("cpu", prefer="reference")
+    ref_out, ref_lse = reference_attention(q, k, v, 0.25)
+    blocks = list(zip(torch.split(k, list(splits), 2), torch.split(v, list(splits), 2)))
+    for order in (blocks, blocks[::-1]):
+        out = lse = None
+        for kb, vb in order:
+            out, lse = merge_attention(out, lse, *kernel(q, kb, vb, 0.25))
+        assert out.dtype == torch.float32 and lse.dtype == torch.float32
+        torch.testing.assert_close(out.double(), ref_out, **TOL)
+        torch.testing.assert_close(lse.double(), ref_lse, **TOL)
+
+
+def test_merge_with_neg_inf_is_safe():
+    out_a, out_b = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    lse_b = torch.tensor([[[0.5, -math.inf, 2.0]]])
+    lse_a = torch.tensor([[[-math.inf, -math.inf, 1.0]]])
+    out, lse = merge_attention(out_a, lse_a, out_b, lse_b)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(out[0, 0, 0], out_b[0, 0, 0])  # a had no key: b alone
+    assert torch.equal(out[0, 0, 1], torch.zeros(4)) and torch.isneginf(lse[0, 0, 1])
+    w = torch.softmax(torch.tensor([1.0, 2.0]), 0)
+    torch.testing.assert_close(out[0, 0, 2], w[0] * out_a[0, 0, 2] + w[1] * out_b[0, 0, 2], **TOL)
+    torch.testing.assert_close(lse[0, 0, 2], torch.logsumexp(torch.tensor([1.0, 2.0]), 0), **TOL)
+
+
+# -- Ulysses all-to-all reshapes -----------------------------------------------------------
+def simulate_all_to_all(sends):
+    """all_to_all_single over dim 0: rank j receives slice j of every rank's send, in rank order."""
+    return [torch.stack([send[j] for send in sends]) for j in range(len(sends))]
+
+
+@pytest.mark.parametrize("U, H", [(1, 3), (2, 4), (3, 6), (5, 30), (6, 48)])
+def test_ulysses_reshapes(U, H):
+    N, B, S, D = 3, 2, 4, 5
+    xs = [torch.randn(N, B, H, S, D) for _ in range(U)]  # rank r holds sequence chunk r
+    h = H // U
+    recvs = simulate_all_to_all([seq_to_head_send(x, U) for x in xs])
+    for j, recv in enumerate(recvs):
+        got = seq_to_head_recv(recv)
+        # Rank j: heads j*h..(j+1)*h of the whole Ulysses sequence, chunks in rank order.
+        expected = torch.cat([x[:, :, j * h : (j + 1) * h] for x in xs], dim=3)
+        assert torch.equal(got, expected)
+    # And back: each rank's attention output (one head slice, all tokens) -> all heads, own tokens.
+    outs = [seq_to_head_recv(r)[0] for r in recvs]
+    backs = simulate_all_to_all([head_to_seq_send(o, U) for o in outs])
+    for r, back in enumerate(backs):
+        assert torch.equal(head_to_seq_recv(back), xs[r][0])
+
+
+def test_feasible_ulysses():
+    assert feasible_ulysses(30) == [1, 2, 3, 5, 6, 10, 15, 30]
+
+
+# -- sp_attention on one process -------------------------------------------------------------
+def test_single_process_sp_attention_matches_reference():
+    mesh = build_mesh(1)
+    layout = SeqLayout((5, 19), 1)
+    q, k, v = (torch.randn(1, 6, 24, 32) for _ in range(3))
+    out = sp_attention(q, k, v, mesh, layout)
+    ref, _ = reference_attention(q, k, v, 32**-0.5)
+    torch.testing.assert_close(out.double(), ref, **TOL)
+
+
+def test_sp_attention_input_errors():
+    mesh = build_mesh(1)
+    q = torch.randn(1, 6, 24, 32)
+    with pytest.raises(ValueError, match="SeqLayout sp 2 does not match .* = 1"):
+        sp_attention(q, q, q, mesh, SeqLayout((24,), 2))
+    with pytest.raises(ValueError, match="q has 24 tokens, but this rank's local sequence is 25"):
+        sp_attention(q, q, q, mesh, SeqLayout((25,), 1))
+    with pytest.raises(ValueError, match="share one"):
+        sp_attention(q, q[:, :3], q, mesh, SeqLayout((24,), 1))
+
+
+def test_build_mesh_without_process_group():
+    mesh = build_mesh(1)
+    assert (mesh.world_size, mesh.rank, mesh.sp_index, mesh.sp_group) == (1, 0, 0, None)
+    with pytest.raises(ValueError, match="not initialized"):
+        build_mesh(2)
+    with pytest.raises(ValueError, match="ring_degree 0"):
+        build_mesh(1, 0)
