@@ -45,6 +45,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring", type=int, help="force the ring degree")
     p.add_argument("--cfg", type=int, help="force the CFG degree (1 or 2)")
     p.add_argument("--replicas", type=int, help="force the number of replicas")
+    p.add_argument("--world-size", dest="world_size", type=int,
+                   help="only layouts that use exactly this many devices")
     p.add_argument("--no-cfg", dest="guidance", action="store_false",
                    help="classifier-free guidance off: one branch per step, cfg 1")
     p.add_argument("--top", type=int, default=10,
@@ -63,7 +65,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         gpus=args.gpus, gpu_type=args.gpu_type if args.gpus is not None else None,
         per_node=args.per_node, cluster=args.cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
-        guidance=args.guidance,
+        guidance=args.guidance, world_size=args.world_size,
     )
     top = args.top or None
     if args.json:

@@ -114,3 +114,11 @@ def test_real_process_prints_no_traceback():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "raydit: error: width 721 is not a multiple of 16 (VAE scale 8 x patch 2); nearest valid: 720 or 736"]
+
+
+def test_world_size_option(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "tiny", "--gpus", "4", "--gpu-type", "cpu",
+                       "--world-size", "4", "--replicas", "1", "--json")
+    assert code == 0
+    cands = json.loads(out)["candidates"]
+    assert cands and all(p["world_size"] == 4 and p["replicas"] == 1 for p in cands)

@@ -392,3 +392,28 @@ def test_planner_imports_neither_torch_nor_ray():
             "assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("C,U,R", [(1, 1, 3), (2, 1, 3), (2, 2, 5), (1, 3, 7), (2, 5, 2), (1, 1, 16), (2, 1, 40)])
+def test_replica_step_times_match_their_placement(C, U, R):
+    """Brute force over the placement: a replica whose cfg group spans nodes pays the network
+    for its ring, one that spans nodes at all pays it for its edges (checks the tiling of
+    replicas on equal nodes too)."""
+    cluster = ClusterSpec.uniform(80, "H100", per_node=16, network_gb_s=20.0, network_latency_us=30.0)
+    result = plan("cogvideox-2b", cluster=cluster, cfg=C, ulysses=U, ring=R)
+    best = result.best
+    spec, geo = result.model, result.geometry
+    dev = cluster.nodes[0].device
+    intra = costmod.Link(dev.link_gb_s, dev.link_latency_us)
+    net = costmod.Link(20.0, 30.0)
+    b = costmod.batch_per_group(True, C)
+    by_replica: dict = {}
+    for r in best.placement:
+        by_replica.setdefault(r.replica, []).append(r)
+    assert len(by_replica) == best.replicas == len(best.replica_step_seconds)
+    for rep, ranks in sorted(by_replica.items()):
+        group_crosses = any(len({r.node for r in ranks if r.cfg_rank == c}) > 1 for c in range(C))
+        spans = len({r.node for r in ranks}) > 1
+        want = costmod.step_cost(spec, geo, U, R, C, b, dev.flops_per_second, intra,
+                                 net if group_crosses else intra, net if spans else intra)
+        assert best.replica_step_seconds[rep] == pytest.approx(want.total), rep

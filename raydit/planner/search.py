@@ -296,12 +296,16 @@ class _Layouts:
         self.max_node = max(n.count for n in cluster.nodes)
         self.network = Link(cluster.network_gb_s, cluster.network_latency_us)
         self.total = cluster.total
+        # Nodes that cost the same (device rate and link) share a class id.
+        classes: dict = {}
+        self._class = [classes.setdefault((n.flops, n.intra), len(classes)) for n in self.nodes]
         self._capacities = sorted({n.capacity_gb for n in self.nodes})
         self._cost_cache: dict = {}
         self._slots_cache: dict = {}
 
     def _cost(self, U, R, C, b, flops, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
-        key = (U, R, C, b, flops, intra, ring_link, edge_link)
+        key = (U, R, C, b, flops, intra.gb_s, intra.latency_us, ring_link.gb_s, ring_link.latency_us,
+               edge_link.gb_s, edge_link.latency_us)
         hit = self._cost_cache.get(key)
         if hit is None:
             hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link)
@@ -314,9 +318,10 @@ class _Layouts:
         hit = self._slots_cache.get(key)
         if hit is None:
             usable = [i for i, n in enumerate(self.nodes) if n.capacity_gb >= need_gb]
-            runs = [(i, self.nodes[i].node.count // U) for i in usable if self.nodes[i].node.count >= U]
+            runs = [(i, self.nodes[i].node.count // U, self.nodes[i], self._class[i])
+                    for i in usable if self.nodes[i].node.count >= U]
             starts, total, reserve, worst = [], 0, [], 0.0
-            for i, s in runs:
+            for i, s, _, _ in runs:
                 starts.append(total)
                 total += s
                 worst = max(worst, _reserve(self.nodes[i].node.device))
@@ -325,10 +330,12 @@ class _Layouts:
             for i, n in enumerate(self.nodes):
                 if n.capacity_gb < need_gb:
                     excluded[n.node.device.name] = excluded.get(n.node.device.name, 0) + n.node.count
-            one_link = len({self.nodes[i].intra for i, _ in runs}) <= 1
+            one_link = len({self.nodes[i].intra for i, *_ in runs}) <= 1
             run_records = tuple(Run(self.nodes[i].node.name, self.nodes[i].node.device.name, 0, n)
-                                for i, n in runs)
-            hit = (runs, starts, total, excluded, reserve, one_link, run_records)
+                                for i, n, *_ in runs)
+            uniform = bool(runs) and len({(n, c) for _, n, _, c in runs}) == 1
+            hit = (runs, starts, total, excluded, reserve, one_link, run_records,
+                   uniform, runs[0][1] if runs else 0)
             self._slots_cache[key] = hit
         return hit
 
@@ -359,7 +366,8 @@ class _Layouts:
                           "tokens; every rank must hold video tokens: use fewer devices")
         b = costmod.batch_per_group(self.guidance, C)
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0)
-        runs, starts, slots, excluded, reserve, one_link, run_records = self._slots(U, base_gb)
+        (runs, starts, slots, excluded, reserve, one_link, run_records,
+         uniform_runs, slots_per_run) = self._slots(U, base_gb)
         if not runs and excluded:
             big = max(self.nodes, key=lambda n: n.capacity_gb)
             dev = big.node.device
@@ -390,27 +398,42 @@ class _Layouts:
         notes: list[str] = []
         spans_types: list[tuple[int, list[str], str]] = []
         crosses = False
-        k, r = 0, 0  # replica, index into runs
-        while k < K:
+        in_node: dict[int, StepCost] = {}  # per node class: a replica inside one node
+        if uniform_runs and slots_per_run % P == 0:
+            # Equal nodes, replicas never straddle: every replica is the same.
+            c = self._cost(U, R, C, b, runs[0][2].flops, runs[0][2].intra, runs[0][2].intra, runs[0][2].intra)
+            steps.extend([c.total] * K)
+            fastest_cost = c
+            K_done = K
+        else:
+            K_done = 0
+        # On equal nodes the pattern of straddling replicas repeats every lcm(slots, P) slots:
+        # walk one period and tile it.
+        K_walk = min(K, math.lcm(slots_per_run, P) // P) if uniform_runs else K
+        k, r = K_done, 0  # replica, index into runs
+        while k < K_walk:
             first = k * P
             while starts[r] + runs[r][1] <= first:
                 r += 1
-            info = self.nodes[runs[r][0]]
+            info = runs[r][2]
             inside = (starts[r] + runs[r][1] - first) // P
             if inside >= 1:
-                m = min(inside, K - k)
-                c = self._cost(U, R, C, b, info.flops, info.intra, info.intra, info.intra)
+                m = min(inside, K_walk - k)
+                c = in_node.get(runs[r][3])
+                if c is None:
+                    c = in_node[runs[r][3]] = self._cost(U, R, C, b, info.flops, info.intra, info.intra,
+                                                         info.intra)
                 steps.extend([c.total] * m)
                 k += m
             else:
                 last = first + P - 1
                 r_hi = bisect_right(starts, last) - 1
                 # Nodes are sorted fastest first, so the last member paces the replica.
-                slow = self.nodes[runs[r_hi][0]]
+                slow = runs[r_hi][2]
                 if one_link:
                     intra = slow.intra
                 else:
-                    intra = min((self.nodes[runs[j][0]].intra for j in range(r, r_hi + 1)),
+                    intra = min((runs[j][2].intra for j in range(r, r_hi + 1)),
                                 key=lambda lk: (lk.gb_s, -lk.latency_us))
                 group_crosses = any(bisect_right(starts, first + g * R) != bisect_right(starts, first + g * R + R - 1)
                                     for g in range(C))
@@ -418,12 +441,14 @@ class _Layouts:
                 c = self._cost(U, R, C, b, slow.flops, intra,
                                self.network if group_crosses else intra, self.network)
                 if info.node.device is not slow.node.device:
-                    names = sorted({self.nodes[runs[j][0]].node.device.name for j in range(r, r_hi + 1)})
+                    names = sorted({runs[j][2].node.device.name for j in range(r, r_hi + 1)})
                     spans_types.append((k, names, slow.node.device.name))
                 steps.append(c.total)
                 k += 1
             if fastest_cost is None or c.total < fastest_cost.total:
                 fastest_cost = c
+        if len(steps) < K:
+            steps = (steps * (K // len(steps) + 1))[:K]
         assert fastest_cost is not None and len(steps) == K
         world = K * P * U
         text_p, video_p = costmod.padded_parts(geo, sp)
