@@ -96,8 +96,21 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Plan:
-    """One feasible layout. For kind "per-type", `parts` holds one uniform plan per device
-    type and the top-level degrees are those of the fastest part."""
+    """One feasible layout.
+
+    ulysses, ring, cfg: degrees of each replica; sp = ulysses x ring; replicas: independent
+        copies serving separate requests; world_size: devices used (cfg x sp x replicas).
+    pad_tokens = text_pad_tokens + video_pad_tokens: tokens added so each part divides by sp;
+        pad_fraction: pad / real tokens (extra work); split: "frames", "rows" or "tokens".
+    predicted_step_seconds: one denoising step on the fastest replica (a request's latency
+        per step); slowest_step_seconds: on the slowest; replica_step_seconds: each replica;
+        throughput_steps_per_second: sum over replicas of 1 / step; cost: the fastest
+        replica's breakdown. memory_gb_per_gpu: the model's peak per device.
+    kind: "uniform" (one shape) or "per-type" (`parts`: one uniform plan per device type run
+        side by side; the top-level degrees are those of the fastest part).
+    notes: what a user should know (devices left out, groups across nodes or types).
+    runs: the Ulysses slots used, node by node, in rank order (placement derives from them).
+    """
 
     ulysses: int
     ring: int
@@ -114,6 +127,7 @@ class Plan:
     memory_gb_per_gpu: float
     cost: StepCost
     gpus_offered: int
+    pad_fraction: float = 0.0
     kind: str = "uniform"
     notes: tuple[str, ...] = ()
     runs: tuple[Run, ...] = ()
@@ -138,7 +152,8 @@ class Plan:
         what = {"frames": "whole latent frames per rank",
                 "rows": "whole latent rows per rank",
                 "tokens": "chunks cut inside a latent row"}[self.split]
-        return (f"{what}; {self.video_pad_tokens} video + {self.text_pad_tokens} text pad tokens")
+        return (f"{what}; {self.video_pad_tokens} video + {self.text_pad_tokens} text pad tokens "
+                f"(+{100 * self.pad_fraction:.2f}% tokens)")
 
     @property
     def explanation(self) -> str:
@@ -183,7 +198,8 @@ class Plan:
             "ulysses": self.ulysses, "ring": self.ring, "cfg": self.cfg, "replicas": self.replicas,
             "sp": self.sp, "world_size": self.world_size, "gpus_left_out": self.gpus_left_out,
             "pad_tokens": self.pad_tokens, "text_pad_tokens": self.text_pad_tokens,
-            "video_pad_tokens": self.video_pad_tokens, "split": self.split,
+            "video_pad_tokens": self.video_pad_tokens, "pad_fraction": round(self.pad_fraction, 6),
+            "split": self.split,
             "split_cost": self.split_cost,
             "predicted_step_seconds": round(self.predicted_step_seconds, 6),
             "slowest_step_seconds": round(self.slowest_step_seconds, 6),
@@ -476,6 +492,7 @@ class _Layouts:
             predicted_step_seconds=fastest_cost.total, slowest_step_seconds=max(steps),
             throughput_steps_per_second=sum(1.0 / t for t in steps),
             memory_gb_per_gpu=mem, cost=fastest_cost, gpus_offered=N,
+            pad_fraction=(text_p + video_p - geo.sequence_tokens) / geo.sequence_tokens,
             kind="uniform", notes=tuple(notes),
             runs=run_records,
             replica_step_seconds=tuple(steps),
@@ -550,7 +567,8 @@ def _per_type(spec, geo, cluster, guidance) -> Plan | None:
         predicted_step_seconds=lead.predicted_step_seconds, slowest_step_seconds=max(steps),
         throughput_steps_per_second=sum(p.throughput_steps_per_second for p in parts),
         memory_gb_per_gpu=max(p.memory_gb_per_gpu for p in parts), cost=lead.cost,
-        gpus_offered=cluster.total, kind="per-type", notes=tuple(notes), parts=tuple(parts),
+        gpus_offered=cluster.total, pad_fraction=lead.pad_fraction, kind="per-type",
+        notes=tuple(notes), parts=tuple(parts),
         replica_step_seconds=steps,
     )
 
