@@ -8,7 +8,9 @@ promise of absolute speed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 LINK_KINDS = ("nvlink", "pcie", "shm")
 
@@ -58,7 +60,7 @@ class DeviceType:
 # Calibration of `efficiency`: CogVideoX-2b, 49x480x720, guidance on, is about 2.4e14 FLOP
 # per step (see cost.py). H100 ~45 s / 50 steps (incl. VAE) -> ~0.35; A100 ~90 s -> ~0.45;
 # xDiT's L40 figure (2.1 s/step on one GPU) -> ~0.6. Others are set by analogy.
-DEVICE_TYPES: dict[str, DeviceType] = {
+DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
     d.name: d
     for d in (
         DeviceType("H100", 80, 989, 0.35, 450, "nvlink", 8.0),
@@ -77,7 +79,7 @@ DEVICE_TYPES: dict[str, DeviceType] = {
         # One Ray CPU slot: memory shared with the host, a few cores' worth of fp32.
         DeviceType("cpu", 16, 0.2, 0.5, 5, "shm", 50.0, per_node=64),
     )
-}
+})  # read-only
 
 # Between nodes, per GPU, one direction: 200 Gb/s (a common cloud NIC per GPU or per node).
 DEFAULT_NETWORK_GB_S = 25.0

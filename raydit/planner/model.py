@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 POSITIONAL_KINDS = ("sinusoidal", "rotary", "learned")
 
@@ -217,6 +219,9 @@ def _cogvideox_params(layers: int, hidden: int, ffn: int) -> float:
 
 
 def _builtin_specs() -> dict[str, ModelSpec]:
+    # name, family, heads, head_dim, layers, ffn, patch, patch_t, text tokens, text joins the
+    # sequence, positional, latent channels, params, text-encoder params, VAE params,
+    # default frames, height, width.
     specs = [
         ModelSpec("cogvideox-2b", "cogvideox", 30, 64, 30, 7680, 2, None, 226, True, "sinusoidal",
                   16, 1.69e9, _T5_XXL, 0.22e9, 49, 480, 720),
@@ -243,7 +248,7 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     return out
 
 
-BUILTIN_MODELS: dict[str, ModelSpec] = _builtin_specs()
+BUILTIN_MODELS: Mapping[str, ModelSpec] = MappingProxyType(_builtin_specs())  # read-only
 
 
 def model_spec(name_or_dir) -> ModelSpec:
@@ -356,7 +361,8 @@ def _spec_from_dir(path: Path) -> ModelSpec:
     te_dir = path / "text_encoder"
     te_params = _param_count(te_dir)
     if te_params is None:
-        te_params = _t5_estimate(_read_json(te_dir / "config.json")) if (te_dir / "config.json").is_file() else 0.0
+        te_config = te_dir / "config.json"
+        te_params = _t5_estimate(_read_json(te_config)) if te_config.is_file() else 0.0
     vae_params = _param_count(path / "vae") or 0.0
     vae_spatial, vae_temporal = 8, 4
     if (path / "vae" / "config.json").is_file():

@@ -417,7 +417,8 @@ class _Layouts:
         in_node: dict[int, StepCost] = {}  # per node class: a replica inside one node
         if uniform_runs and slots_per_run % P == 0:
             # Equal nodes, replicas never straddle: every replica is the same.
-            c = self._cost(U, R, C, b, runs[0][2].flops, runs[0][2].intra, runs[0][2].intra, runs[0][2].intra)
+            node = runs[0][2]
+            c = self._cost(U, R, C, b, node.flops, node.intra, node.intra, node.intra)
             steps.extend([c.total] * K)
             fastest_cost = c
             K_done = K
@@ -451,8 +452,10 @@ class _Layouts:
                 else:
                     intra = min((runs[j][2].intra for j in range(r, r_hi + 1)),
                                 key=lambda lk: (lk.gb_s, -lk.latency_us))
-                group_crosses = any(bisect_right(starts, first + g * R) != bisect_right(starts, first + g * R + R - 1)
-                                    for g in range(C))
+                # A cfg group (R consecutive slots) crosses when its ends lie on different runs.
+                group_crosses = any(
+                    bisect_right(starts, first + g * R) != bisect_right(starts, first + g * R + R - 1)
+                    for g in range(C))
                 crosses = crosses or group_crosses
                 c = self._cost(U, R, C, b, slow.flops, intra,
                                self.network if group_crosses else intra, self.network)
@@ -474,7 +477,8 @@ class _Layouts:
         for rep, names, slow_name in spans_types[:3]:
             notes.append(f"replica {rep} spans {' + '.join(names)}: paced by {slow_name}")
         if K > 1 and max(steps) > min(steps) * (1 + TIE_TOLERANCE):
-            notes.append(f"replicas step in {min(steps):.3g} to {max(steps):.3g} s (different devices or links)")
+            notes.append(f"replicas step in {min(steps):.3g} to {max(steps):.3g} s "
+                         "(different devices or links)")
         if excluded:
             notes.append(", ".join(f"{n} {t}" for t, n in excluded.items()) +
                          f" left out: a rank needs {base_gb:.1f} GB + reserve")
@@ -582,7 +586,9 @@ def _summary(rejected: list[Rejection]) -> str:
             picked[r.kind] = r
     parts = []
     for r in picked.values():
-        where = f" (at best: cfg {r.cfg} x ulysses {r.ulysses} x ring {r.ring})" if r.kind == "memory" else ""
+        where = ""
+        if r.kind == "memory":
+            where = f" (at best: cfg {r.cfg} x ulysses {r.ulysses} x ring {r.ring})"
         parts.append(r.reason + where)
     return "; ".join(parts)
 
@@ -621,7 +627,8 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
             feasible.sort(key=_rank_key)
     if not feasible:
         what = ("forced layout" if forced else "layout")
-        detail = _summary(rejected) or f"no layout of exactly {world_size} devices matches the forced degrees"
+        detail = (_summary(rejected)
+                  or f"no layout of exactly {world_size} devices matches the forced degrees")
         raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
                         f"on {cl.total} devices: {detail}")
     return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected))
