@@ -417,3 +417,13 @@ def test_replica_step_times_match_their_placement(C, U, R):
         want = costmod.step_cost(spec, geo, U, R, C, b, dev.flops_per_second, intra,
                                  net if group_crosses else intra, net if spans else intra)
         assert best.replica_step_seconds[rep] == pytest.approx(want.total), rep
+
+
+def test_memory_and_node_fit_together_give_the_node_reason():
+    """The H100 node could hold a rank but is smaller than the Ulysses group; the T4s are
+    big enough in number but cannot hold a rank: the reason names both."""
+    cluster = ClusterSpec([NodeSpec("h", "H100", 2), NodeSpec("t", "T4", 8)])
+    with pytest.raises(PlanError) as info:
+        plan("cogvideox-5b", cluster=cluster, ulysses=4, ring=1, cfg=1)
+    assert "needs 1 Ulysses groups of 4 devices on single nodes, the usable nodes hold 0" in str(info.value)
+    assert "8 T4 cannot hold a rank" in str(info.value)

@@ -384,7 +384,7 @@ class _Layouts:
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0)
         (runs, starts, slots, excluded, reserve, one_link, run_records,
          uniform_runs, slots_per_run) = self._slots(U, base_gb)
-        if not runs and excluded:
+        if excluded and sum(excluded.values()) == N:  # no device can hold a rank
             big = max(self.nodes, key=lambda n: n.capacity_gb)
             dev = big.node.device
             weights = spec.weight_bytes / 1e9
@@ -521,6 +521,8 @@ def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world
         else:
             us = list(range(1, min(N // C, spec.heads) + 1)) or [1]
         for U in us:
+            if ulysses is None and U > L.max_node and spec.heads % U:
+                continue  # beyond every node and not a divisor: the node rule alone says enough
             if ring is not None:
                 rs = [ring]
             else:
