@@ -425,5 +425,5 @@ def test_memory_and_node_fit_together_give_the_node_reason():
     cluster = ClusterSpec([NodeSpec("h", "H100", 2), NodeSpec("t", "T4", 8)])
     with pytest.raises(PlanError) as info:
         plan("cogvideox-5b", cluster=cluster, ulysses=4, ring=1, cfg=1)
-    assert "needs 1 Ulysses groups of 4 devices on single nodes, the usable nodes hold 0" in str(info.value)
+    assert "needs 1 Ulysses group of 4 devices on single nodes, the usable nodes hold 0" in str(info.value)
     assert "8 T4 cannot hold a rank" in str(info.value)

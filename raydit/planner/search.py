@@ -399,8 +399,9 @@ class _Layouts:
         P = C * R  # Ulysses slots per replica
         fit = slots // P
         if (K is not None and fit < K) or fit == 0:
-            why = (f"needs {k_shown * P} Ulysses groups of {U} devices on single nodes, the usable "
-                   f"nodes hold {slots}")
+            groups = k_shown * P
+            why = (f"needs {groups} Ulysses group{'s' if groups != 1 else ''} of {U} devices on single "
+                   f"nodes, the usable nodes hold {slots}")
             if excluded:
                 why += " (" + ", ".join(f"{n} {t}" for t, n in excluded.items()) + \
                        f" cannot hold a rank: {base_gb:.1f} GB + reserve)"
