@@ -28,7 +28,7 @@ class DeviceType:
         (NVLink aggregate for SXM parts, PCIe x16 for PCIe parts, memory copies for cpu).
     link_kind: "nvlink", "pcie" or "shm" (CPU slots talking through shared memory).
     link_latency_us: latency of one collective hop inside the node, microseconds.
-    per_node: how many a typical node holds (the default for `--gpus N`).
+    per_node: devices to a node for `--gpus N` without `--per-node` (8; 64 CPU slots).
     """
 
     name: str
@@ -71,11 +71,11 @@ DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
         DeviceType("L40", 48, 181, 0.6, 25, "pcie", 15.0),
         DeviceType("L4", 24, 121, 0.5, 12, "pcie", 15.0),
         # A10G (AWS) runs lower clocks than the A10 datasheet's 125; ~70 is an estimate.
-        DeviceType("A10G", 24, 70, 0.5, 12, "pcie", 15.0, per_node=4),
+        DeviceType("A10G", 24, 70, 0.5, 12, "pcie", 15.0),
         # Consumer parts have no peer-to-peer: traffic bounces through host memory.
-        DeviceType("RTX4090", 24, 165, 0.5, 12, "pcie", 20.0, per_node=4),
+        DeviceType("RTX4090", 24, 165, 0.5, 12, "pcie", 20.0),
         # Turing has no bf16: the figure is fp16 with fp32 accumulate; PCIe gen3.
-        DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0, per_node=4),
+        DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0),
         # One Ray CPU slot: memory shared with the host, a few cores' worth of fp32.
         DeviceType("cpu", 16, 0.2, 0.5, 5, "shm", 50.0, per_node=64),
     )
