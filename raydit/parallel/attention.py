@@ -13,13 +13,14 @@ tokens are pad without communication); pad queries are computed and dropped at g
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from raydit.parallel.kernels import AttentionKernel, select_kernel
+from raydit.parallel.kernels import AttentionKernel, default_kernel
 from raydit.parallel.mesh import ParallelMesh, check_layout
 from raydit.parallel.sharding import SeqLayout, select_ranges
 
@@ -86,6 +87,13 @@ def head_to_seq_recv(x_UBhSD: Tensor) -> Tensor:
     return x_UBhSD.permute(1, 0, 2, 3, 4).reshape(B, U * h, S, D)
 
 
+@functools.lru_cache(maxsize=256)
+def ring_block_ranges(layout: SeqLayout, ulysses: int, ring: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Real-key ranges of the block of each ring rank r: the local sequences of sp indices
+    r*U .. r*U + U - 1, as the Ulysses all-to-all concatenates them (same on every rank)."""
+    return tuple(layout.key_ranges(range(r * ulysses, (r + 1) * ulysses)) for r in range(ring))
+
+
 def feasible_ulysses(heads: int) -> list[int]:
     return [d for d in range(1, heads + 1) if heads % d == 0]
 
@@ -134,7 +142,7 @@ def ring_attention(
     q_BhTD: Tensor,
     kv_2BhTD: Tensor,
     mesh: ParallelMesh,
-    block_ranges: list[tuple[tuple[int, int], ...]],
+    block_ranges: tuple[tuple[tuple[int, int], ...], ...],
     scale: float,
     kernel: AttentionKernel,
 ) -> Tensor:
@@ -204,7 +212,7 @@ def sp_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if kernel is None:
-        kernel = select_kernel(q_BHSD.device, q_BHSD.dtype)
+        kernel = default_kernel(q_BHSD.device.type, q_BHSD.dtype)
 
     # (3, B, H, S, D) -> Ulysses -> (3, B, h, T, D) with T = U * S.
     qkv = torch.stack([q_BHSD, k_BHSD, v_BHSD])
@@ -212,8 +220,7 @@ def sp_attention(
         qkv = seq_to_head_recv(_all_to_all(seq_to_head_send(qkv, U), mesh.ulysses_group))
     q_BhTD, kv_2BhTD = qkv[0], qkv[1:]
 
-    # The block of ring rank r is the local sequences of sp indices r*U .. r*U + U - 1.
-    block_ranges = [layout.key_ranges(range(r * U, (r + 1) * U)) for r in range(mesh.ring)]
+    block_ranges = ring_block_ranges(layout, U, mesh.ring)
     out_BhTD = ring_attention(q_BhTD, kv_2BhTD, mesh, block_ranges, scale, kernel)
 
     if U > 1:

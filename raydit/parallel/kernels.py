@@ -13,6 +13,7 @@ flash-attn (which takes no arbitrary mask) and the others mean the same thing.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ KERNELS: dict[str, KernelFn] = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def _flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
@@ -127,6 +129,12 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype | None = None, 
             continue  # flash-attn has no float32 path
         return AttentionKernel(name, KERNELS[name])
     raise AssertionError("unreachable: 'reference' is always available")
+
+
+@functools.lru_cache(maxsize=None)
+def default_kernel(device_type: str, dtype: torch.dtype) -> AttentionKernel:
+    """The kernel sp_attention uses when given none: decided once per (device type, dtype)."""
+    return select_kernel(device_type, dtype)
 
 
 def describe_kernels() -> dict:
