@@ -37,7 +37,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gpus", type=int, help="number of devices of --gpu-type")
     where.add_argument("--cluster", help="YAML file listing nodes, device types, counts, links")
-    p.add_argument("--gpu-type", dest="gpu_type", default="H100",
+    p.add_argument("--gpu-type", dest="gpu_type",
                    help="device type for --gpus (default H100; see raydit.planner.DEVICE_TYPES)")
     p.add_argument("--per-node", dest="per_node", type=int,
                    help="devices per node for --gpus (default: the type's usual node, 8 for H100)")
@@ -62,7 +62,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--top {args.top} must be 0 (all) or more")
     result = plan(
         args.model, args.frames, args.height, args.width,
-        gpus=args.gpus, gpu_type=args.gpu_type if args.gpus is not None else None,
+        gpus=args.gpus, gpu_type=args.gpu_type,
         per_node=args.per_node, cluster=args.cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size,

@@ -80,6 +80,8 @@ BAD = [
     (["--model", "cogvideox-2b"], "one of the arguments --gpus --cluster is required"),
     (["--model", "cogvideox-2b", "--gpus", "8", "--cluster", "x.yaml"], "not allowed with argument"),
     (["--gpus", "8"], "the following arguments are required: --model"),
+    (["--model", "cogvideox-2b", "--cluster", str(REPO / "cluster" / "8xH100.yaml"), "--gpu-type", "T4"],
+     "(--gpu-type / --per-node) go with gpus=N (--gpus)"),
     (["--model", "cogvideox-2b", "--gpus", "eight"], "invalid int value: 'eight'"),
 ]
 

@@ -278,6 +278,9 @@ def _check_forced(name: str, value):
 def _resolve_cluster(gpus, gpu_type, per_node, cluster) -> ClusterSpec:
     if cluster is not None and gpus is not None:
         raise ValueError("give either gpus=N (with gpu_type) or cluster=, not both")
+    if cluster is not None and (gpu_type is not None or per_node is not None):
+        raise ValueError("gpu_type / per_node (--gpu-type / --per-node) go with gpus=N (--gpus); "
+                         "a cluster names each node's type and count itself")
     if cluster is None:
         if gpus is None:
             raise ValueError("give gpus=N (with gpu_type) or cluster= (a ClusterSpec, dict or YAML path)")
