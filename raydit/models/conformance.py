@@ -89,53 +89,76 @@ def run_steps(runner, request, steps: int, checkpoint: dict | None = None):
     return state
 
 
-# -- what runs inside each spawned rank ----------------------------------------------------
-def forward_worker(rank: int, world_size: int, cases: list[ForwardCase]) -> dict[tuple[str, str], torch.Tensor]:
-    """Every case under every feasible sp plan of this world size -> {(case, plan): output}."""
-    from raydit.models.registry import parallelize
+# -- meshes on a prefix of the world --------------------------------------------------------
+def prefix_mesh(plan: MeshPlan):
+    """The mesh of `plan` on global ranks 0 .. plan.world_size - 1 of a possibly larger world.
+
+    Spawning processes dominates the suite's time, so one group of the largest world size
+    runs every smaller world on its first ranks. Collective over the whole default group
+    (new_group is); None on ranks outside the prefix.
+    """
     from raydit.parallel.mesh import build_mesh
+
+    return build_mesh(plan.ulysses, plan.ring, plan.cfg, ranks=list(range(plan.world_size)))
+
+
+# -- what runs inside each spawned rank ----------------------------------------------------
+def forward_worker(world_sizes, cases: list[ForwardCase]) -> dict[tuple[str, str], torch.Tensor]:
+    """Every case under every feasible sp plan of each world size -> {(case, plan): output}."""
+    from raydit.models.registry import parallelize
 
     outputs = {}
     for case in cases:
         transformer, forward_kwargs = case.make()
-        for plan in feasible_plans(world_size, case.heads):
-            mesh = build_mesh(plan.ulysses, plan.ring)
-            with parallelize(transformer, mesh):
-                outputs[(case.name, str(plan))] = forward_once(transformer, forward_kwargs)
+        for world_size in world_sizes:
+            for plan in feasible_plans(world_size, case.heads):
+                mesh = prefix_mesh(plan)
+                if mesh is None:
+                    continue
+                with parallelize(transformer, mesh):
+                    outputs[(case.name, str(plan))] = forward_once(transformer, forward_kwargs)
     return outputs
 
 
 def runner_worker(
-    rank: int, world_size: int, cases: list[RunnerCase], checkpoints: dict[str, dict]
+    world_sizes, cases: list[RunnerCase], checkpoints: dict[str, dict], cfg_world_sizes=()
 ) -> dict[tuple[str, str, str], torch.Tensor]:
-    """Every runner case under every feasible (ulysses, ring, cfg) plan.
+    """Every runner case under every feasible (ulysses, ring) plan, and cfg = 2 plans on
+    `cfg_world_sizes`.
 
     Returns {(case, plan, "fresh"): latents after case.steps steps from the seed,
              (case, plan, "resumed"): latents after resuming from checkpoints[case]}.
     """
     from raydit.models.runner import CogVideoXRunner, GenerationRequest
-    from raydit.parallel.mesh import build_mesh
 
     outputs = {}
     for case in cases:
         pipe = case.make()
         request = GenerationRequest(**case.request)
-        for plan in feasible_plans(world_size, case.heads, cfg_degrees=(1, 2)):
-            mesh = build_mesh(plan.ulysses, plan.ring, plan.cfg)
-            runner = CogVideoXRunner(pipe, mesh)
-            try:
-                outputs[(case.name, str(plan), "fresh")] = run_steps(runner, request, case.steps).latents
-                if case.name in checkpoints:
-                    resumed = run_steps(runner, request, case.steps, checkpoint=checkpoints[case.name])
-                    outputs[(case.name, str(plan), "resumed")] = resumed.latents
-            finally:
-                runner.close()
+        for world_size in world_sizes:
+            cfgs = (1, 2) if world_size in cfg_world_sizes else (1,)
+            for plan in feasible_plans(world_size, case.heads, cfg_degrees=cfgs):
+                mesh = prefix_mesh(plan)
+                if mesh is None:
+                    continue
+                runner = CogVideoXRunner(pipe, mesh)
+                try:
+                    outputs[(case.name, str(plan), "fresh")] = run_steps(runner, request, case.steps).latents
+                    if case.name in checkpoints:
+                        resumed = run_steps(runner, request, case.steps, checkpoint=checkpoints[case.name])
+                        outputs[(case.name, str(plan), "resumed")] = resumed.latents
+                finally:
+                    runner.close()
     return outputs
 
 
-def conformance_worker(rank: int, world_size: int, forward_cases, runner_cases, checkpoints) -> dict[str, Any]:
-    """Both suites in one process group."""
+def conformance_worker(
+    rank: int, world_size: int, forward_cases, runner_cases, checkpoints, world_sizes=None, cfg_world_sizes=()
+) -> dict[str, Any]:
+    """Both suites for each of `world_sizes` (default 1 .. world_size), in one process group."""
+    world_sizes = list(world_sizes or range(1, world_size + 1))
+    assert max(world_sizes) <= world_size
     return {
-        "forward": forward_worker(rank, world_size, forward_cases),
-        "runner": runner_worker(rank, world_size, runner_cases, checkpoints),
+        "forward": forward_worker(world_sizes, forward_cases),
+        "runner": runner_worker(world_sizes, runner_cases, checkpoints, cfg_world_sizes),
     }

@@ -1,0 +1,139 @@
+"""CogVideoX conformance: every feasible plan on 1..6 and 8 gloo ranks == one process.
+
+One spawned group of 8 processes runs every world size 1..6 and 8 on its first ranks (spawning is
+the slow part on 2 cores); the tests then compare each (case, plan) with the single-process
+reference computed here. The next adapter copies this file with its own cases.
+
+Tolerances (float32): transformer forward rtol 1e-4, atol 1e-5 (outputs are O(1));
+latents after denoising steps rtol 1e-4, atol 1e-4 (latents reach O(30) with random weights,
+so 1e-4 absolute is ~3e-6 of their range).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydit.models import conformance as harness
+from raydit.models import conformance_cogvideox as cases
+from raydit.models.runner import CogVideoXRunner, GenerationRequest
+from raydit.models.tiny import tiny_pipeline_dir
+
+WORLDS = (1, 2, 3, 4, 5, 6, 8)  # 8: the 480p case xDiT refuses
+CFG_WORLDS = (2, 4)  # cfg = 2 plans are run on these world sizes
+FORWARD_TOL = dict(rtol=1e-4, atol=1e-5)
+LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
+
+FORWARD_CASES = cases.forward_cases()
+
+
+@pytest.fixture(scope="module")
+def base_dir() -> str:
+    return str(tiny_pipeline_dir())
+
+
+@pytest.fixture(scope="module")
+def runner_cases(base_dir):
+    return cases.runner_cases(base_dir)
+
+
+@pytest.fixture(scope="module")
+def forward_refs():
+    return {case.name: harness.forward_once(*case.make()) for case in FORWARD_CASES}
+
+
+@pytest.fixture(scope="module")
+def runner_refs(runner_cases):
+    """Per case: the latents after `steps` steps on one process, and the step-1 checkpoint."""
+    refs, checkpoints = {}, {}
+    for case in runner_cases:
+        runner = CogVideoXRunner(case.make())
+        request = GenerationRequest(**case.request)
+        checkpoints[case.name] = runner.checkpoint(harness.run_steps(runner, request, 1))
+        refs[case.name] = harness.run_steps(runner, request, case.steps).latents
+    return refs, checkpoints
+
+
+@pytest.fixture(scope="module")
+def distributed(runner_cases, runner_refs):
+    from raydit.parallel.testing import run_distributed
+
+    _, checkpoints = runner_refs
+    return run_distributed(
+        harness.conformance_worker, max(WORLDS), FORWARD_CASES, runner_cases, checkpoints, WORLDS, CFG_WORLDS,
+        timeout=900,
+    )
+
+
+def _forward_params():
+    return [
+        pytest.param(case.name, plan, id=f"{case.name}-{plan}")
+        for case in FORWARD_CASES
+        for world in WORLDS
+        for plan in harness.feasible_plans(world, case.heads)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_name, plan", _forward_params())
+def test_forward_matches_single_process(distributed, forward_refs, case_name, plan):
+    ref = forward_refs[case_name]
+    for rank in range(plan.world_size):
+        out = distributed[rank]["forward"][(case_name, str(plan))]
+        torch.testing.assert_close(out, ref, **FORWARD_TOL, msg=lambda m: f"rank {rank}: {m}")
+
+
+def _runner_params():
+    # Heads of the runner cases, known without building them.
+    heads = {"2b-h30-rows30": 30, "5b-rotary-dpm": 6, "1.5-patch_t2-dpm": 4}
+    return [
+        pytest.param(name, plan, id=f"{name}-{plan}")
+        for name, h in heads.items()
+        for world in WORLDS
+        for plan in harness.feasible_plans(world, h, cfg_degrees=(1, 2) if world in CFG_WORLDS else (1,))
+    ]
+
+
+def test_runner_param_heads_match_cases(runner_cases):
+    assert {c.name: c.heads for c in runner_cases} == {"2b-h30-rows30": 30, "5b-rotary-dpm": 6, "1.5-patch_t2-dpm": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_name, plan", _runner_params())
+def test_denoising_steps_match_single_process(distributed, runner_refs, case_name, plan):
+    """Two full steps from the seed, and one step resumed from a 1-process checkpoint."""
+    refs, _ = runner_refs
+    for rank in range(plan.world_size):
+        for kind in ("fresh", "resumed"):
+            latents = distributed[rank]["runner"][(case_name, str(plan), kind)]
+            torch.testing.assert_close(latents, refs[case_name], **LATENT_TOL, msg=lambda m: f"rank {rank} {kind}: {m}")
+
+
+def test_plans_cover_the_hard_cases():
+    """4 and 8 ranks at 30 heads / 30 rows, and cfg plans, are among those enumerated."""
+    plans = {str(p) for w in WORLDS for p in harness.feasible_plans(w, 30, (1, 2))}
+    assert {"u2r2c1", "u1r4c1", "u3r2c1", "u5r1c1", "u6r1c1", "u1r2c2", "u2r1c2"} <= plans
+    assert "u4r1c1" not in plans  # 4 does not divide 30 heads
+    assert [str(p) for p in harness.feasible_plans(8, 30)] == ["u1r8c1", "u2r4c1"]
+
+
+@pytest.mark.parametrize("case_name", ["2b-h30-rows30", "5b-rotary-dpm", "1.5-patch_t2-dpm"])
+def test_runner_matches_diffusers_pipeline(runner_cases, case_name):
+    """On one process the runner reproduces CogVideoXPipeline(output_type="latent") exactly."""
+    case = next(c for c in runner_cases if c.name == case_name)
+    pipe = case.make()
+    request = GenerationRequest(**case.request)
+    expected = pipe(
+        prompt=request.prompt,
+        negative_prompt=request.negative_prompt,
+        num_frames=request.num_frames,
+        height=request.height,
+        width=request.width,
+        num_inference_steps=request.num_inference_steps,
+        guidance_scale=request.guidance_scale,
+        generator=torch.Generator().manual_seed(request.seed),
+        max_sequence_length=pipe.transformer.config.max_text_seq_length,
+        output_type="latent",
+    ).frames
+    state = harness.run_steps(CogVideoXRunner(pipe), request, request.num_inference_steps)
+    torch.testing.assert_close(state.latents, expected, rtol=1e-6, atol=1e-6)
