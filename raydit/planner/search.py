@@ -523,7 +523,8 @@ def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world
         if ulysses is not None:
             us = [ulysses]
         else:
-            us = list(range(1, min(N // C, spec.heads) + 1)) or [1]
+            fit = (world_size or N) // (C * (ring or 1) * (replicas or 1))
+            us = list(range(1, min(fit, spec.heads) + 1)) or [1]
         for U in us:
             if ulysses is None and U > L.max_node and spec.heads % U:
                 continue  # beyond every node and not a divisor: the node rule alone says enough
@@ -636,5 +637,5 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         detail = (_summary(rejected)
                   or f"no layout of exactly {world_size} devices matches the forced degrees")
         raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
-                        f"on {cl.total} devices: {detail}")
+                        f"on {cl.total} device{'s' if cl.total != 1 else ''}: {detail}")
     return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected))
