@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 
@@ -14,6 +15,14 @@ def _private_cache(tmp_path_factory):
     if "RAYDIT_CACHE" not in os.environ:
         os.environ["RAYDIT_CACHE"] = str(tmp_path_factory.mktemp("raydit-cache"))
     os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    # Ray 2.60 turns token authentication on for new clusters. Keep it on, but with a
+    # token private to this session (not the user's ~/.ray/auth_token): every cluster the
+    # tests start, and every client they run, reads it from here.
+    if "RAY_AUTH_TOKEN_PATH" not in os.environ:
+        token = tmp_path_factory.mktemp("ray-auth") / "auth_token"
+        token.write_text(secrets.token_hex(32))
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
     yield
 
 

@@ -1,0 +1,188 @@
+"""The command line, `ray job submit` and the notebook, each against a real Ray.
+
+Tolerance for latents from different plans: rtol 1e-4, atol 1e-4 (float32; see
+test_engine.py for why atol is 1e-4 on latents of magnitude ~18).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def raydit(*args, timeout=300, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "raydit.cli", *args],
+        capture_output=True, text=True, timeout=timeout, **kw,
+    )
+
+
+def _gcs_address(ray_module) -> str:
+    return ray_module.get_runtime_context().gcs_address
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--model", "cogvideox-2b"], "has no weights here"),
+        (["--frames", "10"], "frames"),
+        (["--height", "60"], "height"),
+        (["--workers", "0"], "workers 0"),
+        (["--steps", "0"], "--steps 0"),
+        (["--ulysses", "3", "--workers", "3"], "ulysses"),
+    ],
+)
+def test_generate_bad_input_is_one_line_and_status_2(args, needle, tmp_path):
+    out = raydit("generate", "--prompt", "x", "--device", "cpu", *args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydit: error:"), out.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_generate_config_file_names_the_offending_key(tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("prompt: a cat\nstepz: 3\n")
+    out = raydit("generate", "--config", str(cfg), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "unknown key 'stepz'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    cfg.write_text("prompt: a cat\nsteps: many\n")
+    out = raydit("generate", "--config", str(cfg), cwd=tmp_path)
+    assert out.returncode == 2 and "key 'steps' must be int" in out.stderr
+    out = raydit("generate", cwd=tmp_path)
+    assert out.returncode == 2 and "--prompt is required" in out.stderr
+
+
+def test_example_job_yaml_is_valid():
+    from raydit.jobconfig import load_job_config
+
+    cfg = load_job_config(str(ROOT / "examples" / "job.yaml"))
+    assert cfg["prompt"] and cfg["model"] == "tiny" and cfg["workers"] == 2
+
+
+def test_save_latents_from_one_worker_and_a_4_rank_plan_agree(ray_local, tmp_path):
+    """Two `raydit generate` processes on the session's Ray: 1 rank, and ulysses 2 x ring 2;
+    the .npy latents they write agree, and the config file path is the one used."""
+    address = _gcs_address(ray_local)
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("prompt: a lighthouse at dawn\nsteps: 3\nseed: 5\ndevice: cpu\n")
+    outs = {}
+    for name, extra in {"one": ["--workers", "1"], "usp": ["--workers", "4", "--ulysses", "2", "--ring", "2"]}.items():
+        res = raydit(
+            "generate", "--config", str(cfg), "--address", address, "--json",
+            "--out", str(tmp_path / f"{name}.mp4"), "--save-latents", str(tmp_path / f"{name}.npy"),
+            *extra, cwd=tmp_path,
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        summary = json.loads(res.stdout.strip().splitlines()[-1])
+        outs[name] = summary
+    assert (outs["usp"]["plan"]["ulysses"], outs["usp"]["plan"]["ring"]) == (2, 2)
+    assert outs["one"]["plan"]["world_size"] == 1
+    a = torch.from_numpy(np.load(tmp_path / "one.npy"))
+    b = torch.from_numpy(np.load(tmp_path / "usp.npy"))
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert (tmp_path / "usp.mp4").stat().st_size > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_tree(proc: subprocess.Popen, marker: str) -> None:
+    """Stop the head we started: its process group, then any Ray process whose command line
+    names our private temp dir (never `ray stop`, which would kill every Ray here)."""
+    import psutil
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except Exception:
+        pass
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []):
+                p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+def test_ray_job_submit_generates_an_mp4(tmp_path):
+    """`ray start --head` on loopback with its own temp dir and ports, then a real
+    `ray job submit` of `raydit generate`; token authentication stays on."""
+    from raydit.runtime.video import read_mp4
+
+    temp_dir = Path("/tmp") / f"rdt{os.getpid()}"
+    gcs_port, dash_port = _free_port(), _free_port()
+    env = dict(os.environ)
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}", "--include-dashboard=true",
+         f"--temp-dir={temp_dir}", "--num-cpus=3", "--disable-usage-stats"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    out_mp4 = tmp_path / "job.mp4"
+    try:
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        address = f"http://127.0.0.1:{dash_port}"
+        deadline = time.time() + 120
+        client = None
+        while time.time() < deadline:
+            try:
+                client = JobSubmissionClient(address)
+                client.list_jobs()
+                break
+            except Exception:
+                client = None
+                time.sleep(1)
+        assert client is not None, "the dashboard of the test head did not come up"
+        cmd = [ray_bin, "job", "submit", "--address", address, "--",
+               sys.executable, "-m", "raydit.cli", "generate", "--prompt", "a paper boat on a rainy street",
+               "--steps", "2", "--workers", "2", "--device", "cpu", "--out", str(out_mp4), "--json"]
+        for _ in range(60):
+            submit = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+            # The dashboard answers before its job agent is up on a loaded machine.
+            if "No available agent" not in submit.stderr:
+                break
+            time.sleep(2)
+        assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+        assert "succeeded" in (submit.stdout + submit.stderr).lower()
+        jobs = client.list_jobs()
+        assert [j.status for j in jobs] == [JobStatus.SUCCEEDED]
+        frames = read_mp4(str(out_mp4))
+        assert frames.shape[0] == 9 and frames.shape[-1] == 3
+    finally:
+        _kill_tree(head, str(temp_dir))
+
+
+def test_quickstart_notebook_runs(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "the frames were not shown"
+    assert (tmp_path / "quickstart.mp4").stat().st_size > 0
