@@ -90,6 +90,9 @@ class CogVideoXRunner:
                 "load the checkpoint with CogVideoXPipeline.from_pretrained"
             )
         # Casting only when needed: diffusers warns on a same-dtype .to(dtype).
+        if mesh is not None and mesh.cfg not in (1, 2):
+            raise ValueError(f"cfg_degree {mesh.cfg} is not supported; classifier-free guidance has 2 branches, use 1 or 2")
+        self.cfg_parallel = mesh is not None and mesh.cfg == 2
         self.pipe = pipe.to(device)
         if pipe.transformer.dtype != dtype:
             self.pipe = pipe.to(dtype=dtype)
@@ -101,9 +104,6 @@ class CogVideoXRunner:
             from raydit.models.registry import parallelize
 
             self.handle = parallelize(pipe.transformer, mesh)
-        self.cfg_parallel = mesh is not None and mesh.cfg == 2
-        if mesh is not None and mesh.cfg not in (1, 2):
-            raise ValueError(f"cfg_degree {mesh.cfg} is not supported; classifier-free guidance has 2 branches, use 1 or 2")
 
     @property
     def transformer(self):

@@ -193,4 +193,4 @@ def load_tiny_pipeline(dtype: torch.dtype = torch.float32):
     """`CogVideoXPipeline.from_pretrained(tiny_pipeline_dir())`."""
     from diffusers import CogVideoXPipeline
 
-    return CogVideoXPipeline.from_pretrained(tiny_pipeline_dir(), torch_dtype=dtype)
+    return CogVideoXPipeline.from_pretrained(tiny_pipeline_dir(), dtype=dtype)
