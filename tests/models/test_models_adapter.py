@@ -121,3 +121,19 @@ def test_shard_rotary_refuses_a_table_of_another_size():
     layout = SeqLayout(part_lengths=(13, 10), sp=2)
     with pytest.raises(ValueError, match="rotary table has 12 rows but the video has 10 tokens"):
         shard_rotary((torch.zeros(12, 4), torch.zeros(12, 4)), layout, 0)
+
+
+def test_split_hook_binds_positional_arguments(model_and_inputs):
+    """A block called with positional tensors is sharded the same as with keywords."""
+    transformer, kwargs = model_and_inputs
+    block = transformer.transformer_blocks[0]
+    with torch.no_grad():
+        hidden = torch.randn(2, 27, 96)
+        text = torch.randn(2, 13, 96)
+        temb = torch.randn(2, transformer.config.time_embed_dim)
+        ref = block(hidden, text, temb, kwargs["image_rotary_emb"])
+        with parallelize(transformer, build_mesh(1)):
+            # one block: split before it, gather after the last block (not this one)
+            out = block(hidden, text, temb, kwargs["image_rotary_emb"])
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-6)
