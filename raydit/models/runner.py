@@ -89,17 +89,18 @@ class CogVideoXRunner:
                 f"CogVideoXRunner needs a CogVideoXPipeline, got {type(pipe).__name__}; "
                 "load the checkpoint with CogVideoXPipeline.from_pretrained"
             )
-        # Casting only when needed: diffusers warns on a same-dtype .to(dtype).
         if mesh is not None and mesh.cfg not in (1, 2):
             raise ValueError(f"cfg_degree {mesh.cfg} is not supported; classifier-free guidance has 2 branches, use 1 or 2")
         self.cfg_parallel = mesh is not None and mesh.cfg == 2
         self.pipe = pipe.to(device)
+        # Cast only when needed: diffusers warns on any .to(dtype) after loading.
         if pipe.transformer.dtype != dtype:
             self.pipe = pipe.to(dtype=dtype)
         self.device = torch.device(device)
         self.dtype = dtype
         self.mesh = mesh
         self.handle = None
+        self._additional_frames = 0  # of the last prepared request (see decode)
         if mesh is not None and mesh.sp > 1:
             from raydit.models.registry import parallelize
 
@@ -173,6 +174,7 @@ class CogVideoXRunner:
         if config.use_rotary_positional_embeddings:
             rotary = pipe._prepare_rotary_positional_embeddings(request.height, request.width, latents.size(1), self.device)
 
+        self._additional_frames = additional
         state = DenoiseState(
             request=request,
             latents=latents,
@@ -277,10 +279,14 @@ class CogVideoXRunner:
         }
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, additional_frames: int = 0) -> np.ndarray:
-        """Latents [1, F, C, H, W] -> uint8 frames [frames, height, width, 3]."""
+    def decode(self, latents: torch.Tensor, additional_frames: int | None = None) -> np.ndarray:
+        """Latents [1, F, C, H, W] -> uint8 frames [frames, height, width, 3].
+
+        `additional_frames`: latent frames prepended for CogVideoX1.5's temporal patch, cut
+        before decoding; None takes them from the last prepare() of this runner.
+        """
         if additional_frames is None:
-            additional_frames = 0
+            additional_frames = self._additional_frames
         latents = latents[:, additional_frames:].to(self.device, self.pipe.vae.dtype)
         video = self.pipe.decode_latents(latents)
         frames = self.pipe.video_processor.postprocess_video(video=video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]

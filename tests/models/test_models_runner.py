@@ -105,6 +105,7 @@ def test_decode_cuts_the_temporal_patch_padding():
     state = run_steps(runner, GenerationRequest(**REQUEST), 1)
     assert state.latents.shape[1] == 4 and state.additional_frames == 1
     assert runner.decode_state(state).shape == (TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, 3)
+    np.testing.assert_array_equal(runner.decode(state.latents), runner.decode_state(state))
 
 
 def test_cfg_degree_above_two_is_refused():
