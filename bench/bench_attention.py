@@ -42,21 +42,54 @@ def _qkv(layout: SeqLayout, sp_index: int) -> torch.Tensor:
     return layout.shard_parts(parts, sp_index, dim=3).contiguous()
 
 
-def _timed(fn, group=None) -> tuple[float, float]:
-    """(wall, cpu) seconds of fn on this rank, wall maxed over `group` (the slowest rank counts)."""
-    if group is not None:
-        dist.barrier(group=group)
+def _machine_busy_s() -> float:
+    """CPU seconds all processes of the machine have used since boot (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return math.nan
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_for_quiet(group, max_wait_s: float, window_s: float = 0.3, quiet: float = 0.1) -> float:
+    """Rank 0 waits until others use < `quiet` of a core over `window_s`; returns seconds waited."""
+    waited = 0.0
+    if dist.get_rank() == 0:
+        while waited < max_wait_s:
+            b0 = _machine_busy_s()
+            time.sleep(window_s)
+            waited += window_s
+            if not (_machine_busy_s() - b0 > quiet * window_s):  # nan (no /proc/stat): go
+                break
+    t = torch.tensor([waited])
+    dist.broadcast(t, 0, group=group)
+    return t.item()
+
+
+def _timed(fn, group) -> tuple[float, float, float]:
+    """(wall, cpu, foreign) seconds of one call of fn.
+
+    wall and cpu are the slowest rank's; foreign = CPU seconds the rest of the machine used
+    meanwhile (machine busy time minus this group's own CPU time): a measure of interference.
+    """
+    dist.barrier(group=group)
+    busy0 = _machine_busy_s()
     w0, c0 = time.perf_counter(), time.process_time()
     fn()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    if group is not None:
-        t = torch.tensor([wall, cpu], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        wall, cpu = t.tolist()
-    return wall, cpu
+    t = torch.tensor([wall, cpu], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    own = torch.tensor([cpu], dtype=torch.float64)
+    dist.all_reduce(own, group=group)
+    dist.barrier(group=group)
+    foreign = _machine_busy_s() - busy0 - own.item()
+    wall, cpu = t.tolist()
+    return wall, cpu, max(0.0, foreign)
 
 
-def bench_worker(rank: int, world: int, rounds: int, warmup: int) -> dict:
+def bench_worker(rank: int, world: int, rounds: int, warmup: int, max_wait_s: float) -> dict:
     kernel = select_kernel("cpu", torch.float32)
     solo = build_mesh(1, ranks=[0])
     meshes = {"ulysses 2x1": build_mesh(2, 1), "ring 1x2": build_mesh(1, 2)}
@@ -78,19 +111,20 @@ def bench_worker(rank: int, world: int, rounds: int, warmup: int) -> dict:
     # Parts, to explain the totals: communication alone and one rank's compute alone.
     U = meshes["ulysses 2x1"]
     ring = meshes["ring 1x2"]
-    send_qkv = seq_to_head_send(qkv2, 2)
+    send_qkv = seq_to_head_send((qkv2[0], qkv2[1], qkv2[2]), 2)
     out_BhTD = torch.empty(1, HEADS // 2, 2 * layout2.local_len, HEAD_DIM)
     send_out = head_to_seq_send(out_BhTD, 2)
-    kv = qkv2[1:].contiguous()
-    recv = torch.empty_like(kv)
+    recv_k, recv_v = torch.empty_like(qkv2[1]), torch.empty_like(qkv2[2])
 
     def ulysses_comm():
         _all_to_all(send_qkv, U.ulysses_group)
         _all_to_all(send_out, U.ulysses_group)
 
     def ring_comm():
-        ops = [dist.P2POp(dist.isend, kv, ring.ring_next, ring.ring_group),
-               dist.P2POp(dist.irecv, recv, ring.ring_prev, ring.ring_group)]
+        ops = [dist.P2POp(dist.isend, qkv2[1], ring.ring_next, ring.ring_group),
+               dist.P2POp(dist.irecv, recv_k, ring.ring_prev, ring.ring_group),
+               dist.P2POp(dist.isend, qkv2[2], ring.ring_next, ring.ring_group),
+               dist.P2POp(dist.irecv, recv_v, ring.ring_prev, ring.ring_group)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
 
@@ -104,37 +138,52 @@ def bench_worker(rank: int, world: int, rounds: int, warmup: int) -> dict:
              "one rank's attention compute": local_compute}
 
     times: dict[str, list] = {name: [] for name in (*runs, *parts)}
+    waited = 0.0
     for i in range(warmup + rounds):
+        waited += _wait_for_quiet(world_group, max_wait_s)
         for name, fn in (*runs.items(), *parts.items()):
-            wall_cpu = _timed(fn, world_group)
+            sample = _timed(fn, world_group)
             if i >= warmup:
-                times[name].append(wall_cpu)
-    return {"times": times, "local_len": layout2.local_len, "pad_tokens": layout2.pad_tokens}
+                times[name].append(sample)
+    return {"times": times, "local_len": layout2.local_len, "pad_tokens": layout2.pad_tokens, "waited_s": waited}
 
 
-def _stats(samples: list) -> dict:
-    walls = sorted(w for w, _ in samples)
-    cpus = sorted(c for _, c in samples)
-    q = statistics.quantiles(walls, n=4) if len(walls) >= 2 else [walls[0]] * 3
+def _summary(samples: list) -> dict:
+    walls = sorted(w for w, _, _ in samples)
+    q = statistics.quantiles(walls, n=4, method="inclusive") if len(walls) >= 2 else [walls[0]] * 3
     return {
-        "median_s": statistics.median(walls), "min_s": walls[0], "max_s": walls[-1],
-        "p25_s": q[0], "p75_s": q[2], "n": len(walls), "median_cpu_s": statistics.median(cpus),
+        "median_s": statistics.median(walls), "min_s": walls[0], "max_s": walls[-1], "p25_s": q[0], "p75_s": q[2],
+        "n": len(walls), "median_cpu_s": statistics.median(c for _, c, _ in samples),
     }
+
+
+def _stats(samples: list, clean_fraction: float) -> dict:
+    """Median and spread over the clean samples (the rest of the machine used less than
+    `clean_fraction` of one core during the iteration), and over all samples."""
+    clean = [s for s in samples if s[2] <= clean_fraction * s[0]]
+    out = _summary(clean) if len(clean) >= 3 else _summary(samples)
+    out["clean"] = len(clean) >= 3
+    out["all_samples"] = _summary(samples)
+    out["foreign_cpu_per_wall"] = [round(f / w, 3) for w, _, f in samples]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait per round for a quiet machine")
+    ap.add_argument("--clean", type=float, default=0.1,
+                    help="an iteration is clean when other processes used less than this fraction of a core")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "benchmarks")
     args = ap.parse_args(argv)
 
     load_before = os.getloadavg()
     start = time.time()
-    result = run_distributed(bench_worker, 2, args.rounds, args.warmup, timeout=3600, threads=1)[0]
+    result = run_distributed(bench_worker, 2, args.rounds, args.warmup, args.max_wait, timeout=3600, threads=1)[0]
     load_after = os.getloadavg()
 
-    stats = {name: _stats(samples) for name, samples in result["times"].items()}
+    stats = {name: _stats(samples, args.clean) for name, samples in result["times"].items()}
     base = stats["1 process"]["median_s"]
     configs = {}
     for name in ("ulysses 2x1", "ring 1x2"):
@@ -153,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_speedup": TARGET,
         "target_met": {name: c["speedup"] >= TARGET for name, c in configs.items()},
         "seconds_total": time.time() - start,
+        "seconds_waited_for_quiet": result["waited_s"],
         "command": "python bench/bench_attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -172,17 +222,20 @@ def _markdown(r: dict) -> str:
         f"{m['threads_per_process']} thread per process, {m['cpus']} CPUs, torch {m['torch']}.",
         f"Load average before / after: {', '.join(f'{x:.1f}' for x in m['loadavg_before'])} / "
         f"{', '.join(f'{x:.1f}' for x in m['loadavg_after'])} (the machine is shared).",
-        "Time of an iteration = slowest rank; wall seconds; CPU = process CPU seconds (contention-free work).",
+        "Time of an iteration = slowest rank; wall seconds; CPU = process CPU seconds of the slowest rank.",
+        f"Each round starts when the machine is quiet (waited {r['seconds_waited_for_quiet']:.0f} s in all); statistics "
+        f"are over clean iterations (other processes used < 10% of a core), n = clean count.",
         "",
         "| configuration | median s | p25-p75 s | min-max s | n | speedup (wall) | speedup (CPU) |",
         "|---|---|---|---|---|---|---|",
     ]
     b = r["baseline_1_process"]
     lines.append(f"| 1 process | {b['median_s']:.3f} | {b['p25_s']:.3f}-{b['p75_s']:.3f} | "
-                 f"{b['min_s']:.3f}-{b['max_s']:.3f} | {b['n']} | 1.00 | 1.00 |")
+                 f"{b['min_s']:.3f}-{b['max_s']:.3f} | {b['n']}{'' if b['clean'] else ' (not clean)'} | 1.00 | 1.00 |")
     for name, c in r["two_processes"].items():
         lines.append(f"| {name} | {c['median_s']:.3f} | {c['p25_s']:.3f}-{c['p75_s']:.3f} | "
-                     f"{c['min_s']:.3f}-{c['max_s']:.3f} | {c['n']} | {c['speedup']:.2f} | {c['speedup_cpu']:.2f} |")
+                     f"{c['min_s']:.3f}-{c['max_s']:.3f} | {c['n']}{'' if c['clean'] else ' (not clean)'} | "
+                     f"{c['speedup']:.2f} | {c['speedup_cpu']:.2f} |")
     lines += ["", "Parts (2 processes):", "", "| part | median s | min-max s |", "|---|---|---|"]
     for name, p in r["parts"].items():
         lines.append(f"| {name} | {p['median_s']:.4f} | {p['min_s']:.4f}-{p['max_s']:.4f} |")

@@ -54,14 +54,19 @@ def merge_attention(
     return out, lse
 
 
-def seq_to_head_send(x_NBHSD: Tensor, ulysses: int) -> Tensor:
-    """(N, B, H, S, D) -> (U, N, B, h, S, D) contiguous: slice j of dim 0 goes to Ulysses rank j.
+def seq_to_head_send(xs_BHSD: list[Tensor] | tuple[Tensor, ...], ulysses: int) -> Tensor:
+    """N tensors (B, H, S, D) -> one buffer (U, N, B, h, S, D): slice j of dim 0 goes to Ulysses rank j.
 
-    N stacks q, k, v so one all-to-all moves all three.
+    Stacking q, k, v here lets one all-to-all move all three, with a single copy each.
     """
-    N, B, H, S, D = x_NBHSD.shape
+    B, H, S, D = xs_BHSD[0].shape
     assert H % ulysses == 0, "caller checks head divisibility"
-    return x_NBHSD.reshape(N, B, ulysses, H // ulysses, S, D).permute(2, 0, 1, 3, 4, 5).contiguous()
+    h = H // ulysses
+    send = xs_BHSD[0].new_empty(ulysses, len(xs_BHSD), B, h, S, D)
+    for i, x_BHSD in enumerate(xs_BHSD):
+        # (B, H, S, D) -> (B, U, h, S, D) -> (U, B, h, S, D): a view for any input strides.
+        send[:, i].copy_(x_BHSD.unflatten(1, (ulysses, h)).permute(1, 0, 2, 3, 4))
+    return send
 
 
 def seq_to_head_recv(x_UNBhSD: Tensor) -> Tensor:
@@ -109,8 +114,9 @@ def _all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
 class RingComm:
     """Sends a block to the next ring rank while receiving one from the previous.
 
-    Usage per step: `nxt = comm.send_recv(block); comm.commit(); ...compute...; comm.wait()`.
-    Both ops are posted together (batch_isend_irecv) so neither side blocks on the other.
+    Usage per step: `nxt = comm.send_recv(block)` (once per tensor), `comm.commit()`,
+    compute on the current block, `comm.wait()`. All sends and receives of a step are posted
+    together (batch_isend_irecv) before the compute, so neither side blocks on the other.
     """
 
     def __init__(self, mesh: ParallelMesh):
@@ -118,6 +124,7 @@ class RingComm:
         self._prev, self._next = mesh.ring_prev, mesh.ring_next
         self._ops: list[dist.P2POp] = []
         self._reqs: list = []
+        self._in_flight: list[Tensor] = []  # buffers must outlive their ops
 
     def send_recv(self, block: Tensor) -> Tensor:
         # Point-to-point ops need contiguous buffers; empty_like would copy odd strides.
@@ -125,6 +132,7 @@ class RingComm:
         recv = torch.empty(block.shape, dtype=block.dtype, device=block.device)
         self._ops.append(dist.P2POp(dist.isend, block, self._next, self._group))
         self._ops.append(dist.P2POp(dist.irecv, recv, self._prev, self._group))
+        self._in_flight += [block, recv]
         return recv
 
     def commit(self) -> None:
@@ -135,12 +143,13 @@ class RingComm:
     def wait(self) -> None:
         for req in self._reqs:
             req.wait()
-        self._reqs = []
+        self._reqs, self._in_flight = [], []
 
 
 def ring_attention(
     q_BhTD: Tensor,
-    kv_2BhTD: Tensor,
+    k_BhTD: Tensor,
+    v_BhTD: Tensor,
     mesh: ParallelMesh,
     block_ranges: tuple[tuple[tuple[int, int], ...], ...],
     scale: float,
@@ -153,26 +162,21 @@ def ring_attention(
     current one is computed on.
     """
     R = mesh.ring
-    if R == 1:
-        ranges = block_ranges[0]
-        k, v = select_ranges(kv_2BhTD[0], ranges, 2), select_ranges(kv_2BhTD[1], ranges, 2)
-        return kernel(q_BhTD, k, v, scale)[0]
     comm = RingComm(mesh)
     out = lse = None
-    kv = kv_2BhTD
+    k, v = k_BhTD, v_BhTD
     for step in range(R):
         if step + 1 < R:
-            next_kv = comm.send_recv(kv)
+            next_k, next_v = comm.send_recv(k), comm.send_recv(v)
             comm.commit()
         # At step t this rank holds the block that started on ring rank (ring_rank - t).
         ranges = block_ranges[(mesh.ring_rank - step) % R]
         if ranges:
-            k, v = select_ranges(kv[0], ranges, 2), select_ranges(kv[1], ranges, 2)
-            block_out, block_lse = kernel(q_BhTD, k, v, scale)
+            block_out, block_lse = kernel(q_BhTD, select_ranges(k, ranges, 2), select_ranges(v, ranges, 2), scale)
             out, lse = merge_attention(out, lse, block_out, block_lse)
         if step + 1 < R:
             comm.wait()
-            kv = next_kv
+            k, v = next_k, next_v
     assert out is not None, "the layout holds at least one real token"
     return out.to(q_BhTD.dtype)
 
@@ -214,14 +218,19 @@ def sp_attention(
     if kernel is None:
         kernel = default_kernel(q_BHSD.device.type, q_BHSD.dtype)
 
-    # (3, B, H, S, D) -> Ulysses -> (3, B, h, T, D) with T = U * S.
-    qkv = torch.stack([q_BHSD, k_BHSD, v_BHSD])
+    # q, k, v (B, H, S, D) -> Ulysses all-to-all -> (B, h, T, D) each, T = U * S.
     if U > 1:
-        qkv = seq_to_head_recv(_all_to_all(seq_to_head_send(qkv, U), mesh.ulysses_group))
-    q_BhTD, kv_2BhTD = qkv[0], qkv[1:]
+        qkv = seq_to_head_recv(_all_to_all(seq_to_head_send((q_BHSD, k_BHSD, v_BHSD), U), mesh.ulysses_group))
+        q_BhTD, k_BhTD, v_BhTD = qkv.unbind(0)
+    else:
+        q_BhTD, k_BhTD, v_BhTD = q_BHSD, k_BHSD, v_BHSD
 
     block_ranges = ring_block_ranges(layout, U, mesh.ring)
-    out_BhTD = ring_attention(q_BhTD, kv_2BhTD, mesh, block_ranges, scale, kernel)
+    if mesh.ring == 1:
+        ranges = block_ranges[0]
+        out_BhTD = kernel(q_BhTD, select_ranges(k_BhTD, ranges, 2), select_ranges(v_BhTD, ranges, 2), scale)[0]
+    else:
+        out_BhTD = ring_attention(q_BhTD, k_BhTD, v_BhTD, mesh, block_ranges, scale, kernel)
 
     if U > 1:
         return head_to_seq_recv(_all_to_all(head_to_seq_send(out_BhTD, U), mesh.ulysses_group))

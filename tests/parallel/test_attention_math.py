@@ -120,7 +120,9 @@ def test_ulysses_reshapes(U, H):
     N, B, S, D = 3, 2, 4, 5
     xs = [torch.randn(N, B, H, S, D) for _ in range(U)]  # rank r holds sequence chunk r
     h = H // U
-    recvs = simulate_all_to_all([seq_to_head_send(x, U) for x in xs])
+    # Inputs of any strides (diffusers hands over (B, S, H, D) memory viewed as (B, H, S, D)).
+    sends = [seq_to_head_send([x[n].transpose(1, 2).contiguous().transpose(1, 2) for n in range(N)], U) for x in xs]
+    recvs = simulate_all_to_all(sends)
     for j, recv in enumerate(recvs):
         got = seq_to_head_recv(recv)
         # Rank j: heads j*h..(j+1)*h of the whole Ulysses sequence, chunks in rank order.
