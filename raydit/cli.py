@@ -37,6 +37,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gpus", type=int, help="number of devices of --gpu-type")
     where.add_argument("--cluster", help="YAML file listing nodes, device types, counts, links")
+    where.add_argument("--address",
+                       help="plan for a running Ray cluster: HOST:PORT, or 'auto' (RAY_ADDRESS, "
+                            "else the local cluster); its GPUs, or CPU slots when it has none")
     p.add_argument("--gpu-type", dest="gpu_type",
                    help="device type for --gpus (default H100; see raydit.planner.DEVICE_TYPES)")
     p.add_argument("--per-node", dest="per_node", type=int,
@@ -60,10 +63,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise ValueError(f"--top {args.top} must be 0 (all) or more")
+    cluster = args.cluster
+    if args.address is not None:
+        if args.gpu_type is not None or args.per_node is not None:
+            raise ValueError("--gpu-type / --per-node go with --gpus; with --address the live "
+                             "cluster says each node's type and count")
+        # Ray loads only here: `raydit plan --gpus/--cluster` stays pure Python.
+        from raydit.runtime.topology import attached, read_live_cluster
+
+        with attached(args.address):
+            live = read_live_cluster("auto")
+        for note in live.notes:
+            print(f"raydit: note: {note}", file=sys.stderr)
+        cluster = live.spec
     result = plan(
         args.model, args.frames, args.height, args.width,
         gpus=args.gpus, gpu_type=args.gpu_type,
-        per_node=args.per_node, cluster=args.cluster,
+        per_node=args.per_node, cluster=cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size,
     )

@@ -33,7 +33,15 @@ def collect(address: str | None = None) -> dict:
         except Exception as exc:  # a broken install is exactly what doctor must show
             info[mod] = f"not importable: {exc}"
     info["cluster"] = _cluster(address)
+    info["calibration"] = _calibration()
     return info
+
+
+def _calibration() -> dict:
+    """The cached per-device-type measurements the planner uses instead of the table."""
+    from raydit.runtime.calibrate import cache_path, describe_calibration
+
+    return {"path": str(cache_path()), "lines": describe_calibration()}
 
 
 def _cluster(address: str | None) -> dict:
@@ -88,6 +96,10 @@ def format_report(info: dict) -> str:
             f"  node {n['node_id']} {n['ip']} {'alive' if n['alive'] else 'DEAD'} "
             f"cpus={n['cpus']:g} gpus={n['gpus']:g} {n['accelerator']}"
         )
+    cal = info.get("calibration")
+    if cal is not None:
+        lines.append(f"calibration   {cal['path']}" + ("" if cal["lines"] else " (none cached: table figures)"))
+        lines.extend(f"  {line}" for line in cal["lines"])
     return "\n".join(lines)
 
 

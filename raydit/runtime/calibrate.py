@@ -1,0 +1,352 @@
+"""Measure a device type once and let the planner use the figures instead of the table's.
+
+What is measured (seconds in all, on Ray actors pinned to one node of the type):
+  - matrix-multiply rate: square matmuls of a few sizes (bf16 on CUDA, fp32 on a CPU slot
+    with one thread, as the runtime's CPU ranks run), the median of the per-size rates;
+  - with 2 devices of the type on one node, between 2 actors (NCCL on GPUs, gloo on CPU):
+    all-to-all bandwidth (bytes that leave a rank per second, the figure the cost model's
+    Ulysses term uses), point-to-point bandwidth (one direction, from a ping-pong) and the
+    latency of a tiny all-to-all.
+How the figures replace the table's (`calibrated_device_type`):
+  tflops <- the measured matmul rate. `efficiency` is kept: the table's fraction of peak
+      that a DiT forward reaches is applied to the measured GEMM rate, which is itself
+      below peak, so the calibrated rate is the more conservative of the two.
+  link_gb_s <- all-to-all bandwidth; link_latency_us <- tiny all-to-all latency;
+  memory_gb <- the device's total memory (GPUs).
+Cache: JSON at `$RAYDIT_CACHE/calibration.json` (default `~/.cache/raydit/`), keyed by
+device type name (the table's name, e.g. `A100-80GB`, or Ray's name for unknown types).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from raydit.planner import DeviceType
+
+CACHE_VERSION = 1
+CPU_SIZES = (256, 384, 512)
+CUDA_SIZES = (2048, 4096, 8192)
+CPU_LINK_BYTES = 4 * 2**20
+CUDA_LINK_BYTES = 64 * 2**20
+REPEATS = 5
+
+
+# -- cache ----------------------------------------------------------------------------------
+
+
+def cache_path() -> Path:
+    """`$RAYDIT_CACHE/calibration.json`, else `~/.cache/raydit/calibration.json`."""
+    root = os.environ.get("RAYDIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "raydit")
+    return Path(root) / "calibration.json"
+
+
+def load_calibration(path: str | os.PathLike | None = None) -> dict[str, dict]:
+    """Device type name -> measured entry; {} when there is no cache. A cache that does not
+    parse is reported (ValueError names the file and the fix), not silently dropped."""
+    p = Path(path) if path is not None else cache_path()
+    if not p.exists():
+        return {}
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"calibration cache {str(p)!r} is unreadable ({exc}); delete it to measure again") from None
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or \
+            not isinstance(data.get("devices"), dict):
+        raise ValueError(f"calibration cache {str(p)!r} is not version {CACHE_VERSION} raydit calibration; "
+                         "delete it to measure again")
+    return dict(data["devices"])
+
+
+def save_calibration(entries: dict[str, dict], path: str | os.PathLike | None = None) -> Path:
+    """Write entries (merged over what the file holds) atomically; returns the path."""
+    p = Path(path) if path is not None else cache_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    merged = load_calibration(p)
+    merged.update(entries)
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"version": CACHE_VERSION, "devices": merged}, indent=1, sort_keys=True))
+    os.replace(tmp, p)
+    return p
+
+
+def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
+    """`base` with the measured fields of a cache entry (module docstring: which, and why)."""
+    m = entry.get("measured", {})
+    fields = {}
+    if _positive(m.get("matmul_tflops")):
+        fields["tflops"] = float(m["matmul_tflops"])
+    if _positive(m.get("all_to_all_gb_s")):
+        fields["link_gb_s"] = float(m["all_to_all_gb_s"])
+    if _positive(m.get("latency_us")):
+        fields["link_latency_us"] = float(m["latency_us"])
+    if _positive(m.get("memory_gb")):
+        fields["memory_gb"] = float(m["memory_gb"])
+    return replace(base, **fields)
+
+
+def calibrated_device_type(name: str, path: str | os.PathLike | None = None) -> DeviceType:
+    """The table's entry for `name` (or conservative figures for an unknown type) with the
+    cached measurements applied; the table's entry unchanged when nothing is cached."""
+    from raydit.runtime.topology import table_device
+
+    base, _ = table_device(name)
+    entry = load_calibration(path).get(base.name)
+    return apply_entry(base, entry) if entry else base
+
+
+def calibrated_device_types(path: str | os.PathLike | None = None) -> dict[str, DeviceType]:
+    """Every cached device type, calibrated (for `read_live_cluster`)."""
+    from raydit.runtime.topology import table_device
+
+    return {name: apply_entry(table_device(name)[0], entry)
+            for name, entry in load_calibration(path).items()}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+# -- measurements (run inside an actor, or in-process) ---------------------------------------
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def measure_matmul(device: str = "cpu", sizes: tuple[int, ...] | None = None,
+                   repeats: int = REPEATS) -> dict:
+    """Matmul rate in TFLOP/s: per size the median of `repeats` timed runs after one warm-up,
+    then the median over sizes (2 n^3 FLOP per n x n @ n x n)."""
+    import torch
+
+    sizes = sizes or (CUDA_SIZES if device == "cuda" else CPU_SIZES)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    per_size = {}
+    for n in sizes:
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        torch.matmul(a, b)
+        _sync(device)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        per_size[n] = 2 * n**3 / statistics.median(times) / 1e12
+    return {"matmul_tflops": statistics.median(per_size.values()),
+            "matmul_dtype": str(dtype).removeprefix("torch."),
+            "matmul_tflops_by_size": {str(k): v for k, v in per_size.items()}}
+
+
+def measure_links(rank: int, device: str, nbytes: int, repeats: int = REPEATS) -> dict:
+    """Between the 2 ranks of the current process group: all-to-all and point-to-point
+    bandwidth (GB/s, one direction) and tiny all-to-all latency (us). Collective: both ranks
+    call it; every figure is the median of `repeats` runs after a warm-up."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    world = dist.get_world_size()
+    assert world == 2, world
+    n = nbytes // 4 // world * world  # float32 elements, divisible by the world
+    x = torch.ones(n, device=dev)
+    y = torch.empty_like(x)
+    tiny_x, tiny_y = torch.ones(world * 2, device=dev), torch.empty(world * 2, device=dev)
+
+    def timed(fn) -> float:
+        fn()
+        _sync(device)
+        dist.barrier()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    t_a2a = timed(lambda: dist.all_to_all_single(y, x))
+    t_tiny = timed(lambda: dist.all_to_all_single(tiny_y, tiny_x))
+
+    def ping_pong():
+        # rank 0 -> 1 then 1 -> 0: two one-way transfers of n floats.
+        if rank == 0:
+            dist.send(x, 1)
+            dist.recv(y, 1)
+        else:
+            dist.recv(y, 0)
+            dist.send(x, 0)
+
+    t_pp = timed(ping_pong)
+    leaving = 4 * n * (world - 1) / world  # bytes that leave a rank in one all-to-all
+    return {"all_to_all_gb_s": leaving / t_a2a / 1e9, "p2p_gb_s": 4 * n / (t_pp / 2) / 1e9,
+            "latency_us": t_tiny * 1e6, "link_bytes": 4 * n}
+
+
+class CalibrationWorker:
+    """One device of the type being measured; wrapped with `ray.remote` by `calibrate_type`."""
+
+    def __init__(self, device: str):
+        import torch
+
+        torch.set_num_threads(1)
+        self.device = device
+        self._store = None
+
+    def usable(self) -> dict:
+        import ray
+        import torch
+
+        out = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+               "cuda": torch.cuda.is_available()}
+        if self.device == "cuda" and out["cuda"]:
+            props = torch.cuda.get_device_properties(0)
+            out["memory_gb"] = props.total_memory / 1e9
+            out["name"] = props.name
+        return out
+
+    def matmul(self, sizes=None) -> dict:
+        return measure_matmul(self.device, tuple(sizes) if sizes else None)
+
+    def open_store(self, timeout_s: float) -> tuple[str, int]:
+        import ray
+        import torch.distributed as dist
+
+        ip = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(ip, 0, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=timeout_s))
+        return ip, int(self._store.port)
+
+    def links(self, rank: int, addr: tuple[str, int], nbytes: int, timeout_s: float) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        store = self._store if rank == 0 else dist.TCPStore(
+            addr[0], addr[1], is_master=False, timeout=timedelta(seconds=timeout_s))
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=rank, world_size=2,
+                                timeout=timedelta(seconds=timeout_s),
+                                device_id=torch.device("cuda", 0) if backend == "nccl" else None)
+        try:
+            return measure_links(rank, self.device, nbytes)
+        finally:
+            dist.destroy_process_group()
+
+
+# -- orchestration on Ray ------------------------------------------------------------------
+
+
+def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
+                   timeout_s: float = 120.0, sizes=None, link_bytes: int | None = None) -> dict:
+    """Measure device type `name` on node `node_id` with 1 actor (2 when `pair`: links too).
+    Returns a cache entry; ValueError when the device cannot be used there (fake GPUs)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    t_start = time.perf_counter()
+    opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+            "num_cpus": 1, "max_restarts": 0,
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
+    if device == "cuda":
+        opts.update(num_gpus=1, num_cpus=0)
+    cls = ray.remote(CalibrationWorker)
+    actors = [cls.options(**opts).remote(device) for _ in range(2 if pair else 1)]
+    try:
+        infos = ray.get([a.usable.remote() for a in actors], timeout=timeout_s)
+        if device == "cuda" and not all(i["cuda"] for i in infos):
+            raise ValueError(f"cannot calibrate {name} on node {node_id[:12]}: CUDA is not usable "
+                             "in a task there (fake GPUs?)")
+        measured = ray.get(actors[0].matmul.remote(sizes), timeout=timeout_s)
+        notes = []
+        if pair:
+            nbytes = link_bytes or (CUDA_LINK_BYTES if device == "cuda" else CPU_LINK_BYTES)
+            addr = ray.get(actors[0].open_store.remote(timeout_s), timeout=timeout_s)
+            outs = ray.get([a.links.remote(r, addr, nbytes, timeout_s) for r, a in enumerate(actors)],
+                           timeout=timeout_s)
+            # Rank 0's view; both ranks time the same collectives.
+            measured.update(outs[0])
+        else:
+            notes.append("one device of the type on its node: links keep the table's figures")
+        if device == "cuda" and infos[0].get("memory_gb"):
+            measured["memory_gb"] = infos[0]["memory_gb"]
+        return {"name": name, "device": device, "measured": measured, "notes": notes,
+                "node_id": node_id, "host": infos[0]["host"], "device_name": infos[0].get("name", ""),
+                "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "seconds": round(time.perf_counter() - t_start, 2)}
+    except ray.exceptions.GetTimeoutError:
+        raise ValueError(f"calibrating {name} on node {node_id[:12]} did not finish in {timeout_s:g} s "
+                         "(no free device of the type?)") from None
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+
+
+def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s: float = 120.0) -> list[str]:
+    """Measure every device type of the connected cluster that the cache lacks (all with
+    `force`), on the node offering the most of it; returns notes (skipped types, why)."""
+    import ray
+
+    from raydit.runtime.topology import accelerator_type, resolve_device, table_device
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    device = resolve_device(device, nodes)
+    key = "GPU" if device == "cuda" else "CPU"
+    best: dict[str, tuple[int, str]] = {}
+    for n in nodes:
+        count = int((n.get("Resources") or {}).get(key, 0))
+        name = table_device(accelerator_type(n))[0].name if device == "cuda" else "cpu"
+        if count > 0 and count > best.get(name, (0, ""))[0]:
+            best[name] = (count, n["NodeID"])
+    cached = load_calibration(path)
+    notes, new = [], {}
+    for name, (count, node_id) in best.items():
+        if name in cached and not force:
+            continue
+        try:
+            new[name] = calibrate_type(name, node_id, device, pair=count >= 2, timeout_s=timeout_s)
+        except ValueError as exc:
+            notes.append(str(exc))
+    if new:
+        save_calibration(new, path)
+    return notes
+
+
+def describe_calibration(path=None) -> list[str]:
+    """Lines for `raydit doctor`: one per cached device type, against the table."""
+    from raydit.runtime.topology import table_device
+
+    try:
+        entries = load_calibration(path)
+    except ValueError as exc:
+        return [str(exc)]
+    lines = []
+    for name, e in sorted(entries.items()):
+        m = e.get("measured", {})
+        base = table_device(name)[0]
+        parts = [f"matmul {m.get('matmul_tflops', float('nan')):.3g} TFLOP/s {m.get('matmul_dtype', '')} "
+                 f"(table {base.tflops:g})"]
+        if "all_to_all_gb_s" in m:
+            parts.append(f"all-to-all {m['all_to_all_gb_s']:.3g} GB/s (table {base.link_gb_s:g}), "
+                         f"p2p {m.get('p2p_gb_s', float('nan')):.3g} GB/s, latency {m.get('latency_us', 0):.0f} us")
+        if "memory_gb" in m:
+            parts.append(f"memory {m['memory_gb']:.1f} GB")
+        lines.append(f"{name}: " + "; ".join(parts) + f" [{e.get('host', '?')}, {e.get('when', '?')}]")
+    return lines
+
+
+__all__ = ["CalibrationWorker", "apply_entry", "cache_path", "calibrate_cluster", "calibrate_type",
+           "calibrated_device_type", "calibrated_device_types", "describe_calibration",
+           "load_calibration", "measure_links", "measure_matmul", "save_calibration"]

@@ -1,0 +1,347 @@
+"""Read the live Ray cluster as the planner's ClusterSpec.
+
+Each alive node becomes one `NodeSpec` named by its Ray node id (the runtime pins a rank's
+placement group to that id), with its GPU count and type, or its CPU slots on `cpu`.
+The type comes from the node label `ray.io/accelerator-type`, else the resource
+`accelerator_type:<T>`, looked up in the planner's device table (aliases included). An
+unknown or missing type is planned with conservative figures and a note, never an error.
+
+What the table says is replaced by what was measured, where something was:
+  - GPU memory: one probe task per GPU type reads `total_memory` of its device (skipped,
+    with a note, when no GPU of the type is free or CUDA is not usable in the task, as with
+    the fake GPUs of `ray.cluster_utils.Cluster`);
+  - rate and links: the cached calibration (`raydit.runtime.calibrate`), measured once per
+    device type.
+Links: inside a node the type's link (calibrated when measured); between nodes the
+planner's default network figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from raydit.planner import ClusterSpec, DeviceType, NodeSpec, device_type
+
+log = logging.getLogger(__name__)
+
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+ACCELERATOR_RESOURCE = "accelerator_type:"
+
+# Planned for a GPU whose type the table does not know: the smallest GPU in the table
+# (T4: 16 GB, 65 TFLOP/s, PCIe gen3), so that a plan never expects more than it gets.
+CONSERVATIVE = device_type("T4")
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """One alive Ray node as the planner sees it.
+
+    node_id: Ray NodeID (the NodeSpec's name); ray_type: the accelerator type Ray reports
+    ("" when none); device: the DeviceType planned with (table, calibrated or conservative);
+    count: devices offered to the plan (GPUs, or CPU slots on `cpu`, after `counts`).
+    """
+
+    node_id: str
+    ip: str
+    cpus: int
+    gpus: int
+    ray_type: str
+    device: DeviceType
+    count: int
+    source: str  # "table", "calibrated", "conservative"; "+memory probe" when probed
+
+    def to_dict(self) -> dict:
+        d = self.device
+        return {"node_id": self.node_id, "ip": self.ip, "cpus": self.cpus, "gpus": self.gpus,
+                "ray_type": self.ray_type, "device_type": d.name, "count": self.count,
+                "memory_gb": round(d.memory_gb, 2), "tflops": round(d.tflops, 4),
+                "efficiency": d.efficiency, "link_gb_s": round(d.link_gb_s, 3),
+                "link_kind": d.link_kind, "source": self.source}
+
+
+@dataclass(frozen=True)
+class LiveCluster:
+    """What `read_live_cluster` saw: the spec for the planner, per-node detail, notes."""
+
+    spec: ClusterSpec
+    nodes: tuple[LiveNode, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+# -- pure: node records -> types and counts ------------------------------------------------
+
+
+def accelerator_type(node: Mapping) -> str:
+    """The accelerator type Ray reports for a `ray.nodes()` record; "" when none."""
+    labels = node.get("Labels") or {}
+    if labels.get(ACCELERATOR_LABEL):
+        return str(labels[ACCELERATOR_LABEL])
+    for key in node.get("Resources") or {}:
+        if key.startswith(ACCELERATOR_RESOURCE):
+            return key[len(ACCELERATOR_RESOURCE):]
+    return ""
+
+
+def table_device(ray_type: str) -> tuple[DeviceType, str | None]:
+    """(device type, note): the table's entry for a Ray accelerator name, or conservative
+    figures under the Ray name with a note saying so."""
+    if ray_type:
+        try:
+            return device_type(ray_type), None
+        except ValueError:
+            pass
+    name = ray_type or "unknown-gpu"
+    what = f"GPU type {ray_type!r} is not in the device table" if ray_type else \
+        "a node reports GPUs but no accelerator type"
+    note = (f"{what}: planned as {name} with conservative T4 figures ({CONSERVATIVE.memory_gb:g} GB "
+            f"unless probed, {CONSERVATIVE.tflops:g} TFLOP/s, {CONSERVATIVE.link_gb_s:g} GB/s "
+            "PCIe); run `raydit plan --cluster FILE` with its figures or calibrate it")
+    return replace(CONSERVATIVE, name=name), note
+
+
+def _alive(nodes: list[dict]) -> list[dict]:
+    return [n for n in nodes if n.get("Alive")]
+
+
+def resolve_device(device: str, nodes: list[dict]) -> str:
+    """`auto` -> cuda when the cluster has a GPU, else cpu; cuda without GPUs is an error."""
+    if device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device {device!r} must be one of auto, cuda, cpu")
+    gpus = sum((n.get("Resources") or {}).get("GPU", 0) for n in _alive(nodes))
+    if device == "auto":
+        return "cuda" if gpus >= 1 else "cpu"
+    if device == "cuda" and gpus < 1:
+        raise ValueError("device 'cuda' asked for, but the Ray cluster has no GPUs; use --device cpu")
+    return device
+
+
+def build_live_cluster(nodes: list[dict], device: str, counts: Mapping[str, int] | None = None,
+                       calibrated: Mapping[str, DeviceType] | None = None,
+                       probed_memory_gb: Mapping[str, float] | None = None,
+                       notes: tuple[str, ...] = ()) -> LiveCluster:
+    """The planner's view of `ray.nodes()` records (pure: no Ray calls).
+
+    calibrated: device type name -> measured DeviceType (replaces the table's entry);
+    probed_memory_gb: Ray accelerator type -> device memory read on a GPU of that type.
+    """
+    device = resolve_device(device, nodes)
+    calibrated = calibrated or {}
+    probed_memory_gb = probed_memory_gb or {}
+    out_notes = list(notes)
+    live: list[LiveNode] = []
+    for n in _alive(nodes):
+        res = n.get("Resources") or {}
+        node_id = n["NodeID"]
+        gpus, cpus = int(res.get("GPU", 0)), int(res.get("CPU", 0))
+        if device == "cuda":
+            ray_type = accelerator_type(n)
+            dev, note = table_device(ray_type)
+            source = "conservative" if note else "table"
+            if note and gpus > 0 and note not in out_notes:
+                out_notes.append(note)
+            key = ray_type or ""
+            offered = gpus
+        else:
+            ray_type, dev, source, key, offered = "", device_type("cpu"), "table", None, cpus
+        if dev.name in calibrated:
+            dev, source = calibrated[dev.name], "calibrated"
+        if key is not None and key in probed_memory_gb:
+            dev = replace(dev, memory_gb=probed_memory_gb[key])
+            source += "+memory probe"
+        count = offered if counts is None else int(counts.get(node_id, 0))
+        if count > 0:
+            live.append(LiveNode(node_id, str(n.get("NodeManagerAddress", "")), cpus, gpus,
+                                 ray_type, dev, count, source))
+    if not live:
+        what = "GPUs" if device == "cuda" else "CPUs"
+        raise ValueError(f"the Ray cluster has no {what} to run on"
+                         + (" (after the given counts)" if counts is not None else ""))
+    spec = ClusterSpec(nodes=tuple(NodeSpec(name=x.node_id, gpu_type=x.device, count=x.count)
+                                   for x in live))
+    return LiveCluster(spec, tuple(live), tuple(out_notes))
+
+
+# -- Ray: read, probe, connect ---------------------------------------------------------------
+
+
+def _probe_memory_task():
+    """Runs on one GPU of the type (Ray sets CUDA_VISIBLE_DEVICES: index 0 is ours)."""
+    # No GPU device files (NVIDIA, WSL, ROCm): a fake GPU; answer before importing torch.
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return float(torch.cuda.get_device_properties(0).total_memory) / 1e9
+
+
+def probe_gpu_memory(nodes: list[dict], timeout_s: float = 20.0) -> tuple[dict[str, float], list[str]]:
+    """Device memory per Ray accelerator type, read by one `num_gpus=1` task per type on a
+    node with a free GPU. Types that cannot be probed are left out, with a note."""
+    import ray
+    from ray._private.state import available_resources_per_node
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    free = {k: v.get("GPU", 0) for k, v in available_resources_per_node().items()}
+    by_type: dict[str, str] = {}
+    for n in _alive(nodes):
+        t = accelerator_type(n)
+        if (n.get("Resources") or {}).get("GPU", 0) >= 1 and free.get(n["NodeID"], 0) >= 1:
+            by_type.setdefault(t, n["NodeID"])
+    wanted = {accelerator_type(n) for n in _alive(nodes) if (n.get("Resources") or {}).get("GPU", 0) >= 1}
+    notes = [f"GPU memory of {t or 'untyped GPUs'} not probed: no free GPU of the type; table figure used"
+             for t in sorted(wanted - set(by_type))]
+    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_probe_memory_task)
+    refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(): t
+            for t, node in by_type.items()}
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    out: dict[str, float] = {}
+    unusable = []
+    for ref in ready:
+        try:
+            gb = ray.get(ref)
+        except Exception as exc:  # a broken driver or node: the table figure is the fallback
+            notes.append(f"GPU memory probe of {refs[ref] or 'untyped GPUs'} failed "
+                         f"({type(exc).__name__}); table figure used")
+            continue
+        if gb is None:
+            unusable.append(refs[ref] or "untyped GPUs")
+        else:
+            out[refs[ref]] = gb
+    if unusable:
+        notes.append(f"GPU memory not probed on {', '.join(sorted(unusable))}: CUDA is not usable in "
+                     "a task there (fake GPUs?); table figures used")
+    for ref in pending:
+        ray.cancel(ref, force=True)
+        notes.append(f"GPU memory probe of {refs[ref] or 'untyped GPUs'} did not finish in "
+                     f"{timeout_s:g} s; table figure used")
+    return out, notes
+
+
+def read_live_cluster(device: str = "cuda", counts: Mapping[str, int] | None = None,
+                      calibration=None, *, probe: bool = True,
+                      probe_timeout_s: float = 20.0) -> LiveCluster:
+    """Read the connected Ray cluster (`ray.init` done by the caller).
+
+    counts: node id -> devices, replacing what each node offers (nodes left out offer
+    none), e.g. survivors plus free devices after a failure.
+    calibration: None: apply the cached calibration (no measuring); False: table figures
+    only; "measure": measure device types the cache lacks first (seconds per type), then
+    apply; or a mapping device type name -> DeviceType to apply.
+    probe: read GPU memory with a task per GPU type (skipped where no GPU is free).
+    """
+    import ray
+
+    nodes = ray.nodes()
+    device = resolve_device(device, nodes)
+    notes: list[str] = []
+    calibrated: Mapping[str, DeviceType]
+    if calibration is False:
+        calibrated = {}
+    elif calibration is None or calibration == "measure":
+        from raydit.runtime import calibrate
+
+        if calibration == "measure":
+            notes += calibrate.calibrate_cluster(device)
+        try:
+            calibrated = calibrate.calibrated_device_types()
+        except ValueError as exc:  # a broken cache must not stop a run: plan with the table
+            notes.append(f"{exc}; table figures used")
+            calibrated = {}
+    elif isinstance(calibration, Mapping):
+        calibrated = dict(calibration)
+    else:
+        raise ValueError(f"calibration {calibration!r} must be None (cached), False (table), "
+                         "'measure' or a mapping of device type name to DeviceType")
+    probed: dict[str, float] = {}
+    if probe and device == "cuda":
+        probed, probe_notes = probe_gpu_memory(nodes, probe_timeout_s)
+        notes += probe_notes
+    live = build_live_cluster(nodes, device, counts, calibrated, probed, tuple(notes))
+    for note in live.notes:
+        log.info("%s", note)
+    return live
+
+
+def live_cluster_spec(device: str = "cuda", counts: dict[str, int] | None = None,
+                      calibration=None, **kwargs) -> ClusterSpec:
+    """The connected Ray cluster as the planner's ClusterSpec (see `read_live_cluster`)."""
+    return read_live_cluster(device, counts, calibration, **kwargs).spec
+
+
+def describe_live_cluster(device: str = "auto", probe: bool = False) -> list[dict]:
+    """One dict per alive node offering devices (for `raydit doctor` and the CLI)."""
+    live = read_live_cluster(device, probe=probe)
+    return [n.to_dict() for n in live.nodes]
+
+
+def resolve_address(address: str) -> str:
+    """`auto`: RAY_ADDRESS, else the running local cluster; anything else as given.
+    ValueError when `auto` finds nothing."""
+    if address != "auto":
+        return address
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        return canonicalize_bootstrap_address_or_die("auto")
+    except (ConnectionError, ValueError) as exc:
+        raise ValueError(f"--address auto found no running Ray cluster ({' '.join(str(exc).split()[:8])}...);"
+                         " start one with `ray start --head` or give HOST:PORT") from None
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of `host:port`, `ray://host:port` or `http(s)://host:port`; None if unparsable."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """A TCP connect to the address, bounded: `ray.init` on a dead address retries for
+    minutes, so refuse one that does not answer at all."""
+    hp = _host_port(address)
+    if hp is None:
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT); e.g. 10.0.0.1:6379")
+    try:
+        socket.create_connection(hp, timeout=timeout_s).close()
+    except OSError as exc:
+        raise ValueError(f"cannot reach a Ray cluster at {address} ({exc.strerror or type(exc).__name__} "
+                         f"within {timeout_s:g} s); check the address or start the cluster") from None
+
+
+@contextmanager
+def attached(address: str, timeout_s: float = 3.0):
+    """Connect to the Ray cluster at `address` (`auto` allowed) for the block, then
+    disconnect. An existing connection in this process is used as is and kept."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    resolved = resolve_address(address)
+    check_reachable(resolved, timeout_s)
+    try:
+        ray.init(address=resolved, logging_level="ERROR", log_to_driver=False)
+    except Exception as exc:  # auth, version mismatch: say it in one line
+        raise ValueError(f"cannot connect to the Ray cluster at {resolved}: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+__all__ = ["LiveCluster", "LiveNode", "accelerator_type", "attached", "build_live_cluster",
+           "check_reachable", "describe_live_cluster", "live_cluster_spec", "probe_gpu_memory",
+           "read_live_cluster", "resolve_address", "resolve_device", "table_device"]

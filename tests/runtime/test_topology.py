@@ -1,0 +1,337 @@
+"""The live cluster as the planner sees it, calibration, and where the ranks land.
+
+One `ray.cluster_utils.Cluster` for the module: a head with 1 CPU and three fake-GPU nodes
+of different types (A100 x4, L40S x2, T4 x1). Fake GPUs cannot run CUDA, so no RankWorker
+is started on them: placement is checked on the placement groups themselves. Calibration
+runs for real on CPU slots (gloo between two actors).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raydit.planner import ClusterSpec, NodeSpec, plan
+from raydit.runtime import topology
+from raydit.runtime.topology import build_live_cluster, live_cluster_spec, read_live_cluster
+
+MB = 1024 * 1024
+MODEL = "cogvideox-2b"
+# (Ray accelerator name, planner table name, GPUs, CPUs): every rank reserves 1 GPU + 1 CPU.
+NODES = [("A100", "A100-80GB", 4, 4), ("L40S", "L40S", 2, 2), ("T4", "T4", 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def fake_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "object_store_memory": 100 * MB,
+                                      "include_dashboard": False})
+    ids = {}
+    for ray_type, _, gpus, cpus in NODES:
+        node = cluster.add_node(num_cpus=cpus, num_gpus=gpus, object_store_memory=100 * MB,
+                                resources={f"accelerator_type:{ray_type}": 1},
+                                labels={"ray.io/accelerator-type": ray_type})
+        ids[ray_type] = node.node_id
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, ids
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+# -- pure: node records -> ClusterSpec ---------------------------------------------------------
+
+
+def _rec(node_id, gpus=0, cpus=2, label=None, resource=None, alive=True):
+    res = {"CPU": cpus}
+    if gpus:
+        res["GPU"] = gpus
+    if resource:
+        res[f"accelerator_type:{resource}"] = 1
+    labels = {"ray.io/node-id": node_id}
+    if label:
+        labels["ray.io/accelerator-type"] = label
+    return {"NodeID": node_id, "Alive": alive, "Resources": res, "Labels": labels,
+            "NodeManagerAddress": "10.0.0.1"}
+
+
+def test_accelerator_type_label_then_resource_then_none():
+    assert topology.accelerator_type(_rec("a", 8, label="H100", resource="A100")) == "H100"
+    assert topology.accelerator_type(_rec("a", 8, resource="L40S")) == "L40S"
+    assert topology.accelerator_type(_rec("a", 8)) == ""
+
+
+@pytest.mark.parametrize("ray_name,table", [("A100", "A100-80GB"), ("A100-40G", "A100-40GB"),
+                                            ("A100-80G", "A100-80GB"), ("H100", "H100"),
+                                            ("L40S", "L40S"), ("T4", "T4"), ("A10G", "A10G")])
+def test_ray_accelerator_names_map_to_the_table(ray_name, table):
+    dev, note = topology.table_device(ray_name)
+    assert dev.name == table and note is None
+
+
+def test_unknown_or_missing_type_is_conservative_with_a_note():
+    nodes = [_rec("b2", 8, label="B200"), _rec("x", 2), _rec("h", 8, label="H100")]
+    live = build_live_cluster(nodes, "cuda")
+    devs = {n.node_id: n.device for n in live.nodes}
+    assert devs["b2"].name == "B200" and devs["b2"].tflops == topology.CONSERVATIVE.tflops
+    assert devs["b2"].memory_gb == topology.CONSERVATIVE.memory_gb
+    assert devs["x"].name == "unknown-gpu"
+    assert any("'B200' is not in the device table" in n for n in live.notes)
+    assert any("no accelerator type" in n for n in live.notes)
+    assert [n.name for n in live.spec.nodes] == ["b2", "x", "h"]
+    # The conservative node is the slowest: the planner puts the H100 node first.
+    assert plan(MODEL, cluster=live.spec).best.placement[0].node == "h"
+
+
+def test_counts_cpu_slots_dead_nodes_probe_and_calibration():
+    from dataclasses import replace
+
+    from raydit.planner import device_type
+
+    nodes = [_rec("a", 4, cpus=8, label="A100"), _rec("b", 2, cpus=4, label="L40S"),
+             _rec("dead", 8, label="H100", alive=False), _rec("head", 0, cpus=1)]
+    live = build_live_cluster(nodes, "cuda")
+    assert [(n.name, n.count, n.device.name) for n in live.spec.nodes] == \
+        [("a", 4, "A100-80GB"), ("b", 2, "L40S")]
+    after = build_live_cluster(nodes, "cuda", counts={"a": 3})
+    assert [(n.name, n.count) for n in after.spec.nodes] == [("a", 3)]
+    cpu = build_live_cluster(nodes, "cpu")
+    assert [(n.name, n.count, n.device.name) for n in cpu.spec.nodes] == \
+        [("a", 8, "cpu"), ("b", 4, "cpu"), ("head", 1, "cpu")]
+    assert build_live_cluster(nodes, "auto").spec.total == 6
+    probed = build_live_cluster(nodes, "cuda", probed_memory_gb={"A100": 42.5})
+    assert probed.spec.nodes[0].device.memory_gb == 42.5
+    assert probed.nodes[0].source == "table+memory probe"
+    fast = replace(device_type("L40S"), tflops=1000.0)
+    cal = build_live_cluster(nodes, "cuda", calibrated={"L40S": fast})
+    assert cal.spec.nodes[1].device.tflops == 1000.0 and cal.nodes[1].source == "calibrated"
+    with pytest.raises(ValueError, match="has no GPUs to run on"):
+        build_live_cluster(nodes, "cuda", counts={"zzz": 2})
+    with pytest.raises(ValueError, match="device 'cuda' asked for, but the Ray cluster has no GPUs"):
+        build_live_cluster([_rec("c", 0)], "cuda")
+
+
+def test_unreachable_or_malformed_address_is_one_line(capsys):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from raydit.cli import main
+
+    for address, message in ((f"127.0.0.1:{port}", "cannot reach a Ray cluster at 127.0.0.1"),
+                             ("nonsense", "is not HOST:PORT")):
+        with pytest.raises(ValueError, match=message):
+            topology.check_reachable(address, timeout_s=2)
+    # The CLI in a fresh process (no Ray connection to reuse): exit 2, one line, no hang.
+    out = subprocess.run([sys.executable, "-m", "raydit.cli", "plan", "--model", MODEL,
+                          "--address", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("raydit: error: cannot reach a Ray cluster") and \
+        out.stderr.count("\n") == 1, out.stderr
+    assert main(["plan", "--model", MODEL, "--address", "auto", "--gpus", "8"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+# -- the live cluster ---------------------------------------------------------------------------
+
+
+def test_live_spec_reads_types_counts_and_node_ids(fake_cluster):
+    _, ids = fake_cluster
+    live = read_live_cluster("cuda", probe_timeout_s=60)
+    got = {n.name: (n.device.name, n.count) for n in live.spec.nodes}
+    assert got == {ids[t]: (name, gpus) for t, name, gpus, _ in NODES}
+    # Fake GPUs: the probe ran and said CUDA is not usable there; table memory is kept.
+    assert any("CUDA is not usable" in n for n in live.notes), live.notes
+    assert {n.device.memory_gb for n in live.spec.nodes} == {80, 48, 16}
+    cpu = live_cluster_spec("cpu", calibration=False)
+    assert cpu.total == 1 + sum(c for *_, c in NODES) and cpu.types == ["cpu"]
+    survivors = live_cluster_spec("cuda", counts={ids["A100"]: 2, ids["T4"]: 1}, probe=False)
+    assert sorted(n.count for n in survivors.nodes) == [1, 2]
+    rows = topology.describe_live_cluster()
+    assert sorted((r["ray_type"], r["device_type"], r["count"]) for r in rows) == \
+        sorted((t, name, gpus) for t, name, gpus, _ in NODES)
+
+
+def _without_node_names(d, names: dict):
+    """Replace node names (Ray node ids or YAML names) by their position in the cluster."""
+    text = json.dumps(d, sort_keys=True)
+    for name, pos in names.items():
+        text = text.replace(json.dumps(name), json.dumps(f"node#{pos}"))
+    return json.loads(text)
+
+
+def test_live_plan_equals_the_offline_plan_of_the_same_cluster_as_yaml(fake_cluster, tmp_path):
+    import yaml
+
+    _, ids = fake_cluster
+    spec = live_cluster_spec("cuda", probe=False)
+    # The same numbers written by hand, in the order Ray lists the nodes.
+    by_id = {ids[t]: (t, name, gpus) for t, name, gpus, _ in NODES}
+    listed = [by_id[n.name] for n in spec.nodes]
+    assert sorted(listed) == sorted((t, name, gpus) for t, name, gpus, _ in NODES)
+    yaml_path = tmp_path / "same.yaml"
+    yaml_path.write_text(yaml.safe_dump({"nodes": [
+        {"name": f"yaml-{t}", "gpu_type": name, "count": gpus} for t, name, gpus in listed]}))
+    offline = plan(MODEL, cluster=str(yaml_path))
+    live = plan(MODEL, cluster=spec)
+    a = _without_node_names(live.to_dict(), {ids[t]: t for t, *_ in listed})
+    b = _without_node_names(offline.to_dict(), {f"yaml-{t}": t for t, *_ in listed})
+    assert a == b
+    best = live.best
+    per_node = {}
+    for r in best.placement:
+        per_node[r.node] = per_node.get(r.node, 0) + 1
+    assert best.world_size == sum(per_node.values()) and best.world_size >= 2
+    assert a["best"]["world_size"] == best.world_size
+
+
+def test_ulysses_groups_land_on_one_node_each(fake_cluster):
+    """Reserve what the plan asks for and read back where Ray put every bundle."""
+    import ray
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from raydit.runtime.cluster import _reserve
+
+    result = plan(MODEL, cluster=live_cluster_spec("cuda", probe=False), cfg=1)
+    # Show every shape the planner ranks on this cluster that has a Ulysses group > 1.
+    plans = [p for p in result.candidates if p.ulysses > 1][:3]
+    assert plans, [p.explanation for p in result.candidates]
+    for p in plans:
+        ranks = p.placement
+        pgs = _reserve(len(ranks), [r.node for r in ranks], "cuda", 60)
+        try:
+            landed = []
+            for pg in pgs:
+                table = placement_group_table(pg)
+                assert table["state"] == "CREATED" and len(table["bundles_to_node_id"]) == 1
+                landed.append(table["bundles_to_node_id"][0])
+            assert landed == [r.node for r in ranks]
+            groups: dict = {}
+            for r, node in zip(ranks, landed):
+                groups.setdefault((r.replica, r.cfg_rank, r.ring_rank), set()).add(node)
+            assert all(len(nodes) == 1 for nodes in groups.values()), groups
+            assert len(groups) == p.world_size // p.ulysses
+        finally:
+            for pg in pgs:
+                remove_placement_group(pg)
+    # Removal is asynchronous: every GPU comes back free (poll, with a generous limit).
+    for _ in range(100):
+        if ray.available_resources().get("GPU", 0) == sum(g for *_, g, _ in NODES):
+            break
+        time.sleep(0.2)
+    assert ray.available_resources().get("GPU", 0) == sum(g for *_, g, _ in NODES)
+
+
+def test_plan_cli_on_the_live_cluster_via_ray_address(fake_cluster):
+    cluster, ids = fake_cluster
+    env = dict(os.environ, RAY_ADDRESS=cluster.address)
+    out = subprocess.run([sys.executable, "-m", "raydit.cli", "plan", "--model", MODEL,
+                          "--address", "auto", "--json", "--top", "1"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    expected = plan(MODEL, cluster=live_cluster_spec("cuda", probe=False)).to_dict(top=1)
+    assert got["cluster"] == expected["cluster"]
+    assert got["best"] == expected["best"]
+    assert "raydit: note: GPU memory not probed" in out.stderr
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+
+def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_path, monkeypatch):
+    from raydit.doctor import format_report
+    from raydit.planner import device_type
+    from raydit.runtime import calibrate
+
+    _, ids = fake_cluster
+    monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
+    assert calibrate.calibrated_device_type("cpu") == device_type("cpu")  # nothing cached yet
+    assert calibrate.calibrate_cluster("cpu") == []
+    entries = json.loads((tmp_path / "calibration.json").read_text())["devices"]
+    m = entries["cpu"]["measured"]
+    for key in ("matmul_tflops", "all_to_all_gb_s", "p2p_gb_s", "latency_us"):
+        assert math.isfinite(m[key]) and m[key] > 0, (key, m)
+    assert m["matmul_dtype"] == "float32" and len(m["matmul_tflops_by_size"]) == 3
+    assert entries["cpu"]["node_id"] == ids["A100"]  # the node with the most CPU slots
+    # Cached: a second call measures nothing (the entry is the same, time stamp included).
+    assert calibrate.calibrate_cluster("cpu") == []
+    assert calibrate.load_calibration() == entries
+
+    cal = calibrate.calibrated_device_type("cpu")
+    table = device_type("cpu")
+    assert cal.tflops == m["matmul_tflops"] and cal.link_gb_s == m["all_to_all_gb_s"]
+    assert cal.link_latency_us == m["latency_us"] and cal.efficiency == table.efficiency
+    # The live spec picks the cache up by itself.
+    live = read_live_cluster("cpu")
+    assert all(n.source == "calibrated" and n.device == cal for n in live.nodes)
+
+    # The planner uses the measured rate: compute time scales with 1 / FLOP/s exactly, and
+    # the Ulysses all-to-all follows the measured link.
+    def best(dev):
+        return plan(MODEL, cluster=ClusterSpec((NodeSpec("n", dev, 2),)), ulysses=2, cfg=1).best
+
+    p_cal, p_table = best(cal), best(table)
+    assert p_cal.cost.compute * cal.flops_per_second == pytest.approx(
+        p_table.cost.compute * table.flops_per_second, rel=1e-9)
+    assert p_cal.cost.compute != pytest.approx(p_table.cost.compute, rel=1e-3)
+    assert (p_cal.cost.all_to_all < p_table.cost.all_to_all) == (cal.link_gb_s > table.link_gb_s)
+    assert (p_cal.predicted_step_seconds < p_table.predicted_step_seconds) == \
+        (p_cal.cost.total < p_table.cost.total)
+
+    report = format_report(_doctor_info())
+    assert f"calibration   {tmp_path / 'calibration.json'}" in report
+    assert "cpu: matmul" in report and "all-to-all" in report
+
+
+def _doctor_info():
+    from raydit.doctor import _calibration
+
+    return {"python": "", "torch": "", "cuda_version": None, "diffusers": "", "transformers": "",
+            "ray": "", "gpus": [], "nccl_available": False, "gloo_available": True,
+            "flash_attn_installed": False, "kernels": {}, "cluster": {"status": "-"},
+            "calibration": _calibration()}
+
+
+def test_gpu_calibration_on_fake_gpus_says_why_and_caches_nothing(fake_cluster, tmp_path, monkeypatch):
+    from raydit.runtime import calibrate
+
+    _, ids = fake_cluster
+    monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="cannot calibrate T4 .*CUDA is not usable"):
+        calibrate.calibrate_type("T4", ids["T4"], "cuda", pair=False, timeout_s=60)
+    assert not Path(tmp_path / "calibration.json").exists()
+
+
+def test_cache_round_trip_and_bad_cache(tmp_path):
+    from raydit.runtime import calibrate
+
+    path = tmp_path / "c.json"
+    entry = {"name": "L40S", "measured": {"matmul_tflops": 200.0, "all_to_all_gb_s": 20.0,
+                                          "latency_us": 12.0, "memory_gb": 47.7}}
+    calibrate.save_calibration({"L40S": entry}, path)
+    calibrate.save_calibration({"T4": {"name": "T4", "measured": {"matmul_tflops": 40.0}}}, path)
+    assert set(calibrate.load_calibration(path)) == {"L40S", "T4"}
+    dev = calibrate.calibrated_device_type("L40S", path)
+    assert (dev.tflops, dev.link_gb_s, dev.link_latency_us, dev.memory_gb) == (200.0, 20.0, 12.0, 47.7)
+    t4 = calibrate.calibrated_device_type("t4", path)
+    assert t4.tflops == 40.0 and t4.link_gb_s == 8  # only what was measured is replaced
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="calibration cache .* is unreadable.*delete it"):
+        calibrate.load_calibration(path)
+    assert calibrate.describe_calibration(path)[0].startswith("calibration cache")
