@@ -28,7 +28,7 @@ def factor_pairs(world):
 
 
 def cases_for(world):
-    """(ulysses, ring, heads, head_dim, parts, seed) for every factorization of `world`."""
+    """(ulysses, ring, heads, head_dim, parts, seed, batch) for every factorization of `world`."""
     cases = []
     for U, R in factor_pairs(world):
         for H in (30, 48):
@@ -36,10 +36,11 @@ def cases_for(world):
                 continue
             for i, parts in enumerate(SMALL_PARTS):
                 D = (64, 128)[(i + (H == 48)) % 2]  # every (heads, head_dim) pair, on alternate lengths
-                cases.append((U, R, H, D, parts, len(cases)))
+                B = 2 if i % 3 == 0 else 1  # batch 2: classifier-free guidance without a cfg axis
+                cases.append((U, R, H, D, parts, len(cases), B))
         # The real CogVideoX text+video geometry, once per factorization (a few head configs).
         H = 30 if 30 % U == 0 else 48
-        cases.append((U, R, H, 64, BIG_PARTS, 10_000 + H))  # fixed seed: reference computed once
+        cases.append((U, R, H, 64, BIG_PARTS, 10_000 + H, 1))  # fixed seed: reference computed once
     return cases
 
 
@@ -50,9 +51,9 @@ def make_parts(seed, heads, head_dim, parts, batch=1):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(seed, heads, head_dim, parts):
+def reference(seed, heads, head_dim, parts, batch=1):
     """Single-process attention on the whole (unpadded) sequence in float64, per part."""
-    qkv = torch.cat(make_parts(seed, heads, head_dim, parts), dim=3).double()
+    qkv = torch.cat(make_parts(seed, heads, head_dim, parts, batch), dim=3).double()
     outs = []
     for h in range(0, heads, 8):  # head chunks bound the float64 score memory
         q, k, v = qkv[:, :, h : h + 8]
@@ -64,9 +65,9 @@ def reference(seed, heads, head_dim, parts):
 
 def run_attention_cases(mesh, cases):
     results = []
-    for U, R, H, D, parts, seed in cases:
+    for U, R, H, D, parts, seed, B in cases:
         layout = SeqLayout(parts, U * R)
-        qkv = layout.shard_parts(make_parts(seed, H, D, parts), mesh.sp_index, dim=3)
+        qkv = layout.shard_parts(make_parts(seed, H, D, parts, B), mesh.sp_index, dim=3)
         out = sp_attention(qkv[0], qkv[1], qkv[2], mesh, layout)
         assert out.shape == qkv[0].shape
         results.append([gather_sequence(out, mesh, layout, p, dim=2) for p in range(len(parts))])
@@ -99,12 +100,12 @@ def suite():
 def test_sp_attention_matches_single_process(suite, world):
     for U, R in factor_pairs(world):
         cases = [c for c in cases_for(world) if c[:2] == (U, R)]
-        for i, (_, _, H, D, parts, seed) in enumerate(cases):
-            expected = reference(seed, H, D, parts)
+        for i, (_, _, H, D, parts, seed, B) in enumerate(cases):
+            expected = reference(seed, H, D, parts, B)
             for p, ref in enumerate(expected):
                 got = suite[0]["attention"][(U, R)][i][p]
                 torch.testing.assert_close(
-                    got, ref, **TOL, msg=lambda m: f"ulysses {U} ring {R} H {H} D {D} parts {parts} part {p}: {m}"
+                    got, ref, **TOL, msg=lambda m: f"ulysses {U} ring {R} B {B} H {H} D {D} parts {parts} part {p}: {m}"
                 )
                 for r in range(1, world):  # gathered output is replicated bit for bit
                     assert torch.equal(suite[r]["attention"][(U, R)][i][p], got), (r, U, R, H, D, parts, p)
