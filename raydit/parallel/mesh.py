@@ -3,7 +3,8 @@
 Rank order (docs/design.md):
     sp_index    = ring_rank * ulysses + ulysses_rank      (Ulysses groups: neighbouring ranks)
     global_rank = (replica * cfg + cfg_rank) * sp + sp_index
-so a Ulysses group stays inside a node, and a ring group strides by `ulysses`.
+so a Ulysses group stays inside a node, and a ring group strides by `ulysses`. A mesh may
+span a subset `ranks` of the world; the formula then gives the position in `ranks`.
 """
 
 from __future__ import annotations
