@@ -123,11 +123,12 @@ def resolve_device(device: str, nodes: list[dict]) -> str:
 def build_live_cluster(nodes: list[dict], device: str, counts: Mapping[str, int] | None = None,
                        calibrated: Mapping[str, DeviceType] | None = None,
                        probed_memory_gb: Mapping[str, float] | None = None,
-                       notes: tuple[str, ...] = ()) -> LiveCluster:
+                       notes: tuple[str, ...] = (), **network) -> LiveCluster:
     """The planner's view of `ray.nodes()` records (pure: no Ray calls).
 
     calibrated: device type name -> measured DeviceType (replaces the table's entry);
-    probed_memory_gb: Ray accelerator type -> device memory read on a GPU of that type.
+    probed_memory_gb: Ray accelerator type -> device memory read on a GPU of that type;
+    network: `network_gb_s` / `network_latency_us` between nodes (default: the planner's).
     """
     device = resolve_device(device, nodes)
     calibrated = calibrated or {}
@@ -162,7 +163,7 @@ def build_live_cluster(nodes: list[dict], device: str, counts: Mapping[str, int]
         raise ValueError(f"the Ray cluster has no {what} to run on"
                          + (" (after the given counts)" if counts is not None else ""))
     spec = ClusterSpec(nodes=tuple(NodeSpec(name=x.node_id, gpu_type=x.device, count=x.count)
-                                   for x in live))
+                                   for x in live), **network)
     return LiveCluster(spec, tuple(live), tuple(out_notes))
 
 
@@ -197,7 +198,8 @@ def probe_gpu_memory(nodes: list[dict], timeout_s: float = 20.0) -> tuple[dict[s
     wanted = {accelerator_type(n) for n in _alive(nodes) if (n.get("Resources") or {}).get("GPU", 0) >= 1}
     notes = [f"GPU memory of {t or 'untyped GPUs'} not probed: no free GPU of the type; table figure used"
              for t in sorted(wanted - set(by_type))]
-    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_probe_memory_task)
+    # max_calls=1: the worker exits after the task, so no CUDA context stays on the GPU.
+    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0, max_calls=1)(_probe_memory_task)
     refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(): t
             for t, node in by_type.items()}
     ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
@@ -226,7 +228,7 @@ def probe_gpu_memory(nodes: list[dict], timeout_s: float = 20.0) -> tuple[dict[s
 
 def read_live_cluster(device: str = "cuda", counts: Mapping[str, int] | None = None,
                       calibration=None, *, probe: bool = True,
-                      probe_timeout_s: float = 20.0) -> LiveCluster:
+                      probe_timeout_s: float = 20.0, **network) -> LiveCluster:
     """Read the connected Ray cluster (`ray.init` done by the caller).
 
     counts: node id -> devices, replacing what each node offers (nodes left out offer
@@ -235,6 +237,8 @@ def read_live_cluster(device: str = "cuda", counts: Mapping[str, int] | None = N
     only; "measure": measure device types the cache lacks first (seconds per type), then
     apply; or a mapping device type name -> DeviceType to apply.
     probe: read GPU memory with a task per GPU type (skipped where no GPU is free).
+    network: `network_gb_s` / `network_latency_us` between nodes (default: the planner's
+    DEFAULT_NETWORK_GB_S / _LATENCY_US; Ray does not report the fabric).
     """
     import ray
 
@@ -263,7 +267,7 @@ def read_live_cluster(device: str = "cuda", counts: Mapping[str, int] | None = N
     if probe and device == "cuda":
         probed, probe_notes = probe_gpu_memory(nodes, probe_timeout_s)
         notes += probe_notes
-    live = build_live_cluster(nodes, device, counts, calibrated, probed, tuple(notes))
+    live = build_live_cluster(nodes, device, counts, calibrated, probed, tuple(notes), **network)
     for note in live.notes:
         log.info("%s", note)
     return live

@@ -120,6 +120,8 @@ def test_counts_cpu_slots_dead_nodes_probe_and_calibration():
     fast = replace(device_type("L40S"), tflops=1000.0)
     cal = build_live_cluster(nodes, "cuda", calibrated={"L40S": fast})
     assert cal.spec.nodes[1].device.tflops == 1000.0 and cal.nodes[1].source == "calibrated"
+    ib = build_live_cluster(nodes, "cuda", network_gb_s=50.0, network_latency_us=5.0).spec
+    assert (ib.network_gb_s, ib.network_latency_us) == (50.0, 5.0)
     with pytest.raises(ValueError, match="has no GPUs to run on"):
         build_live_cluster(nodes, "cuda", counts={"zzz": 2})
     with pytest.raises(ValueError, match="device 'cuda' asked for, but the Ray cluster has no GPUs"):
