@@ -250,7 +250,8 @@ def test_plan_cli_on_the_live_cluster_via_ray_address(fake_cluster):
     expected = plan(MODEL, cluster=live_cluster_spec("cuda", probe=False)).to_dict(top=1)
     assert got["cluster"] == expected["cluster"]
     assert got["best"] == expected["best"]
-    assert "raydit: note: GPU memory not probed" in out.stderr
+    # Fake GPUs: the memory probe says why it could not read them (or that it timed out).
+    assert "raydit: note: GPU memory" in out.stderr, out.stderr
 
 
 # -- calibration ------------------------------------------------------------------------------
