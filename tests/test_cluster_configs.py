@@ -264,7 +264,8 @@ def test_every_kind_is_present_and_documented():
     assert set(kinds.values()) == {"planner", "ray-up", "kuberay"}
     kube = {yaml.safe_load(p.read_text())["kind"] for p in YAMLS if kinds[p.name] == "kuberay"}
     assert kube == {"RayCluster", "RayJob"}
-    providers = {yaml.safe_load(p.read_text())["provider"]["type"] for p in YAMLS if kinds[p.name] == "ray-up"}
+    providers = {yaml.safe_load(p.read_text())["provider"]["type"]
+                 for p in YAMLS if kinds[p.name] == "ray-up"}
     assert {"aws", "local"} <= providers
     readme = (CLUSTER_DIR / "README.md").read_text()
     for p in YAMLS + [CLUSTER_DIR / "Dockerfile"]:

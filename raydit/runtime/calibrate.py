@@ -57,7 +57,8 @@ def load_calibration(path: str | os.PathLike | None = None) -> dict[str, dict]:
     try:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"calibration cache {str(p)!r} is unreadable ({exc}); delete it to measure again") from None
+        raise ValueError(f"calibration cache {str(p)!r} is unreadable ({exc}); "
+                         "delete it to measure again") from None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or \
             not isinstance(data.get("devices"), dict):
         raise ValueError(f"calibration cache {str(p)!r} is not version {CACHE_VERSION} raydit calibration; "
@@ -340,7 +341,8 @@ def describe_calibration(path=None) -> list[str]:
                  f"(table {base.tflops:g})"]
         if "all_to_all_gb_s" in m:
             parts.append(f"all-to-all {m['all_to_all_gb_s']:.3g} GB/s (table {base.link_gb_s:g}), "
-                         f"p2p {m.get('p2p_gb_s', float('nan')):.3g} GB/s, latency {m.get('latency_us', 0):.0f} us")
+                         f"p2p {m.get('p2p_gb_s', float('nan')):.3g} GB/s, "
+                         f"latency {m.get('latency_us', 0):.0f} us")
         if "memory_gb" in m:
             parts.append(f"memory {m['memory_gb']:.1f} GB")
         lines.append(f"{name}: " + "; ".join(parts) + f" [{e.get('host', '?')}, {e.get('when', '?')}]")
