@@ -283,6 +283,12 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     # The live spec picks the cache up by itself.
     live = read_live_cluster("cpu")
     assert all(n.source == "calibrated" and n.device == cal for n in live.nodes)
+    # "measure" measures only what the cache lacks (nothing here); False ignores the cache.
+    assert read_live_cluster("cpu", calibration="measure").spec == live.spec
+    assert calibrate.load_calibration() == entries
+    assert live_cluster_spec("cpu", calibration=False).nodes[0].device == table
+    with pytest.raises(ValueError, match="calibration 'yes' must be None"):
+        read_live_cluster("cpu", calibration="yes")
 
     # The planner uses the measured rate: compute time scales with 1 / FLOP/s exactly, and
     # the Ulysses all-to-all follows the measured link.
