@@ -26,21 +26,74 @@ def _private_cache(tmp_path_factory):
     yield
 
 
-@pytest.fixture(scope="session")
+_LOCAL = {"up": False}
+
+
+@pytest.fixture(scope="module")
 def ray_local():
     """A real local Ray instance shared by the runtime tests (8 CPU slots declared so that
-    4-rank plans fit on a 2-core machine; the tests are about correctness, not speed)."""
+    4-rank plans fit on a 2-core machine; the tests are about correctness, not speed).
+    Started once and reused by every module; a module that needs a multi-node cluster
+    (`ray_cluster`) takes it down and the next module that asks starts it again."""
     import ray
+
+    if not (ray.is_initialized() and _LOCAL["up"]):
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            object_store_memory=200 * 1024 * 1024,
+            logging_level="WARNING",
+            runtime_env={"env_vars": {"RAYDIT_CACHE": os.environ["RAYDIT_CACHE"]}},
+        )
+        _LOCAL["up"] = True
+    yield ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A multi-node Ray cluster on this machine (ray.cluster_utils.Cluster) with fast health
+    checks, so a removed node is declared dead in about 2 s. The head has no CPUs: every
+    rank lands on a worker node a test can remove."""
+    import ray
+    from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
+    _LOCAL["up"] = False
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": 100 * 1024 * 1024,
+            "_system_config": {
+                "health_check_initial_delay_ms": 0,
+                "health_check_period_ms": 500,
+                "health_check_failure_threshold": 4,
+            },
+        },
+    )
     ray.init(
-        address="local",
-        num_cpus=8,
-        include_dashboard=False,
-        object_store_memory=200 * 1024 * 1024,
+        address=cluster.address,
         logging_level="WARNING",
         runtime_env={"env_vars": {"RAYDIT_CACHE": os.environ["RAYDIT_CACHE"]}},
     )
-    yield ray
-    ray.shutdown()
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_down_at_exit():
+    yield
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()

@@ -77,7 +77,7 @@ BAD = [
     (["--model", "cogvideox-2b", "--gpus", "8", "--no-cfg", "--cfg", "2"], "guidance is off"),
     (["--model", "wan2.1-t2v-14b", "--gpus", "4", "--gpu-type", "T4"], "the weights alone do not fit"),
     (["--model", "cogvideox-2b", "--cluster", "/nonexistent/c.yaml"], "does not exist"),
-    (["--model", "cogvideox-2b"], "one of the arguments --gpus --cluster is required"),
+    (["--model", "cogvideox-2b"], "one of the arguments --gpus --cluster --address is required"),
     (["--model", "cogvideox-2b", "--gpus", "8", "--cluster", "x.yaml"], "not allowed with argument"),
     (["--gpus", "8"], "the following arguments are required: --model"),
     (["--model", "cogvideox-2b", "--cluster", str(REPO / "cluster" / "8xH100.yaml"), "--gpu-type", "T4"],

@@ -177,6 +177,11 @@ class WorkerPool:
         self.plan = None
         self.kernel = None
         self.timings: dict[str, float] = {}
+        self.suspect_nodes: set[str] = set()
+        # How long the survivors of a failure get to finish their in-flight call. Ray
+        # reports the death of an actor on a lost node only once it declares the node dead
+        # (about 14 s with default health checks), so this must cover that.
+        self.settle_s = 60.0
 
     @classmethod
     def start(cls, size: int, *, placement=None, **kwargs) -> "WorkerPool":
@@ -240,15 +245,30 @@ class WorkerPool:
         if world > len(self.members):
             raise ValueError(f"plan needs {world} ranks but the pool has {len(self.members)} workers")
         if self.active:
-            ray.get([m.actor.leave_group.remote() for m in self.active], timeout=timeout_s)
-        self.active = _assign(self.members, getattr(plan, "placement", None), world)
+            self.reset_group(timeout_s)
+        chosen = _assign(self.members, getattr(plan, "placement", None), world)
+        degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg}
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        addr = None
+        if world > 1:
+            addr = self._call_all([chosen[0].actor.open_store.remote(timeout_s)], timeout_s, chosen[:1])[0]
+        refs = [
+            m.actor.join_group.remote(rank, world, addr, degrees, backend, timeout_s)
+            for rank, m in enumerate(chosen)
+        ]
+        outs = self._call_all(refs, timeout_s, chosen)
+        self.active = chosen
         self.plan = plan
-        self.kernel = _form_group([m.actor for m in self.active], plan, self.device, timeout_s)
+        self.kernel = outs[0]["kernel"]
         return time.perf_counter() - t0
 
-    def free_slot_count(self) -> int:
+    def free_slots(self) -> dict[str, int]:
+        """Free devices per node, leaving out nodes suspected dead since the last failure."""
         key = "GPU" if self.device == "cuda" else "CPU"
-        return sum(free_slots(key).values())
+        return {n: c for n, c in free_slots(key).items() if n not in self.suspect_nodes}
+
+    def free_slot_count(self) -> int:
+        return sum(self.free_slots().values())
 
     def grow_to(self, plan) -> None:
         """Start actors for the ranks of `plan` that no warm member can take, on the nodes
@@ -271,25 +291,78 @@ class WorkerPool:
 
     # -- one request: every call is collective over the active ranks -------------------------
 
-    def _call_all(self, refs: list, timeout_s: float | None) -> list:
-        """Wait for calls on the active ranks; a lost rank or a failed collective raises
+    def _call_all(self, refs: list, timeout_s: float | None, members=None) -> list:
+        """Wait for one call per member; a lost rank or a failed collective raises
         WorkerFailure as soon as the first result shows it (ray.wait), never after a hang."""
+        members = self.active if members is None else members
         pending = list(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
             if not ready:
-                raise WorkerFailure(
-                    f"a step made no progress for {timeout_s:.0f} s", lost=self.find_lost()
-                )
+                lost = self._settle(members, refs, settle_s=5.0)
+                raise WorkerFailure(f"a call made no progress for {timeout_s:.0f} s", lost=lost)
             try:
                 ray.get(ready[0])
             except Exception as exc:  # dead actor, dead node, or a collective that broke
+                lost = self._settle(members, refs, settle_s=self.settle_s)
                 raise WorkerFailure(
-                    f"rank failed: {type(exc).__name__}", lost=self.find_lost(), cause=exc
+                    f"rank failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                    lost=lost, cause=exc,
                 ) from exc
         return ray.get(refs)
+
+    def _settle(self, members: list, refs: list, settle_s: float) -> list:
+        """After a failure, let every in-flight call finish before anything else touches the
+        actors (destroying a process group under a running collective is undefined).
+
+        A survivor whose collective failed leaves its process group at once: closing its
+        connections is what unblocks a peer still waiting on it (a ring receive, say),
+        instead of that peer waiting out the collective timeout. A member whose call ends
+        in an actor error is dead; one still running after `settle_s` is stuck. Both are
+        dropped (killed, reservation released). Nodes of the dead go into `suspect_nodes`:
+        until Ray notices a node's death it still reports that node's devices as free."""
+        pending = dict(zip(refs, members))
+        lost, suspect = [], set()
+        deadline = time.monotonic() + settle_s
+        while pending and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+            for ref in ready:
+                m = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    lost.append(m)
+                    if "ray.kill" not in str(exc):
+                        suspect.add(m.node_id)
+                    continue
+                except Exception:
+                    pass  # its collective failed because a peer died
+                m.actor.leave_group.remote()
+        for m in pending.values():
+            lost.append(m)
+            suspect.add(m.node_id)
+        self.suspect_nodes = suspect
+        self._drop_and_release(lost)
+        return lost
+
+    def _drop_and_release(self, lost: list, wait_s: float = 10.0) -> None:
+        """Drop lost members; on nodes that are still healthy, wait (bounded) until Ray
+        reports their released devices free again, so the next plan can use them."""
+        key = "GPU" if self.device == "cuda" else "CPU"
+        expect: dict[str, int] = {}
+        before = free_slots(key)
+        for m in lost:
+            if m.node_id not in self.suspect_nodes:
+                expect[m.node_id] = expect.get(m.node_id, 0) + 1
+            self._drop(m)
+        deadline = time.monotonic() + wait_s
+        while expect and time.monotonic() < deadline:
+            now = free_slots(key)
+            if all(now.get(n, 0) >= before.get(n, 0) + k for n, k in expect.items()):
+                return
+            time.sleep(0.1)
 
     def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None) -> dict:
         refs = [m.actor.prepare.remote(request, checkpoint) for m in self.active]
@@ -304,26 +377,6 @@ class WorkerPool:
         return self._call_all([self.active[0].actor.decode.remote()], timeout_s)[0]
 
     # -- failures ----------------------------------------------------------------------------
-
-    def find_lost(self, ping_timeout_s: float = 10.0) -> list[Member]:
-        """Ping every member (a second actor thread answers even mid-collective); the ones
-        that do not answer are killed, their reservations released, and returned."""
-        refs = {m.actor.ping.remote(): m for m in self.members}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=ping_timeout_s)
-        lost = []
-        for ref, m in refs.items():
-            ok = False
-            if ref in ready:
-                try:
-                    ray.get(ref)
-                    ok = True
-                except Exception:
-                    ok = False
-            if not ok:
-                lost.append(m)
-        for m in lost:
-            self._drop(m)
-        return lost
 
     def _drop(self, m: Member) -> None:
         try:
@@ -416,20 +469,3 @@ def _node_of(p) -> str:
     if isinstance(p, dict):
         return p.get("node")
     return getattr(p, "node", None)
-
-
-def _form_group(actors, plan, device: str, timeout_s: float) -> str:
-    """Rank 0 opens a store on an OS-chosen port; all ranks join it in parallel."""
-    world = len(actors)
-    degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg}
-    backend = "nccl" if device == "cuda" else "gloo"
-    addr = None
-    if world > 1:
-        addr = ray.get(actors[0].open_store.remote(timeout_s))
-    outs = ray.get(
-        [
-            a.join_group.remote(rank, world, addr, degrees, backend, timeout_s)
-            for rank, a in enumerate(actors)
-        ]
-    )
-    return outs[0]["kernel"]

@@ -54,9 +54,12 @@ class ElasticPolicy:
     """Pure decisions. `replan(n_devices)` returns the planner's best plan for a capacity of
     `n_devices` (survivors plus free) or raises ValueError when nothing is feasible."""
 
-    def __init__(self, max_recoveries: int = 8, grow_margin: float = 1.0):
+    def __init__(self, max_recoveries: int = 8, grow_margin: float = 1.0, always_grow: bool = False):
         self.max_recoveries = max_recoveries
         self.grow_margin = grow_margin
+        # always_grow: take free devices whenever a larger feasible plan exists, whatever
+        # the cost model predicts (for users who know better than the model, and tests).
+        self.always_grow = always_grow
 
     def after_failure(self, job: Job, survivors: int, free: int, replan: Callable) -> Decision:
         if job.recoveries >= self.max_recoveries:
@@ -82,6 +85,8 @@ class ElasticPolicy:
         except ValueError:
             return Decision("stay", "no feasible larger plan")
         gain = (current.predicted_step_seconds - candidate.predicted_step_seconds) * remaining_steps
+        if candidate.world_size > world and self.always_grow:
+            return Decision("grow", f"{free} free device(s); growth forced (grow='always')", candidate)
         if candidate.world_size > world and gain > self.grow_margin * regroup_cost_s:
             return Decision(
                 "grow", f"predicted gain {gain:.2f} s > regroup cost {regroup_cost_s:.2f} s", candidate
@@ -150,18 +155,24 @@ class Controller:
         t_fail = time.perf_counter()
         lost = len(failure.lost)
         self._event("failure", step=job.step_index, lost=lost, cause=str(failure))
-        self.group.reset_group()
-        survivors = len(self.group.members)
-        free = self.group.free_slot_count()
-        decision = self.policy.after_failure(job, survivors, free, self.replan)
-        if decision.action == "fail":
-            self._event("gave_up", reason=decision.reason)
-            raise RuntimeError(f"request failed at step {job.step_index}: {decision.reason}") from failure
-        plan = decision.plan
-        self.group.grow_to(plan)
-        self.group.form(plan, self.collective_timeout_s)
+        while True:
+            self.group.reset_group()
+            survivors = len(self.group.members)
+            free = self.group.free_slot_count()
+            decision = self.policy.after_failure(job, survivors, free, self.replan)
+            if decision.action == "fail":
+                self._event("gave_up", reason=decision.reason)
+                raise RuntimeError(f"request failed at step {job.step_index}: {decision.reason}") from failure
+            plan = decision.plan
+            job.recoveries += 1
+            try:
+                self.group.grow_to(plan)
+                self.group.form(plan, self.collective_timeout_s)
+                break
+            except WorkerFailure as again:  # a member died while regrouping: re-plan again
+                lost += len(again.lost)
+                self._event("failure", step=job.step_index, lost=len(again.lost), cause=str(again))
         self.on_plan(plan)
-        job.recoveries += 1
         job.prepared = False  # the next tick re-prepares from job.checkpoint
         seconds = time.perf_counter() - t_fail
         job.timings.setdefault("recovery_seconds", []).append(seconds)
@@ -173,8 +184,16 @@ class Controller:
             seconds=seconds,
         )
 
-    def maybe_grow(self, current_plan, remaining_steps: int):
-        """Between steps or requests: regroup onto free devices when it pays."""
+    def maybe_grow(self, current_plan, remaining_steps: int, job: Job | None = None):
+        """Between steps or requests: regroup onto free devices when it pays. A member lost
+        while regrouping is handled like any failure (recovered for `job`)."""
+        try:
+            return self._grow(current_plan, remaining_steps)
+        except WorkerFailure as failure:
+            self.recover(job if job is not None else Job(request=None), failure)
+            return None
+
+    def _grow(self, current_plan, remaining_steps: int):
         free = self.group.free_slot_count()
         decision = self.policy.consider_growth(
             current_plan, free, remaining_steps, self.regroup_cost_s(), self.replan

@@ -12,7 +12,10 @@ round trip per step, measured by bench/ against a torch.multiprocessing launch.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -73,6 +76,7 @@ class Engine:
         collective_timeout_s: float = 120.0,
         step_timeout_s: float | None = None,
         elastic: bool = True,
+        grow: str = "auto",
         show_plan: bool = True,
     ):
         from raydit.models.loading import resolve_model_dir
@@ -94,6 +98,13 @@ class Engine:
         self._geometry = (frames, height, width)
         self._workers = workers
         self._collective_timeout_s = collective_timeout_s
+        if grow not in ("auto", "always", "never"):
+            raise ValueError(f"grow {grow!r} is not one of auto, always, never")
+        self._grow = grow
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closing = False
         self.elastic = elastic
         self.events: list[dict] = []
         self._timings: dict[str, float] = {}
@@ -130,7 +141,10 @@ class Engine:
         self.controller = Controller(
             self.group,
             replan=self._replan,
-            policy=ElasticPolicy(max_recoveries=8 if elastic else 0),
+            policy=ElasticPolicy(
+                max_recoveries=8 if elastic else 0, grow_margin=0.0 if grow == "always" else 1.0,
+                always_grow=grow == "always",
+            ),
             events=self.events,
             on_plan=self._set_plan,
             regroup_cost_s=self._regroup_cost,
@@ -160,25 +174,26 @@ class Engine:
     # -- planning ------------------------------------------------------------------------
 
     def _replan(self, capacity: int):
-        """Best plan on the pool's surviving members plus the cluster's free devices.
-
-        Where the user fixed the number of workers, the plan uses as many ranks as are
-        left; otherwise the planner's best."""
+        """Best plan for `capacity` devices: the pool's surviving members plus the
+        cluster's free devices. With `workers` fixed by the user (or grow="always") the
+        plan uses as many ranks as it may, up to `workers`; otherwise the planner's best."""
         counts: dict[str, int] = {}
         for m in self.group.members:
             counts[m.node_id] = counts.get(m.node_id, 0) + 1
-        for node, free in self.cluster.free_slots(self.device).items():
+        for node, free in self.group.free_slots().items():
             counts[node] = counts.get(node, 0) + free
         frames, height, width = self._geometry
         result = self.cluster.plan(
             self.spec, frames=frames, height=height, width=width, device=self.device,
             counts=counts,
         )
-        if self._workers is not None:
-            fits = [p for p in result.candidates if p.world_size <= capacity]
-            if fits:
-                return max(fits, key=lambda p: (p.world_size, -p.predicted_step_seconds))
-        return result.best
+        limit = capacity if self._workers is None else min(capacity, self._workers)
+        fits = [p for p in result.candidates if p.world_size <= limit]
+        if not fits:
+            raise ValueError(f"no feasible plan fits {limit} device(s)")
+        if self._workers is not None or self._grow == "always":
+            return max(fits, key=lambda p: (p.world_size, -p.predicted_step_seconds))
+        return fits[0]
 
     def _set_plan(self, plan) -> None:
         self.plan = plan
@@ -223,6 +238,30 @@ class Engine:
         callback_on_step_end: Callable | None = None,
         progress: bool = True,
     ) -> GenerationResult:
+        """Generate one video and wait for it (the simple blocking call)."""
+        return self.submit(
+            prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
+            width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+            seed=seed, callback_on_step_end=callback_on_step_end, progress=progress,
+        ).result()
+
+    def submit(
+        self,
+        prompt: str,
+        negative_prompt: str | None = None,
+        num_frames: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 6.0,
+        seed: int = 0,
+        callback_on_step_end: Callable | None = None,
+        progress: bool = False,
+    ) -> Future:
+        """Queue a request; returns a future whose `.result()` is the GenerationResult.
+
+        Requests run in submission order, each exactly once: a request interrupted by a lost
+        rank resumes from its last finished step, and the ones behind it wait their turn."""
         from raydit.models.runner import GenerationRequest
 
         if self.group is None:
@@ -237,18 +276,49 @@ class Engine:
             guidance_scale=guidance_scale,
             seed=seed,
         )
-        # Validate the geometry with the planner's rules before any worker sees it.
+        # Validate with the planner's rules before any worker sees the request.
         self.spec.geometry(request.num_frames, request.height, request.width)
+        self._check_guidance(guidance_scale)
+        future: Future = Future()
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("engine is shutting down; create a new Engine")
+            self._queue.put((request, callback_on_step_end, progress, future))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="raydit-engine", daemon=True)
+                self._thread.start()
+        return future
+
+    def _check_guidance(self, guidance_scale: float) -> None:
         if self.plan.cfg == 2 and guidance_scale <= 1.0:
             raise ValueError(
                 f"guidance_scale {guidance_scale} turns classifier-free guidance off, but the "
                 "plan runs it on 2 groups (cfg 2); use guidance_scale > 1 or an Engine with cfg=1"
             )
-        if self.elastic:
-            self.controller.maybe_grow(self.plan, num_inference_steps)
+
+    def _serve(self) -> None:
+        """The engine's request loop: one request at a time through the controller."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            request, callback, progress, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._execute(request, callback, progress))
+            except BaseException as exc:  # the caller of .result() sees it
+                future.set_exception(exc)
+
+    def _execute(self, request, callback_on_step_end, progress) -> GenerationResult:
+        if self.group is None:
+            raise RuntimeError("engine is shut down; create a new Engine")
+        self._check_guidance(request.guidance_scale)
         first_event = len(self.events)
         job = Job(request=request)
-        bar = _progress(num_inference_steps, enabled=progress)
+        if self.elastic and self._grow != "never":
+            self.controller.maybe_grow(self.plan, request.num_inference_steps, job)
+        bar = _progress(request.num_inference_steps, enabled=progress)
         t_start = time.perf_counter()
 
         def on_step(job: Job) -> None:
@@ -294,7 +364,23 @@ class Engine:
     # -- lifetime ----------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Kill the actors, release their reservations, disconnect what we connected."""
+        """Finish nothing more: cancel queued requests, kill the actors, release their
+        reservations, disconnect what we connected."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            with lock:
+                self._closing = True
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[3].cancel()
+                if self._thread is not None:
+                    self._queue.put(None)
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=60)
         group, self.group = getattr(self, "group", None), None
         if group is not None:
             group.close()
