@@ -115,9 +115,6 @@ class RayCluster:
         rest = [p for p in result.candidates if p.world_size != workers]
         return dataclasses.replace(result, candidates=tuple(exact + rest))
 
-    def start_pool(self, plan, **kwargs) -> "WorkerPool":
-        return WorkerPool.start(plan.world_size, placement=plan.placement, **kwargs)
-
     def free_slots(self, device: str) -> dict[str, int]:
         return free_slots("GPU" if device == "cuda" else "CPU")
 

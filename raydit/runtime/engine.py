@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from raydit.runtime.cluster import RayCluster
+from raydit.runtime.cluster import RayCluster, WorkerPool
 from raydit.runtime.controller import Controller, ElasticPolicy, Job
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -37,6 +37,7 @@ class GenerationResult:
     timings: dict[str, float]
     request: Any
     events: list[dict] = field(default_factory=list)
+    replica: int = 0
 
     def save(self, path: str, fps: int = 8) -> str:
         """Write the frames as an H.264 mp4 with imageio-ffmpeg."""
@@ -46,16 +47,28 @@ class GenerationResult:
         return path
 
 
+@dataclass
+class Replica:
+    """One independent copy of the model: its pool of ranks, its controller, its plan."""
+
+    index: int
+    pool: Any
+    controller: Any = None
+    plan: Any = None
+    busy: bool = False
+
+
 class Engine:
-    """A warm set of Ray actors running one model with one parallel plan.
+    """Warm Ray actors running one model: one or more replicas, each a parallel plan.
 
     >>> with Engine(model="tiny", workers=2, device="cpu") as engine:
     ...     result = engine.generate("a red fox", num_inference_steps=4)
     ...     result.save("fox.mp4")
 
-    `workers` given: exactly that many ranks (the best plan of that size); None: the
-    planner's best plan on every device of the cluster. When ranks are lost mid-request
-    the engine re-plans on what is left and resumes from the last finished step.
+    `workers` given: exactly that many ranks per replica (the best plan of that size);
+    None: the planner's best plan on the cluster's devices. `replicas=K` starts K copies
+    that serve the `submit` queue side by side, the fastest idle one first. When ranks are
+    lost mid-request a replica re-plans on what is left and resumes from its last step.
     """
 
     def __init__(
@@ -68,6 +81,7 @@ class Engine:
         cfg: int | None = None,
         address: str | None = None,
         *,
+        replicas: int = 1,
         dtype: str | None = None,
         frames: int | None = None,
         height: int | None = None,
@@ -84,11 +98,11 @@ class Engine:
 
         if device not in DEVICES:
             raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-            raise ValueError(f"workers {workers!r} must be a positive integer")
-        for name, value in (("ulysses", ulysses), ("ring", ring), ("cfg", cfg)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} {value} must be at least 1")
+        for name, value in (("workers", workers), ("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} {value!r} must be a positive integer")
+        if grow not in ("auto", "always", "never"):
+            raise ValueError(f"grow {grow!r} is not one of auto, always, never")
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
@@ -98,62 +112,90 @@ class Engine:
         self._geometry = (frames, height, width)
         self._workers = workers
         self._collective_timeout_s = collective_timeout_s
-        if grow not in ("auto", "always", "never"):
-            raise ValueError(f"grow {grow!r} is not one of auto, always, never")
         self._grow = grow
-        self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closing = False
         self.elastic = elastic
         self.events: list[dict] = []
         self._timings: dict[str, float] = {}
-        self.group = None
+        self._queue: queue.Queue = queue.Queue()
+        self._cond = threading.Condition()
+        self._dispatcher: threading.Thread | None = None
+        self._running: list[threading.Thread] = []
+        self._closing = False
+        self.replicas: list[Replica] = []
         t0 = time.perf_counter()
-        self.cluster = RayCluster.connect(address=address, want_workers=workers)
+        self.cluster = RayCluster.connect(
+            address=address, want_workers=None if workers is None else workers * replicas
+        )
         try:
             self.device = self.cluster.resolve_device(device)
             self.dtype = dtype or ("bfloat16" if self.device == "cuda" else "float32")
+            if workers is not None:
+                # Fail early, naming the numbers, when K replicas of N cannot fit.
+                self.cluster.cluster_spec(self.device, workers * replicas)
             self.plan_result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,
                 workers=workers, ulysses=ulysses, ring=ring, cfg=cfg,
             )
-            self.plan = self.plan_result.best
+            plan = self.plan_result.best
             if show_plan:
                 print(self.describe_plan(), flush=True)
             self._timings["plan_seconds"] = time.perf_counter() - t0
-            self.group = self.cluster.start_pool(
-                self.plan,
-                model_dir=self.model_dir,
-                device=self.device,
-                dtype=self.dtype,
-                placement_timeout_s=placement_timeout_s,
-            )
-            self._timings["group_seconds"] = self.group.form(self.plan, collective_timeout_s)
+            for k in range(replicas):
+                # The first replica goes where the plan placed it; the others are packed
+                # onto what is left (each is checked against the cluster when reserved).
+                pool = WorkerPool.start(
+                    plan.world_size,
+                    placement=plan.placement if k == 0 else None,
+                    model_dir=self.model_dir, device=self.device, dtype=self.dtype,
+                    placement_timeout_s=placement_timeout_s,
+                )
+                replica = Replica(index=k, pool=pool, plan=plan)
+                self.replicas.append(replica)
+                seconds = pool.form(plan, collective_timeout_s)
+                self._timings.setdefault("group_seconds", seconds)
         except BaseException:
-            if self.group is not None:
-                self.group.close()
-                self.group = None
+            for r in self.replicas:
+                r.pool.close()
+            self.replicas = []
             self.cluster.close()
             raise
-        self._timings.update(self.group.timings)
+        for key, value in self.replicas[0].pool.timings.items():
+            self._timings[key] = value
         self._timings["startup_seconds"] = time.perf_counter() - t0
-        self.controller = Controller(
-            self.group,
-            replan=self._replan,
-            policy=ElasticPolicy(
-                max_recoveries=8 if elastic else 0, grow_margin=0.0 if grow == "always" else 1.0,
-                always_grow=grow == "always",
-            ),
-            events=self.events,
-            on_plan=self._set_plan,
-            regroup_cost_s=self._regroup_cost,
-            step_timeout_s=step_timeout_s,
-            collective_timeout_s=collective_timeout_s,
+        for r in self.replicas:
+            r.controller = Controller(
+                r.pool,
+                replan=lambda capacity, r=r: self._replan(r, capacity),
+                policy=ElasticPolicy(
+                    max_recoveries=8 if elastic else 0,
+                    grow_margin=1.0,
+                    always_grow=grow == "always",
+                ),
+                events=self.events,
+                on_plan=lambda p, r=r: setattr(r, "plan", p),
+                regroup_cost_s=self._regroup_cost,
+                step_timeout_s=step_timeout_s,
+                collective_timeout_s=collective_timeout_s,
+            )
+        self._event(
+            "started", plan=_plan_brief(plan), replicas=len(self.replicas),
+            seconds=self._timings["startup_seconds"],
         )
-        self._event("started", plan=_plan_brief(self.plan), seconds=self._timings["startup_seconds"])
 
     # -- information -------------------------------------------------------------------
+
+    @property
+    def group(self):
+        """The first replica's worker pool (the only one unless replicas > 1)."""
+        return self.replicas[0].pool if self.replicas else None
+
+    @property
+    def controller(self):
+        return self.replicas[0].controller if self.replicas else None
+
+    @property
+    def plan(self):
+        return self.replicas[0].plan if self.replicas else None
 
     def describe_plan(self) -> str:
         from raydit.planner.report import format_plan_table
@@ -173,14 +215,14 @@ class Engine:
 
     # -- planning ------------------------------------------------------------------------
 
-    def _replan(self, capacity: int):
-        """Best plan for `capacity` devices: the pool's surviving members plus the
+    def _replan(self, replica: Replica, capacity: int):
+        """Best plan for `capacity` devices: the replica's surviving members plus the
         cluster's free devices. With `workers` fixed by the user (or grow="always") the
         plan uses as many ranks as it may, up to `workers`; otherwise the planner's best."""
         counts: dict[str, int] = {}
-        for m in self.group.members:
+        for m in replica.pool.members:
             counts[m.node_id] = counts.get(m.node_id, 0) + 1
-        for node, free in self.group.free_slots().items():
+        for node, free in replica.pool.free_slots().items():
             counts[node] = counts.get(node, 0) + free
         frames, height, width = self._geometry
         result = self.cluster.plan(
@@ -195,33 +237,43 @@ class Engine:
             return max(fits, key=lambda p: (p.world_size, -p.predicted_step_seconds))
         return fits[0]
 
-    def _set_plan(self, plan) -> None:
-        self.plan = plan
-
     def _regroup_cost(self) -> float:
         t = self._timings
         return t.get("actors_seconds", 0.0) + t.get("load_seconds", 0.0) + t.get("group_seconds", 0.0)
 
     def regroup(self, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None):
-        """Re-plan on this engine's warm workers with other degrees (fewer ranks is fine),
-        keeping the actors and their loaded weights; an infeasible layout is refused with
-        the planner's reason."""
-        if self.group is None:
+        """Re-plan a single-replica engine's warm workers with other degrees (fewer ranks is
+        fine), keeping the actors and their loaded weights; an infeasible layout is refused
+        with the planner's reason. Not while requests are running."""
+        if not self.replicas:
             raise RuntimeError("engine is shut down; create a new Engine")
-        counts: dict[str, int] = {}
-        for m in self.group.members:
-            counts[m.node_id] = counts.get(m.node_id, 0) + 1
-        frames, height, width = self._geometry
-        result = self.cluster.plan(
-            self.spec, frames=frames, height=height, width=width, device=self.device,
-            ulysses=ulysses, ring=ring, cfg=cfg, counts=counts,
-        )
-        plan = result.best
-        self.group.reset_group()
-        seconds = self.group.form(plan, self._collective_timeout_s)
-        self.plan_result, self.plan = result, plan
-        self._event("regrouped", reason="requested", plan=_plan_brief(plan), seconds=seconds)
-        return plan
+        if len(self.replicas) > 1:
+            raise ValueError("regroup works on a single-replica engine; this one has "
+                             f"{len(self.replicas)} replicas")
+        replica = self.replicas[0]
+        with self._cond:
+            if replica.busy:
+                raise RuntimeError("regroup while a request runs; wait for it to finish")
+            replica.busy = True
+        try:
+            counts: dict[str, int] = {}
+            for m in replica.pool.members:
+                counts[m.node_id] = counts.get(m.node_id, 0) + 1
+            frames, height, width = self._geometry
+            result = self.cluster.plan(
+                self.spec, frames=frames, height=height, width=width, device=self.device,
+                ulysses=ulysses, ring=ring, cfg=cfg, counts=counts,
+            )
+            plan = result.best
+            replica.pool.reset_group()
+            seconds = replica.pool.form(plan, self._collective_timeout_s)
+            self.plan_result, replica.plan = result, plan
+            self._event("regrouped", reason="requested", plan=_plan_brief(plan), seconds=seconds)
+            return plan
+        finally:
+            with self._cond:
+                replica.busy = False
+                self._cond.notify_all()
 
     # -- generation --------------------------------------------------------------------
 
@@ -260,11 +312,11 @@ class Engine:
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
-        Requests run in submission order, each exactly once: a request interrupted by a lost
-        rank resumes from its last finished step, and the ones behind it wait their turn."""
+        Requests start in submission order on the fastest idle replica, each exactly once:
+        a request interrupted by a lost rank resumes from its last finished step."""
         from raydit.models.runner import GenerationRequest
 
-        if self.group is None:
+        if not self.replicas:
             raise RuntimeError("engine is shut down; create a new Engine")
         request = GenerationRequest(
             prompt=prompt,
@@ -278,46 +330,62 @@ class Engine:
         )
         # Validate with the planner's rules before any worker sees the request.
         self.spec.geometry(request.num_frames, request.height, request.width)
-        self._check_guidance(guidance_scale)
+        for r in self.replicas:
+            _check_guidance(r.plan, guidance_scale)
         future: Future = Future()
-        with self._lock:
+        with self._cond:
             if self._closing:
                 raise RuntimeError("engine is shutting down; create a new Engine")
             self._queue.put((request, callback_on_step_end, progress, future))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="raydit-engine", daemon=True)
-                self._thread.start()
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._dispatch, name="raydit-dispatch", daemon=True)
+                self._dispatcher.start()
         return future
 
-    def _check_guidance(self, guidance_scale: float) -> None:
-        if self.plan.cfg == 2 and guidance_scale <= 1.0:
-            raise ValueError(
-                f"guidance_scale {guidance_scale} turns classifier-free guidance off, but the "
-                "plan runs it on 2 groups (cfg 2); use guidance_scale > 1 or an Engine with cfg=1"
-            )
-
-    def _serve(self) -> None:
-        """The engine's request loop: one request at a time through the controller."""
+    def _dispatch(self) -> None:
+        """Hand each queued request to the fastest idle replica, in submission order."""
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            request, callback, progress, future = item
+            future = item[3]
             if not future.set_running_or_notify_cancel():
                 continue
-            try:
-                future.set_result(self._execute(request, callback, progress))
-            except BaseException as exc:  # the caller of .result() sees it
-                future.set_exception(exc)
+            with self._cond:
+                while not self._closing and all(r.busy for r in self.replicas):
+                    self._cond.wait()
+                if self._closing or not self.replicas:
+                    future.set_exception(RuntimeError("engine shut down before the request ran"))
+                    continue
+                replica = min(
+                    (r for r in self.replicas if not r.busy),
+                    key=lambda r: (r.plan.predicted_step_seconds, r.index),
+                )
+                replica.busy = True
+                worker = threading.Thread(
+                    target=self._run_on, args=(replica, item), name=f"raydit-replica-{replica.index}",
+                    daemon=True,
+                )
+                self._running = [t for t in self._running if t.is_alive()] + [worker]
+            worker.start()
 
-    def _execute(self, request, callback_on_step_end, progress) -> GenerationResult:
-        if self.group is None:
-            raise RuntimeError("engine is shut down; create a new Engine")
-        self._check_guidance(request.guidance_scale)
+    def _run_on(self, replica: Replica, item) -> None:
+        request, callback, progress, future = item
+        try:
+            future.set_result(self._execute(replica, request, callback, progress))
+        except BaseException as exc:  # the caller of .result() sees it
+            future.set_exception(exc)
+        finally:
+            with self._cond:
+                replica.busy = False
+                self._cond.notify_all()
+
+    def _execute(self, replica: Replica, request, callback_on_step_end, progress) -> GenerationResult:
+        _check_guidance(replica.plan, request.guidance_scale)
         first_event = len(self.events)
         job = Job(request=request)
         if self.elastic and self._grow != "never":
-            self.controller.maybe_grow(self.plan, request.num_inference_steps, job)
+            replica.controller.maybe_grow(replica.plan, request.num_inference_steps, job)
         bar = _progress(request.num_inference_steps, enabled=progress)
         t_start = time.perf_counter()
 
@@ -328,7 +396,7 @@ class Engine:
                 self._run_callback(callback_on_step_end, job)
 
         try:
-            self.controller.run(job, on_step=on_step)
+            replica.controller.run(job, on_step=on_step)
         finally:
             if bar is not None:
                 bar.close()
@@ -339,10 +407,11 @@ class Engine:
         return GenerationResult(
             frames=job.frames,
             latents=_to_numpy(job.checkpoint["latents"]),
-            plan=self.plan,
+            plan=replica.plan,
             timings=timings,
             request=request,
             events=self.events[first_event:],
+            replica=replica.index,
         )
 
     def _run_callback(self, callback, job: Job) -> None:
@@ -364,11 +433,11 @@ class Engine:
     # -- lifetime ----------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Finish nothing more: cancel queued requests, kill the actors, release their
+        """Cancel queued requests, wait for running ones, kill the actors, release their
         reservations, disconnect what we connected."""
-        lock = getattr(self, "_lock", None)
-        if lock is not None:
-            with lock:
+        cond = getattr(self, "_cond", None)
+        if cond is not None:
+            with cond:
                 self._closing = True
                 while True:
                     try:
@@ -377,13 +446,15 @@ class Engine:
                         break
                     if item is not None:
                         item[3].cancel()
-                if self._thread is not None:
-                    self._queue.put(None)
-            if self._thread is not None and self._thread is not threading.current_thread():
-                self._thread.join(timeout=60)
-        group, self.group = getattr(self, "group", None), None
-        if group is not None:
-            group.close()
+                self._queue.put(None)
+                cond.notify_all()
+            me = threading.current_thread()
+            for t in [self._dispatcher, *self._running]:
+                if t is not None and t is not me:
+                    t.join(timeout=120)
+        for r in getattr(self, "replicas", []):
+            r.pool.close()
+        self.replicas = []
         cluster = getattr(self, "cluster", None)
         if cluster is not None:
             cluster.close()
@@ -396,10 +467,18 @@ class Engine:
 
     def __del__(self):  # a forgotten engine must not leave actors pinning GPUs
         try:
-            if getattr(self, "group", None) is not None:
+            if getattr(self, "replicas", None):
                 self.shutdown()
         except Exception:
             pass
+
+
+def _check_guidance(plan, guidance_scale: float) -> None:
+    if plan.cfg == 2 and guidance_scale <= 1.0:
+        raise ValueError(
+            f"guidance_scale {guidance_scale} turns classifier-free guidance off, but the "
+            "plan runs it on 2 groups (cfg 2); use guidance_scale > 1 or an Engine with cfg=1"
+        )
 
 
 def _plan_brief(plan) -> dict:
