@@ -43,13 +43,14 @@ def verify(
         raise ValueError(f"workers {workers} must be at least 1")
     rows: list[dict] = []
     with Engine(
-        model=model, workers=workers, device=device, address=address, ulysses=1, ring=1, cfg=1,
-        show_plan=False,
+        model=model, workers=workers, device=device, address=address, show_plan=False,
+        frames=frames, height=height, width=width, grow="never",
     ) as engine:
         kw = dict(
             num_frames=frames, height=height, width=width, num_inference_steps=steps,
             guidance_scale=6.0, seed=1234, progress=False,
         )
+        engine.regroup(ulysses=1, ring=1, cfg=1)
         reference = engine.generate(prompt, **kw).latents
         for ulysses, ring, cfg in feasible_layouts(engine.spec.heads, workers):
             engine.regroup(ulysses=ulysses, ring=ring, cfg=cfg)

@@ -25,6 +25,7 @@ class RayCluster:
     def __init__(self, owns_connection: bool, started_local: bool):
         self.owns_connection = owns_connection
         self.started_local = started_local
+        self._probed = False
 
     @classmethod
     def connect(cls, address: str | None = None, want_workers: int | None = None) -> "RayCluster":
@@ -66,28 +67,26 @@ class RayCluster:
         return device
 
     def cluster_spec(self, device: str, workers: int | None = None, counts: dict | None = None):
-        """The live cluster as the planner's ClusterSpec: GPUs per node with their type, or
-        CPU slots (one rank per slot) on CPU. `counts` (node id -> devices) replaces what
-        the nodes offer, e.g. survivors plus free devices after a failure."""
-        from raydit.planner import ClusterSpec, NodeSpec
+        """The live cluster as the planner's ClusterSpec (raydit.runtime.topology: GPU type
+        per node from Ray's labels/resources, cached calibration, GPU memory probed on first
+        read), or CPU slots on CPU. `counts` (node id -> devices) replaces what the nodes
+        offer, e.g. survivors plus free devices after a failure."""
+        from raydit.runtime.topology import live_cluster_spec
 
-        key = "GPU" if device == "cuda" else "CPU"
-        nodes = []
-        for n in self.alive_nodes():
-            count = int(n["Resources"].get(key, 0)) if counts is None else counts.get(n["NodeID"], 0)
-            gpu_type = _accelerator_type(n) if device == "cuda" else "cpu"
-            if count > 0:
-                nodes.append(NodeSpec(name=n["NodeID"], gpu_type=gpu_type, count=count))
-        total = sum(n.count for n in nodes)
-        if workers is not None and workers > total:
-            unit = "GPUs" if device == "cuda" else "CPU slots"
+        key = "GPUs" if device == "cuda" else "CPU slots"
+        try:
+            spec = live_cluster_spec(device, counts, probe=counts is None and not self._probed)
+        except ValueError as exc:
+            if "at least one node" in str(exc):
+                raise ValueError(f"the Ray cluster has no {key} to run on") from None
+            raise
+        self._probed = True
+        if workers is not None and workers > spec.total:
             raise ValueError(
-                f"workers {workers} is more than the {total} {unit} the Ray cluster has; "
-                f"use --workers {total} or fewer"
+                f"workers {workers} is more than the {spec.total} {key} the Ray cluster has; "
+                f"use --workers {spec.total} or fewer"
             )
-        if not nodes:
-            raise ValueError(f"the Ray cluster has no {'GPUs' if device == 'cuda' else 'CPUs'} to run on")
-        return ClusterSpec(nodes=tuple(nodes))
+        return spec
 
     def plan(self, spec, *, frames=None, height=None, width=None, device, workers=None,
              ulysses=None, ring=None, cfg=None, counts=None):
@@ -129,16 +128,6 @@ def free_slots(key: str) -> dict[str, int]:
         for node, res in available_resources_per_node().items()
         if node in alive and int(res.get(key, 0)) > 0
     }
-
-
-def _accelerator_type(node: dict) -> str:
-    labels = node.get("Labels") or {}
-    if labels.get("ray.io/accelerator-type"):
-        return labels["ray.io/accelerator-type"]
-    for key in node["Resources"]:
-        if key.startswith("accelerator_type:"):
-            return key.split(":", 1)[1]
-    return "H100"  # unknown type: plan with the table's default
 
 
 @dataclass

@@ -186,3 +186,29 @@ def test_quickstart_notebook_runs(tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the frames were not shown"
     assert (tmp_path / "quickstart.mp4").stat().st_size > 0
+
+
+def test_doctor_reports_versions_kernel_and_the_cluster(ray_local):
+    out = raydit("doctor", "--address", _gcs_address(ray_local), "--json", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    info = json.loads(out.stdout)
+    assert info["torch"] == torch.__version__
+    assert info["gloo_available"] is True
+    assert info["flash_attn_installed"] is False  # not installable on this CPU machine
+    assert "cpu" in json.dumps(info["kernels"])
+    nodes = info["cluster"]["nodes"]
+    assert len(nodes) == 1 and nodes[0]["alive"] and nodes[0]["cpus"] == 8
+    text = raydit("doctor", timeout=120)
+    assert text.returncode == 0 and "attention" in text.stdout and "flash-attn" in text.stdout
+
+
+def test_verify_checks_every_plan_against_one_rank(ray_local):
+    from raydit.verify import feasible_layouts
+
+    out = raydit("verify", "--workers", "3", "--steps", "2", "--device", "cpu",
+                 "--address", _gcs_address(ray_local), "--json", timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [(r["ulysses"], r["ring"], r["cfg"]) for r in rows] == feasible_layouts(2, 3)
+    assert all(r["ok"] for r in rows)
+    assert all(r["max_abs_diff"] < 1e-3 for r in rows)
