@@ -143,15 +143,45 @@ def _has_gpu_cluster() -> bool:
 
 def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Ray cluster to inspect (default: RAY_ADDRESS)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure every device type of the cluster (a local Ray if none is "
+                        "given) and cache the figures the planner then uses")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="with --calibrate: which devices to measure")
     p.add_argument("--json", action="store_true")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from raydit.doctor import collect, format_report
 
+    if args.calibrate:
+        _calibrate(args.address, args.device)
     info = collect(args.address)
     print(json.dumps(info, indent=2) if args.json else format_report(info))
     return 0
+
+
+def _calibrate(address: str | None, device: str) -> None:
+    import os
+
+    import ray
+
+    from raydit.runtime.calibrate import calibrate_cluster
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        from raydit.runtime.topology import check_reachable
+
+        check_reachable(address)
+        ray.init(address=address, logging_level="ERROR")
+    else:
+        ray.init(address="local", include_dashboard=False, logging_level="ERROR",
+                 num_cpus=max(2, os.cpu_count() or 1), object_store_memory=128 * 1024 * 1024)
+    try:
+        for note in calibrate_cluster(device, force=True):
+            print(f"raydit doctor: {note}", file=sys.stderr)
+    finally:
+        ray.shutdown()
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:

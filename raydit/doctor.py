@@ -104,8 +104,10 @@ def format_report(info: dict) -> str:
 
 
 def _kernel_line(k: dict) -> str:
+    """'cpu: torch-cpu (of torch-cpu, reference); cuda: flash-attn (of ...)'."""
     parts = []
-    for key in ("cpu", "cuda"):
-        if key in k and k[key]:
-            parts.append(f"{key}: {k[key]}")
-    return "; ".join(parts) if parts else str(k)
+    for key in ("cuda", "cpu"):
+        entry = k.get(key)
+        if isinstance(entry, dict) and entry.get("selected"):
+            parts.append(f"{key}: {entry['selected']} (of {', '.join(entry.get('available', []))})")
+    return "; ".join(parts) if parts else "no attention kernel found"

@@ -75,7 +75,13 @@ class RayCluster:
 
         key = "GPUs" if device == "cuda" else "CPU slots"
         try:
-            spec = live_cluster_spec(device, counts, probe=counts is None and not self._probed)
+            first = counts is None and not self._probed
+            # On GPUs, the first read measures device types the calibration cache lacks
+            # (seconds, once per type); CPU runs use the cache or the table.
+            spec = live_cluster_spec(
+                device, counts, calibration="measure" if first and device == "cuda" else None,
+                probe=first,
+            )
         except ValueError as exc:
             if "at least one node" in str(exc):
                 raise ValueError(f"the Ray cluster has no {key} to run on") from None
