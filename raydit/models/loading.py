@@ -70,6 +70,9 @@ def load_pipeline(model: str | Path, device=None, dtype=None):
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
+    # The tokenizer warns that a prompt is longer than the model takes before the pipeline
+    # truncates it; diffusers' own warning names the truncated words, which is what counts.
+    transformers.utils.logging.set_verbosity_error()
     path = resolve_model_dir(str(model))
     class_name = json.loads((path / "model_index.json").read_text())["_class_name"]
     pipeline_cls = getattr(diffusers, class_name)
