@@ -317,8 +317,16 @@ class WorkerPool:
         until Ray notices a node's death it still reports that node's devices as free."""
         pending = dict(zip(refs, members))
         lost, suspect = [], set()
-        deadline = time.monotonic() + settle_s
+        start = time.monotonic()
+        deadline = start + settle_s
+        aborted = False
         while pending and time.monotonic() < deadline:
+            if not aborted and self.device == "cuda" and time.monotonic() - start > 2.0:
+                # NCCL survivors may hang rather than fail: abort their communicators
+                # from the actor's second thread.
+                for m in pending.values():
+                    m.actor.abort_group.remote()
+                aborted = True
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
             for ref in ready:
                 m = pending.pop(ref)

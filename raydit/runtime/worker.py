@@ -146,6 +146,20 @@ class RankWorker:
         # The store is kept: rank 0 may already have opened the next group's store, and a
         # new group always gets a new store on a new port (reusing one hangs).
 
+    def abort_group(self) -> bool:
+        """Called from the actor's second thread while a collective hangs in the first: an
+        NCCL survivor of a dead peer would otherwise wait out the collective timeout
+        (RAY-NOTES.md). Aborting the communicators makes the hung call raise. gloo needs no
+        abort (a dead peer's closed socket already fails the call) and does not support it."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_backend() != "nccl":
+            return False
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()
+        return True
+
     # -- one request -------------------------------------------------------------------
 
     def prepare(self, request, checkpoint: dict | None = None) -> dict[str, Any]:
