@@ -1,0 +1,196 @@
+"""Orchestration overhead: the same N-rank denoising step driven by raydit's Ray engine and
+by a plain torch.multiprocessing launch with no Ray (what a torchrun user gets).
+
+Both sides run the same pipeline directory (benchlib.bench_model_dir(): a CogVideoX-2b-wide
+transformer, ~0.5 s a step here), the same plan (ulysses x ring x cfg) and the same request,
+with one thread per rank:
+
+- raydit: `Engine(model=dir, workers=N, device="cpu", ...)`, `generate(...)`; per-step time is
+  `result.timings["step_seconds"]` (the driver's round trip: one remote call per rank and
+  rank 0's checkpoint back, what the engine's design pays for resumability).
+- plain: N processes started once with torch.multiprocessing (spawn) that join a gloo group
+  through a TCPStore, load the pipeline, wrap it in `CogVideoXRunner` on the same mesh and,
+  on each command from the parent, run `prepare` and then `step` in a loop; per-step time is
+  the slowest rank's wall time around `runner.step`.
+
+Rounds alternate the two (the order flips every round) while both stay warm (the idle side
+sleeps: Ray actors in a blocking call, plain processes on their command queue). The first
+step of every run is dropped (warm-up); a round's figure is the median of its steps; the
+overhead is the median over rounds of raydit / plain - 1, from the same round.
+
+    python bench/bench_overhead.py [--workers 2] [--ulysses 2] [--ring 1] [--steps 6] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import benchlib  # noqa: E402
+
+PROMPT = "a red fox"  # short: the tiny tokenizer keeps 16 characters
+TARGET = 0.02
+
+
+def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, commands, results) -> None:
+    """One rank of the plain launch: join, load, then serve (steps, seed) commands."""
+    import torch
+    import torch.distributed as dist
+
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import CogVideoXRunner, GenerationRequest
+    from raydit.parallel import build_mesh
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=300))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
+    mesh = build_mesh(**degrees) if world > 1 else None
+    runner = CogVideoXRunner(load_pipeline(model_dir), mesh=mesh)
+    results.put(("ready", rank, None))
+    while True:
+        cmd = commands.get()
+        if cmd is None:
+            break
+        steps, seed = cmd
+        state = runner.prepare(GenerationRequest(prompt=PROMPT, num_frames=9, height=128, width=128,
+                                                 num_inference_steps=steps, seed=seed))
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            state = runner.step(state)
+            times.append(time.perf_counter() - t0)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        results.put(("steps", rank, slowest.tolist()))
+    dist.destroy_process_group()
+
+
+class PlainLaunch:
+    """N persistent torch.multiprocessing ranks; `run(steps, seed)` returns per-step seconds."""
+
+    def __init__(self, world: int, model_dir: str, degrees: dict):
+        import torch.distributed as dist
+        import torch.multiprocessing as tmp
+
+        self.world = world
+        self._store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=300))
+        ctx = tmp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._commands = [ctx.Queue() for _ in range(world)]
+        os.environ["OMP_NUM_THREADS"] = "1"
+        self._procs = [
+            ctx.Process(target=plain_rank, daemon=True,
+                        args=(r, world, self._store.port, model_dir, degrees, self._commands[r], self._results))
+            for r in range(world)
+        ]
+        for p in self._procs:
+            p.start()
+        for _ in range(world):
+            self._get("ready")
+
+    def _get(self, kind: str):
+        got, rank, payload = self._results.get(timeout=600)
+        assert got == kind, (got, kind)
+        return payload
+
+    def run(self, steps: int, seed: int) -> list[float]:
+        for q in self._commands:
+            q.put((steps, seed))
+        return [self._get("steps") for _ in range(self.world)][0]
+
+    def close(self) -> None:
+        for q in self._commands:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def run(workers: int, ulysses: int, ring: int, cfg: int, steps: int, rounds: int) -> dict:
+    import ray
+
+    from raydit.runtime.engine import Engine
+
+    model_dir = benchlib.bench_model_dir()
+    t0 = time.perf_counter()
+    engine = Engine(model=model_dir, workers=workers, device="cpu", ulysses=ulysses, ring=ring, cfg=cfg,
+                    show_plan=False)
+    engine_start = time.perf_counter() - t0
+    plan = engine.plan
+    degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg}
+    plain = PlainLaunch(plan.world_size, model_dir, degrees)
+    records = []
+    try:
+        for rnd in range(rounds):
+            row = {"round": rnd, "load": benchlib.loadavg()}
+            sides = ("raydit", "plain") if rnd % 2 == 0 else ("plain", "raydit")
+            for side in sides:
+                busy0, w0 = benchlib.machine_busy_seconds(), time.perf_counter()
+                if side == "raydit":
+                    result = engine.generate(PROMPT, num_inference_steps=steps, seed=rnd, progress=False)
+                    per_step = list(result.timings["step_seconds"])
+                else:
+                    per_step = plain.run(steps, seed=rnd)
+                row[side] = {"step_seconds": [round(s, 4) for s in per_step],
+                             "median_step": statistics.median(per_step[1:]),
+                             "busy_share": round((benchlib.machine_busy_seconds() - busy0)
+                                                 / (2 * (time.perf_counter() - w0)), 3)}
+            row["ratio"] = row["raydit"]["median_step"] / row["plain"]["median_step"]
+            records.append(row)
+            print(f"round {rnd}: raydit {row['raydit']['median_step']:.4f} s/step, plain "
+                  f"{row['plain']['median_step']:.4f} s/step, ratio {row['ratio']:.4f}, load {row['load'][0]}",
+                  flush=True)
+    finally:
+        plain.close()
+        engine.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+    ratios = [r["ratio"] for r in records]
+    return {
+        "machine": benchlib.machine(),
+        "model": {"dir": model_dir, **benchlib.BENCH_MODEL, "frames": 9, "height": 128, "width": 128},
+        "plan": {**degrees, "world_size": plan.world_size},
+        "steps_per_run": steps,
+        "engine_start_seconds": round(engine_start, 2),
+        "raydit_step_seconds": benchlib.summary([r["raydit"]["median_step"] for r in records]),
+        "plain_step_seconds": benchlib.summary([r["plain"]["median_step"] for r in records]),
+        "ratio": benchlib.summary(ratios),
+        "overhead": round(statistics.median(ratios) - 1, 4),
+        "target_overhead": TARGET,
+        "rounds": records,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ulysses", type=int, default=2)
+    ap.add_argument("--ring", type=int, default=1)
+    ap.add_argument("--cfg", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=6, help="steps per run (the first is dropped)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    args = ap.parse_args(argv)
+    if args.steps < 2:
+        raise SystemExit(f"--steps {args.steps}: need at least 2 (the first step of a run is dropped)")
+    os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    result = run(args.workers, args.ulysses, args.ring, args.cfg, args.steps, args.rounds)
+    print(f"raydit {benchlib.fmt(result['raydit_step_seconds'])}/step, plain "
+          f"{benchlib.fmt(result['plain_step_seconds'])}/step, overhead {result['overhead']:+.2%} "
+          f"(target <= {TARGET:.0%})")
+    print("wrote", benchlib.write_json("overhead", result, Path(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Start-up: time from `Engine(...)` to ready, and to the first finished denoising step, for
+1, 2 and 4 workers (the built-in `tiny` pipeline, device cpu).
+
+Each start is cold for raydit: no Ray running, so `Engine` starts a private local Ray (as a
+user's first call does), places one actor per rank, loads the pipeline in each and forms
+the gloo group; `engine.timings` splits that into planning, actors, loading and group. Then
+one request is submitted and the time its first step finishes is taken from
+`callback_on_step_end`. Worker counts are interleaved (1, 2, 4, 1, 2, 4, ...). Four workers
+on this 2-core machine oversubscribe it; the figure is still what a user would see.
+
+    python bench/bench_startup.py [--workers 1 2 4] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import benchlib  # noqa: E402
+
+PHASES = ("plan_seconds", "placement_seconds", "actors_seconds", "load_seconds", "group_seconds")
+
+
+def one_start(workers: int, steps: int) -> dict:
+    import ray
+
+    from raydit.runtime.engine import Engine
+
+    load = benchlib.loadavg()
+    t0 = time.perf_counter()
+    engine = Engine(model="tiny", workers=workers, device="cpu", show_plan=False)
+    ready = time.perf_counter() - t0
+    first: list[float] = []
+
+    def on_step(pipe, step, timestep, kwargs):
+        if not first:
+            first.append(time.perf_counter() - t0)
+        return kwargs
+
+    try:
+        engine.generate("a red fox", num_inference_steps=steps, seed=0, progress=False,
+                        callback_on_step_end=on_step)
+        timings = engine.timings
+        plan = engine.plan
+    finally:
+        engine.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+    return {"ready_seconds": ready, "first_step_seconds": first[0], "load": load,
+            "plan": f"ulysses {plan.ulysses} x ring {plan.ring} x cfg {plan.cfg}",
+            **{k: round(timings[k], 3) for k in PHASES if k in timings}}
+
+
+def run(worker_counts: list[int], repeats: int, steps: int = 2) -> dict:
+    one_start(1, steps)  # warm-up: builds the tiny pipeline cache, fills the OS file cache
+    runs: dict[int, list[dict]] = {w: [] for w in worker_counts}
+    for rep in range(repeats):
+        for w in worker_counts:
+            r = one_start(w, steps)
+            runs[w].append(r)
+            print(f"repeat {rep} workers {w}: ready {r['ready_seconds']:.2f} s, first step "
+                  f"{r['first_step_seconds']:.2f} s ({r['plan']}), load {r['load'][0]}", flush=True)
+    rows = []
+    for w in worker_counts:
+        rs = runs[w]
+        row = {"workers": w, "plan": rs[0]["plan"],
+               "ready_seconds": benchlib.summary([r["ready_seconds"] for r in rs], 3),
+               "first_step_seconds": benchlib.summary([r["first_step_seconds"] for r in rs], 3),
+               "load_1m": benchlib.summary([r["load"][0] for r in rs], 2)}
+        for k in PHASES:
+            if all(k in r for r in rs):
+                row[k] = benchlib.summary([r[k] for r in rs], 3)
+        rows.append(row)
+    return {"machine": benchlib.machine(), "model": "tiny", "steps": steps, "rows": rows, "runs": runs}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    result = run(args.workers, args.repeats)
+    print("wrote", benchlib.write_json("startup", result, Path(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Shared helpers of the bench/ scripts: machine description, statistics, result files.
+
+Every figure a script reports is a `summary(values)`: the median with min, max, the
+interquartile range and the raw values, so a reader can judge the spread. Load averages are
+recorded beside the measurements: this machine is shared, and a figure taken under load says
+so in its own record.
+
+Bench scripts put this directory on sys.path and import this module; spawned children find
+it there too (multiprocessing's spawn passes the parent's sys.path on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "docs" / "benchmarks"
+
+
+def loadavg() -> list[float]:
+    """1, 5 and 15 minute load averages (empty where the OS has none)."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+def machine() -> dict:
+    """What the figures ran on."""
+    import torch
+
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average": loadavg(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+    try:
+        import diffusers
+        import ray
+
+        info["diffusers"] = diffusers.__version__
+        info["ray"] = ray.__version__
+    except ImportError:  # pragma: no cover - both are raydit dependencies
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def summary(values: list[float], digits: int = 4) -> dict:
+    """Median, min, max, quartiles and the raw values (n may be 1: then all are equal)."""
+    if not values:
+        raise ValueError("summary of no values; run at least one repeat")
+    xs = sorted(float(v) for v in values)
+    if len(xs) >= 2:
+        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    else:
+        q1 = q3 = xs[0]
+    r = lambda v: round(v, digits)  # noqa: E731
+    return {
+        "median": r(statistics.median(xs)),
+        "min": r(xs[0]),
+        "max": r(xs[-1]),
+        "q1": r(q1),
+        "q3": r(q3),
+        "n": len(xs),
+        "values": [r(v) for v in values],
+    }
+
+
+def fmt(stat: dict, unit: str = "s", digits: int = 3) -> str:
+    """'1.234 s (1.200-1.300, n=5)': median with the min-max range."""
+    if stat is None:
+        return "n/a"
+    d = digits
+    return f"{stat['median']:.{d}f} {unit} ({stat['min']:.{d}f}-{stat['max']:.{d}f}, n={stat['n']})".replace(" ()", "")
+
+
+def write_json(name: str, payload: dict, out: Path = OUT_DIR) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def read_json(name: str, out: Path = OUT_DIR) -> dict | None:
+    path = out / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine has used since boot (Linux /proc/stat);
+    nan where there is no /proc/stat. Busy time during a measurement minus the measured
+    processes' own CPU time is the interference from everyone else."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:9]
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_wait_s: float, window_s: float = 0.5, quiet: float = 0.2) -> float:
+    """Wait (at most max_wait_s) until the machine's other work uses < `quiet` of a core
+    over `window_s`; returns the seconds waited. Call while this benchmark itself is idle."""
+    waited = 0.0
+    while waited < max_wait_s:
+        b0 = machine_busy_seconds()
+        time.sleep(window_s)
+        waited += window_s
+        if not machine_busy_seconds() - b0 > quiet * window_s:  # nan: no /proc/stat, go
+            break
+    return round(waited, 2)
+
+
+# The model the engine benchmarks run: the tiny pipeline (tokenizer, T5, VAE) with a
+# CogVideoX-2b-wide transformer (30 heads x 64, 2 layers) at 128 x 128 pixels, 9 frames:
+# 16 text + 3 x 8 x 8 video tokens, two guidance branches, so a step takes ~0.5 s on two
+# 1-thread ranks here (large enough for a 2% overhead to be measurable).
+BENCH_MODEL = dict(num_attention_heads=30, attention_head_dim=64, num_layers=2, sample_height=16, sample_width=16)
+BENCH_MODEL_VERSION = "1"
+
+
+def bench_model_dir() -> str:
+    """Build (once, cached) and return the bench pipeline directory."""
+    from raydit.models.tiny import TINY_VERSION, build_tiny_pipeline, cache_root
+
+    name = f"bench-cogvideox-30x64-2l-128px-t{TINY_VERSION}-b{BENCH_MODEL_VERSION}"
+    return str(build_tiny_pipeline(cache_root() / name, **BENCH_MODEL))
