@@ -111,13 +111,14 @@ def bench_worker(rank: int, world: int, rounds: int, warmup: int, max_wait_s: fl
     # Parts, to explain the totals: communication alone and one rank's compute alone.
     U = meshes["ulysses 2x1"]
     ring = meshes["ring 1x2"]
-    send_qkv = seq_to_head_send((qkv2[0], qkv2[1], qkv2[2]), 2)
+    send_qkv = [seq_to_head_send((x,), 2) for x in qkv2]  # as sp_attention: one all-to-all per tensor
     out_BhTD = torch.empty(1, HEADS // 2, 2 * layout2.local_len, HEAD_DIM)
     send_out = head_to_seq_send(out_BhTD, 2)
     recv_k, recv_v = torch.empty_like(qkv2[1]), torch.empty_like(qkv2[2])
 
     def ulysses_comm():
-        _all_to_all(send_qkv, U.ulysses_group)
+        for send in send_qkv:
+            _all_to_all(send, U.ulysses_group)
         _all_to_all(send_out, U.ulysses_group)
 
     def ring_comm():

@@ -50,14 +50,15 @@ def merge_attention(
     lse = m + torch.log(total)
     # total >= 1 wherever a row has a key; clamp only guards the all -inf rows (0 / tiny = 0).
     inv = (1.0 / total.clamp_min(torch.finfo(torch.float32).tiny)).unsqueeze(-1)
-    out = out_a.float() * (w_a.unsqueeze(-1) * inv) + out_b.float() * (w_b.unsqueeze(-1) * inv)
+    # One new (B, H, Sq, D) tensor, updated in place: out_a * w_a/total + out_b * w_b/total.
+    out = (out_a.float() * (w_a.unsqueeze(-1) * inv)).addcmul_(out_b.float(), w_b.unsqueeze(-1) * inv)
     return out, lse
 
 
 def seq_to_head_send(xs_BHSD: list[Tensor] | tuple[Tensor, ...], ulysses: int) -> Tensor:
     """N tensors (B, H, S, D) -> one buffer (U, N, B, h, S, D): slice j of dim 0 goes to Ulysses rank j.
 
-    Stacking q, k, v here lets one all-to-all move all three, with a single copy each.
+    N > 1 stacks several tensors (q, k, v) so one all-to-all can move them all.
     """
     B, H, S, D = xs_BHSD[0].shape
     assert H % ulysses == 0, "caller checks head divisibility"
@@ -220,8 +221,13 @@ def sp_attention(
 
     # q, k, v (B, H, S, D) -> Ulysses all-to-all -> (B, h, T, D) each, T = U * S.
     if U > 1:
-        qkv = seq_to_head_recv(_all_to_all(seq_to_head_send((q_BHSD, k_BHSD, v_BHSD), U), mesh.ulysses_group))
-        q_BhTD, k_BhTD, v_BhTD = qkv.unbind(0)
+        # One all-to-all per tensor rather than one for all three: on CPU, buffers above
+        # glibc's 32 MiB mmap threshold are fresh pages on every call (page faults cost
+        # about as much as the copy); per-tensor buffers stay below it at CogVideoX sizes.
+        q_BhTD, k_BhTD, v_BhTD = (
+            seq_to_head_recv(_all_to_all(seq_to_head_send((x_BHSD,), U), mesh.ulysses_group))[0]
+            for x_BHSD in (q_BHSD, k_BHSD, v_BHSD)
+        )
     else:
         q_BhTD, k_BhTD, v_BhTD = q_BHSD, k_BHSD, v_BHSD
 
