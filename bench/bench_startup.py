@@ -3,7 +3,8 @@
 
 Each start is cold for raydit: no Ray running, so `Engine` starts a private local Ray (as a
 user's first call does), places one actor per rank, loads the pipeline in each and forms
-the gloo group; `engine.timings` splits that into planning, actors, loading and group. Then
+the gloo group; `engine.timings` splits that into Ray start + planning (`plan_seconds`),
+actors, loading and group. Then
 one request is submitted and the time its first step finishes is taken from
 `callback_on_step_end`. Worker counts are interleaved (1, 2, 4, 1, 2, 4, ...). Four workers
 on this 2-core machine oversubscribe it; the figure is still what a user would see.
@@ -57,8 +58,9 @@ def one_start(workers: int, steps: int) -> dict:
             **{k: round(timings[k], 3) for k in PHASES if k in timings}}
 
 
-def run(worker_counts: list[int], repeats: int, steps: int = 2) -> dict:
-    one_start(1, steps)  # warm-up: builds the tiny pipeline cache, fills the OS file cache
+def run(worker_counts: list[int], repeats: int, steps: int = 2, warmup: bool = True) -> dict:
+    if warmup:
+        one_start(1, steps)  # builds the tiny pipeline cache, fills the OS file cache
     runs: dict[int, list[dict]] = {w: [] for w in worker_counts}
     for rep in range(repeats):
         for w in worker_counts:
@@ -84,10 +86,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-warmup", action="store_true", help="skip the unmeasured first start")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
     args = ap.parse_args(argv)
     os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
-    result = run(args.workers, args.repeats)
+    result = run(args.workers, args.repeats, warmup=not args.no_warmup)
     print("wrote", benchlib.write_json("startup", result, Path(args.out)))
     return 0
 
