@@ -270,18 +270,24 @@ def write_plot(res: dict, out: Path) -> Path | None:
     return path
 
 
-def update_readme(summary: str) -> None:
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    head = "## Performance\n"
+def replace_section(text: str, heading: str, body: str) -> str:
+    """`text` with the body of the Markdown section `heading` (a "## " line) replaced by `body`;
+    the heading and every other section stay as they are."""
+    head = heading.rstrip("\n") + "\n"
+    if head not in text:
+        raise ValueError(f"no {heading.strip()!r} section; add the heading first")
     start = text.index(head) + len(head)
     nxt = text.find("\n## ", start)
-    end = len(text) if nxt < 0 else nxt + 1
-    body = ("\n" + summary + "\n![raydit benchmarks](docs/benchmarks/benchmarks.png)\n\n"
+    rest = "" if nxt < 0 else text[nxt + 1:]
+    return text[:start] + "\n" + body.strip("\n") + "\n" + ("\n" + rest if rest else "")
+
+
+def update_readme(summary: str, readme: Path = REPO / "README.md") -> None:
+    body = (summary + "\n![raydit benchmarks](docs/benchmarks/benchmarks.png)\n\n"
             "Every figure with its spread, load average and raw values: `docs/benchmarks/*.json`; how each "
             "is measured: the docstring of its script in `bench/`. GPU-only figures: `python bench/bench_gpu.py` "
-            "on a CUDA machine.\n")
-    readme.write_text(text[:start] + body + ("\n" if nxt >= 0 else "") + text[end:])
+            "on a CUDA machine.")
+    readme.write_text(replace_section(readme.read_text(), "## Performance", body))
 
 
 def main(argv=None) -> int:

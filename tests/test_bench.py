@@ -1,0 +1,65 @@
+"""The benchmark scripts' plumbing (never their timings): statistics, the summary table's
+target column, the README section rewrite, and that every script parses its arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import benchlib  # noqa: E402
+import run_all  # noqa: E402
+
+
+def test_summary_median_quartiles_and_raw_values():
+    s = benchlib.summary([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s["median"], s["min"], s["max"], s["q1"], s["q3"], s["n"]) == (3.0, 1.0, 5.0, 2.0, 4.0, 5)
+    assert s["values"] == [4.0, 1.0, 3.0, 2.0, 5.0]  # in measurement order
+    one = benchlib.summary([2.5])
+    assert (one["median"], one["q1"], one["q3"], one["n"]) == (2.5, 2.5, 2.5, 1)
+
+
+def test_summary_of_nothing_is_a_value_error():
+    with pytest.raises(ValueError, match="at least one repeat"):
+        benchlib.summary([])
+
+
+def test_replace_section_keeps_every_other_section():
+    text = "# raydit\n\nintro\n\n## Performance\n\nold table\n\n## Layout\n\nkept\n"
+    out = run_all.replace_section(text, "## Performance", "new table")
+    assert out == "# raydit\n\nintro\n\n## Performance\n\nnew table\n\n## Layout\n\nkept\n"
+    last = run_all.replace_section("a\n\n## Performance\nold\n", "## Performance", "b")
+    assert last == "a\n\n## Performance\n\nb\n"
+    with pytest.raises(ValueError, match="Performance"):
+        run_all.replace_section("no such section\n", "## Performance", "x")
+
+
+def _scaling(speedup: float) -> dict:
+    stat = lambda v: benchlib.summary([v])  # noqa: E731
+    config = lambda t, sp=None: {  # noqa: E731
+        "step_seconds": stat(t), "predicted_step_seconds": t, "prediction_error": 0.0, "load_1m": stat(1.0),
+        **({"speedup": stat(sp), "cpu_speedup": stat(sp)} if sp else {}),
+    }
+    return {"cases": [{"latent_frames": 1, "tokens": 1576, "figures_from": "all rounds", "clean_rounds": 0,
+                       "rounds": [{}], "configs": {"1 rank": config(2.0), "ulysses 2": config(2.0 / speedup, speedup),
+                                                   "ring 2": config(2.0 / 1.5, 1.5)}}]}
+
+
+def test_summary_table_marks_missed_targets():
+    rows, notes = run_all.summary_rows({"scaling": _scaling(1.9)})
+    met = {r[0]: r[3] for r in rows}
+    assert met["1. step, 2 ranks ulysses 2 (1 latent frame, 1576 tokens)"] == "yes"
+    assert met["1. step, 2 ranks ring 2 (1 latent frame, 1576 tokens)"] == "**no**"
+    assert any("all rounds" in n for n in notes)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("benchlib.py",)))
+def test_every_script_parses_help(script):
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
