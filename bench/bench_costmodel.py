@@ -95,6 +95,8 @@ def measured_rows(scaling: dict | None) -> list[dict]:
                 "plan": name, "latent_frames": case["latent_frames"], "layers": case["layers"],
                 "tokens": case["tokens"], "measured": e["step_seconds"]["median"],
                 "predicted": e["predicted_step_seconds"], "error": e["prediction_error"],
+                "cpu_seconds": e["cpu_seconds"]["median"],
+                "error_vs_cpu_seconds": round(e["predicted_step_seconds"] / e["cpu_seconds"]["median"] - 1, 3),
                 "within_target": abs(e["prediction_error"]) <= TARGET, "figures_from": case["figures_from"],
             })
     return rows
@@ -109,7 +111,8 @@ def main(argv=None) -> int:
               "anchors": anchors()}
     for r in result["measured"]:
         print(f"cpu {r['plan']:<10} {r['latent_frames']} frames: measured {r['measured']:.3f} s, predicted "
-              f"{r['predicted']:.3f} s ({r['error']:+.0%})")
+              f"{r['predicted']:.3f} s ({r['error']:+.0%}; {r['error_vs_cpu_seconds']:+.0%} against the busiest "
+              f"rank's CPU time {r['cpu_seconds']:.3f} s)")
     for r in result["anchors"]:
         print(f"{r['anchor']:<60} {r['layout']:<28} published {r['published']:>8.2f} predicted {r['predicted']:>8.2f} "
               f"{r['unit']} ({r['error']:+.0%}) {r['note']}")

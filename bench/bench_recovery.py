@@ -48,7 +48,7 @@ def _wait_dead(node_id: str, timeout: float = 60) -> None:
     raise RuntimeError(f"node {node_id} still alive {timeout} s after its removal")
 
 
-def one_repeat(engine, cluster, nodes: list, steps: int, kill_after: int, seed: int) -> dict:
+def one_repeat(engine, cluster, nodes: list, steps: int, kill_after: int, seed: int, regrow: bool) -> dict:
     base = engine.generate(PROMPT, num_inference_steps=steps, seed=seed, progress=False)
     victim_id = engine.group.active[1].node_id
     victim = next(n for n in nodes if n.node_id == victim_id)
@@ -86,6 +86,8 @@ def one_repeat(engine, cluster, nodes: list, steps: int, kill_after: int, seed: 
         "events": [{k: v for k, v in e.items() if k in ("event", "time", "seconds", "reason", "resume_step")}
                    for e in events],
     }
+    if not regrow:
+        return row
     # Put the lost node back and let the engine grow to 2 ranks again before the next repeat.
     nodes.append(cluster.add_node(**NODE))
     cluster.wait_for_nodes()
@@ -116,7 +118,7 @@ def run(repeats: int, steps: int, kill_after: int) -> dict:
         try:
             engine.generate(PROMPT, num_inference_steps=2, seed=0, progress=False)  # warm-up
             for rep in range(repeats):
-                row = one_repeat(engine, cluster, nodes, steps, kill_after, seed=rep)
+                row = one_repeat(engine, cluster, nodes, steps, kill_after, seed=rep, regrow=rep < repeats - 1)
                 rows.append(row)
                 print(f"repeat {rep}: detect {row['detect_seconds']:.2f} s, regroup {row['regroup_seconds']:.2f} s, "
                       f"kill -> resumed step {row['kill_to_first_resumed_step_seconds']:.2f} s, added delay "
