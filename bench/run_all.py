@@ -40,7 +40,7 @@ SUITE = {
     "plan": ("bench_plan.py", ["--repeats", "5"], ["--repeats", "15"]),
     "throughput": ("bench_throughput.py", ["--requests", "2", "--steps", "2", "--rounds", "2"],
                    ["--requests", "4", "--steps", "4", "--rounds", "3"]),
-    "attention": ("bench_attention.py", None, []),
+    "attention": ("bench_attention.py", None, ["--max-wait", "10"]),
     "gpu": ("bench_gpu.py", [], []),
 }
 
@@ -288,6 +288,18 @@ def write_plot(res: dict, out: Path) -> Path | None:
     return path
 
 
+HOW_TO_READ = (
+    "`python bench/run_all.py --quick` measures everything below in about 5 minutes on 2 cores; "
+    "`python bench/run_all.py` (about 25 minutes) adds 3 latent frames, more rounds and the "
+    "attention-only benchmark (docs/benchmarks/attention.md). The development machine has 2 cores shared "
+    "with other engineers' test runs, so every result records the load average (and, for the scaling runs, "
+    "the CPU time other processes took meanwhile); compared runs are interleaved in one process and ratios "
+    "are taken per round. \"CPU-time split\" is the 1-rank step's CPU time over the busiest rank's: the "
+    "speedup with a core per rank and nothing else running, as an upper bound (it leaves out time blocked "
+    "in communication)."
+)
+
+
 def replace_section(text: str, heading: str, body: str) -> str:
     """`text` with the body of the Markdown section `heading` (a "## " line) replaced by `body`;
     the heading and every other section stay as they are."""
@@ -301,7 +313,7 @@ def replace_section(text: str, heading: str, body: str) -> str:
 
 
 def update_readme(summary: str, readme: Path = REPO / "README.md") -> None:
-    body = (summary + "\n![raydit benchmarks](docs/benchmarks/benchmarks.png)\n\n"
+    body = (HOW_TO_READ + "\n\n" + summary + "\n![raydit benchmarks](docs/benchmarks/benchmarks.png)\n\n"
             "Every figure with its spread, load average and raw values: `docs/benchmarks/*.json`; how each "
             "is measured: the docstring of its script in `bench/`. GPU-only figures: `python bench/bench_gpu.py` "
             "on a CUDA machine.")
