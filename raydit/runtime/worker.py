@@ -131,7 +131,8 @@ class RankWorker:
         )
         from raydit.parallel.kernels import select_kernel
 
-        return {"rank": rank, "kernel": select_kernel(self._device()).name}
+        kernel = select_kernel(self._device(), getattr(torch, self._dtype_name))
+        return {"rank": rank, "kernel": kernel.name}
 
     def leave_group(self) -> None:
         """Undo the parallelization and destroy the process group (safe to call twice)."""

@@ -132,12 +132,16 @@ def test_ray_job_submit_generates_an_mp4(tmp_path):
     from raydit.runtime.video import read_mp4
 
     temp_dir = Path("/tmp") / f"rdt{os.getpid()}"
-    gcs_port, dash_port = _free_port(), _free_port()
+    # Every port this head opens is chosen here: the session's own local Ray already holds
+    # Ray's default agent ports, and a second agent on them never comes up.
+    gcs_port, dash_port, agent_port, agent_grpc, metrics_port, env_port = (_free_port() for _ in range(6))
     env = dict(os.environ)
     ray_bin = str(Path(sys.executable).parent / "ray")
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}", "--include-dashboard=true",
+         f"--dashboard-agent-listen-port={agent_port}", f"--dashboard-agent-grpc-port={agent_grpc}",
+         f"--metrics-export-port={metrics_port}", f"--runtime-env-agent-port={env_port}",
          f"--temp-dir={temp_dir}", "--num-cpus=3", "--disable-usage-stats"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
@@ -160,10 +164,11 @@ def test_ray_job_submit_generates_an_mp4(tmp_path):
         cmd = [ray_bin, "job", "submit", "--address", address, "--",
                sys.executable, "-m", "raydit.cli", "generate", "--prompt", "a paper boat on a rainy street",
                "--steps", "2", "--workers", "2", "--device", "cpu", "--out", str(out_mp4), "--json"]
-        for _ in range(60):
+        agent_deadline = time.time() + 180
+        while True:
             submit = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
             # The dashboard answers before its job agent is up on a loaded machine.
-            if "No available agent" not in submit.stderr:
+            if "No available agent" not in submit.stderr or time.time() > agent_deadline:
                 break
             time.sleep(2)
         assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
