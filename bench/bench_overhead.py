@@ -8,7 +8,8 @@ with one thread per rank:
 - raydit: `Engine(model=dir, workers=N, device="cpu", ...)`, `generate(...)`; per-step time is
   `result.timings["step_seconds"]` (the driver's round trip: one remote call per rank and
   rank 0's checkpoint back, what the engine's design pays for resumability).
-- plain: N processes started once with torch.multiprocessing (spawn) that join a gloo group
+- plain: N processes started once with torch.multiprocessing (spawn), at the niceness Ray gives
+  its workers (15 by default; `--plain-nice-0` for nice 0), that join a gloo group
   through a TCPStore, load the pipeline, wrap it in `CogVideoXRunner` on the same mesh and,
   on each command from the parent, run `prepare` and then `step` in a loop; per-step time is
   the slowest rank's wall time around `runner.step`.
@@ -45,10 +46,12 @@ PROMPT = "a red fox"  # short: the tiny tokenizer keeps 16 characters
 TARGET = 0.02
 
 
-def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, geometry: tuple, commands,
-               results) -> None:
+def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, geometry: tuple, nice: int,
+               commands, results) -> None:
     """One rank of the plain launch: join, load, then serve (steps, seed) commands."""
     import torch
+
+    os.nice(nice - os.nice(0))  # the priority the Ray workers run at (see PlainLaunch)
     import torch.distributed as dist
 
     from raydit.models.loading import load_pipeline
@@ -83,7 +86,7 @@ def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, 
 class PlainLaunch:
     """N persistent torch.multiprocessing ranks; `run(steps, seed)` returns per-step seconds."""
 
-    def __init__(self, world: int, model_dir: str, degrees: dict, geometry: tuple):
+    def __init__(self, world: int, model_dir: str, degrees: dict, geometry: tuple, nice: int = 0):
         import torch.distributed as dist
         import torch.multiprocessing as tmp
 
@@ -96,7 +99,7 @@ class PlainLaunch:
         os.environ["OMP_NUM_THREADS"] = "1"
         self._procs = [
             ctx.Process(target=plain_rank, daemon=True,
-                        args=(r, world, self._store.port, model_dir, degrees, geometry, self._commands[r],
+                        args=(r, world, self._store.port, model_dir, degrees, geometry, nice, self._commands[r],
                               self._results))
             for r in range(world)
         ]
@@ -125,7 +128,7 @@ class PlainLaunch:
 
 
 def compare(model_dir: str, workers: int, ulysses: int, ring: int, cfg: int, steps: int, rounds: int,
-            label: str) -> dict:
+            label: str, match_nice: bool = True) -> dict:
     """Interleaved rounds of Engine.generate and the plain launch on one model and plan."""
     import ray
 
@@ -138,7 +141,11 @@ def compare(model_dir: str, workers: int, ulysses: int, ring: int, cfg: int, ste
     plan, spec = engine.plan, engine.spec
     degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg}
     geometry = (spec.default_frames, spec.default_height, spec.default_width)
-    plain = PlainLaunch(plan.world_size, engine.model_dir, degrees, geometry)
+    # Ray starts its workers at nice 15 (RAY_worker_niceness); on a shared machine that
+    # alone slows them against nice-0 processes. The plain ranks run at the same niceness
+    # so the comparison isolates orchestration (what raydit adds), not scheduling priority.
+    ray_nice = os.getpriority(os.PRIO_PROCESS, int(engine.group.infos[0]["pid"]))
+    plain = PlainLaunch(plan.world_size, engine.model_dir, degrees, geometry, nice=ray_nice if match_nice else 0)
     records = []
     try:
         for rnd in range(rounds):
@@ -170,6 +177,7 @@ def compare(model_dir: str, workers: int, ulysses: int, ring: int, cfg: int, ste
     return {
         "model": {"dir": engine.model_dir, "frames": geometry[0], "height": geometry[1], "width": geometry[2]},
         "plan": {**degrees, "world_size": plan.world_size},
+        "ray_worker_niceness": ray_nice, "plain_niceness": ray_nice if match_nice else 0,
         "steps_per_run": steps,
         "engine_start_seconds": round(engine_start, 2),
         "raydit_step_seconds": benchlib.summary([r["raydit"]["median_step"] for r in records], 5),
@@ -181,15 +189,17 @@ def compare(model_dir: str, workers: int, ulysses: int, ring: int, cfg: int, ste
     }
 
 
-def run(workers: int, ulysses: int, ring: int, cfg: int, steps: int, rounds: int, fixed_steps: int) -> dict:
-    bench = compare(benchlib.bench_model_dir(), workers, ulysses, ring, cfg, steps, rounds, "bench model")
+def run(workers: int, ulysses: int, ring: int, cfg: int, steps: int, rounds: int, fixed_steps: int,
+        match_nice: bool = True) -> dict:
+    bench = compare(benchlib.bench_model_dir(), workers, ulysses, ring, cfg, steps, rounds, "bench model",
+                    match_nice)
     result = {"machine": benchlib.machine(), "target_overhead": TARGET, **bench,
               "model": {**bench["model"], **benchlib.BENCH_MODEL}}
     if fixed_steps:
         # The same comparison on the tiny pipeline, whose step is a few ms: what is left of
         # the difference is the engine's fixed cost per step (remote calls, the checkpoint
         # back to the driver), measured where machine noise is small in absolute terms.
-        tiny = compare("tiny", workers, None, None, 1, fixed_steps, rounds, "tiny model")
+        tiny = compare("tiny", workers, None, None, 1, fixed_steps, rounds, "tiny model", match_nice)
         fixed = tiny["difference_seconds"]["median"]
         result["fixed_cost"] = {
             "tiny": tiny,
@@ -207,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cfg", type=int, default=1)
     ap.add_argument("--steps", type=int, default=6, help="steps per run (the first is dropped)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--plain-nice-0", action="store_true",
+                    help="run the plain ranks at nice 0 instead of the Ray workers' niceness")
     ap.add_argument("--fixed-steps", type=int, default=10,
                     help="steps per run of the tiny-model comparison (0: skip it)")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
@@ -214,7 +226,8 @@ def main(argv=None) -> int:
     if args.steps < 2:
         raise SystemExit(f"--steps {args.steps}: need at least 2 (the first step of a run is dropped)")
     os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
-    result = run(args.workers, args.ulysses, args.ring, args.cfg, args.steps, args.rounds, args.fixed_steps)
+    result = run(args.workers, args.ulysses, args.ring, args.cfg, args.steps, args.rounds, args.fixed_steps,
+                 match_nice=not args.plain_nice_0)
     print(f"raydit {benchlib.fmt(result['raydit_step_seconds'])}/step, plain "
           f"{benchlib.fmt(result['plain_step_seconds'])}/step, overhead {result['overhead']:+.2%} "
           f"(target <= {TARGET:.0%})")

@@ -115,6 +115,11 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
         notes.append("Overhead: the direct comparison's per-round ratios spread wider than the 2% target on this "
                      "shared machine; the fixed cost per step is the same comparison on the tiny pipeline (a step of "
                      "a few ms), where what remains of the difference is the engine's own per-step work.")
+        if "ray_worker_niceness" in ov:
+            notes.append(f"Overhead: Ray runs its workers at nice {ov['ray_worker_niceness']} (RAY_worker_niceness); "
+                         f"the plain ranks ran at nice {ov['plain_niceness']}, so priority on this shared machine "
+                         "is " + ("the same on both sides." if ov["plain_niceness"] == ov["ray_worker_niceness"]
+                                  else "not the same on both sides."))
     cm = res.get("costmodel")
     if cm:
         for r in cm["measured"]:
