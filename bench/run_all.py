@@ -159,7 +159,7 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
         rows.append(("7. throughput ratio, 2 replicas / 1", _s(tp["ratio_2_replicas_over_1"], 2, "x"), "", ""))
     at = res.get("attention")
     if at:
-        notes.append("Attention-only speedups: docs/benchmarks/attention.md (bench/bench_attention.py).")
+        notes.append("Attention-only speedups: attention.md beside this table (bench/bench_attention.py).")
     gpu = res.get("gpu")
     if gpu and gpu.get("skipped"):
         notes.append(f"GPU-only measurements (bench/bench_gpu.py): skipped, {gpu['skipped']}.")
