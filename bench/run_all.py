@@ -285,7 +285,7 @@ def write_plot(res: dict, out: Path) -> Path | None:
                 f"({fc['share_of_bench_step']:+.1%} of a {ov['plain_step_seconds']['median']:.2f} s step)"
                 if fc else f"2. Ray engine overhead per step: {ov['overhead']:+.1%}")
         ax.text(0.98, 0.02, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=9)
-    fig.suptitle("raydit benchmarks (docs/benchmarks/summary.md has every figure with its spread)")
+    fig.suptitle("raydit benchmarks (summary.md beside this plot has every figure with its spread)")
     fig.tight_layout()
     path = out / "benchmarks.png"
     fig.savefig(path, dpi=90)
