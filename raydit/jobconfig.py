@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-# key -> (type, description); the types the command line would parse them to.
+# key -> the type the command line would parse it to.
 GENERATE_OPTIONS: dict[str, type] = {
     "prompt": str,
     "negative_prompt": str,

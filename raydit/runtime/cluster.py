@@ -22,19 +22,18 @@ from raydit.runtime.worker import RankWorker
 class RayCluster:
     """A driver connection to a Ray cluster, started locally when none is given."""
 
-    def __init__(self, owns_connection: bool, started_local: bool):
+    def __init__(self, owns_connection: bool):
         self.owns_connection = owns_connection
-        self.started_local = started_local
         self._probed = False
 
     @classmethod
     def connect(cls, address: str | None = None, want_workers: int | None = None) -> "RayCluster":
         if ray.is_initialized():
-            return cls(owns_connection=False, started_local=False)
+            return cls(owns_connection=False)
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address, logging_level="WARNING", log_to_driver=True)
-            return cls(owns_connection=True, started_local=False)
+            return cls(owns_connection=True)
         # No cluster named: start a private local one. Declare at least as many CPU slots
         # as workers were asked for; oversubscribing cores is the user's explicit choice.
         cpus = max(os.cpu_count() or 1, want_workers or 0)
@@ -45,7 +44,7 @@ class RayCluster:
             logging_level="WARNING",
             object_store_memory=256 * 1024 * 1024,
         )
-        return cls(owns_connection=True, started_local=True)
+        return cls(owns_connection=True)
 
     def close(self) -> None:
         if self.owns_connection and ray.is_initialized():
@@ -119,9 +118,6 @@ class RayCluster:
             )
         rest = [p for p in result.candidates if p.world_size != workers]
         return dataclasses.replace(result, candidates=tuple(exact + rest))
-
-    def free_slots(self, device: str) -> dict[str, int]:
-        return free_slots("GPU" if device == "cuda" else "CPU")
 
 
 def free_slots(key: str) -> dict[str, int]:
@@ -259,6 +255,13 @@ class WorkerPool:
         key = "GPU" if self.device == "cuda" else "CPU"
         return {n: c for n, c in free_slots(key).items() if n not in self.suspect_nodes}
 
+    def member_counts(self) -> dict[str, int]:
+        """Warm members per node id."""
+        counts: dict[str, int] = {}
+        for m in self.members:
+            counts[m.node_id] = counts.get(m.node_id, 0) + 1
+        return counts
+
     def free_slot_count(self) -> int:
         return sum(self.free_slots().values())
 
@@ -269,9 +272,7 @@ class WorkerPool:
         need = world - len(self.members)
         if need <= 0:
             return
-        spare: dict[str, int] = {}
-        for m in self.members:
-            spare[m.node_id] = spare.get(m.node_id, 0) + 1
+        spare = self.member_counts()
         new_nodes = []
         for p in list(getattr(plan, "placement", None) or [])[:world]:
             node = _node_of(p)

@@ -219,9 +219,7 @@ class Engine:
         """Best plan for `capacity` devices: the replica's surviving members plus the
         cluster's free devices. With `workers` fixed by the user (or grow="always") the
         plan uses as many ranks as it may, up to `workers`; otherwise the planner's best."""
-        counts: dict[str, int] = {}
-        for m in replica.pool.members:
-            counts[m.node_id] = counts.get(m.node_id, 0) + 1
+        counts = replica.pool.member_counts()
         for node, free in replica.pool.free_slots().items():
             counts[node] = counts.get(node, 0) + free
         frames, height, width = self._geometry
@@ -256,9 +254,7 @@ class Engine:
                 raise RuntimeError("regroup while a request runs; wait for it to finish")
             replica.busy = True
         try:
-            counts: dict[str, int] = {}
-            for m in replica.pool.members:
-                counts[m.node_id] = counts.get(m.node_id, 0) + 1
+            counts = replica.pool.member_counts()
             frames, height, width = self._geometry
             result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,

@@ -28,8 +28,6 @@ class RankWorker:
         self._runner = None
         self._state = None
         self._store = None
-        self._rank = None
-        self._mesh_degrees = None
         self.load_seconds = 0.0
 
     # -- identity ----------------------------------------------------------------------
@@ -124,8 +122,6 @@ class RankWorker:
             mesh = build_mesh(
                 ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1
             )
-        self._rank = rank
-        self._mesh_degrees = dict(degrees)
         self._runner = CogVideoXRunner(
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name)
         )
