@@ -1,14 +1,24 @@
 """Sequence-parallel attention: Ulysses all-to-all inside, ring of K/V blocks across.
 
-Legend: B batch, H all heads, h = H / U heads of one Ulysses rank, S local tokens of one
-rank (layout.local_len), U ulysses degree, R ring degree, D head dim, T = U * S tokens of a
-Ulysses group (one ring block).
+Legend: B batch, H all heads, h = H / U heads of one Ulysses rank, c heads of one head chunk
+(a slice of the h), S local tokens of one rank (layout.local_len), U ulysses degree, R ring
+degree, D head dim, T = U * S tokens of a Ulysses group (one ring block), N tensors stacked
+in one exchange (3: q, k, v).
 
 Per rank:  q,k,v (B, H, S, D)  --all-to-all over ulysses_group-->  (B, h, T, D)
            ring over ring_group: keep q, pass each (k, v) block around, merge with lse
            out (B, h, T, D)    --all-to-all back----------------->  (B, H, S, D)
 Pad keys are dropped from each block before the kernel (the layout tells every rank which
 tokens are pad without communication); pad queries are computed and dropped at gather.
+
+Overlap: the h heads of a Ulysses rank are cut into head chunks (`head_chunks`). q, k and v
+of one chunk travel in ONE all-to-all; while chunk i is attended (ring included), the
+all-to-all of chunk i+1 is in flight, and the output of chunk i travels back while chunk
+i+1 is computed. Only the first chunk's exchange in and the last one's exchange out are
+exposed. The collectives are posted with async_op=True: on NCCL they run on NCCL's own
+stream and `wait()` orders the compute stream after them; on gloo a background thread
+moves the bytes. Every rank posts the collectives in the same order (in 0, in 1, out 0,
+in 2, out 1, ...), which is what a process group requires.
 """
 
 from __future__ import annotations
@@ -55,18 +65,23 @@ def merge_attention(
     return out, lse
 
 
-def seq_to_head_send(xs_BHSD: list[Tensor] | tuple[Tensor, ...], ulysses: int) -> Tensor:
-    """N tensors (B, H, S, D) -> one buffer (U, N, B, h, S, D): slice j of dim 0 goes to Ulysses rank j.
+def seq_to_head_send(xs_BHSD: list[Tensor] | tuple[Tensor, ...], ulysses: int,
+                     heads: tuple[int, int] | None = None) -> Tensor:
+    """N tensors (B, H, S, D) -> one buffer (U, N, B, c, S, D): slice j of dim 0 goes to Ulysses rank j.
 
-    N > 1 stacks several tensors (q, k, v) so one all-to-all can move them all.
+    N > 1 stacks several tensors (q, k, v) so one all-to-all moves them all. `heads` =
+    (start, stop) picks a chunk of the h heads each Ulysses rank will own (default: all h):
+    rank j receives heads j*h + start .. j*h + stop - 1.
     """
     B, H, S, D = xs_BHSD[0].shape
     assert H % ulysses == 0, "caller checks head divisibility"
     h = H // ulysses
-    send = xs_BHSD[0].new_empty(ulysses, len(xs_BHSD), B, h, S, D)
+    start, stop = (0, h) if heads is None else heads
+    assert 0 <= start < stop <= h, (start, stop, h)
+    send = xs_BHSD[0].new_empty(ulysses, len(xs_BHSD), B, stop - start, S, D)
     for i, x_BHSD in enumerate(xs_BHSD):
-        # (B, H, S, D) -> (B, U, h, S, D) -> (U, B, h, S, D): a view for any input strides.
-        send[:, i].copy_(x_BHSD.unflatten(1, (ulysses, h)).permute(1, 0, 2, 3, 4))
+        # (B, H, S, D) -> (B, U, h, S, D) -> chunk (B, U, c, S, D) -> (U, B, c, S, D): a view.
+        send[:, i].copy_(x_BHSD.unflatten(1, (ulysses, h))[:, :, start:stop].permute(1, 0, 2, 3, 4))
     return send
 
 
@@ -93,6 +108,19 @@ def head_to_seq_recv(x_UBhSD: Tensor) -> Tensor:
     return x_UBhSD.permute(1, 0, 2, 3, 4).reshape(B, U * h, S, D)
 
 
+def head_chunks_of(h: int, chunks: int) -> list[tuple[int, int]]:
+    """Cut h heads into min(chunks, h) contiguous (start, stop) slices whose sizes differ by at
+    most one (15 heads in 4: 4, 4, 4, 3)."""
+    n = max(1, min(chunks, h))
+    base, extra = divmod(h, n)
+    out, start = [], 0
+    for i in range(n):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def ring_block_ranges(layout: SeqLayout, ulysses: int, ring: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Real-key ranges of the block of each ring rank r: the local sequences of sp indices
@@ -110,6 +138,24 @@ def _all_to_all(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x, group=group)
     return out
+
+
+class PendingAllToAll:
+    """An all_to_all_single in flight (async_op=True); `wait()` returns the received buffer.
+
+    It holds the send buffer until then: a collective's buffers must outlive it.
+    """
+
+    def __init__(self, send: Tensor, group: dist.ProcessGroup):
+        self._send = send
+        self._recv = torch.empty_like(send)
+        self._work = dist.all_to_all_single(self._recv, send, group=group, async_op=True)
+
+    def wait(self) -> Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work, self._send = None, None
+        return self._recv
 
 
 class RingComm:
@@ -182,6 +228,9 @@ def ring_attention(
     return out.to(q_BhTD.dtype)
 
 
+DEFAULT_HEAD_CHUNKS = 4
+
+
 def sp_attention(
     q_BHSD: Tensor,
     k_BHSD: Tensor,
@@ -190,11 +239,14 @@ def sp_attention(
     layout: SeqLayout,
     scale: float | None = None,
     kernel: AttentionKernel | None = None,
+    head_chunks: int | None = None,
 ) -> Tensor:
     """Full (non-causal) attention over the whole sp-sharded sequence; local shard in and out.
 
     q, k, v: this rank's local sequence (layout.local_len tokens) with all heads, (B, H, S, D).
     Returns (B, H, S, D) in q's dtype; rows of pad queries are defined but meaningless.
+    head_chunks: how many chunks the Ulysses exchange is pipelined in (module docstring;
+    default DEFAULT_HEAD_CHUNKS, at most h = H / ulysses; 1 = no overlap).
     """
     check_layout(mesh, layout)
     if q_BHSD.dim() != 4 or k_BHSD.shape != q_BHSD.shape or v_BHSD.shape != q_BHSD.shape:
@@ -214,30 +266,47 @@ def sp_attention(
             f"ulysses_degree {U} does not divide the {H} attention heads; "
             f"feasible: {', '.join(map(str, feasible_ulysses(H)))}"
         )
+    if head_chunks is None:
+        head_chunks = DEFAULT_HEAD_CHUNKS
+    if isinstance(head_chunks, bool) or not isinstance(head_chunks, int) or head_chunks < 1:
+        raise ValueError(f"head_chunks {head_chunks!r} must be an integer >= 1 (1: no overlap)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if kernel is None:
         kernel = default_kernel(q_BHSD.device.type, q_BHSD.dtype)
 
-    # q, k, v (B, H, S, D) -> Ulysses all-to-all -> (B, h, T, D) each, T = U * S.
-    if U > 1:
-        # One all-to-all per tensor rather than one for all three: on CPU, buffers above
-        # glibc's 32 MiB mmap threshold are fresh pages on every call (page faults cost
-        # about as much as the copy); per-tensor buffers stay below it at CogVideoX sizes.
-        q_BhTD, k_BhTD, v_BhTD = (
-            seq_to_head_recv(_all_to_all(seq_to_head_send((x_BHSD,), U), mesh.ulysses_group))[0]
-            for x_BHSD in (q_BHSD, k_BHSD, v_BHSD)
-        )
-    else:
-        q_BhTD, k_BhTD, v_BhTD = q_BHSD, k_BHSD, v_BHSD
-
     block_ranges = ring_block_ranges(layout, U, mesh.ring)
-    if mesh.ring == 1:
-        ranges = block_ranges[0]
-        out_BhTD = kernel(q_BhTD, select_ranges(k_BhTD, ranges, 2), select_ranges(v_BhTD, ranges, 2), scale)[0]
-    else:
-        out_BhTD = ring_attention(q_BhTD, k_BhTD, v_BhTD, mesh, block_ranges, scale, kernel)
 
-    if U > 1:
-        return head_to_seq_recv(_all_to_all(head_to_seq_send(out_BhTD, U), mesh.ulysses_group))
-    return out_BhTD
+    def attend(q_BcTD: Tensor, k_BcTD: Tensor, v_BcTD: Tensor) -> Tensor:
+        if mesh.ring == 1:
+            ranges = block_ranges[0]
+            return kernel(q_BcTD, select_ranges(k_BcTD, ranges, 2), select_ranges(v_BcTD, ranges, 2), scale)[0]
+        return ring_attention(q_BcTD, k_BcTD, v_BcTD, mesh, block_ranges, scale, kernel)
+
+    if U == 1:
+        return attend(q_BHSD, k_BHSD, v_BHSD)
+
+    group = mesh.ulysses_group
+    chunks = head_chunks_of(H // U, head_chunks)
+    qkv = (q_BHSD, k_BHSD, v_BHSD)
+
+    def post_in(heads: tuple[int, int]) -> PendingAllToAll:
+        # q, k, v of one head chunk in one all-to-all: (U, 3, B, c, S, D).
+        return PendingAllToAll(seq_to_head_send(qkv, U, heads), group)
+
+    out_BUhSD = q_BHSD.new_empty(B, U, H // U, S, D)
+    pending_out: list[tuple[tuple[int, int], PendingAllToAll]] = []
+    pending_in = post_in(chunks[0])
+    for i, heads in enumerate(chunks):
+        # (U, 3, B, c, S, D) -> q, k, v (B, c, T, D) of heads j*h + heads[0].. for every Ulysses rank j.
+        recv = pending_in.wait()
+        if i + 1 < len(chunks):
+            pending_in = post_in(chunks[i + 1])  # in flight while chunk i is attended
+        q_BcTD, k_BcTD, v_BcTD = seq_to_head_recv(recv)
+        out_BcTD = attend(q_BcTD, k_BcTD, v_BcTD)
+        # (B, c, T, D) -> (U, B, c, S, D): in flight while chunk i+1 is attended.
+        pending_out.append((heads, PendingAllToAll(head_to_seq_send(out_BcTD, U), group)))
+    for (start, stop), pending in pending_out:
+        # Received (U, B, c, S, D): slice j = heads j*h + start..stop of my tokens.
+        out_BUhSD[:, :, start:stop] = pending.wait().permute(1, 0, 2, 3, 4)
+    return out_BUhSD.view(B, H, S, D)

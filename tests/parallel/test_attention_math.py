@@ -8,6 +8,7 @@ import torch
 from raydit.parallel import SeqLayout, build_mesh, select_kernel, sp_attention
 from raydit.parallel.attention import (
     feasible_ulysses,
+    head_chunks_of,
     head_to_seq_recv,
     head_to_seq_send,
     merge_attention,
@@ -135,6 +136,33 @@ def test_ulysses_reshapes(U, H):
         assert torch.equal(head_to_seq_recv(back), xs[r][0])
 
 
+@pytest.mark.parametrize("U, H, chunks", [(2, 30, 4), (3, 6, 2), (5, 30, 6), (2, 4, 1), (6, 48, 3)])
+def test_ulysses_reshapes_by_head_chunk(U, H, chunks):
+    """Chunked exchanges (what sp_attention pipelines) put every head where the whole one does."""
+    N, B, S, D = 3, 2, 4, 5
+    xs = [torch.randn(N, B, H, S, D) for _ in range(U)]
+    h = H // U
+    outs_by_rank = [torch.empty(B, U, h, S, D) for _ in range(U)]
+    for start, stop in head_chunks_of(h, chunks):
+        recvs = simulate_all_to_all([seq_to_head_send(list(x), U, (start, stop)) for x in xs])
+        for j, recv in enumerate(recvs):
+            got = seq_to_head_recv(recv)  # (N, B, c, U*S, D)
+            expected = torch.cat([x[:, :, j * h + start : j * h + stop] for x in xs], dim=3)
+            assert torch.equal(got, expected), (j, start, stop)
+        backs = simulate_all_to_all([head_to_seq_send(seq_to_head_recv(r)[0], U) for r in recvs])
+        for r, back in enumerate(backs):
+            outs_by_rank[r][:, :, start:stop] = back.permute(1, 0, 2, 3, 4)
+    for r in range(U):
+        assert torch.equal(outs_by_rank[r].view(B, H, S, D), xs[r][0])
+
+
+@pytest.mark.parametrize("h, chunks, sizes", [(15, 4, [4, 4, 4, 3]), (5, 2, [3, 2]), (3, 8, [1, 1, 1]), (8, 1, [8])])
+def test_head_chunks_cover_every_head_once(h, chunks, sizes):
+    got = head_chunks_of(h, chunks)
+    assert [b - a for a, b in got] == sizes
+    assert got[0][0] == 0 and got[-1][1] == h and all(a[1] == b[0] for a, b in zip(got, got[1:]))
+
+
 def test_feasible_ulysses():
     assert feasible_ulysses(30) == [1, 2, 3, 5, 6, 10, 15, 30]
 
@@ -158,6 +186,8 @@ def test_sp_attention_input_errors():
         sp_attention(q, q, q, mesh, SeqLayout((25,), 1))
     with pytest.raises(ValueError, match="share one"):
         sp_attention(q, q[:, :3], q, mesh, SeqLayout((24,), 1))
+    with pytest.raises(ValueError, match="head_chunks 0 must be an integer >= 1"):
+        sp_attention(q, q, q, mesh, SeqLayout((24,), 1), head_chunks=0)
 
 
 def test_build_mesh_without_process_group():

@@ -1,6 +1,8 @@
 """sp_attention on several gloo processes against single-process attention on the whole sequence.
 
 Tolerance: float32 outputs vs float64 math on the whole sequence, atol = rtol = 1e-5.
+The Ulysses exchange runs pipelined in head chunks (default 4); CHUNK_VARIANTS re-runs the
+padded cases with 1 chunk (no overlap), 2, and more chunks than heads (one head each).
 Gathered outputs are compared bit for bit across the ranks that replicate them.
 Spawning is the slow part, so ONE group of 6 processes runs everything: the mesh of world
 size w spans ranks 0..w-1 (build_mesh(..., ranks=...)), the other ranks only join the
@@ -63,12 +65,16 @@ def reference(seed, heads, head_dim, parts, batch=1):
     return list(torch.split(out, list(parts), dim=2))
 
 
-def run_attention_cases(mesh, cases):
+CHUNK_VARIANTS = (1, 2, 64)
+CHUNK_PARTS = ((7,), (5, 23), (31, 37))  # uneven lengths: pad tokens on some ranks
+
+
+def run_attention_cases(mesh, cases, head_chunks=None):
     results = []
     for U, R, H, D, parts, seed, B in cases:
         layout = SeqLayout(parts, U * R)
         qkv = layout.shard_parts(make_parts(seed, H, D, parts, B), mesh.sp_index, dim=3)
-        out = sp_attention(qkv[0], qkv[1], qkv[2], mesh, layout)
+        out = sp_attention(qkv[0], qkv[1], qkv[2], mesh, layout, head_chunks=head_chunks)
         assert out.shape == qkv[0].shape
         results.append([gather_sequence(out, mesh, layout, p, dim=2) for p in range(len(parts))])
     return results
@@ -83,6 +89,10 @@ def suite_worker(rank, world):
             if mesh is not None:
                 cases = [c for c in cases_for(w) if c[:2] == (U, R)]
                 report["attention"][(U, R)] = run_attention_cases(mesh, cases)
+                if U > 1:
+                    chunked = [c for c in cases if c[4] in CHUNK_PARTS]
+                    for n in CHUNK_VARIANTS:
+                        report["attention"][(U, R, n)] = run_attention_cases(mesh, chunked, head_chunks=n)
     for shape in MESH_SHAPES:
         mesh = build_mesh(*shape, ranks=[0, 1, 2, 3])
         if mesh is not None:
@@ -109,6 +119,24 @@ def test_sp_attention_matches_single_process(suite, world):
                 )
                 for r in range(1, world):  # gathered output is replicated bit for bit
                     assert torch.equal(suite[r]["attention"][(U, R)][i][p], got), (r, U, R, H, D, parts, p)
+
+
+@pytest.mark.parametrize("world", [2, 4, 6])
+@pytest.mark.parametrize("chunks", CHUNK_VARIANTS)
+def test_sp_attention_any_head_chunking_matches_single_process(suite, world, chunks):
+    checked = 0
+    for U, R in factor_pairs(world):
+        if U == 1:
+            continue
+        cases = [c for c in cases_for(world) if c[:2] == (U, R) and c[4] in CHUNK_PARTS]
+        for i, (_, _, H, D, parts, seed, B) in enumerate(cases):
+            for p, ref in enumerate(reference(seed, H, D, parts, B)):
+                got = suite[0]["attention"][(U, R, chunks)][i][p]
+                torch.testing.assert_close(
+                    got, ref, **TOL,
+                    msg=lambda m: f"ulysses {U} ring {R} chunks {chunks} H {H} parts {parts} part {p}: {m}")
+                checked += 1
+    assert checked > 0
 
 
 # -- meshes with cfg and replica axes ---------------------------------------------------------
