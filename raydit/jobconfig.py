@@ -35,7 +35,9 @@ GENERATE_OPTIONS: dict[str, type] = {
 }
 
 
-def load_job_config(path: str) -> dict:
+def load_job_config(path: str, options: dict[str, type] | None = None) -> dict:
+    """Read `path` against `options` (key -> type; default: `raydit generate`'s)."""
+    options = GENERATE_OPTIONS if options is None else options
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"config file {path!r} does not exist")
@@ -52,10 +54,10 @@ def load_job_config(path: str) -> dict:
     out = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
-        if key not in GENERATE_OPTIONS:
-            known = ", ".join(k.replace("_", "-") for k in GENERATE_OPTIONS)
+        if key not in options:
+            known = ", ".join(k.replace("_", "-") for k in options)
             raise ValueError(f"config file {path!r}: unknown key {raw_key!r}; known keys: {known}")
-        want = GENERATE_OPTIONS[key]
+        want = options[key]
         if value is None:
             continue
         if want is float and isinstance(value, int) and not isinstance(value, bool):
