@@ -428,3 +428,34 @@ def test_memory_and_node_fit_together_give_the_node_reason():
         plan("cogvideox-5b", cluster=cluster, ulysses=4, ring=1, cfg=1)
     assert "needs 1 Ulysses group of 4 devices on single nodes, the usable nodes hold 0" in str(info.value)
     assert "8 T4 cannot hold a rank" in str(info.value)
+
+
+# -- guidance branches and the published-practice tie-break ------------------------------------
+def test_hunyuanvideo_plans_one_branch_unless_asked():
+    one = plan("hunyuanvideo", gpus=8)
+    assert one.branches == 1 and all(p.cfg == 1 for p in one.candidates)
+    # One H100: one pass per step, half of what two branches cost (the 3,486 s it planned before).
+    solo = plan("hunyuanvideo", gpus=1).best.predicted_step_seconds
+    two = plan("hunyuanvideo", gpus=1, branches=2).best.predicted_step_seconds
+    assert two == pytest.approx(2 * solo, rel=0.02)
+    asked = plan("hunyuanvideo", gpus=8, cfg=2)  # forcing cfg 2 asks for true CFG
+    assert asked.branches == 2 and asked.best.cfg == 2
+    with pytest.raises(PlanError, match="one branch per step \\(embedded guidance\\); use cfg 1, or branches=2"):
+        plan("hunyuanvideo", gpus=8, cfg=2, branches=1)
+    with pytest.raises(ValueError, match="branches 3 is not 1 or 2"):
+        plan("hunyuanvideo", gpus=8, branches=3)
+    assert plan("cogvideox-2b", gpus=2).branches == 2
+    assert plan("cogvideox-2b", gpus=2, guidance=False).branches == 1
+
+
+def test_ties_follow_published_practice_cfg_then_ulysses_then_ring():
+    best = plan("cogvideox-2b", gpus=4).best
+    same = dict(predicted_step_seconds=best.predicted_step_seconds,
+                throughput_steps_per_second=best.throughput_steps_per_second, pad_tokens=0, split="rows")
+    cfg_first = dataclasses.replace(best, cfg=2, ulysses=1, ring=2, **same)
+    ulysses = dataclasses.replace(best, cfg=1, ulysses=2, ring=2, **same)
+    ring = dataclasses.replace(best, cfg=1, ulysses=1, ring=4, **same)
+    assert sorted([ring, ulysses, cfg_first], key=_rank_key) == [cfg_first, ulysses, ring]
+    # The cost model decides first: a faster ring plan beats the practice.
+    faster_ring = dataclasses.replace(ring, predicted_step_seconds=best.predicted_step_seconds * 0.9)
+    assert sorted([cfg_first, faster_ring], key=_rank_key)[0] is faster_ring

@@ -17,7 +17,14 @@ are left out and the plan says so.
 
 Ranking: predicted step time of the fastest replica (what one request waits per step),
 step times within 0.5% count as equal; then throughput (replicas add it), then fewer pad
-tokens, then the split (frames, rows, tokens), then fewer devices.
+tokens, then the split (frames, rows, tokens), then fewer devices, then published practice
+(TensorRT-LLM, SGLang): cfg parallel first, then Ulysses up to the head limit, then ring.
+The cost model decides; the practice only breaks its ties.
+
+Guidance: with guidance on, a step runs `branches` transformer passes: the model's
+`cfg_branches` (2 for classifier-free guidance; 1 where guidance is embedded, HunyuanVideo),
+2 when cfg 2 is forced (asking for true CFG), or what `branches=` says. Two branches either
+share one group (batch 2) or run on two (cfg 2); one branch never plans a cfg axis.
 
 Mixed device types: a layout packed fastest-first may put a group across types (paced by
 its slowest member), replicas of one shape on different types, or leave the slow devices
@@ -226,6 +233,7 @@ class PlanResult:
     guidance: bool
     candidates: tuple[Plan, ...]
     rejected: tuple[Rejection, ...] = field(default=())
+    branches: int = 2  # transformer passes per step (1: guidance off or embedded)
 
     @property
     def best(self) -> Plan:
@@ -252,6 +260,7 @@ class PlanResult:
             },
             "cluster": self.cluster.to_dict(),
             "guidance": self.guidance,
+            "branches": self.branches,
             "best": self.best.to_dict(),
             "candidates": [p.to_dict() for p in shown],
             "candidates_total": len(self.candidates),
@@ -305,8 +314,11 @@ class _NodeInfo:
 class _Layouts:
     """Judges layouts for one (model, request, cluster); holds the per-call caches."""
 
-    def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, guidance: bool):
+    def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, guidance: bool,
+                 one_branch_why: str = "guidance is off (--no-cfg)"):
+        # guidance: two branches per step (cfg 2 possible); one_branch_why: why there is one.
         self.spec, self.geo, self.cluster, self.guidance = spec, geo, cluster, guidance
+        self.one_branch_why = one_branch_why
         # Fastest first; stable on the order given.
         order = sorted(enumerate(cluster.nodes),
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
@@ -369,7 +381,7 @@ class _Layouts:
 
         if C == 2 and not self.guidance:
             return reject("guidance", "cfg 2 runs the two guidance branches on separate groups, but "
-                          "guidance is off (--no-cfg); use cfg 1")
+                          f"{self.one_branch_why}; use cfg 1")
         if spec.heads % U:
             return reject("heads", f"ulysses {U} does not divide the {spec.heads} attention heads; "
                           f"feasible: {_divisors_text(spec)}")
@@ -510,11 +522,12 @@ class _Layouts:
 def _rank_key(p: Plan):
     bucket = math.floor(math.log(max(p.predicted_step_seconds, 1e-12)) / math.log1p(TIE_TOLERANCE))
     return (bucket, -p.throughput_steps_per_second, p.pad_tokens, costmod.SPLIT_ORDER[p.split],
-            p.world_size, -p.ulysses, p.cfg)
+            p.world_size, -p.cfg, -p.ulysses)
 
 
-def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world_size=None):
-    L = _Layouts(spec, geo, cluster, guidance)
+def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world_size=None,
+               one_branch_why="guidance is off (--no-cfg)"):
+    L = _Layouts(spec, geo, cluster, guidance, one_branch_why)
     N = cluster.total
     feasible: list[Plan] = []
     rejected: list[Rejection] = []
@@ -551,12 +564,13 @@ def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world
     return feasible, rejected
 
 
-def _per_type(spec, geo, cluster, guidance) -> Plan | None:
+def _per_type(spec, geo, cluster, guidance, one_branch_why) -> Plan | None:
     """One best layout per device type, run side by side as replicas of different shapes."""
     parts = []
     for t in cluster.types:
         sub = cluster.only(t)
-        feasible, _ = _enumerate(spec, geo, sub, guidance, None, None, None, None)
+        feasible, _ = _enumerate(spec, geo, sub, guidance, None, None, None, None,
+                                 one_branch_why=one_branch_why)
         if feasible:
             parts.append(feasible[0])
     if len(parts) < 2:
@@ -604,13 +618,15 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
          gpus: int | None = None, gpu_type: str | None = None, per_node: int | None = None,
          cluster=None, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None,
          replicas: int | None = None, guidance: bool = True,
-         world_size: int | None = None) -> PlanResult:
+         world_size: int | None = None, branches: int | None = None) -> PlanResult:
     """Plan `model` (name, diffusers directory or ModelSpec) for a frames x height x width
     request on `gpus` devices of `gpu_type` or on `cluster` (ClusterSpec, dict, YAML path).
 
     Any of ulysses / ring / cfg / replicas given restricts the enumeration; world_size keeps
     only layouts that use exactly that many devices (cfg x ulysses x ring x replicas);
     PlanError when no layout remains feasible. guidance=False: one branch per step, cfg 1.
+    branches: transformer passes per step with guidance on (default: the model's
+    cfg_branches, or 2 when cfg=2 is forced; module docstring).
     """
     spec = model_spec(model)
     geo = spec.geometry(frames, height, width)
@@ -625,10 +641,26 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     if cfg == 2 and not guidance:
         raise PlanError("cfg 2 runs the two guidance branches on separate groups, but guidance is "
                         "off (--no-cfg); use cfg 1")
-    feasible, rejected = _enumerate(spec, geo, cl, guidance, ulysses, ring, cfg, replicas, world_size)
+    if branches is not None and (isinstance(branches, bool) or branches not in (1, 2)):
+        raise ValueError(f"branches {branches!r} is not 1 or 2 (transformer passes per step)")
+    if branches == 2 and not guidance:
+        raise PlanError("branches 2 runs two guidance branches per step, but guidance is off (--no-cfg); "
+                        "drop branches or turn guidance on")
+    if not guidance:
+        branches, why = 1, "guidance is off (--no-cfg)"
+    else:
+        if branches is None:
+            branches = 2 if cfg == 2 else spec.cfg_branches
+        why = (f"{spec.name} runs one branch per step (embedded guidance)" if spec.cfg_branches == 1
+               else "branches=1 was asked")
+    if cfg == 2 and branches == 1:
+        raise PlanError(f"cfg 2 runs the two guidance branches on separate groups, but {why}; "
+                        "use cfg 1, or branches=2 for true classifier-free guidance")
+    two = branches == 2
+    feasible, rejected = _enumerate(spec, geo, cl, two, ulysses, ring, cfg, replicas, world_size, why)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))
     if len(cl.types) > 1 and not forced:
-        combo = _per_type(spec, geo, cl, guidance)
+        combo = _per_type(spec, geo, cl, two, why)
         if combo is not None:
             feasible.append(combo)
             feasible.sort(key=_rank_key)
@@ -638,4 +670,4 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
                   or f"no layout of exactly {world_size} devices matches the forced degrees")
         raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
                         f"on {cl.total} device{'s' if cl.total != 1 else ''}: {detail}")
-    return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected))
+    return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected), branches)
