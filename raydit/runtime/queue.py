@@ -1,0 +1,219 @@
+"""The request queue: requests in submission order to the fastest idle replica, each
+exactly once, and none lost while any capacity is left.
+
+A replica that cannot finish a request (its ranks are gone and nothing is free) hands it
+back with its progress (`HandBack`); the request goes to the front of the queue, another
+replica resumes it from its last checkpoint, and the replica that gave it back leaves
+rotation until a repair makes it whole again (repairs are tried whenever a request waits).
+A request fails for want of capacity only when no replica is running, none can be
+repaired, and so none ever could run it.
+
+Durable progress: with a checkpoint directory, the request and each finished step's
+checkpoint are written atomically to `DIR/progress.pt` (`save_progress`), so a job
+resubmitted after its driver died finishes with the same latents (`load_progress`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from raydit.runtime.controller import NO_CAPACITY, Job
+from raydit.runtime.errors import HandBack, NoCapacity
+
+PROGRESS_FILE = "progress.pt"
+
+
+@dataclass
+class Item:
+    """One queued request and what it has done so far (`job` moves between replicas)."""
+
+    request: Any
+    future: Future
+    callback: Callable | None = None
+    progress: bool = False
+    checkpoint_dir: str | None = None
+    job: Job | None = None
+    first_event: int = 0
+    t_start: float = 0.0
+    handbacks: list = field(default_factory=list)  # reasons, in order
+    started: bool = False  # the future is marked running (it can no longer be cancelled)
+
+
+class Dispatcher:
+    """Runs `execute(replica, item)` for each item on a thread per running replica.
+
+    `replicas`: objects with `index`, `busy`, `in_rotation` and `plan` (the fastest idle
+    one, by predicted step time, goes first). `repair(replica) -> bool` tries to make an
+    out-of-rotation replica whole. `capacity()` describes what is left, for the message
+    when nothing is.
+    """
+
+    def __init__(self, replicas: list, execute: Callable, repair: Callable, capacity: Callable[[], str],
+                 retry_repair_s: float = 2.0):
+        self.replicas = replicas
+        self._execute = execute
+        self._repair = repair
+        self._capacity = capacity
+        self.retry_repair_s = retry_repair_s
+        self.cond = threading.Condition()
+        self._items: deque[Item] = deque()
+        self._thread: threading.Thread | None = None
+        self._running: list[threading.Thread] = []
+        self._closing = False
+
+    def put(self, item: Item) -> Future:
+        with self.cond:
+            if self._closing:
+                raise RuntimeError("engine is shutting down; create a new Engine")
+            self._items.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="raydit-dispatch", daemon=True)
+                self._thread.start()
+            self.cond.notify_all()
+        return item.future
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        last_repair = 0.0
+        while True:
+            with self.cond:
+                while not self._closing and not self._items:
+                    self.cond.wait()
+                if self._closing:
+                    return
+                item = self._items[0]
+                if not item.started:
+                    if not item.future.set_running_or_notify_cancel():
+                        self._items.popleft()  # cancelled before it ran
+                        continue
+                    item.started = True
+                idle = [r for r in self.replicas if not r.busy and r.in_rotation]
+                broken = [r for r in self.replicas if not r.busy and not r.in_rotation]
+                running = any(r.busy for r in self.replicas)
+                if not idle and broken and (not running or time.monotonic() - last_repair >= self.retry_repair_s):
+                    for r in broken:
+                        r.busy = True  # repairing: nobody else touches it
+                else:
+                    broken = []
+                if idle:
+                    replica = min(idle, key=lambda r: (r.plan.predicted_step_seconds, r.index))
+                    replica.busy = True
+                    self._items.popleft()
+                    self._start(replica, item)
+                    continue
+                if not broken:
+                    if running:
+                        self.cond.wait(timeout=self.retry_repair_s)
+                        continue
+                    self._items.popleft()
+                    item.future.set_exception(self._no_capacity(item))
+                    continue
+            # Repairs start actors and form groups (seconds): outside the lock.
+            last_repair = time.monotonic()
+            for r in broken:
+                try:
+                    whole = bool(self._repair(r))
+                except Exception:
+                    whole = False
+                with self.cond:
+                    r.in_rotation = whole
+                    r.busy = False
+                    self.cond.notify_all()
+            with self.cond:
+                if (not any(r.in_rotation for r in self.replicas) and not any(r.busy for r in self.replicas)
+                        and self._items and self._items[0] is item):
+                    self._items.popleft()
+                    item.future.set_exception(self._no_capacity(item))
+
+    def _no_capacity(self, item: Item) -> NoCapacity:
+        step = f" at step {item.job.step_index}" if item.job is not None and item.job.prepared else ""
+        return NoCapacity(f"request stopped{step}: {NO_CAPACITY} ({self._capacity()})")
+
+    def _start(self, replica, item: Item) -> None:
+        t = threading.Thread(target=self._run_on, args=(replica, item), name=f"raydit-replica-{replica.index}",
+                             daemon=True)
+        self._running = [x for x in self._running if x.is_alive()] + [t]
+        t.start()
+
+    def _run_on(self, replica, item: Item) -> None:
+        handed_back = False
+        try:
+            result = self._execute(replica, item)
+        except HandBack as exc:
+            handed_back = True
+            item.handbacks.append(f"replica {replica.index}: {exc.reason}")
+        except BaseException as exc:  # the caller of .result() sees it
+            item.future.set_exception(exc)
+        else:
+            item.future.set_result(result)
+        with self.cond:
+            replica.busy = False
+            if handed_back:
+                replica.in_rotation = False
+                if self._closing:
+                    item.future.set_exception(RuntimeError("engine shut down before the request finished"))
+                else:
+                    self._items.appendleft(item)
+            self.cond.notify_all()
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self, join_s: float = 120.0) -> None:
+        """Cancel queued requests, let running ones finish, stop the loop."""
+        with self.cond:
+            self._closing = True
+            while self._items:
+                item = self._items.popleft()
+                if not item.started:
+                    item.future.cancel()
+                elif not item.future.done():
+                    item.future.set_exception(RuntimeError("engine shut down before the request ran"))
+            self.cond.notify_all()
+        me = threading.current_thread()
+        for t in [self._thread, *self._running]:
+            if t is not None and t is not me:
+                t.join(timeout=join_s)
+
+
+# -- durable progress ----------------------------------------------------------------------
+
+
+def save_progress(directory: str, request, checkpoint: dict | None) -> Path:
+    """Write the request and its last finished step atomically (a temporary file renamed
+    into place): a reader sees the previous step or this one, never half of one."""
+    import torch
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / PROGRESS_FILE
+    tmp = path / f".{PROGRESS_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
+    torch.save({"version": 1, "request": request, "checkpoint": checkpoint}, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def load_progress(directory: str) -> tuple[Any, dict | None]:
+    """(request, checkpoint or None) from `save_progress`'s file; ValueError when absent."""
+    import torch
+
+    target = Path(directory) / PROGRESS_FILE
+    if not target.is_file():
+        raise ValueError(f"no saved progress in {str(directory)!r} (no {PROGRESS_FILE}); "
+                         "give the directory a run wrote with --checkpoint-dir")
+    try:
+        data = torch.load(target, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise ValueError(f"{target}: not a raydit progress file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict) or data.get("version") != 1 or "request" not in data:
+        raise ValueError(f"{target}: not a raydit progress file")
+    return data["request"], data["checkpoint"]
