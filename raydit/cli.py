@@ -58,7 +58,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from raydit.planner import plan
+    from raydit import plan  # the planner with the model families loaded (pipeline directories)
     from raydit.planner.report import format_plan_table
 
     if args.top < 0:

@@ -15,12 +15,16 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with any of the options below (command line wins)")
     p.add_argument("--prompt", help="text prompt (required, here or in --config)")
     p.add_argument("--negative-prompt", dest="negative_prompt")
-    p.add_argument("--model", help="'tiny' (default) or a local diffusers pipeline directory")
+    p.add_argument("--model", help="a built-in tiny model ('tiny' (default), 'tiny-wan', ...) or a local "
+                                   "diffusers pipeline directory")
     p.add_argument("--frames", type=int)
     p.add_argument("--height", type=int)
     p.add_argument("--width", type=int)
     p.add_argument("--steps", type=int, help="denoising steps (default 50)")
     p.add_argument("--guidance-scale", dest="guidance_scale", type=float)
+    p.add_argument("--guidance-scale-2", dest="guidance_scale_2", type=float,
+                   help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)")
+    p.add_argument("--image", help="image (PNG, JPEG ...) conditioning an image-to-video model")
     p.add_argument("--seed", type=int)
     p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
@@ -75,6 +79,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from raydit.runtime.engine import Engine
 
     o = resolve_generate_options(args)
+    # The image and the model are checked before Ray starts: a wrong pair costs nothing.
+    from raydit.models.family import image_to_png
+    from raydit.models.loading import resolve_model_dir, takes_image
+
+    image = image_to_png(o["image"]) if o.get("image") else None
+    image_model = takes_image(resolve_model_dir(o["model"]))
+    if image is not None and not image_model:
+        raise ValueError(f"--image {o['image']!r}: model {o['model']!r} is text-to-video and takes no image; "
+                         "drop --image or use an image-to-video checkpoint")
+    if image is None and image_model:
+        raise ValueError(f"model {o['model']!r} is image-to-video: give --image PATH")
     workers = o.get("workers")
     device = o["device"]
     if workers is None and device != "cuda" and o.get("address") is None:
@@ -101,8 +116,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             width=o.get("width"),
             num_inference_steps=o["steps"],
             guidance_scale=o["guidance_scale"],
+            guidance_scale_2=o.get("guidance_scale_2"),
             seed=o["seed"],
             progress=not o["json"],
+            image=image,
         )
         result.save(o["out"], fps=o["fps"])
         if o.get("save_latents"):

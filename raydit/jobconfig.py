@@ -21,6 +21,8 @@ GENERATE_OPTIONS: dict[str, type] = {
     "width": int,
     "steps": int,
     "guidance_scale": float,
+    "guidance_scale_2": float,
+    "image": str,
     "seed": int,
     "workers": int,
     "device": str,

@@ -7,7 +7,8 @@ import struct
 
 import pytest
 
-from raydit.planner import BUILTIN_MODELS, ModelSpec, model_spec
+from raydit import model_spec  # the planner's, with the model families loaded (they read directories)
+from raydit.planner import BUILTIN_MODELS, ModelSpec
 
 # name, heads, head_dim, layers, patch_size_t, positional, text in sequence
 BUILTINS = [
@@ -16,6 +17,9 @@ BUILTINS = [
     ("cogvideox1.5-5b", 48, 64, 42, 2, "rotary", True),
     ("wan2.1-t2v-1.3b", 12, 128, 30, 1, "rotary", False),
     ("wan2.1-t2v-14b", 40, 128, 40, 1, "rotary", False),
+    ("wan2.1-i2v-14b-480p", 40, 128, 40, 1, "rotary", False),
+    ("wan2.2-t2v-a14b", 40, 128, 40, 1, "rotary", False),
+    ("wan2.2-ti2v-5b", 24, 128, 30, 1, "rotary", False),
     ("hunyuanvideo", 24, 128, 60, 1, "rotary", True),
     ("ltx-video", 32, 64, 28, 1, "rotary", False),
     ("mochi-1", 24, 128, 48, 1, "rotary", True),
@@ -46,6 +50,8 @@ GEOMETRY = [
     ("cogvideox1.5-5b", 81, 768, 1360, 21, 22, 96, 170, (11, 48, 85), 44880, 45106),
     ("cogvideox1.5-5b", 85, 768, 1360, 22, 22, 96, 170, (11, 48, 85), 44880, 45106),
     ("wan2.1-t2v-1.3b", 81, 480, 832, 21, 21, 60, 104, (21, 30, 52), 32760, 32760),
+    ("wan2.1-t2v-14b", 81, 720, 1280, 21, 21, 90, 160, (21, 45, 80), 75600, 75600),
+    ("wan2.2-ti2v-5b", 121, 704, 1280, 31, 31, 44, 80, (31, 22, 40), 27280, 27280),
     ("ltx-video", 161, 512, 704, 21, 21, 16, 22, (21, 16, 22), 7392, 7392),
     ("tiny", 9, 64, 64, 3, 3, 8, 8, (3, 4, 4), 48, 64),
     ("tiny", 1, 16, 16, 1, 1, 2, 2, (1, 1, 1), 1, 17),
@@ -173,7 +179,10 @@ def test_spec_from_wan_dir(tmp_path):
     (lambda root: (root / "transformer" / "config.json").write_text("{not json"), "not valid JSON"),
     (lambda root: (root / "transformer" / "config.json").write_text(
         json.dumps({**COGVIDEOX_2B_CONFIG, "_class_name": "FluxTransformer2DModel"})),
-     "transformer class 'FluxTransformer2DModel' is not supported"),
+     "transformer class 'FluxTransformer2DModel' is not supported by a CogVideoX pipeline"),
+    (lambda root: (root / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"})),
+     "holds a FluxPipeline; raydit plans CogVideoXImageToVideoPipeline, CogVideoXPipeline"),
+    (lambda root: (root / "model_index.json").unlink(), "is not a diffusers pipeline (no model_index.json)"),
     (lambda root: (root / "transformer" / "config.json").write_text(
         json.dumps({k: v for k, v in COGVIDEOX_2B_CONFIG.items() if k != "max_text_seq_length"})),
      "missing 'max_text_seq_length'"),
@@ -186,8 +195,8 @@ def test_bad_model_dir(tmp_path, mutate, message):
 
 
 def test_tiny_matches_the_tiny_pipeline(tmp_path):
-    """The planner's `tiny` has the geometry of raydit/models/tiny.py (which imports torch)."""
-    tiny = pytest.importorskip("raydit.models.tiny")
+    """The planner's `tiny` has the geometry of the CogVideoX family's tiny pipeline."""
+    tiny = pytest.importorskip("raydit.models.families.cogvideox")
     spec = model_spec("tiny")
     assert (spec.heads, spec.head_dim, spec.layers) == (tiny.TINY_HEADS, tiny.TINY_HEAD_DIM, tiny.TINY_LAYERS)
     assert (spec.text_tokens, spec.in_channels, spec.patch_size) == (

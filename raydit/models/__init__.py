@@ -1,25 +1,38 @@
-"""Model adapters: make diffusers transformers sequence-parallel without editing them.
+"""Model families: make diffusers video pipelines sequence-parallel without editing them.
 
-    handle = parallelize(pipe.transformer, mesh)   # adapter found by get_adapter
+    runner = Runner(pipe, mesh)                    # the family found from the pipeline's class
+    handle = parallelize(pipe.transformer, mesh)   # adapter found from the transformer's class
     ...; handle.remove()                           # or unparallelize(pipe.transformer)
 
-diffusers itself is imported only when an adapter, the tiny pipeline or a runner needs it.
+A family is one module in `raydit/models/families/` (see `raydit.models.family`). Importing
+this package imports neither torch nor diffusers; the names below load on first use.
 """
 
-from raydit.models.registry import get_adapter, parallelize, register_adapter, supported_transformers, unparallelize
-from raydit.models.runner import CogVideoXRunner, DenoiseState, GenerationRequest
-from raydit.models.tiny import build_tiny_pipeline, load_tiny_pipeline, tiny_pipeline_dir
+from __future__ import annotations
 
-__all__ = [
-    "CogVideoXRunner",
-    "DenoiseState",
-    "GenerationRequest",
-    "build_tiny_pipeline",
-    "get_adapter",
-    "load_tiny_pipeline",
-    "parallelize",
-    "register_adapter",
-    "supported_transformers",
-    "tiny_pipeline_dir",
-    "unparallelize",
-]
+import importlib
+
+_EXPORTS = {
+    "DenoiseState": "raydit.models.family",
+    "Family": "raydit.models.family",
+    "GenerationRequest": "raydit.models.family",
+    "image_to_png": "raydit.models.family",
+    "Runner": "raydit.models.runner",
+    "family_for_pipeline": "raydit.models.registry",
+    "get_adapter": "raydit.models.registry",
+    "parallelize": "raydit.models.registry",
+    "register_adapter": "raydit.models.registry",
+    "supported_pipelines": "raydit.models.registry",
+    "supported_transformers": "raydit.models.registry",
+    "tiny_models": "raydit.models.registry",
+    "unparallelize": "raydit.models.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raydit.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -15,8 +15,6 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-from torch import nn
 
 # Attribute set on a parallelized transformer; its presence makes parallelize refuse.
 HANDLE_ATTR = "_raydit_parallel_handle"
@@ -24,16 +22,31 @@ HANDLE_ATTR = "_raydit_parallel_handle"
 
 @dataclass(frozen=True)
 class SplitInput:
-    """A forward argument of the first block that carries one part of the sequence."""
+    """A forward argument of the first block that carries one part of the sequence.
+
+    Several inputs may carry one part (they must agree on its length). `ndim`: split the
+    argument only when it has this many dims; otherwise it is per sample, not per token, and
+    every rank gets it whole (Wan's temb is [B, 6, C], or [B, L, 6, C] with a per-token
+    timestep). `every_block`: the model hands the same full tensor to every block instead of
+    threading it through the blocks' outputs, so it is split before each block.
+    """
 
     arg: str  # keyword name in the block's forward signature
     part: int  # index into SeqLayout.part_lengths
     dim: int = 1  # the sequence dim of the tensor
+    ndim: int | None = None  # split only tensors of this many dims (None: always)
+    every_block: bool = False
+
+    def applies_to(self, x) -> bool:
+        return self.ndim is None or getattr(x, "ndim", None) == self.ndim
 
 
 @dataclass(frozen=True)
 class GatherOutput:
-    """An element of the last block's output tuple that carries one part of the sequence."""
+    """An element of the last block's output tuple that carries one part of the sequence.
+
+    A block that returns a single tensor (Wan's) has one GatherOutput, index 0: the tensor.
+    """
 
     index: int  # position in the output tuple
     part: int
@@ -54,15 +67,18 @@ class SequenceParallelPlan:
     attention: str  # attribute name of the attention module inside each block
 
     def __post_init__(self):
-        parts = sorted(s.part for s in self.split_inputs)
+        parts = sorted({s.part for s in self.split_inputs})
         if parts != list(range(len(parts))):
-            raise ValueError(f"split_inputs parts {parts} must be 0..n-1, each once")
-        if sorted(g.part for g in self.gather_outputs) != parts:
+            raise ValueError(f"split_inputs parts {parts} must be 0..n-1")
+        for part in parts:
+            if all(s.ndim is not None for s in self.split_inputs if s.part == part):
+                raise ValueError(f"part {part} needs a split input without `ndim`: one that always fixes its length")
+        if sorted({g.part for g in self.gather_outputs}) != parts:
             raise ValueError("gather_outputs must gather exactly the parts that split_inputs split")
 
     @property
     def num_parts(self) -> int:
-        return len(self.split_inputs)
+        return len({s.part for s in self.split_inputs})
 
 
 @dataclass
@@ -75,6 +91,8 @@ class ForwardContext:
 
     mesh: Any
     layout: Any = None  # raydit.parallel.sharding.SeqLayout of the current forward
+    # arg -> (full tensor, local shard) of `every_block` split inputs, for this forward only
+    split_cache: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -122,30 +140,61 @@ def _bind_arg(module: nn.Module, name: str, args: tuple, kwargs: dict) -> tuple[
 
 
 def apply_split(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
-    """Pre-hook on the first block: pad and shard every split input per the layout."""
+    """Pre-hook on the first block: pad and shard every split input per the layout; and on
+    every later block, the `every_block` inputs (each full tensor is sharded once per forward)."""
     from raydit.parallel.sharding import SeqLayout
 
     ctx = handle.context
-    first = getattr(handle.transformer, plan.blocks)[0]
+    blocks = getattr(handle.transformer, plan.blocks)
+    per_block = tuple(s for s in plan.split_inputs if s.every_block)
 
-    def split_hook(module, args, kwargs):
-        args = list(args)
-        where = [_bind_arg(module, s.arg, args, kwargs) for s in plan.split_inputs]
-        full = [kwargs[s.arg] if kind == "kwargs" else args[pos] for s, (kind, pos) in zip(plan.split_inputs, where)]
-        lengths = [0] * plan.num_parts
-        for spec, x in zip(plan.split_inputs, full):
-            lengths[spec.part] = x.shape[spec.dim]
-        ctx.layout = SeqLayout(part_lengths=tuple(lengths), sp=_sp_degree(ctx.mesh))
-        for spec, x, (kind, pos) in zip(plan.split_inputs, full, where):
-            # [B, L_part, C] -> [B, chunk_part, C] (padded at the part's end, then chunked)
-            local = ctx.layout.shard(x, spec.part, ctx.mesh.sp_index, dim=spec.dim)
+    def locate(module, specs, args, kwargs):
+        where = [_bind_arg(module, s.arg, args, kwargs) for s in specs]
+        return [(s, kwargs[s.arg] if kind == "kwargs" else args[pos], (kind, pos)) for s, (kind, pos) in zip(specs, where)]
+
+    def shard_into(found, args, kwargs):
+        for spec, x, (kind, pos) in found:
+            if not spec.applies_to(x):
+                continue  # per sample: every rank keeps it whole
+            cached = ctx.split_cache.get(spec.arg)
+            if cached is not None and cached[0] is x:
+                local = cached[1]
+            else:
+                # [B, L_part, ...] -> [B, chunk_part, ...] (padded at the part's end, then chunked)
+                local = ctx.layout.shard(x, spec.part, ctx.mesh.sp_index, dim=spec.dim)
+                if spec.every_block:
+                    ctx.split_cache[spec.arg] = (x, local)
             if kind == "kwargs":
                 kwargs[spec.arg] = local
             else:
                 args[pos] = local
+
+    def split_hook(module, args, kwargs):
+        args = list(args)
+        found = locate(module, plan.split_inputs, args, kwargs)
+        lengths: dict[int, int] = {}
+        for spec, x, _ in found:
+            if spec.applies_to(x):
+                n = x.shape[spec.dim]
+                if lengths.setdefault(spec.part, n) != n:
+                    raise ValueError(
+                        f"`{spec.arg}` has {n} tokens of part {spec.part} along dim {spec.dim}, "
+                        f"but another input of that part has {lengths[spec.part]}"
+                    )
+        ctx.layout = SeqLayout(part_lengths=tuple(lengths[p] for p in range(plan.num_parts)), sp=_sp_degree(ctx.mesh))
+        ctx.split_cache.clear()
+        shard_into(found, args, kwargs)
         return tuple(args), kwargs
 
-    handle._hooks.append(first.register_forward_pre_hook(split_hook, with_kwargs=True))
+    def later_split_hook(module, args, kwargs):
+        args = list(args)
+        shard_into(locate(module, per_block, args, kwargs), args, kwargs)
+        return tuple(args), kwargs
+
+    handle._hooks.append(blocks[0].register_forward_pre_hook(split_hook, with_kwargs=True))
+    if per_block:
+        for block in list(blocks)[1:]:
+            handle._hooks.append(block.register_forward_pre_hook(later_split_hook, with_kwargs=True))
 
 
 def apply_gather(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
@@ -156,6 +205,15 @@ def apply_gather(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
     last = getattr(handle.transformer, plan.blocks)[-1]
 
     def gather_hook(module, args, output):
+        ctx.split_cache.clear()  # drop the references to this forward's full tensors
+        if not isinstance(output, (tuple, list)):
+            # The block returns one tensor: the plan's single GatherOutput (index 0) is it.
+            if [g.index for g in plan.gather_outputs] != [0]:
+                raise ValueError(
+                    f"{type(module).__name__} returns one tensor; the plan must have one GatherOutput with index 0"
+                )
+            spec = plan.gather_outputs[0]
+            return gather_sequence(output, ctx.mesh, ctx.layout, spec.part, dim=spec.dim)
         out = list(output)
         for spec in plan.gather_outputs:
             # [B, chunk_part, C] -> [B, L_part, C]
@@ -177,7 +235,9 @@ class ModelAdapter:
     """Base of every model adapter: a plan, a processor factory, and model-specific checks."""
 
     name: str = ""
-    transformer_classes: tuple[type, ...] = ()
+    # diffusers class names (matched along the transformer's MRO), so that defining an
+    # adapter imports no diffusers.
+    transformer_classes: tuple[str, ...] = ()
     plan: SequenceParallelPlan
 
     def validate(self, transformer: nn.Module, mesh) -> None:

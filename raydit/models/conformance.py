@@ -7,8 +7,11 @@ cases under all plans inside ONE process group (spawning is the slow part), retu
 outputs for the test to compare with the single-process reference.
 
 - ForwardCase: `build(**kwargs) -> (transformer, forward_kwargs)`; one transformer forward.
-- RunnerCase: `build(**kwargs) -> pipeline`; a few denoising steps of CogVideoXRunner, also
-  resumed from a checkpoint taken by another world size.
+- RunnerCase: `build(**kwargs) -> pipeline`; a few denoising steps of the generic Runner,
+  also resumed from a checkpoint taken by another world size.
+
+Each family contributes its cases from its own module (`Family.conformance_cases`);
+`family_cases` collects them all, so the suite runs every family on every plan.
 """
 
 from __future__ import annotations
@@ -44,9 +47,44 @@ class RunnerCase:
     request: dict  # GenerationRequest fields
     kwargs: dict = field(default_factory=dict)
     steps: int = 2  # denoising steps run (<= request num_inference_steps)
+    image: str | None = None  # "checker": a deterministic test image goes with the request
+    cfg: bool = True  # cfg = 2 plans apply (the request uses guidance)
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
+
+    def make_request(self):
+        from raydit.models.family import GenerationRequest, image_to_png
+
+        image = None if self.image is None else image_to_png(test_image(self.request["height"], self.request["width"]))
+        return GenerationRequest(**self.request, image=image)
+
+
+def test_image(height: int, width: int):
+    """A deterministic RGB image with structure in both directions (uint8 [H, W, 3])."""
+    import numpy as np
+
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([(x * 7) % 256, (y * 5) % 256, ((x // 4 + y // 4) % 2) * 255], axis=-1).astype(np.uint8)
+
+
+class _Unbuilt(dict):
+    def __missing__(self, name):
+        return f"<{name}: not built>"
+
+
+def family_cases(build: bool = True) -> dict[str, list]:
+    """Every family's forward and runner cases. `build=False` lists them without building
+    the tiny pipelines (test collection: names, heads and plans only)."""
+    from raydit.models.registry import families, tiny_models
+
+    base_dirs = {name: str(make()) for name, make in tiny_models().items()} if build else _Unbuilt()
+    out = {"forward": [], "runner": []}
+    for family in families().values():
+        cases = family.conformance_cases(base_dirs)
+        out["forward"] += cases.get("forward", [])
+        out["runner"] += cases.get("runner", [])
+    return out
 
 
 @dataclass(frozen=True)
@@ -129,19 +167,19 @@ def runner_worker(
     Returns {(case, plan, "fresh"): latents after case.steps steps from the seed,
              (case, plan, "resumed"): latents after resuming from checkpoints[case]}.
     """
-    from raydit.models.runner import CogVideoXRunner, GenerationRequest
+    from raydit.models.runner import Runner
 
     outputs = {}
     for case in cases:
         pipe = case.make()
-        request = GenerationRequest(**case.request)
+        request = case.make_request()
         for world_size in world_sizes:
-            cfgs = (1, 2) if world_size in cfg_world_sizes else (1,)
+            cfgs = (1, 2) if world_size in cfg_world_sizes and case.cfg else (1,)
             for plan in feasible_plans(world_size, case.heads, cfg_degrees=cfgs):
                 mesh = prefix_mesh(plan)
                 if mesh is None:
                     continue
-                runner = CogVideoXRunner(pipe, mesh)
+                runner = Runner(pipe, mesh)
                 try:
                     outputs[(case.name, str(plan), "fresh")] = run_steps(runner, request, case.steps).latents
                     if case.name in checkpoints:

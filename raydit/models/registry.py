@@ -1,61 +1,131 @@
-"""Registry from diffusers transformer classes to raydit model adapters.
+"""The registry: model families found on disk, and adapters keyed by transformer class.
 
-A new model family is one new module defining a `ModelAdapter` subclass decorated with
-`@register_adapter`, imported in `_ADAPTER_MODULES`, plus the shared conformance tests.
+A family is one module in `raydit/models/families/` defining `FAMILY` (a
+`raydit.models.family.Family`); nothing lists them: `families()` imports every module of
+that package once. Everything else (loading, the runtime, the CLI, the planner's reading of
+a pipeline directory) goes through the functions here, keyed by the pipeline class in
+`model_index.json` or by the transformer's class.
+
+`register_adapter` still maps extra transformer classes to an adapter class (for adapters
+that live outside a family, e.g. in a user's code or a test).
+
+Importing this module imports neither torch nor diffusers.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
+import threading
 
-from torch import nn
-
-# Modules whose import registers their adapters; imported lazily by get_adapter.
-_ADAPTER_MODULES = ("raydit.models.cogvideox",)
-
-# transformer class -> adapter class. Filled by @register_adapter at import time.
-_REGISTRY: dict[type, type] = {}
+# transformer class name -> adapter class: filled from the families and by register_adapter.
+_REGISTRY: dict[str, type] = {}
+_FAMILIES: dict[str, object] = {}
+_LOCK = threading.Lock()
 
 
 def register_adapter(adapter_cls: type) -> type:
-    """Class decorator: map each of `adapter_cls.transformer_classes` to `adapter_cls`."""
+    """Class decorator: map each of `adapter_cls.transformer_classes` (classes or class
+    names) to `adapter_cls`."""
     if not adapter_cls.transformer_classes:
         raise ValueError(f"{adapter_cls.__name__}.transformer_classes is empty; name the diffusers classes it adapts")
     for cls in adapter_cls.transformer_classes:
-        owner = _REGISTRY.get(cls)
+        key = cls if isinstance(cls, str) else cls.__name__
+        owner = _REGISTRY.get(key)
         if owner is not None and owner is not adapter_cls and owner.__qualname__ != adapter_cls.__qualname__:
-            raise ValueError(f"{cls.__name__} already has adapter {owner.__name__}; cannot also register {adapter_cls.__name__}")
-        _REGISTRY[cls] = adapter_cls
+            raise ValueError(f"{key} already has adapter {owner.__name__}; cannot also register {adapter_cls.__name__}")
+        _REGISTRY[key] = adapter_cls
     return adapter_cls
 
 
-def _load_builtin_adapters() -> None:
-    for module in _ADAPTER_MODULES:
-        importlib.import_module(module)
+def families() -> dict[str, object]:
+    """name -> Family, every module of raydit.models.families imported once."""
+    if _FAMILIES:
+        return dict(_FAMILIES)
+    with _LOCK:
+        if not _FAMILIES:
+            from raydit.planner.model import register_spec_reader
+
+            package = importlib.import_module("raydit.models.families")
+
+            found = {}
+            for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+                module = importlib.import_module(f"{package.__name__}.{info.name}")
+                family = getattr(module, "FAMILY", None)
+                if family is None:
+                    continue
+                if family.name in found:
+                    raise ValueError(f"two families are named {family.name!r}")
+                found[family.name] = family
+                if family.adapter is not None:
+                    register_adapter(family.adapter)
+                register_spec_reader(family.pipelines, family.spec_from_dir)
+            _FAMILIES.update(found)
+    return dict(_FAMILIES)
+
+
+def load_families() -> None:
+    """Make every family known (the planner reads pipeline directories through them)."""
+    families()
+
+
+def supported_pipelines() -> list[str]:
+    return sorted(p for f in families().values() for p in f.pipelines)
+
+
+def family_for_class(class_name: str):
+    """The family serving the pipeline class `class_name` (model_index.json `_class_name`)."""
+    for family in families().values():
+        if class_name in family.pipelines:
+            return family
+    raise ValueError(
+        f"raydit has no model family for {class_name or '(no _class_name)'}; supported pipelines: "
+        f"{', '.join(supported_pipelines())}"
+    )
+
+
+def family_for_pipeline(pipe):
+    """The family of a loaded diffusers pipeline (matched on its class and base classes)."""
+    names = [cls.__name__ for cls in type(pipe).__mro__]
+    for family in families().values():
+        if any(n in family.pipelines for n in names):
+            return family
+    raise ValueError(
+        f"raydit cannot run a {type(pipe).__name__}; load one of {', '.join(supported_pipelines())} "
+        "with from_pretrained"
+    )
+
+
+def tiny_models() -> dict:
+    """Built-in tiny pipelines of every family: name -> builder returning its directory."""
+    out = {}
+    for family in families().values():
+        out.update(family.tiny())
+    return out
 
 
 def supported_transformers() -> list[str]:
-    _load_builtin_adapters()
-    return sorted(cls.__name__ for cls in _REGISTRY)
+    families()
+    return sorted(_REGISTRY)
 
 
-def get_adapter(transformer: nn.Module):
+def get_adapter(transformer):
     """The adapter instance for this transformer (matched on its class and base classes)."""
-    _load_builtin_adapters()
+    families()
     for cls in type(transformer).__mro__:
-        if cls in _REGISTRY:
-            return _REGISTRY[cls]()
+        if cls.__name__ in _REGISTRY:
+            return _REGISTRY[cls.__name__]()
     raise ValueError(
         f"no raydit adapter for {type(transformer).__name__}; supported: {', '.join(supported_transformers())}"
     )
 
 
-def parallelize(transformer: nn.Module, mesh):
+def parallelize(transformer, mesh):
     """Make `transformer` sequence-parallel on `mesh`; returns a handle whose remove() undoes it."""
     return get_adapter(transformer).parallelize(transformer, mesh)
 
 
-def unparallelize(transformer: nn.Module) -> None:
+def unparallelize(transformer) -> None:
     """Undo `parallelize`; a no-op on a transformer that is not parallelized."""
     from raydit.models.adapter import HANDLE_ATTR
 

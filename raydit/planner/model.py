@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -27,6 +27,7 @@ POSITIONAL_KINDS = ("sinusoidal", "rotary", "learned")
 _T5_XXL = 4.76e9
 _UMT5_XXL = 5.68e9
 _HUNYUAN_TEXT = 8.03e9 + 0.12e9
+_CLIP_VIT_H = 0.63e9
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,12 @@ class ModelSpec:
         attention sequence (CogVideoX, HunyuanVideo, Mochi) or are only cross-attended
         (Wan, LTX-Video).
     positional: "sinusoidal", "rotary" or "learned".
-    params: transformer parameter count; text_encoder_params, vae_params: the rest of the
-        pipeline a rank keeps resident; bytes_per_param: 2 for bf16/fp16 weights.
+    params: transformer parameter count (of one expert); text_encoder_params, vae_params: the
+        rest of the pipeline a rank keeps resident; bytes_per_param: 2 for bf16/fp16 weights.
+    cfg_branches: transformer passes per step with guidance on: 2 for classifier-free
+        guidance (cond + uncond), 1 where guidance is embedded (HunyuanVideo).
+    experts: transformers the pipeline holds (Wan 2.2 A14B: 2, switched at a boundary
+        timestep; each step runs one), all counted in the weights.
     default_frames/height/width: the request used when the user gives none.
     """
 
@@ -67,10 +72,12 @@ class ModelSpec:
     vae_spatial: int = 8
     vae_temporal: int = 4
     bytes_per_param: int = 2
+    experts: int = 1  # transformers of `params` each held (Wan 2.2 A14B: 2, one per step)
+    cfg_branches: int = 2  # transformer passes per step with guidance on (HunyuanVideo: 1, embedded)
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
-                           "vae_spatial", "vae_temporal", "bytes_per_param"):
+                           "vae_spatial", "vae_temporal", "bytes_per_param", "experts", "cfg_branches"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model {self.name!r}: {field_name} must be a positive integer, got {value!r}")
@@ -97,8 +104,14 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> float:
-        """Bytes of every weight a rank keeps resident (transformer, text encoder, VAE)."""
-        return (self.params + self.text_encoder_params + self.vae_params) * self.bytes_per_param
+        """Bytes of every weight a rank keeps resident (every transformer, text encoder, VAE)."""
+        return (self.params * self.experts + self.text_encoder_params + self.vae_params) * self.bytes_per_param
+
+    @property
+    def idle_weight_bytes(self) -> float:
+        """Bytes that need not stay on the device during denoising: the experts not running
+        this step and the text encoder once the prompt is encoded."""
+        return (self.params * (self.experts - 1) + self.text_encoder_params) * self.bytes_per_param
 
     def heads_divisors(self) -> list[int]:
         """The Ulysses degrees this model allows: divisors of the head count."""
@@ -185,34 +198,6 @@ class VideoGeometry:
         return d
 
 
-def _tiny_spec() -> ModelSpec:
-    """`tiny` mirrors raydit/models/tiny.py (read as text: importing it would import torch)."""
-    consts = dict(TINY_HEADS=2, TINY_HEAD_DIM=16, TINY_LAYERS=2, TINY_TEXT_TOKENS=16,
-                  TINY_LATENT_CHANNELS=4, TINY_PATCH_SIZE=2, TINY_VAE_SPATIAL=8,
-                  TINY_VAE_TEMPORAL=4, TINY_FRAMES=9, TINY_HEIGHT=64, TINY_WIDTH=64)
-    source = Path(__file__).resolve().parent.parent / "models" / "tiny.py"
-    if source.is_file():
-        for line in source.read_text().splitlines():
-            name, _, rest = line.partition("=")
-            name = name.strip()
-            if name in consts:
-                value = rest.split("#")[0].strip()
-                if value.isdigit():
-                    consts[name] = int(value)
-    hidden = consts["TINY_HEADS"] * consts["TINY_HEAD_DIM"]
-    return ModelSpec(
-        name="tiny", family="cogvideox", heads=consts["TINY_HEADS"], head_dim=consts["TINY_HEAD_DIM"],
-        layers=consts["TINY_LAYERS"], ffn_hidden=4 * hidden, patch_size=consts["TINY_PATCH_SIZE"],
-        patch_size_t=None, text_tokens=consts["TINY_TEXT_TOKENS"], text_in_sequence=True,
-        positional="sinusoidal", in_channels=consts["TINY_LATENT_CHANNELS"],
-        params=_cogvideox_params(consts["TINY_LAYERS"], hidden, 4 * hidden),
-        text_encoder_params=1e5, vae_params=1e5,
-        default_frames=consts["TINY_FRAMES"], default_height=consts["TINY_HEIGHT"],
-        default_width=consts["TINY_WIDTH"], vae_spatial=consts["TINY_VAE_SPATIAL"],
-        vae_temporal=consts["TINY_VAE_TEMPORAL"],
-    )
-
-
 def _cogvideox_params(layers: int, hidden: int, ffn: int) -> float:
     """Transformer parameter estimate: attention 4h^2, FFN 2h*ffn, two adaptive norms ~4h^2."""
     return float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
@@ -233,9 +218,20 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                   16, 1.42e9, _UMT5_XXL, 0.13e9, 81, 480, 832),
         ModelSpec("wan2.1-t2v-14b", "wan", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
                   16, 14.0e9, _UMT5_XXL, 0.13e9, 81, 720, 1280),
+        # I2V: 16 noise + 4 mask + 16 image-latent channels; 257 CLIP image tokens join the
+        # text in cross-attention (the CLIP ViT-H image encoder counts with the text encoder).
+        ModelSpec("wan2.1-i2v-14b-480p", "wan", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  36, 14.0e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 81, 480, 832),
+        # Two 14B experts: `transformer` above the boundary timestep, `transformer_2` below.
+        ModelSpec("wan2.2-t2v-a14b", "wan", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  16, 14.0e9, _UMT5_XXL, 0.13e9, 81, 720, 1280, experts=2),
+        # TI2V-5B: 48 latent channels, the 16x spatial VAE; 121 frames at 704 x 1280.
+        ModelSpec("wan2.2-ti2v-5b", "wan", 24, 128, 30, 14336, 2, 1, 512, False, "rotary",
+                  48, 5.0e9, _UMT5_XXL, 0.7e9, 121, 704, 1280, vae_spatial=16),
         # 20 dual-stream + 40 single-stream blocks, counted as 60 attention layers.
+        # Guidance is embedded (a guidance-scale input): one transformer pass per step.
         ModelSpec("hunyuanvideo", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 256, True, "rotary",
-                  16, 12.8e9, _HUNYUAN_TEXT, 0.25e9, 129, 720, 1280),
+                  16, 12.8e9, _HUNYUAN_TEXT, 0.25e9, 129, 720, 1280, cfg_branches=1),
         # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
         ModelSpec("ltx-video", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
                   128, 1.9e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
@@ -243,9 +239,12 @@ def _builtin_specs() -> dict[str, ModelSpec]:
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),
     ]
-    out = {s.name: s for s in specs}
-    out["tiny"] = _tiny_spec()
-    return out
+    # Built-in tiny pipelines (random weights, written by their family's module; a test
+    # checks each against the spec read back from the directory it writes).
+    tiny_hidden = 2 * 16
+    specs.append(ModelSpec("tiny", "cogvideox", 2, 16, 2, 4 * tiny_hidden, 2, None, 16, True, "sinusoidal",
+                           4, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
+    return {s.name: s for s in specs}
 
 
 BUILTIN_MODELS: Mapping[str, ModelSpec] = MappingProxyType(_builtin_specs())  # read-only
@@ -331,76 +330,73 @@ def _t5_estimate(config: dict) -> float:
     return float(vocab * d + n * (4 * d * d + 3 * d * ff))
 
 
+# Pipeline class (model_index.json `_class_name`) -> reader(path, configs) -> ModelSpec.
+# Filled by raydit.models.registry from the model families; the planner names none.
+_SPEC_READERS: dict[str, Callable] = {}
+
+# Component folders whose config a reader may need; `configs[""]` is model_index.json.
+_COMPONENT_CONFIGS = {
+    "transformer": "config.json", "transformer_2": "config.json", "vae": "config.json",
+    "text_encoder": "config.json", "image_encoder": "config.json",
+    "tokenizer": "tokenizer_config.json", "scheduler": "scheduler_config.json",
+}
+
+
+def register_spec_reader(pipelines, reader: Callable) -> None:
+    """Read directories holding any of `pipelines` with `reader(path, configs)`."""
+    for name in pipelines:
+        _SPEC_READERS[name] = reader
+
+
+def read_pipeline_configs(path: Path) -> dict[str, dict]:
+    """{component: parsed config} of a diffusers pipeline directory ("" = model_index.json)."""
+    configs = {"": _read_json(path / "model_index.json")}
+    for component, filename in _COMPONENT_CONFIGS.items():
+        f = path / component / filename
+        if f.is_file():
+            configs[component] = _read_json(f)
+    return configs
+
+
+def component_params(folder: Path) -> float | None:
+    """Parameter count of a component folder from its safetensors headers (no weights read)."""
+    return _param_count(folder)
+
+
+def t5_params(config: dict) -> float:
+    """Parameter estimate of a T5-style encoder from its config (when no weights are there)."""
+    return _t5_estimate(config)
+
+
 def _spec_from_dir(path: Path) -> ModelSpec:
-    if (path / "transformer" / "config.json").is_file():
-        transformer_dir = path / "transformer"
-    elif (path / "config.json").is_file():
-        transformer_dir = path
-    else:
+    if not (path / "model_index.json").is_file():
+        raise ValueError(
+            f"model directory {str(path)!r} is not a diffusers pipeline (no model_index.json); give a "
+            "directory saved with save_pretrained, or a built-in name"
+        )
+    configs = read_pipeline_configs(path)
+    class_name = str(configs[""].get("_class_name", ""))
+    reader = _SPEC_READERS.get(class_name)
+    if reader is None:
+        if not _SPEC_READERS:
+            raise ValueError(
+                "pipeline directories are read through raydit's model families: call "
+                "raydit.model_spec / raydit.plan (or raydit.models.registry.load_families() first)"
+            )
+        raise ValueError(
+            f"model directory {str(path)!r} holds a {class_name or '(no _class_name)'}; raydit plans "
+            f"{', '.join(sorted(_SPEC_READERS))}"
+        )
+    if "transformer" not in configs:
         raise ValueError(
             f"model directory {str(path)!r} has no transformer/config.json; give a diffusers "
             "pipeline directory (saved with save_pretrained) or a built-in name"
         )
-    cfg = _read_json(transformer_dir / "config.json")
-    if (path / "model_index.json").is_file():
-        _read_json(path / "model_index.json")  # a broken index is an error worth one line
-    cls = str(cfg.get("_class_name", ""))
-    if not cls.startswith(("CogVideoX", "Wan")):
-        raise ValueError(
-            f"model directory {str(path)!r}: transformer class {cls or '(none)'!r} is not supported "
-            "by the planner; supported: CogVideoXTransformer3DModel, WanTransformer3DModel"
-        )
+    return reader(path, configs)
 
-    def need(key):
-        if key not in cfg:
-            raise ValueError(f"{transformer_dir / 'config.json'}: missing {key!r}")
-        return cfg[key]
 
-    heads, head_dim, layers = need("num_attention_heads"), need("attention_head_dim"), need("num_layers")
-    hidden = heads * head_dim
-    te_dir = path / "text_encoder"
-    te_params = _param_count(te_dir)
-    if te_params is None:
-        te_config = te_dir / "config.json"
-        te_params = _t5_estimate(_read_json(te_config)) if te_config.is_file() else 0.0
-    vae_params = _param_count(path / "vae") or 0.0
-    vae_spatial, vae_temporal = 8, 4
-    if (path / "vae" / "config.json").is_file():
-        vae_cfg = _read_json(path / "vae" / "config.json")
-        blocks = vae_cfg.get("block_out_channels")
-        if isinstance(blocks, list) and blocks:
-            vae_spatial = 2 ** (len(blocks) - 1)
-        vae_temporal = int(vae_cfg.get("temporal_compression_ratio", vae_temporal))
-        if cls.startswith("Wan"):  # Wan's VAE config has no block list of that meaning
-            vae_spatial, vae_temporal = 8, 4
-    if cls.startswith("CogVideoX"):
-        vae_temporal = int(cfg.get("temporal_compression_ratio", vae_temporal))
-        patch, patch_t = int(need("patch_size")), cfg.get("patch_size_t")
-        ffn = 4 * hidden
-        text_tokens, in_sequence = int(need("max_text_seq_length")), True
-        if cfg.get("use_rotary_positional_embeddings"):
-            positional = "rotary"
-        elif cfg.get("use_learned_positional_embeddings"):
-            positional = "learned"
-        else:
-            positional = "sinusoidal"
-        frames = int(cfg.get("sample_frames", 49))
-        height = int(cfg.get("sample_height", 60)) * vae_spatial
-        width = int(cfg.get("sample_width", 90)) * vae_spatial
-        family = "cogvideox"
-    else:  # Wan
-        p = need("patch_size")
-        patch_t, patch = (int(p[0]), int(p[1])) if isinstance(p, list) else (1, int(p))
-        ffn = int(cfg.get("ffn_dim", 4 * hidden))
-        text_tokens, in_sequence, positional = 512, False, "rotary"
-        frames, height, width = 81, 480, 832
-        family = "wan"
-    params = _param_count(transformer_dir) or _cogvideox_params(layers, hidden, ffn)
-    return ModelSpec(
-        name=str(path), family=family, heads=int(heads), head_dim=int(head_dim), layers=int(layers),
-        ffn_hidden=int(ffn), patch_size=patch, patch_size_t=int(patch_t) if patch_t else None,
-        text_tokens=text_tokens, text_in_sequence=in_sequence, positional=positional,
-        in_channels=int(cfg.get("in_channels", 16)), params=params, text_encoder_params=te_params,
-        vae_params=vae_params, default_frames=frames, default_height=height, default_width=width,
-        vae_spatial=vae_spatial, vae_temporal=vae_temporal,
-    )
+def require(config: dict, key: str, where: str):
+    """config[key], or a one-line ValueError naming the file and the key."""
+    if key not in config:
+        raise ValueError(f"{where}: missing {key!r}")
+    return config[key]

@@ -93,7 +93,8 @@ class Engine:
         grow: str = "auto",
         show_plan: bool = True,
     ):
-        from raydit.models.loading import resolve_model_dir
+        from raydit.models.loading import resolve_model_dir, takes_image
+        from raydit.models.registry import load_families
         from raydit.planner import model_spec
 
         if device not in DEVICES:
@@ -106,7 +107,9 @@ class Engine:
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
+        load_families()
         self.model_dir = str(resolve_model_dir(model))
+        self.takes_image = takes_image(self.model_dir)
         self.spec = model_spec(self.model_dir)
         self.spec.geometry(frames, height, width)
         self._geometry = (frames, height, width)
@@ -285,12 +288,16 @@ class Engine:
         seed: int = 0,
         callback_on_step_end: Callable | None = None,
         progress: bool = True,
+        image=None,
+        guidance_scale_2: float | None = None,
     ) -> GenerationResult:
-        """Generate one video and wait for it (the simple blocking call)."""
+        """Generate one video and wait for it (the simple blocking call). `image` (a PIL
+        image, a path or a uint8 array) conditions an image-to-video pipeline."""
         return self.submit(
             prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
             width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-            seed=seed, callback_on_step_end=callback_on_step_end, progress=progress,
+            seed=seed, callback_on_step_end=callback_on_step_end, progress=progress, image=image,
+            guidance_scale_2=guidance_scale_2,
         ).result()
 
     def submit(
@@ -305,15 +312,24 @@ class Engine:
         seed: int = 0,
         callback_on_step_end: Callable | None = None,
         progress: bool = False,
+        image=None,
+        guidance_scale_2: float | None = None,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
         Requests start in submission order on the fastest idle replica, each exactly once:
         a request interrupted by a lost rank resumes from its last finished step."""
-        from raydit.models.runner import GenerationRequest
+        from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
             raise RuntimeError("engine is shut down; create a new Engine")
+        if image is not None and not self.takes_image:
+            raise ValueError(
+                f"model {self.model!r} is a text-to-video pipeline and takes no image; drop the image "
+                "or load an image-to-video checkpoint"
+            )
+        if image is None and self.takes_image:
+            raise ValueError(f"model {self.model!r} is an image-to-video pipeline; give image=PIL.Image or a path")
         request = GenerationRequest(
             prompt=prompt,
             negative_prompt=negative_prompt or "",
@@ -322,7 +338,9 @@ class Engine:
             width=width or self.spec.default_width,
             num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale,
+            guidance_scale_2=guidance_scale_2,
             seed=seed,
+            image=None if image is None else image_to_png(image),
         )
         # Validate with the planner's rules before any worker sees the request.
         self.spec.geometry(request.num_frames, request.height, request.width)

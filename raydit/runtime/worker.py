@@ -97,7 +97,7 @@ class RankWorker:
         import torch
         import torch.distributed as dist
 
-        from raydit.models.runner import CogVideoXRunner
+        from raydit.models.runner import Runner
         from raydit.parallel.mesh import build_mesh
 
         self.load()
@@ -122,7 +122,7 @@ class RankWorker:
             mesh = build_mesh(
                 ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1
             )
-        self._runner = CogVideoXRunner(
+        self._runner = Runner(
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name)
         )
         from raydit.parallel.kernels import select_kernel
@@ -181,4 +181,4 @@ class RankWorker:
         import torch
 
         with torch.no_grad():
-            return self._runner.decode(self._state.latents)
+            return self._runner.decode(self._state)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from raydit.models import CogVideoXRunner, GenerationRequest
+from raydit.models import GenerationRequest, Runner
 from raydit.models.conformance import run_steps
-from raydit.models.conformance_cogvideox import cogvideox_pipeline
-from raydit.models.tiny import TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, load_tiny_pipeline, tiny_pipeline_dir
+from raydit.models.families.cogvideox import (TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, cogvideox_pipeline,
+                                              load_tiny_pipeline, tiny_pipeline_dir)
 
 REQUEST = dict(prompt="a cat", num_frames=TINY_FRAMES, height=TINY_HEIGHT, width=TINY_WIDTH, num_inference_steps=3)
 
@@ -19,7 +19,7 @@ REQUEST = dict(prompt="a cat", num_frames=TINY_FRAMES, height=TINY_HEIGHT, width
 @pytest.fixture(scope="module")
 def dpm_runner():
     """DPM draws noise every step, so resuming must restore the generator too."""
-    return CogVideoXRunner(cogvideox_pipeline(str(tiny_pipeline_dir()), scheduler="dpm"))
+    return Runner(cogvideox_pipeline(str(tiny_pipeline_dir()), scheduler="dpm"))
 
 
 @pytest.mark.parametrize(
@@ -39,14 +39,14 @@ def test_request_validation(field, value, message):
 
 
 def test_request_geometry_must_fit_the_patch():
-    runner = CogVideoXRunner(load_tiny_pipeline())
+    runner = Runner(load_tiny_pipeline())
     with pytest.raises(ValueError, match="must be multiples of 16"):
         runner.prepare(GenerationRequest(**{**REQUEST, "height": 72}))
 
 
-def test_runner_needs_a_cogvideox_pipeline():
-    with pytest.raises(ValueError, match="needs a CogVideoXPipeline, got str"):
-        CogVideoXRunner("not a pipeline")
+def test_runner_needs_a_supported_pipeline():
+    with pytest.raises(ValueError, match="raydit cannot run a str; load one of .*CogVideoXPipeline"):
+        Runner("not a pipeline")
 
 
 def test_resume_from_checkpoint_is_exact(dpm_runner):
@@ -57,7 +57,7 @@ def test_resume_from_checkpoint_is_exact(dpm_runner):
         assert value is None or isinstance(value, (int, float, str, dict, torch.Tensor)), key
         if isinstance(value, torch.Tensor):
             assert value.device.type == "cpu"
-    assert checkpoint["step_index"] == 1 and checkpoint["old_pred_original_sample"] is not None
+    assert checkpoint["step_index"] == 1 and checkpoint["carry"]["old_pred_original_sample"] is not None
     resumed = run_steps(dpm_runner, request, 3, checkpoint=checkpoint)
     assert resumed.step_index == full.step_index == 3 and resumed.num_steps == 3
     torch.testing.assert_close(resumed.latents, full.latents, rtol=0, atol=0)
@@ -84,16 +84,16 @@ def test_step_after_the_last_is_refused(dpm_runner):
 
 
 def test_prompts_change_the_result():
-    runner = CogVideoXRunner(load_tiny_pipeline())
+    runner = Runner(load_tiny_pipeline())
     a = run_steps(runner, GenerationRequest(**REQUEST), 1)
     b = run_steps(runner, GenerationRequest(**{**REQUEST, "prompt": "a dog"}), 1)
     assert not torch.allclose(a.latents, b.latents)
 
 
 def test_decode_gives_uint8_frames():
-    runner = CogVideoXRunner(load_tiny_pipeline())
+    runner = Runner(load_tiny_pipeline())
     state = run_steps(runner, GenerationRequest(**REQUEST), 2)
-    frames = runner.decode(state.latents)
+    frames = runner.decode(state)
     assert frames.shape == (TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, 3) and frames.dtype == np.uint8
     assert frames.std() > 0
 
@@ -101,11 +101,10 @@ def test_decode_gives_uint8_frames():
 def test_decode_cuts_the_temporal_patch_padding():
     """CogVideoX1.5: 9 frames -> 3 latent frames, padded to 4 for patch_size_t 2, cut at decode."""
     pipe = cogvideox_pipeline(str(tiny_pipeline_dir()), patch_size_t=2, use_rotary_positional_embeddings=True)
-    runner = CogVideoXRunner(pipe)
+    runner = Runner(pipe)
     state = run_steps(runner, GenerationRequest(**REQUEST), 1)
-    assert state.latents.shape[1] == 4 and state.additional_frames == 1
-    assert runner.decode_state(state).shape == (TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, 3)
-    np.testing.assert_array_equal(runner.decode(state.latents), runner.decode_state(state))
+    assert state.latents.shape[1] == 4 and state.context["additional_frames"] == 1
+    assert runner.decode(state).shape == (TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, 3)
 
 
 def test_cfg_degree_above_two_is_refused():
@@ -113,4 +112,4 @@ def test_cfg_degree_above_two_is_refused():
 
     mesh = dataclasses.replace(build_mesh(1), cfg=3)
     with pytest.raises(ValueError, match="cfg_degree 3 is not supported"):
-        CogVideoXRunner(load_tiny_pipeline(), mesh)
+        Runner(load_tiny_pipeline(), mesh)

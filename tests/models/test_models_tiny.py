@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from raydit.models import tiny
+from raydit.models import tiny as shared
+from raydit.models.families import cogvideox as tiny
 
 
 def _digest(directory: Path) -> dict[str, str]:
@@ -50,6 +51,14 @@ def test_loaded_pipeline_matches_the_constants():
     assert type(pipe.scheduler).__name__ == "CogVideoXDDIMScheduler"
 
 
+def test_building_prints_nothing(tmp_path, capfd):
+    """A user's first run (and a bad-input error after it) shows no download-style progress bars."""
+    tiny.build_tiny_pipeline(tmp_path / "quiet")
+    tiny.load_tiny_pipeline()
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
 def test_tokenizer_tells_prompts_apart():
     tokenizer = tiny.load_tiny_pipeline().tokenizer
     ids = lambda text: tokenizer(text, padding="max_length", max_length=tiny.TINY_TEXT_TOKENS,  # noqa: E731
@@ -79,7 +88,7 @@ def test_a_concurrent_builder_that_renames_first_wins(tmp_path, monkeypatch):
             tiny.build_tiny_pipeline(target)  # the rival finishes first
         return real_replace(src, dst)
 
-    monkeypatch.setattr(tiny.os, "replace", replace_after_a_rival)
+    monkeypatch.setattr(shared.os, "replace", replace_after_a_rival)
     assert tiny.build_tiny_pipeline(target) == target
     assert raced
     monkeypatch.undo()

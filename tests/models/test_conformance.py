@@ -1,8 +1,9 @@
-"""CogVideoX conformance: every feasible plan on 1..6 and 8 gloo ranks == one process.
+"""Conformance of every model family: every feasible plan on 1..6 and 8 gloo ranks == one process.
 
-One spawned group of 8 processes runs every world size 1..6 and 8 on its first ranks (spawning is
-the slow part on 2 cores); the tests then compare each (case, plan) with the single-process
-reference computed here. The next adapter copies this file with its own cases.
+The cases come from each family's own module (`Family.conformance_cases`): a new family adds
+its file and its cases, and this suite runs them. One spawned group of 8 processes runs
+every world size 1..6 and 8 on its first ranks (spawning is the slow part on 2 cores); the
+tests then compare each (case, plan) with the single-process reference computed here.
 
 Tolerances (float32): transformer forward rtol 1e-4, atol 1e-5 (outputs are O(1));
 latents after denoising steps rtol 1e-4, atol 1e-4 (latents reach O(30) with random weights,
@@ -15,26 +16,26 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models import conformance_cogvideox as cases
-from raydit.models.runner import CogVideoXRunner, GenerationRequest
-from raydit.models.tiny import tiny_pipeline_dir
+from raydit.models.families import cogvideox
+from raydit.models.runner import Runner
 
 WORLDS = (1, 2, 3, 4, 5, 6, 8)  # 8: the 480p case xDiT refuses
 CFG_WORLDS = (2, 4)  # cfg = 2 plans are run on these world sizes
 FORWARD_TOL = dict(rtol=1e-4, atol=1e-5)
 LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
 
-FORWARD_CASES = cases.forward_cases()
+LISTED = harness.family_cases(build=False)  # names, heads and plans, for parametrizing
+FORWARD_CASES = LISTED["forward"]
 
 
 @pytest.fixture(scope="module")
 def base_dir() -> str:
-    return str(tiny_pipeline_dir())
+    return str(cogvideox.tiny_pipeline_dir())
 
 
 @pytest.fixture(scope="module")
-def runner_cases(base_dir):
-    return cases.runner_cases(base_dir)
+def runner_cases():
+    return harness.family_cases(build=True)["runner"]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,8 @@ def runner_refs(runner_cases):
     """Per case: the latents after `steps` steps on one process, and the step-1 checkpoint."""
     refs, checkpoints = {}, {}
     for case in runner_cases:
-        runner = CogVideoXRunner(case.make())
-        request = GenerationRequest(**case.request)
+        runner = Runner(case.make())
+        request = case.make_request()
         checkpoints[case.name] = runner.checkpoint(harness.run_steps(runner, request, 1))
         refs[case.name] = harness.run_steps(runner, request, case.steps).latents
     return refs, checkpoints
@@ -84,18 +85,24 @@ def test_forward_matches_single_process(distributed, forward_refs, case_name, pl
 
 
 def _runner_params():
-    # Heads of the runner cases, known without building them.
-    heads = {"2b-h30-rows30": 30, "5b-rotary-dpm": 6, "1.5-patch_t2-dpm": 4}
     return [
-        pytest.param(name, plan, id=f"{name}-{plan}")
-        for name, h in heads.items()
+        pytest.param(case.name, plan, id=f"{case.name}-{plan}")
+        for case in LISTED["runner"]
         for world in WORLDS
-        for plan in harness.feasible_plans(world, h, cfg_degrees=(1, 2) if world in CFG_WORLDS else (1,))
+        for plan in harness.feasible_plans(
+            world, case.heads, cfg_degrees=(1, 2) if world in CFG_WORLDS and case.cfg else (1,))
     ]
 
 
-def test_runner_param_heads_match_cases(runner_cases):
-    assert {c.name: c.heads for c in runner_cases} == {"2b-h30-rows30": 30, "5b-rotary-dpm": 6, "1.5-patch_t2-dpm": 4}
+def test_every_family_brings_cases():
+    from raydit.models.registry import families
+
+    for kind in ("forward", "runner"):
+        kind_names = [c.name for c in LISTED[kind]]
+        assert len(kind_names) == len(set(kind_names)), f"{kind} case names must be unique across families"
+    names = [c.name for c in LISTED["forward"] + LISTED["runner"]]
+    for family in families().values():
+        assert any(n.startswith(family.name) for n in names), f"family {family.name} has no conformance cases"
 
 
 @pytest.mark.slow
@@ -120,36 +127,35 @@ def test_plans_cover_the_hard_cases():
     assert [str(p) for p in harness.feasible_plans(8, 30)] == ["u1r8c1", "u2r4c1"]
 
 
-@pytest.mark.parametrize("case_name", ["2b-h30-rows30", "5b-rotary-dpm", "1.5-patch_t2-dpm"])
+def max_relative_difference(actual, expected) -> float:
+    """max |actual - expected| / max |expected|: the figure the closing notes quote."""
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+@pytest.mark.parametrize("case_name", [c.name for c in LISTED["runner"]])
 def test_runner_matches_diffusers_pipeline(runner_cases, case_name):
-    """On one process the runner reproduces CogVideoXPipeline(output_type="latent") exactly."""
+    """On one process the runner reproduces the family's diffusers pipeline called with its
+    defaults and the same seed (output_type="latent"): max relative difference <= 1e-5."""
+    from raydit.models.registry import family_for_pipeline
+
     case = next(c for c in runner_cases if c.name == case_name)
     pipe = case.make()
-    request = GenerationRequest(**case.request)
-    expected = pipe(
-        prompt=request.prompt,
-        negative_prompt=request.negative_prompt,
-        num_frames=request.num_frames,
-        height=request.height,
-        width=request.width,
-        num_inference_steps=request.num_inference_steps,
-        guidance_scale=request.guidance_scale,
-        generator=torch.Generator().manual_seed(request.seed),
-        max_sequence_length=pipe.transformer.config.max_text_seq_length,
-        output_type="latent",
-    ).frames
-    state = harness.run_steps(CogVideoXRunner(pipe), request, request.num_inference_steps)
-    torch.testing.assert_close(state.latents, expected, rtol=1e-6, atol=1e-6)
+    request = case.make_request()
+    expected = family_for_pipeline(pipe).reference_latents(pipe, request)
+    state = harness.run_steps(Runner(pipe), request, request.num_inference_steps)
+    assert state.latents.shape == expected.shape
+    assert max_relative_difference(state.latents, expected) <= 1e-5
+    torch.testing.assert_close(state.latents, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_runner_without_guidance_matches_diffusers_pipeline(base_dir):
     """guidance_scale 1: one branch, no negative prompt (the pipeline's other path)."""
-    pipe = cases.cogvideox_pipeline(base_dir)
+    from raydit.models.family import GenerationRequest
+
+    pipe = cogvideox.cogvideox_pipeline(base_dir)
     request = GenerationRequest(prompt="still water", num_frames=9, height=64, width=64,
                                 num_inference_steps=2, guidance_scale=1.0, seed=9)
-    expected = pipe(prompt=request.prompt, num_frames=9, height=64, width=64, num_inference_steps=2,
-                    guidance_scale=1.0, generator=torch.Generator().manual_seed(9),
-                    max_sequence_length=pipe.transformer.config.max_text_seq_length, output_type="latent").frames
-    state = harness.run_steps(CogVideoXRunner(pipe), request, 2)
-    assert state.prompt_embeds.shape[0] == 1
+    expected = cogvideox.FAMILY.reference_latents(pipe, request)
+    state = harness.run_steps(Runner(pipe), request, 2)
+    assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 1
     torch.testing.assert_close(state.latents, expected, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,312 @@
+"""The model-family plug-in: what one family of video pipelines declares to raydit.
+
+A family (CogVideoX, Wan, ...) is ONE module in `raydit/models/families/`, found by the
+registry without being named anywhere else. It defines `FAMILY`, an instance of a `Family`
+subclass, which declares as data and small functions:
+
+- which diffusers pipelines it serves (`pipelines`, the `_class_name` of model_index.json)
+  and which of them take an image (`image_pipelines`);
+- its sequence-parallel adapter (`adapter`, a `ModelAdapter`: where the sequence is split
+  and gathered, which tensors belong to which part, the attention processor);
+- how a request is prepared (`encode`: prompt embeddings per guidance branch; `init`:
+  initial latents, timesteps and the per-request context such as rotary tables or image
+  conditioning), one denoising step (`predict`: which transformer and which inputs;
+  `guidance_scale`; `scheduler_step`), the per-step state beyond the scheduler's own
+  (`carry`, e.g. the DPM scheduler's previous x0), and the decode;
+- its tiny built-in pipelines (`tiny`: name -> builder), its planner geometry from the
+  pipeline's own config files (`spec_from_dir`) and its conformance cases.
+
+The generic runner (`raydit.models.runner.Runner`) owns the loop, classifier-free guidance
+across ranks, checkpoints and resume; the family never sees a process group.
+
+Module-level imports stay light (no torch, no diffusers): the planner reads
+`spec_from_dir` through the registry without importing torch.
+
+Legend: B batch (guidance branches), F latent frames, C channels, H/W latent height/width.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+COND, UNCOND = 0, 1  # cfg_rank of each guidance branch
+
+
+def image_to_png(image) -> bytes:
+    """A PIL image, an array or a path -> PNG bytes (what a request carries: hashable,
+    comparable, picklable). Raises ValueError with one line for anything else."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, (bytes, bytearray)):
+        data = bytes(image)
+        try:
+            Image.open(io.BytesIO(data)).verify()
+        except (UnidentifiedImageError, OSError):
+            raise ValueError("image bytes are not a readable image (PNG, JPEG, WebP ...)") from None
+        return data
+    if isinstance(image, (str, Path)):
+        path = Path(image).expanduser()
+        if not path.is_file():
+            raise ValueError(f"image {str(image)!r} does not exist; give the path of a PNG or JPEG file")
+        try:
+            img = Image.open(path)
+            img.load()
+        except (UnidentifiedImageError, OSError):
+            raise ValueError(f"image {str(image)!r} is not an image file PIL can read (PNG, JPEG, WebP ...)") from None
+    elif isinstance(image, Image.Image):
+        img = image
+    else:
+        try:
+            import numpy as np
+
+            arr = np.asarray(image)
+            if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (3, 4):
+                raise TypeError
+            img = Image.fromarray(arr)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"image of type {type(image).__name__} is not supported; give a PIL.Image, a path, "
+                "or a uint8 array [height, width, 3]"
+            ) from None
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def png_to_image(data: bytes):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationRequest:
+    """One video request, the same for every family (a family ignores what it has no use for).
+
+    `image`: PNG bytes (see `image_to_png`) for image-to-video pipelines, else None.
+    `guidance_scale_2`: guidance of a second expert (Wan 2.2 A14B); None = guidance_scale.
+    """
+
+    prompt: str
+    negative_prompt: str = ""
+    num_frames: int
+    height: int
+    width: int
+    num_inference_steps: int = 50
+    guidance_scale: float = 6.0
+    guidance_scale_2: float | None = None
+    seed: int = 0
+    image: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        import math
+
+        if not isinstance(self.prompt, str):
+            raise ValueError(f"prompt {self.prompt!r} must be a string")
+        if not isinstance(self.negative_prompt, str):
+            raise ValueError(f"negative_prompt {self.negative_prompt!r} must be a string")
+        for name in ("num_frames", "height", "width", "num_inference_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} must be a positive integer")
+        if self.height % 8 or self.width % 8:
+            raise ValueError(f"height {self.height} and width {self.width} must be multiples of 8 (the VAE's scale)")
+        for name in ("guidance_scale", "guidance_scale_2"):
+            value = getattr(self, name)
+            if value is None and name == "guidance_scale_2":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} {value!r} must be a finite number >= 0 (1 disables guidance)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed {self.seed!r} must be an integer in [0, 2**63)")
+        if self.image is not None and not isinstance(self.image, bytes):
+            raise ValueError("request image must be PNG bytes; build requests with image_to_png(image)")
+
+    @property
+    def do_cfg(self) -> bool:
+        return self.guidance_scale > 1.0
+
+    def to_dict(self) -> dict:
+        """Plain values for checkpoints and logs (the image as its bytes)."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DenoiseState:
+    """Everything one step needs. `Runner.step` returns a new state; an old one stays valid.
+
+    Per request and fixed (rebuilt by prepare, never checkpointed): `timesteps`, `branches`
+    (the guidance branches' model inputs this rank evaluates) and `context` (the family's
+    per-request tensors: rotary tables, image conditioning, masks, frames to cut at decode).
+    Per step (checkpointed): `latents`, `step_index`, `scheduler_state` (the scheduler's own
+    attributes: UniPC's multistep history, step index ...), `carry` (family state passed to
+    the scheduler explicitly, e.g. CogVideoX DPM's previous x0) and the generator state.
+    """
+
+    request: GenerationRequest
+    latents: Any  # torch.Tensor, in the layout the pipeline's output_type="latent" returns
+    step_index: int
+    timesteps: Any  # torch.Tensor [num_steps]
+    branches: tuple  # of dicts of model inputs, one per guidance branch run here
+    context: Mapping[str, Any]
+    scheduler_state: Mapping[str, Any]
+    carry: Mapping[str, Any]
+    generator_state: Any  # torch.Generator state (CPU)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.num_steps
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `Family.init` returns for a fresh request."""
+
+    latents: Any
+    timesteps: Any
+    context: dict = field(default_factory=dict)
+    carry: dict = field(default_factory=dict)
+
+
+class Family:
+    """Base of every family. Subclasses set the class attributes and override the hooks."""
+
+    name: str = ""
+    pipelines: tuple[str, ...] = ()  # model_index.json _class_name values served
+    image_pipelines: tuple[str, ...] = ()  # those of `pipelines` that need an image
+    adapter: type | None = None  # ModelAdapter subclass for the pipeline's transformers
+    # True: the two guidance branches run as one batch of 2 (CogVideoX's pipeline does);
+    # False: two forward calls, as Wan's pipeline does (the same numbers as diffusers).
+    batch_branches: bool = True
+
+    # -- what the registry and the planner read -------------------------------------------
+    def tiny(self) -> dict[str, Callable[[], Path]]:
+        """Built-in tiny pipelines: name -> function building (once) and returning its dir."""
+        return {}
+
+    def spec_from_dir(self, path: Path, configs: Mapping[str, dict]):
+        """A raydit.planner.ModelSpec from the pipeline's config files. `configs` maps a
+        component folder ('transformer', 'vae', 'text_encoder', 'tokenizer', 'scheduler', and
+        '' for model_index.json) to its parsed config.json (tokenizer_config.json for
+        tokenizers); absent components are missing keys."""
+        raise NotImplementedError
+
+    def reference_latents(self, pipe, request: GenerationRequest):
+        """What diffusers' own pipeline returns for `request` with its defaults, the same seed
+        (a CPU generator) and output_type="latent": the single-process reference."""
+        raise NotImplementedError
+
+    def conformance_cases(self, base_dirs: Mapping[str, str]) -> dict[str, list]:
+        """{'forward': [ForwardCase...], 'runner': [RunnerCase...]}; `base_dirs` maps tiny names
+        to their built directories."""
+        return {"forward": [], "runner": []}
+
+    # -- the runner's hooks ------------------------------------------------------------------
+    def transformers(self, pipe) -> list:
+        """Every transformer the pipeline holds that a step may call (both experts)."""
+        return [pipe.transformer]
+
+    def check_request(self, pipe, request: GenerationRequest) -> None:
+        """Raise ValueError (one line) for a request this pipeline cannot take."""
+        takes_image = type(pipe).__name__ in self.image_pipelines
+        if takes_image and request.image is None:
+            raise ValueError(f"{type(pipe).__name__} is an image-to-video pipeline; give an image (--image PATH)")
+        if not takes_image and request.image is not None:
+            raise ValueError(
+                f"{type(pipe).__name__} is a text-to-video pipeline and takes no image; "
+                "drop --image or load an image-to-video checkpoint"
+            )
+
+    def encode(self, pipe, request: GenerationRequest, device, dtype) -> tuple[dict, dict | None]:
+        """Model inputs of the conditional and (with guidance) the unconditional branch, each
+        a dict of tensors with batch 1: e.g. {"encoder_hidden_states": [1, L, D]}."""
+        raise NotImplementedError
+
+    def init(self, pipe, request: GenerationRequest, generator, device, dtype) -> Prepared:
+        raise NotImplementedError
+
+    def predict(self, pipe, state: DenoiseState, t, branch: dict):
+        """One transformer call for `branch` (batched inputs) at timestep t -> noise [b, ...]."""
+        raise NotImplementedError
+
+    def guidance_scale(self, pipe, state: DenoiseState, t) -> float:
+        return state.request.guidance_scale
+
+    def scheduler_step(self, pipe, state: DenoiseState, noise, t, generator) -> tuple[Any, dict]:
+        """-> (new latents, new carry). The scheduler's own attributes are saved and restored
+        around this call by the runner."""
+        return pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0], dict(state.carry)
+
+    def decode(self, pipe, state: DenoiseState, latents=None):
+        """Latents -> uint8 frames [frames, height, width, 3]."""
+        raise NotImplementedError
+
+
+# -- the scheduler's own state, saved between steps ------------------------------------------
+_TENSOR = "__raydit_tensor__"
+
+
+def _pack(value):
+    import numpy as np
+    import torch
+
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, torch.Tensor):
+        return (_TENSOR, value.detach().to("cpu").clone(), str(value.device))
+    if isinstance(value, list):
+        return [_pack(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_pack(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _pack(v) for k, v in value.items()}
+    return value
+
+
+def _unpack(value, device=None):
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == _TENSOR:
+        _, tensor, saved_device = value
+        # A tensor the scheduler kept on the CPU (sigmas) stays there; device tensors go to
+        # this rank's device, which may differ from the saver's.
+        target = "cpu" if saved_device == "cpu" or device is None else device
+        return tensor.to(target).clone()
+    if isinstance(value, list):
+        return [_unpack(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_unpack(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _unpack(v, device) for k, v in value.items()}
+    return value
+
+
+def _is_data(value) -> bool:
+    import numpy as np
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor, np.ndarray)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_data(v) for v in value)
+    return False
+
+
+def scheduler_state(scheduler) -> dict:
+    """Every attribute of a diffusers scheduler that is plain data (tensors, numbers, lists of
+    them), on the CPU: what a step reads and writes (UniPC's model_outputs, timestep_list,
+    lower_order_nums, last_sample, this_order, _step_index; DPM-Solver's the same kind). The
+    frozen config is left out: it belongs to the pipeline, not to the request."""
+    return {k: _pack(v) for k, v in vars(scheduler).items() if k != "_internal_dict" and _is_data(v)}
+
+
+def load_scheduler_state(scheduler, state: Mapping[str, Any], device=None) -> None:
+    for k, v in state.items():
+        setattr(scheduler, k, _unpack(v, device))
