@@ -15,7 +15,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raydit.runtime.errors import WorkerFailure
+from raydit.runtime.errors import WorkerFailure, reported
+from raydit.runtime.failures import DEADLINE, LOST, Failure, classify, root_cause
 from raydit.runtime.worker import RankWorker
 
 
@@ -58,12 +59,10 @@ class RayCluster:
         return [n for n in ray.nodes() if n.get("Alive")]
 
     def resolve_device(self, device: str) -> str:
-        gpus = sum(n["Resources"].get("GPU", 0) for n in self.alive_nodes())
-        if device == "auto":
-            return "cuda" if gpus >= 1 else "cpu"
-        if device == "cuda" and gpus < 1:
-            raise ValueError("device 'cuda' asked for, but the Ray cluster has no GPUs; use --device cpu")
-        return device
+        """`auto` -> cuda when the cluster has a GPU, else cpu (raydit.runtime.devices)."""
+        from raydit.runtime.devices import resolve_device
+
+        return resolve_device(device, ray.nodes())
 
     def cluster_spec(self, device: str, workers: int | None = None, counts: dict | None = None):
         """The live cluster as the planner's ClusterSpec (raydit.runtime.topology: GPU type
@@ -217,11 +216,17 @@ class WorkerPool:
             t2 = time.perf_counter()
             ray.get([a.load.remote() for a in actors])
             timings["load_seconds"] = time.perf_counter() - t2
-        except BaseException:
+        except BaseException as exc:
             for a in actors:
                 ray.kill(a, no_restart=True)
             for pg in pgs:
                 remove_placement_group(pg)
+            if isinstance(exc, ray.exceptions.RayError):
+                failure = classify(exc)
+                if not failure.recoverable:
+                    raise reported(failure, "loading the pipeline") from None
+                # The node went away while the actors started: the devices are not there.
+                raise ValueError(f"could not start {count} worker(s): {failure.one_line()[:200]}") from None
             raise
         self.members.extend(Member(a, pg, info) for a, pg, info in zip(actors, pgs, infos))
         return timings
@@ -239,12 +244,14 @@ class WorkerPool:
         backend = "nccl" if self.device == "cuda" else "gloo"
         addr = None
         if world > 1:
-            addr = self._call_all([chosen[0].actor.open_store.remote(timeout_s)], timeout_s, chosen[:1])[0]
+            addr = self._call_all([chosen[0].actor.open_store.remote(timeout_s)], timeout_s + 10.0, chosen[:1], "form")[0]
         refs = [
             m.actor.join_group.remote(rank, world, addr, degrees, backend, timeout_s)
             for rank, m in enumerate(chosen)
         ]
-        outs = self._call_all(refs, timeout_s, chosen)
+        # The workers' own rendezvous timeout is `timeout_s`: they fail (a recoverable
+        # collective failure) before the driver's deadline, which is for the stuck.
+        outs = self._call_all(refs, timeout_s + 10.0, chosen, "form")
         self.active = chosen
         self.plan = plan
         self.kernel = outs[0]["kernel"]
@@ -284,9 +291,12 @@ class WorkerPool:
 
     # -- one request: every call is collective over the active ranks -------------------------
 
-    def _call_all(self, refs: list, timeout_s: float | None, members=None) -> list:
-        """Wait for one call per member; a lost rank or a failed collective raises
-        WorkerFailure as soon as the first result shows it (ray.wait), never after a hang."""
+    def _call_all(self, refs: list, timeout_s: float | None, members=None, where: str = "call") -> list:
+        """Wait for one call per member. The first failure (ray.wait: never after a hang)
+        settles every call in flight, classifies each rank's outcome and raises by the root
+        cause (raydit.runtime.failures): a recoverable one as WorkerFailure, an application
+        error or out of memory as the user-facing error, after leaving the group it broke
+        (the controller re-forms it before the next request)."""
         members = self.active if members is None else members
         pending = list(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -294,30 +304,52 @@ class WorkerPool:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
             if not ready:
-                lost = self._settle(members, refs, settle_s=5.0)
-                raise WorkerFailure(f"a call made no progress for {timeout_s:.0f} s", lost=lost)
+                late = Failure(DEADLINE, "DeadlineExceeded",
+                               f"{where} made no progress for {timeout_s:.1f} s (its deadline)")
+                lost, outcomes = self._settle(members, refs, settle_s=5.0, probe=True)
+                self._raise(root_cause([late, *outcomes]), lost, where)
             try:
                 ray.get(ready[0])
-            except Exception as exc:  # dead actor, dead node, or a collective that broke
-                lost = self._settle(members, refs, settle_s=self.settle_s)
-                raise WorkerFailure(
-                    f"rank failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-                    lost=lost, cause=exc,
-                ) from exc
+            except Exception:  # a dead actor or node, a broken collective, or worker code
+                lost, outcomes = self._settle(members, refs, settle_s=self.settle_s)
+                self._raise(root_cause(outcomes), lost, where)
         return ray.get(refs)
 
-    def _settle(self, members: list, refs: list, settle_s: float) -> list:
+    def _raise(self, failure: Failure, lost: list, where: str) -> None:
+        if failure.recoverable or lost:
+            # A lost rank is recovered even when another raised: the peers' errors are
+            # usually the consequence, and a repeat is stopped by the controller.
+            raise WorkerFailure(f"{failure.kind}: {failure.one_line()[:300]}", lost=lost, failure=failure)
+        self.reset_group()
+        raise reported(failure, where)
+
+    def _settle(self, members: list, refs: list, settle_s: float, probe: bool = False) -> tuple[list, list]:
         """After a failure, let every in-flight call finish before anything else touches the
         actors (destroying a process group under a running collective is undefined).
+        Returns (lost members, one classified Failure per failed call).
 
         A survivor whose collective failed leaves its process group at once: closing its
         connections is what unblocks a peer still waiting on it (a ring receive, say),
         instead of that peer waiting out the collective timeout. A member whose call ends
         in an actor error is dead; one still running after `settle_s` is stuck. Both are
-        dropped (killed, reservation released). Nodes of the dead go into `suspect_nodes`:
-        until Ray notices a node's death it still reports that node's devices as free."""
+        dropped (killed, reservation released). `probe` (a missed deadline): members that
+        do not answer a ping from their second thread within 2 s are stuck (stopped,
+        wedged) and dropped first, which breaks their peers' collectives. Nodes of the
+        dead go into `suspect_nodes`: until Ray notices a node's death it still reports
+        that node's devices as free."""
         pending = dict(zip(refs, members))
-        lost, suspect = [], set()
+        rank_of = {id(m): r for r, m in enumerate(members)}
+        lost, suspect, outcomes = [], set(), []
+        if probe:
+            silent = _silent(list(pending.values()), timeout_s=2.0)
+            silent_ids = {id(m) for m in silent}
+            for ref, m in list(pending.items()):
+                if id(m) in silent_ids:
+                    pending.pop(ref)
+                    lost.append(m)
+                    outcomes.append(Failure(DEADLINE, "DeadlineExceeded", "rank stopped answering",
+                                            rank=rank_of.get(id(m))))
+                    self._drop(m)
         start = time.monotonic()
         deadline = start + settle_s
         aborted = False
@@ -333,20 +365,24 @@ class WorkerPool:
                 m = pending.pop(ref)
                 try:
                     ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
+                    continue
+                except Exception as exc:
+                    failure = classify(exc, rank=rank_of.get(id(m)))
+                outcomes.append(failure)
+                if failure.kind == LOST:
                     lost.append(m)
-                    if "ray.kill" not in str(exc):
+                    if "ray.kill" not in failure.message:
                         suspect.add(m.node_id)
                     continue
-                except Exception:
-                    pass  # its collective failed because a peer died
                 m.actor.leave_group.remote()
-        for m in pending.values():
+        for ref, m in pending.items():
             lost.append(m)
             suspect.add(m.node_id)
+            outcomes.append(Failure(DEADLINE, "DeadlineExceeded", f"rank still busy {settle_s:.0f} s after a peer failed",
+                                    rank=rank_of.get(id(m))))
         self.suspect_nodes = suspect
         self._drop_and_release(lost)
-        return lost
+        return lost, outcomes
 
     def _drop_and_release(self, lost: list, wait_s: float = 10.0) -> None:
         """Drop lost members; on nodes that are still healthy, wait (bounded) until Ray
@@ -367,15 +403,15 @@ class WorkerPool:
 
     def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None) -> dict:
         refs = [m.actor.prepare.remote(request, checkpoint) for m in self.active]
-        return self._call_all(refs, timeout_s)[0]
+        return self._call_all(refs, timeout_s, where="prepare")[0]
 
     def step(self, timeout_s: float | None = None) -> dict:
         refs = [m.actor.step.remote(rank == 0) for rank, m in enumerate(self.active)]
-        return self._call_all(refs, timeout_s)[0]
+        return self._call_all(refs, timeout_s, where="step")[0]
 
     def decode(self, timeout_s: float | None = None):
         # The VAE runs replicated today; rank 0's frames are the answer.
-        return self._call_all([self.active[0].actor.decode.remote()], timeout_s)[0]
+        return self._call_all([self.active[0].actor.decode.remote()], timeout_s, self.active[:1], where="decode")[0]
 
     # -- failures ----------------------------------------------------------------------------
 
@@ -409,6 +445,20 @@ class WorkerPool:
         for m in list(self.members):
             self._drop(m)
         self.members, self.active = [], []
+
+
+def _silent(members: list, timeout_s: float) -> list:
+    """Members whose actor does not answer a ping (its second thread) within `timeout_s`."""
+    refs = {m.actor.ping.remote(): m for m in members}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    answered = set()
+    for ref in ready:
+        try:
+            ray.get(ref)
+            answered.add(id(refs[ref]))
+        except Exception:
+            pass
+    return [m for m in members if id(m) not in answered]
 
 
 def _assign(members: list[Member], placement, world: int) -> list[Member]:

@@ -5,37 +5,51 @@ applies them to a worker group. The loop can be stepped one `tick` at a time, so
 drive it with a dummy group and injected failures (the shape of Ray Train v2's controller).
 
 A request's progress lives here, on the driver: after every finished step the group hands
-back a checkpoint (latents, step index, scheduler state). When ranks are lost the
-controller tears the group down, asks the planner for the best plan on what is left (plus
-any free devices), re-forms the group on the survivors' warm actors, and resumes from the
-last checkpoint, so the result equals an uninterrupted run.
+back a checkpoint (latents, step index, scheduler state). What happens on a failure
+depends on its class (raydit.runtime.failures):
 
-The worker group the controller drives needs: `prepare(request, checkpoint)`, `step()`,
-`decode()`, `reset_group()`, `members` (a list), `free_slot_count()`, `grow_to(plan)` and
-`form(plan)`; failures surface as `WorkerFailure` (raydit.runtime.errors) with `.lost`.
+- application errors (worker code raised) reach the caller at once, never retried; the
+  group, whose collectives they broke, is re-formed before the next request;
+- lost ranks, broken collectives and missed deadlines are recovered: the controller tears
+  the group down, asks the planner for the best plan on what is left (plus any free
+  devices), re-forms the group on the survivors' warm actors and resumes from the last
+  checkpoint, so the result equals an uninterrupted run. When nothing is left it hands
+  the request back (`HandBack`) so the queue gives it to another replica. A request that
+  fails the same step twice, on fresh workers each time, is stopped;
+- out of memory re-plans with more sequence parallelism where the devices allow.
+
+Every call has a deadline derived from the plan (`Deadlines`): the predicted, then the
+measured, time of that call times a factor, never under a floor of a few seconds.
+
+The worker group the controller drives needs: `prepare(request, checkpoint, timeout_s)`,
+`step(timeout_s)`, `decode(timeout_s)`, `reset_group()`, `members` and `active` (lists),
+`free_slot_count()`, `grow_to(plan)` and `form(plan, timeout_s)`; recoverable failures
+surface as `WorkerFailure` (raydit.runtime.errors) with `.lost`, `grow_to` raises
+`ValueError` when the cluster cannot hold the new ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from raydit.runtime.errors import WorkerFailure
+from raydit.runtime.errors import HandBack, OutOfMemory, RequestFailed, WorkerFailure
 
 
 @dataclass(frozen=True)
 class Decision:
     """What to do next. `plan` is the planner's Plan for regroup/grow."""
 
-    action: str  # "resume" | "grow" | "stay" | "fail"
+    action: str  # "resume" | "grow" | "stay" | "fail" | "handback"
     reason: str
     plan: Any = None
 
 
 @dataclass
 class Job:
-    """One request's life on the driver."""
+    """One request's life on the driver (it moves between replicas with its progress)."""
 
     request: Any
     checkpoint: dict | None = None
@@ -48,6 +62,11 @@ class Job:
     recoveries: int = 0
     step_seconds: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    # Recoverable failures at the step in flight since the last finished step.
+    failures_at_step: int = 0
+
+
+NO_CAPACITY = "no workers are left alive and no free devices remain in the cluster"
 
 
 class ElasticPolicy:
@@ -66,11 +85,11 @@ class ElasticPolicy:
             return Decision("fail", f"gave up after {job.recoveries} recoveries")
         capacity = survivors + free
         if capacity < 1:
-            return Decision("fail", "no workers are left alive and no free devices remain in the cluster")
+            return Decision("handback", NO_CAPACITY)
         try:
             plan = replan(capacity)
         except ValueError as exc:
-            return Decision("fail", f"no feasible plan on the {capacity} device(s) left: {exc}")
+            return Decision("handback", f"no feasible plan on the {capacity} device(s) left: {exc}")
         return Decision("resume", f"{survivors} survivor(s) + {free} free device(s)", plan)
 
     def consider_growth(
@@ -94,29 +113,81 @@ class ElasticPolicy:
         return Decision("stay", f"predicted gain {gain:.2f} s does not beat regroup cost {regroup_cost_s:.2f} s")
 
 
+class Deadlines:
+    """How long one call may take before its ranks count as stuck.
+
+    step: max(floor_s, factor x the slowest of the last measured steps), or x the plan's
+    predicted step time before any was measured. prepare / decode: the same rule on their
+    own measurements, with `first_s` until one was measured (a first decode's time is not
+    predicted). `fixed_s` (the user's step_timeout_s) overrides all of them.
+    """
+
+    def __init__(self, floor_s: float = 10.0, first_s: float = 60.0, factor: float = 4.0, fixed_s: float | None = None):
+        self.floor_s = floor_s
+        self.first_s = first_s
+        self.factor = factor
+        self.fixed_s = fixed_s
+        self._seen: dict[str, list[float]] = {}
+
+    def observe(self, what: str, seconds: float) -> None:
+        seen = self._seen.setdefault(what, [])
+        seen.append(seconds)
+        del seen[:-5]
+
+    def forget(self, what: str = "step") -> None:
+        """After a regroup the step time changes with the plan: predict again."""
+        self._seen.pop(what, None)
+
+    def for_call(self, what: str, plan=None) -> float:
+        if self.fixed_s is not None:
+            return self.fixed_s
+        seen = self._seen.get(what)
+        if seen:
+            return max(self.floor_s, self.factor * max(seen))
+        if what == "step":
+            predicted = getattr(plan, "predicted_step_seconds", None) or 0.0
+            return max(self.floor_s, self.factor * predicted)
+        return max(self.first_s, self.factor * (getattr(plan, "predicted_step_seconds", None) or 0.0))
+
+
 class Controller:
     def __init__(
         self,
         group,
-        replan: Callable[[int], Any],
+        replan: Callable[..., Any],
         policy: ElasticPolicy | None = None,
         events: list | None = None,
         on_plan: Callable[[Any], None] | None = None,
         regroup_cost_s: Callable[[], float] | None = None,
         step_timeout_s: float | None = None,
-        collective_timeout_s: float = 300.0,
+        collective_timeout_s: float = 30.0,
+        plan=None,
+        capacity_lock=None,
+        deadlines: Deadlines | None = None,
     ):
         self.group = group
         self.replan = replan
         self.policy = policy or ElasticPolicy()
         self.events = events if events is not None else []
-        self.on_plan = on_plan or (lambda plan: None)
+        self._on_plan = on_plan or (lambda plan: None)
         self.regroup_cost_s = regroup_cost_s or (lambda: 0.0)
-        self.step_timeout_s = step_timeout_s
-        self.collective_timeout_s = collective_timeout_s
+        self.deadlines = deadlines or Deadlines(fixed_s=step_timeout_s)
+        # Deadline for forming a group: a rendezvous that does not complete in this time
+        # is retried on a fresh store with the survivors.
+        self.form_timeout_s = collective_timeout_s
+        self.plan = plan
+        # Replicas share the cluster's free devices: one recovery or growth at a time
+        # decides what it takes from them.
+        self.capacity_lock = capacity_lock if capacity_lock is not None else contextlib.nullcontext()
 
-    def _event(self, kind: str, **data) -> dict:
-        ev = {"event": kind, "time": time.time(), **data}
+    def on_plan(self, plan) -> None:
+        if self.plan is not None and plan is not self.plan:
+            self.deadlines.forget("step")
+        self.plan = plan
+        self._on_plan(plan)
+
+    def _event(self, name: str, **data) -> dict:
+        ev = {"event": name, "time": time.time(), **data}
         self.events.append(ev)
         return ev
 
@@ -124,13 +195,19 @@ class Controller:
 
     def tick(self, job: Job) -> str:
         """Advance `job` by one unit of work: prepare, one step, or decode. Returns what it
-        did ("prepared", "stepped", "decoded", "recovered"); raises RuntimeError with the
-        reason when recovery is impossible."""
+        did ("prepared", "stepped", "decoded", "recovered"). Raises the user-facing error of
+        an application failure, `RequestFailed` when recovery gives up, `HandBack` when this
+        replica cannot go on."""
         try:
+            if not self.group.active:
+                self.ensure_group(job)
+                return "recovered"
             if not job.prepared:
                 t0 = time.perf_counter()
-                info = self.group.prepare(job.request, job.checkpoint, timeout_s=self.step_timeout_s)
-                job.timings.setdefault("prepare_seconds", time.perf_counter() - t0)
+                info = self.group.prepare(job.request, job.checkpoint, timeout_s=self.deadlines.for_call("prepare", self.plan))
+                seconds = time.perf_counter() - t0
+                self.deadlines.observe("prepare", seconds)
+                job.timings.setdefault("prepare_seconds", seconds)
                 job.num_steps = info["num_steps"]
                 job.step_index = info["step_index"]
                 job.timesteps = info["timesteps"]
@@ -138,40 +215,99 @@ class Controller:
                 return "prepared"
             if job.step_index < job.num_steps:
                 t0 = time.perf_counter()
-                job.checkpoint = self.group.step(timeout_s=self.step_timeout_s)
-                job.step_seconds.append(time.perf_counter() - t0)
+                job.checkpoint = self.group.step(timeout_s=self.deadlines.for_call("step", self.plan))
+                seconds = time.perf_counter() - t0
+                self.deadlines.observe("step", seconds)
+                job.step_seconds.append(seconds)
                 job.step_index += 1
+                job.failures_at_step = 0
                 return "stepped"
             t0 = time.perf_counter()
-            job.frames = self.group.decode(timeout_s=self.step_timeout_s)
-            job.timings["decode_seconds"] = time.perf_counter() - t0
+            job.frames = self.group.decode(timeout_s=self.deadlines.for_call("decode", self.plan))
+            seconds = time.perf_counter() - t0
+            self.deadlines.observe("decode", seconds)
+            job.timings["decode_seconds"] = seconds
             job.done = True
             return "decoded"
         except WorkerFailure as failure:
             self.recover(job, failure)
             return "recovered"
+        except OutOfMemory as oom:
+            self.recover_oom(job, oom)
+            return "recovered"
 
-    def recover(self, job: Job, failure: WorkerFailure) -> None:
+    def ensure_group(self, job: Job) -> None:
+        """Re-form a group that an application error (or a failed recovery) left unformed:
+        on the same plan when the members allow, otherwise through a recovery."""
+        plan = self.plan
+        if plan is not None and plan.world_size <= len(self.group.members):
+            try:
+                self.group.form(plan, self.form_timeout_s)
+                job.prepared = False
+                return
+            except WorkerFailure as failure:
+                self.recover(job, failure, counts=False)
+                return
+        self.recover(job, WorkerFailure("the replica has fewer ranks than its plan", lost=[]), counts=False)
+
+    def repair(self) -> bool:
+        """Between requests, for a replica that handed its request back: re-form on its
+        survivors plus free devices. True when it has a group again."""
+        with self.capacity_lock:
+            self.group.reset_group()
+            capacity = len(self.group.members) + self.group.free_slot_count()
+            if capacity < 1:
+                return False
+            try:
+                plan = self.replan(capacity)
+                self.group.grow_to(plan)
+                self.group.form(plan, self.form_timeout_s)
+            except Exception as exc:  # nothing to resume here: try again later
+                self._event("repair_failed", reason=f"{type(exc).__name__}: {exc}")
+                return False
+        self.on_plan(plan)
+        return True
+
+    def recover(self, job: Job, failure: WorkerFailure, counts: bool = True) -> None:
+        """Regroup on what is left and resume `job` from its last checkpoint. `counts`:
+        the failure happened in the job's own call (it counts toward the repeat rule)."""
         t_fail = time.perf_counter()
         lost = len(failure.lost)
-        self._event("failure", step=job.step_index, lost=lost, cause=str(failure))
-        while True:
-            self.group.reset_group()
-            survivors = len(self.group.members)
-            free = self.group.free_slot_count()
-            decision = self.policy.after_failure(job, survivors, free, self.replan)
-            if decision.action == "fail":
-                self._event("gave_up", reason=decision.reason)
-                raise RuntimeError(f"request failed at step {job.step_index}: {decision.reason}") from failure
-            plan = decision.plan
-            job.recoveries += 1
-            try:
-                self.group.grow_to(plan)
-                self.group.form(plan, self.collective_timeout_s)
-                break
-            except WorkerFailure as again:  # a member died while regrouping: re-plan again
-                lost += len(again.lost)
-                self._event("failure", step=job.step_index, lost=len(again.lost), cause=str(again))
+        kind = failure.failure.kind if failure.failure is not None else "lost"
+        self._event("failure", step=job.step_index, lost=lost, kind=kind, cause=str(failure))
+        if counts:
+            job.failures_at_step += 1
+            if job.failures_at_step >= 2:
+                reason = (f"the request failed at step {job.step_index} twice, on fresh workers each "
+                          f"time (last: {failure}); not retrying it")
+                self._event("gave_up", reason=reason)
+                raise RequestFailed(reason) from failure
+        use_free = True
+        with self.capacity_lock:
+            while True:
+                self.group.reset_group()
+                survivors = len(self.group.members)
+                free = self.group.free_slot_count() if use_free else 0
+                decision = self.policy.after_failure(job, survivors, free, self.replan)
+                if decision.action == "fail":
+                    self._event("gave_up", reason=decision.reason)
+                    raise RequestFailed(f"request failed at step {job.step_index}: {decision.reason}") from failure
+                if decision.action == "handback":
+                    self._event("handed_back", step=job.step_index, reason=decision.reason)
+                    raise HandBack(decision.reason)
+                plan = decision.plan
+                job.recoveries += 1
+                try:
+                    self.group.grow_to(plan)
+                    self.group.form(plan, self.form_timeout_s)
+                    break
+                except WorkerFailure as again:  # a member died while regrouping: re-plan again
+                    lost += len(again.lost)
+                    self._event("failure", step=job.step_index, lost=len(again.lost),
+                                kind=again.failure.kind if again.failure else "lost", cause=str(again))
+                except ValueError as exc:  # the free devices could not be reserved after all
+                    self._event("growth_failed", step=job.step_index, reason=str(exc))
+                    use_free = False
         self.on_plan(plan)
         job.prepared = False  # the next tick re-prepares from job.checkpoint
         seconds = time.perf_counter() - t_fail
@@ -179,18 +315,49 @@ class Controller:
         self._event(
             "regrouped",
             reason=f"lost {lost} rank(s); {decision.reason}",
-            plan={"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg, "world_size": plan.world_size},
+            plan=_brief(plan),
             resume_step=job.step_index,
             seconds=seconds,
         )
 
+    def recover_oom(self, job: Job, oom: OutOfMemory) -> None:
+        """Out of memory: regroup with more sequence parallelism (less per device) where
+        the devices allow; otherwise the user gets the figures."""
+        current = self.plan
+        sp = current.ulysses * current.ring if current is not None else 1
+        self._event("failure", step=job.step_index, lost=0, kind="oom", cause=str(oom))
+        with self.capacity_lock:
+            self.group.reset_group()
+            capacity = len(self.group.members) + self.group.free_slot_count()
+            try:
+                plan = self.replan(capacity, min_sp=sp + 1)
+            except (ValueError, TypeError) as exc:
+                figures = ""
+                if current is not None:
+                    mem = getattr(current, "memory_gb_per_gpu", None)
+                    figures = (f" on ulysses {current.ulysses} x ring {current.ring} x cfg {current.cfg}"
+                               + (f" (planned {mem:.1f} GB per device)" if mem else ""))
+                self._event("gave_up", reason=f"out of memory; {exc}")
+                raise OutOfMemory(
+                    f"{oom}{figures}; no plan with more than {sp}-way sequence parallelism fits the "
+                    f"{capacity} device(s) available: use fewer frames or a smaller size, or add devices"
+                ) from None
+            self.group.grow_to(plan)
+            self.group.form(plan, self.form_timeout_s)
+        self.on_plan(plan)
+        job.prepared = False
+        self._event("regrouped", reason="out of memory: more sequence parallelism", plan=_brief(plan),
+                    resume_step=job.step_index, seconds=0.0)
+
     def maybe_grow(self, current_plan, remaining_steps: int, job: Job | None = None):
         """Between steps or requests: regroup onto free devices when it pays. A member lost
-        while regrouping is handled like any failure (recovered for `job`)."""
+        while regrouping is handled like any failure (recovered for `job`); devices that
+        cannot be reserved after all leave the replica as it was."""
         try:
-            return self._grow(current_plan, remaining_steps)
+            with self.capacity_lock:
+                return self._grow(current_plan, remaining_steps)
         except WorkerFailure as failure:
-            self.recover(job if job is not None else Job(request=None), failure)
+            self.recover(job if job is not None else Job(request=None), failure, counts=False)
             return None
 
     def _grow(self, current_plan, remaining_steps: int):
@@ -201,17 +368,15 @@ class Controller:
         if decision.action != "grow":
             return None
         t0 = time.perf_counter()
+        try:
+            self.group.grow_to(decision.plan)
+        except ValueError as exc:
+            self._event("growth_failed", reason=str(exc))
+            return None
         self.group.reset_group()
-        self.group.grow_to(decision.plan)
-        self.group.form(decision.plan, self.collective_timeout_s)
+        self.group.form(decision.plan, self.form_timeout_s)
         self.on_plan(decision.plan)
-        p = decision.plan
-        self._event(
-            "grew",
-            reason=decision.reason,
-            plan={"ulysses": p.ulysses, "ring": p.ring, "cfg": p.cfg, "world_size": p.world_size},
-            seconds=time.perf_counter() - t0,
-        )
+        self._event("grew", reason=decision.reason, plan=_brief(decision.plan), seconds=time.perf_counter() - t0)
         return decision.plan
 
     # -- a whole request -----------------------------------------------------------------
@@ -223,3 +388,7 @@ class Controller:
             if self.tick(job) == "stepped" and on_step is not None:
                 on_step(job)
         return job
+
+
+def _brief(plan) -> dict:
+    return {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg, "world_size": plan.world_size}

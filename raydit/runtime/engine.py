@@ -12,7 +12,6 @@ round trip per step, measured by bench/ against a torch.multiprocessing launch.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -23,6 +22,8 @@ import numpy as np
 
 from raydit.runtime.cluster import RayCluster, WorkerPool
 from raydit.runtime.controller import Controller, ElasticPolicy, Job
+from raydit.runtime.errors import HandBack
+from raydit.runtime.queue import Dispatcher, Item, load_progress, save_progress
 
 DEVICES = ("auto", "cuda", "cpu")
 
@@ -56,6 +57,7 @@ class Replica:
     controller: Any = None
     plan: Any = None
     busy: bool = False
+    in_rotation: bool = True  # False after it handed a request back, until repaired
 
 
 class Engine:
@@ -87,11 +89,12 @@ class Engine:
         height: int | None = None,
         width: int | None = None,
         placement_timeout_s: float = 60.0,
-        collective_timeout_s: float = 120.0,
+        collective_timeout_s: float = 30.0,
         step_timeout_s: float | None = None,
         elastic: bool = True,
         grow: str = "auto",
         show_plan: bool = True,
+        checkpoint_dir: str | None = None,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -114,16 +117,18 @@ class Engine:
         self.spec.geometry(frames, height, width)
         self._geometry = (frames, height, width)
         self._workers = workers
+        self._forced = {"ulysses": ulysses, "ring": ring, "cfg": cfg}
         self._collective_timeout_s = collective_timeout_s
+        self.checkpoint_dir = checkpoint_dir
+        self._submitted = 0
+        self._num_train_timesteps = _num_train_timesteps(self.model_dir)
         self._grow = grow
         self.elastic = elastic
         self.events: list[dict] = []
         self._timings: dict[str, float] = {}
-        self._queue: queue.Queue = queue.Queue()
-        self._cond = threading.Condition()
-        self._dispatcher: threading.Thread | None = None
-        self._running: list[threading.Thread] = []
-        self._closing = False
+        self._dispatcher: Dispatcher | None = None
+        # One recovery, repair or growth at a time takes from the cluster's free devices.
+        self._capacity_lock = threading.RLock()
         self.replicas: list[Replica] = []
         t0 = time.perf_counter()
         self.cluster = RayCluster.connect(
@@ -168,7 +173,7 @@ class Engine:
         for r in self.replicas:
             r.controller = Controller(
                 r.pool,
-                replan=lambda capacity, r=r: self._replan(r, capacity),
+                replan=lambda capacity, min_sp=None, r=r: self._replan(r, capacity, min_sp),
                 policy=ElasticPolicy(
                     max_recoveries=8 if elastic else 0,
                     grow_margin=1.0,
@@ -179,7 +184,10 @@ class Engine:
                 regroup_cost_s=self._regroup_cost,
                 step_timeout_s=step_timeout_s,
                 collective_timeout_s=collective_timeout_s,
+                plan=r.plan,
+                capacity_lock=self._capacity_lock,
             )
+        self._dispatcher = Dispatcher(self.replicas, self._execute, self._repair, self._capacity_left)
         self._event(
             "started", plan=_plan_brief(plan), replicas=len(self.replicas),
             seconds=self._timings["startup_seconds"],
@@ -218,25 +226,45 @@ class Engine:
 
     # -- planning ------------------------------------------------------------------------
 
-    def _replan(self, replica: Replica, capacity: int):
+    def _replan(self, replica: Replica, capacity: int, min_sp: int | None = None):
         """Best plan for `capacity` devices: the replica's surviving members plus the
         cluster's free devices. With `workers` fixed by the user (or grow="always") the
-        plan uses as many ranks as it may, up to `workers`; otherwise the planner's best."""
+        plan uses as many ranks as it may, up to `workers`; otherwise the planner's best.
+        Degrees the user forced hold; when no plan with them fits what is left, the best
+        plan without them runs and an event says what and why. `min_sp`: only plans with
+        at least that much sequence parallelism (after running out of memory)."""
         counts = replica.pool.member_counts()
         for node, free in replica.pool.free_slots().items():
             counts[node] = counts.get(node, 0) + free
         frames, height, width = self._geometry
-        result = self.cluster.plan(
-            self.spec, frames=frames, height=height, width=width, device=self.device,
-            counts=counts,
-        )
         limit = capacity if self._workers is None else min(capacity, self._workers)
-        fits = [p for p in result.candidates if p.world_size <= limit]
-        if not fits:
-            raise ValueError(f"no feasible plan fits {limit} device(s)")
-        if self._workers is not None or self._grow == "always":
-            return max(fits, key=lambda p: (p.world_size, -p.predicted_step_seconds))
-        return fits[0]
+
+        def best(**forced):
+            result = self.cluster.plan(
+                self.spec, frames=frames, height=height, width=width, device=self.device,
+                counts=counts, **forced,
+            )
+            fits = [p for p in result.candidates if p.world_size <= limit
+                    and (min_sp is None or p.ulysses * p.ring >= min_sp)]
+            if not fits:
+                raise ValueError(f"no feasible plan fits {limit} device(s)"
+                                 + (f" with sequence parallelism >= {min_sp}" if min_sp else ""))
+            if self._workers is not None or self._grow == "always":
+                return max(fits, key=lambda p: (p.world_size, -p.predicted_step_seconds))
+            return fits[0]
+
+        forced = {k: v for k, v in self._forced.items() if v is not None}
+        if not forced:
+            return best()
+        try:
+            return best(**forced)
+        except ValueError as exc:
+            plan = best()
+            said = ", ".join(f"{k} {v}" for k, v in forced.items())
+            self._event("forced_degrees_dropped", replica=replica.index, forced=forced, plan=_plan_brief(plan),
+                        reason=f"{said} cannot run on the {limit} device(s) left ({exc}); running ulysses "
+                               f"{plan.ulysses} x ring {plan.ring} x cfg {plan.cfg} instead")
+            return plan
 
     def _regroup_cost(self) -> float:
         t = self._timings
@@ -252,7 +280,7 @@ class Engine:
             raise ValueError("regroup works on a single-replica engine; this one has "
                              f"{len(self.replicas)} replicas")
         replica = self.replicas[0]
-        with self._cond:
+        with self._dispatcher.cond:
             if replica.busy:
                 raise RuntimeError("regroup while a request runs; wait for it to finish")
             replica.busy = True
@@ -267,12 +295,13 @@ class Engine:
             replica.pool.reset_group()
             seconds = replica.pool.form(plan, self._collective_timeout_s)
             self.plan_result, replica.plan = result, plan
+            replica.controller.on_plan(plan)
             self._event("regrouped", reason="requested", plan=_plan_brief(plan), seconds=seconds)
             return plan
         finally:
-            with self._cond:
+            with self._dispatcher.cond:
                 replica.busy = False
-                self._cond.notify_all()
+                self._dispatcher.cond.notify_all()
 
     # -- generation --------------------------------------------------------------------
 
@@ -290,6 +319,7 @@ class Engine:
         progress: bool = True,
         image=None,
         guidance_scale_2: float | None = None,
+        checkpoint_dir: str | None = None,
     ) -> GenerationResult:
         """Generate one video and wait for it (the simple blocking call). `image` (a PIL
         image, a path or a uint8 array) conditions an image-to-video pipeline."""
@@ -297,7 +327,7 @@ class Engine:
             prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
             width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
             seed=seed, callback_on_step_end=callback_on_step_end, progress=progress, image=image,
-            guidance_scale_2=guidance_scale_2,
+            guidance_scale_2=guidance_scale_2, checkpoint_dir=checkpoint_dir,
         ).result()
 
     def submit(
@@ -314,11 +344,15 @@ class Engine:
         progress: bool = False,
         image=None,
         guidance_scale_2: float | None = None,
+        checkpoint_dir: str | None = None,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
         Requests start in submission order on the fastest idle replica, each exactly once:
-        a request interrupted by a lost rank resumes from its last finished step."""
+        a request interrupted by a lost rank resumes from its last finished step, on
+        another replica if its own cannot go on. `checkpoint_dir`: write the request and
+        each finished step there (default: a directory per request under the Engine's
+        `checkpoint_dir`, if any); `Engine.resume(dir)` finishes it."""
         from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
@@ -333,81 +367,107 @@ class Engine:
         request = GenerationRequest(
             prompt=prompt,
             negative_prompt=negative_prompt or "",
-            num_frames=num_frames or self.spec.default_frames,
-            height=height or self.spec.default_height,
-            width=width or self.spec.default_width,
+            num_frames=self.spec.default_frames if num_frames is None else num_frames,
+            height=self.spec.default_height if height is None else height,
+            width=self.spec.default_width if width is None else width,
             num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale,
             guidance_scale_2=guidance_scale_2,
             seed=seed,
             image=None if image is None else image_to_png(image),
         )
-        # Validate with the planner's rules before any worker sees the request.
+        self._check_request(request)
+        return self._enqueue(request, callback_on_step_end, progress, checkpoint_dir)
+
+    def resume(self, directory: str, callback_on_step_end: Callable | None = None,
+               progress: bool = True) -> GenerationResult:
+        """Finish the request saved in `directory` (written with `checkpoint_dir`) from its
+        last finished step, e.g. after the driver that ran it died; returns its result."""
+        request, checkpoint = load_progress(directory)
+        self._check_request(request)
+        job = None
+        if checkpoint is not None:
+            job = Job(request=request, checkpoint=checkpoint, step_index=int(checkpoint["step_index"]))
+            self._event("resumed", directory=str(directory), step=job.step_index)
+        return self._enqueue(request, callback_on_step_end, progress, str(directory), job).result()
+
+    def _check_request(self, request) -> None:
+        """Refuse on the driver, before any worker sees it, what the workers would refuse:
+        geometry (the planner's rules), more steps than the scheduler has timesteps, a
+        size beyond what every replica's plan can hold."""
         self.spec.geometry(request.num_frames, request.height, request.width)
-        for r in self.replicas:
-            _check_guidance(r.plan, guidance_scale)
-        future: Future = Future()
-        with self._cond:
-            if self._closing:
-                raise RuntimeError("engine is shutting down; create a new Engine")
-            self._queue.put((request, callback_on_step_end, progress, future))
-            if self._dispatcher is None:
-                self._dispatcher = threading.Thread(target=self._dispatch, name="raydit-dispatch", daemon=True)
-                self._dispatcher.start()
-        return future
+        limit = self._num_train_timesteps
+        if limit is not None and request.num_inference_steps > limit:
+            raise ValueError(
+                f"num_inference_steps {request.num_inference_steps} is more than the {limit} timesteps "
+                f"the model's scheduler was trained with; use {limit} steps or fewer"
+            )
+        planned = self._planned_geometry()
+        if (request.num_frames, request.height, request.width) != planned:
+            frames, height, width = planned
+            if request.num_frames * request.height * request.width > frames * height * width:
+                for r in self.replicas:
+                    self._check_fits(r, request)
 
-    def _dispatch(self) -> None:
-        """Hand each queued request to the fastest idle replica, in submission order."""
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future = item[3]
-            if not future.set_running_or_notify_cancel():
-                continue
-            with self._cond:
-                while not self._closing and all(r.busy for r in self.replicas):
-                    self._cond.wait()
-                if self._closing or not self.replicas:
-                    future.set_exception(RuntimeError("engine shut down before the request ran"))
-                    continue
-                replica = min(
-                    (r for r in self.replicas if not r.busy),
-                    key=lambda r: (r.plan.predicted_step_seconds, r.index),
-                )
-                replica.busy = True
-                worker = threading.Thread(
-                    target=self._run_on, args=(replica, item), name=f"raydit-replica-{replica.index}",
-                    daemon=True,
-                )
-                self._running = [t for t in self._running if t.is_alive()] + [worker]
-            worker.start()
+    def _planned_geometry(self) -> tuple[int, int, int]:
+        frames, height, width = self._geometry
+        return (frames or self.spec.default_frames, height or self.spec.default_height,
+                width or self.spec.default_width)
 
-    def _run_on(self, replica: Replica, item) -> None:
-        request, callback, progress, future = item
+    def _check_fits(self, replica: Replica, request) -> None:
+        """A request larger than the plan was made for: the planner checks that the
+        replica's layout still holds it in memory (a clear error, not an OOM on the ranks)."""
+        from raydit.planner import PlanError
+
+        plan = replica.plan
         try:
-            future.set_result(self._execute(replica, request, callback, progress))
-        except BaseException as exc:  # the caller of .result() sees it
-            future.set_exception(exc)
-        finally:
-            with self._cond:
-                replica.busy = False
-                self._cond.notify_all()
+            self.cluster.plan(
+                self.spec, frames=request.num_frames, height=request.height, width=request.width,
+                device=self.device, counts=replica.pool.member_counts(),
+                ulysses=plan.ulysses, ring=plan.ring, cfg=plan.cfg,
+            )
+        except PlanError as exc:
+            raise ValueError(
+                f"{request.num_frames} frames at {request.height}x{request.width} do not fit the running plan "
+                f"(ulysses {plan.ulysses} x ring {plan.ring} x cfg {plan.cfg}): {exc}; create the Engine with "
+                f"frames/height/width of this size so it plans for them"
+            ) from None
 
-    def _execute(self, replica: Replica, request, callback_on_step_end, progress) -> GenerationResult:
-        _check_guidance(replica.plan, request.guidance_scale)
-        first_event = len(self.events)
-        job = Job(request=request)
+    def _enqueue(self, request, callback, progress, checkpoint_dir, job: Job | None = None) -> Future:
+        if checkpoint_dir is None and self.checkpoint_dir is not None:
+            with self._capacity_lock:
+                self._submitted += 1
+                n = self._submitted
+            checkpoint_dir = os.path.join(self.checkpoint_dir, f"request-{n:04d}")
+        if checkpoint_dir is not None and job is None:
+            save_progress(checkpoint_dir, request, None)  # the request itself, before step 0
+        item = Item(request=request, future=Future(), callback=callback, progress=progress,
+                    checkpoint_dir=checkpoint_dir, job=job)
+        return self._dispatcher.put(item)
+
+    def _execute(self, replica: Replica, item: Item) -> GenerationResult:
+        """Run (or resume) `item` on `replica`. Raises HandBack when the replica cannot
+        finish it; the dispatcher then gives it, with its progress, to another."""
+        request = item.request
+        if item.job is None:
+            item.job = Job(request=request)
+        job = item.job
+        if not item.t_start:
+            item.first_event, item.t_start = len(self.events), time.perf_counter()
+        else:
+            self._event("request_resumed", replica=replica.index, step=job.step_index)
+        job.prepared = False  # (re-)prepared on this replica, from job.checkpoint
         if self.elastic and self._grow != "never":
-            replica.controller.maybe_grow(replica.plan, request.num_inference_steps, job)
-        bar = _progress(request.num_inference_steps, enabled=progress)
-        t_start = time.perf_counter()
+            replica.controller.maybe_grow(replica.plan, request.num_inference_steps - job.step_index, job)
+        bar = _progress(request.num_inference_steps, enabled=item.progress, initial=job.step_index)
 
         def on_step(job: Job) -> None:
             if bar is not None:
                 bar.update(1)
-            if callback_on_step_end is not None:
-                self._run_callback(callback_on_step_end, job)
+            if item.callback is not None:
+                self._run_callback(item.callback, job)
+            if item.checkpoint_dir is not None:
+                save_progress(item.checkpoint_dir, request, job.checkpoint)
 
         try:
             replica.controller.run(job, on_step=on_step)
@@ -417,16 +477,30 @@ class Engine:
         timings = dict(job.timings)
         timings["step_seconds"] = list(job.step_seconds)
         timings["denoise_seconds"] = float(sum(job.step_seconds))
-        timings["total_seconds"] = time.perf_counter() - t_start
+        timings["total_seconds"] = time.perf_counter() - item.t_start
         return GenerationResult(
             frames=job.frames,
             latents=_to_numpy(job.checkpoint["latents"]),
             plan=replica.plan,
             timings=timings,
             request=request,
-            events=self.events[first_event:],
+            events=self.events[item.first_event:],
             replica=replica.index,
         )
+
+    def _repair(self, replica: Replica) -> bool:
+        """Make a replica that handed its request back whole again: its survivors plus
+        free devices, re-planned (the dispatcher calls this while a request waits)."""
+        whole = replica.controller.repair()
+        if whole:
+            self._event("repaired", replica=replica.index, plan=_plan_brief(replica.plan))
+        return whole
+
+    def _capacity_left(self) -> str:
+        ranks = ", ".join(f"replica {r.index}: {len(r.pool.members)} rank(s)" for r in self.replicas)
+        free = self.replicas[0].pool.free_slot_count() if self.replicas else 0
+        key = "GPUs" if self.device == "cuda" else "CPU slots"
+        return f"{ranks}; {free} free {key} in the cluster"
 
     def _run_callback(self, callback, job: Job) -> None:
         """diffusers' convention: callback(pipe, step, timestep, callback_kwargs) -> dict.
@@ -449,23 +523,9 @@ class Engine:
     def shutdown(self) -> None:
         """Cancel queued requests, wait for running ones, kill the actors, release their
         reservations, disconnect what we connected."""
-        cond = getattr(self, "_cond", None)
-        if cond is not None:
-            with cond:
-                self._closing = True
-                while True:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is not None:
-                        item[3].cancel()
-                self._queue.put(None)
-                cond.notify_all()
-            me = threading.current_thread()
-            for t in [self._dispatcher, *self._running]:
-                if t is not None and t is not me:
-                    t.join(timeout=120)
+        dispatcher = getattr(self, "_dispatcher", None)
+        if dispatcher is not None:
+            dispatcher.close()
         for r in getattr(self, "replicas", []):
             r.pool.close()
         self.replicas = []
@@ -487,12 +547,18 @@ class Engine:
             pass
 
 
-def _check_guidance(plan, guidance_scale: float) -> None:
-    if plan.cfg == 2 and guidance_scale <= 1.0:
-        raise ValueError(
-            f"guidance_scale {guidance_scale} turns classifier-free guidance off, but the "
-            "plan runs it on 2 groups (cfg 2); use guidance_scale > 1 or an Engine with cfg=1"
-        )
+def _num_train_timesteps(model_dir: str) -> int | None:
+    """The scheduler's training timesteps (the most inference steps it can take), read
+    from the pipeline's scheduler config without loading anything."""
+    import json
+    from pathlib import Path
+
+    config = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    try:
+        value = json.loads(config.read_text()).get("num_train_timesteps")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def _plan_brief(plan) -> dict:
@@ -510,9 +576,9 @@ def _to_numpy(t) -> np.ndarray:
     return np.asarray(t, dtype=np.float32)
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, initial: int = 0):
     if not enabled or os.environ.get("RAYDIT_NO_PROGRESS"):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="denoising", unit="step")
+    return tqdm(total=total, initial=initial, desc="denoising", unit="step")

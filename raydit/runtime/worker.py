@@ -8,10 +8,31 @@ process group, and the warm pipeline that survives across requests and regroupin
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from datetime import timedelta
 from typing import Any
+
+
+def _reported(where: str):
+    """Re-raise whatever a call raises as a RankError: the classification (application,
+    out of memory, collective broken by a peer) is made here, where the exception's real
+    type is known, and travels to the driver as plain values (raydit.runtime.failures)."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def guarded(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                from raydit.runtime.failures import RankError
+
+                raise RankError.wrap(exc, where) from None
+
+        return guarded
+
+    return wrap
 
 
 class RankWorker:
@@ -84,6 +105,7 @@ class RankWorker:
         )
         return ip, int(self._store.port)
 
+    @_reported("join_group")
     def join_group(
         self,
         rank: int,
@@ -159,6 +181,7 @@ class RankWorker:
 
     # -- one request -------------------------------------------------------------------
 
+    @_reported("prepare")
     def prepare(self, request, checkpoint: dict | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         self._state = self._runner.prepare(request, checkpoint=checkpoint)
@@ -169,6 +192,7 @@ class RankWorker:
             "timesteps": [float(t) for t in self._state.timesteps],
         }
 
+    @_reported("step")
     def step(self, want_checkpoint: bool) -> dict | None:
         """One denoising step, collective across the group. Rank 0 returns the checkpoint
         so the driver always holds the last finished step where no worker can lose it."""
@@ -177,6 +201,7 @@ class RankWorker:
             return self._runner.checkpoint(self._state)
         return None
 
+    @_reported("decode")
     def decode(self):
         import torch
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from raydit.runtime.controller import Controller, Decision, ElasticPolicy, Job
-from raydit.runtime.errors import WorkerFailure
+from raydit.runtime.controller import Controller, Deadlines, Decision, ElasticPolicy, Job
+from raydit.runtime.errors import HandBack, OutOfMemory, RequestError, RequestFailed, WorkerFailure
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,22 @@ class Req:
 
 class DummyGroup:
     """A worker group whose "latents" are the list of steps applied; failures are injected
-    per call: fail_at[("step", step_index)] = number of members lost."""
+    per call: fail_at[("step", step_index)] = number of members lost, or an exception to
+    raise (an application error, out of memory)."""
 
-    def __init__(self, members: int, free: int = 0, fail_at=None):
+    def __init__(self, members: int, free: int = 0, fail_at=None, reserve_fails: int = 0):
         self.members = list(range(members))
+        self.active = list(self.members)
         self.free = free
         self.fail_at = dict(fail_at or {})
+        self.reserve_fails = reserve_fails
         self.formed = []
         self.state = None
         self.calls = []
+        self.timeouts = []
 
     def prepare(self, request, checkpoint, timeout_s=None):
+        self.timeouts.append(("prepare", timeout_s))
         self._maybe_fail("prepare", checkpoint["step_index"] if checkpoint else 0)
         self.calls.append(("prepare", checkpoint["step_index"] if checkpoint else 0))
         self.request = request
@@ -50,6 +55,7 @@ class DummyGroup:
         return {"num_steps": n, "step_index": len(self.state), "timesteps": list(range(n, 0, -1))}
 
     def step(self, timeout_s=None):
+        self.timeouts.append(("step", timeout_s))
         i = len(self.state)
         self._maybe_fail("step", i)
         self.calls.append(("step", i))
@@ -62,34 +68,46 @@ class DummyGroup:
 
     def _maybe_fail(self, what, index):
         lost = self.fail_at.pop((what, index), 0)
+        if isinstance(lost, Exception):
+            self.active = []  # the real pool leaves the group an application error broke
+            raise lost
         if lost:
             gone, self.members = self.members[:lost], self.members[lost:]
             raise WorkerFailure(f"injected loss of {lost}", lost=gone)
 
     def reset_group(self):
         self.calls.append(("reset",))
+        self.active = []
 
     def free_slot_count(self):
         return self.free
 
     def grow_to(self, plan):
         need = plan.world_size - len(self.members)
+        if need > 0 and self.reserve_fails:
+            self.reserve_fails -= 1
+            raise ValueError("the Ray cluster could not hold 1 x {'CPU': 1.0} within 1 s")
         if need > 0:
             assert need <= self.free
             self.free -= need
             self.members += [100 + k for k in range(need)]
 
     def form(self, plan, timeout_s):
-        assert plan.world_size <= len(self.members)
+        if plan.world_size > len(self.members):
+            raise ValueError(f"plan needs {plan.world_size} ranks but the pool has {len(self.members)} workers")
         self.formed.append(plan)
+        self.active = self.members[: plan.world_size]
 
 
-def replan_for(capacity: int) -> FakePlan:
+def replan_for(capacity: int, min_sp: int | None = None) -> FakePlan:
     """30 heads: 4 -> ulysses 2 x ring 2, 3 -> ulysses 3, 2 -> ulysses 2, 1 -> one rank."""
     table = {4: FakePlan(2, 2, 1, 1.0), 3: FakePlan(3, 1, 1, 1.3), 2: FakePlan(2, 1, 1, 2.0), 1: FakePlan(1, 1, 1, 4.0)}
     if capacity < 1:
         raise ValueError("no devices")
-    return table[min(capacity, 4)]
+    plan = table[min(capacity, 4)]
+    if min_sp is not None and plan.ulysses * plan.ring < min_sp:
+        raise ValueError(f"no plan with sequence parallelism >= {min_sp} on {capacity} devices")
+    return plan
 
 
 def run_ticks(ctrl, job, limit=100):
@@ -146,13 +164,18 @@ def test_failure_during_prepare_and_decode_are_recovered_too():
     assert job.done and job.frames == ("frames", (0, 1)) and job.recoveries == 2
 
 
-def test_everything_lost_gives_up_with_a_clear_error_not_a_hang():
+def test_everything_lost_hands_the_request_back_with_its_progress_not_a_hang():
     group = DummyGroup(2, fail_at={("step", 1): 2})
     ctrl = Controller(group, replan_for)
     job = Job(Req(3))
-    with pytest.raises(RuntimeError, match="no workers are left alive"):
+    with pytest.raises(HandBack, match="no workers are left alive"):
         run_ticks(ctrl, job)
-    assert ctrl.events[-1]["event"] == "gave_up"
+    assert ctrl.events[-1]["event"] == "handed_back"
+    # The queue gives the job to another replica, which resumes from step 1.
+    other = DummyGroup(2)
+    job.prepared = False
+    run_ticks(Controller(other, replan_for), job)
+    assert job.frames == ("frames", (0, 1, 2)) and ("prepare", 1) in other.calls
 
 
 def test_policy_gives_up_after_too_many_recoveries():
@@ -168,7 +191,7 @@ def test_infeasible_replan_fails_with_the_planner_reason():
 
     group = DummyGroup(4, fail_at={("step", 0): 1})
     ctrl = Controller(group, never)
-    with pytest.raises(RuntimeError, match="no feasible plan on the 3 device.*30 heads"):
+    with pytest.raises(HandBack, match="no feasible plan on the 3 device.*30 heads"):
         run_ticks(ctrl, Job(Req(2)))
 
 
@@ -199,3 +222,102 @@ def test_maybe_grow_regroups_onto_free_devices_and_reports_it():
     assert plan == FakePlan(2, 2, 1, 1.0) and len(group.members) == 4
     assert events[-1]["event"] == "grew" and events[-1]["plan"]["world_size"] == 4
     assert ctrl.maybe_grow(plan, remaining_steps=10) is None  # nothing free any more
+
+
+# -- failure classes -----------------------------------------------------------------------
+
+
+def test_application_error_reaches_the_caller_at_once_and_is_never_retried():
+    err = RequestError("ValueError: num_inference_steps 20 > 10 (raised in the workers during prepare; not retried)")
+    group = DummyGroup(4, free=4, fail_at={("prepare", 0): err})
+    ctrl = Controller(group, replan_for, plan=FakePlan(2, 2, 1, 1.0))
+    with pytest.raises(RequestError, match="20 > 10"):
+        run_ticks(ctrl, Job(Req(3)))
+    assert [e["event"] for e in ctrl.events] == []  # no failure, no recovery
+    assert group.formed == [] and len(group.members) == 4
+    # The next request re-forms the group the error broke, on the same plan and members.
+    job = Job(Req(2))
+    assert run_ticks(ctrl, job)[0] == "recovered" and job.done
+    assert group.formed == [FakePlan(2, 2, 1, 1.0)] and job.recoveries == 0
+
+
+def test_the_same_step_failing_twice_on_fresh_workers_is_stopped_with_that_said():
+    group = DummyGroup(4, free=0)
+    group.fail_at = {("step", 1): 1}
+    ctrl = Controller(group, replan_for)
+    job = Job(Req(3))
+    real_form = group.form
+
+    def form_then_fail_again(plan, timeout_s):
+        real_form(plan, timeout_s)
+        group.fail_at[("step", 1)] = 1  # the fresh group fails the same step again
+
+    group.form = form_then_fail_again
+    with pytest.raises(RequestFailed, match="failed at step 1 twice, on fresh workers"):
+        run_ticks(ctrl, job)
+    assert [e["event"] for e in ctrl.events] == ["failure", "regrouped", "failure", "gave_up"]
+
+
+def test_failures_at_different_steps_are_all_recovered():
+    group = DummyGroup(4, free=0, fail_at={("step", 1): 1, ("step", 2): 1})
+    ctrl = Controller(group, replan_for)
+    job = Job(Req(4))
+    run_ticks(ctrl, job)
+    assert job.done and job.recoveries == 2 and job.frames == ("frames", (0, 1, 2, 3))
+
+
+def test_free_devices_that_cannot_be_reserved_fall_back_to_the_survivors():
+    group = DummyGroup(4, free=2, fail_at={("step", 1): 2}, reserve_fails=1)
+    ctrl = Controller(group, replan_for)
+    job = Job(Req(3))
+    run_ticks(ctrl, job)
+    kinds = [e["event"] for e in ctrl.events]
+    assert kinds == ["failure", "growth_failed", "regrouped"]
+    assert group.formed[-1] == FakePlan(2, 1, 1, 2.0) and len(group.members) == 2  # never left without ranks
+    assert job.frames == ("frames", (0, 1, 2))
+
+
+def test_out_of_memory_regroups_with_more_sequence_parallelism():
+    group = DummyGroup(2, free=2, fail_at={("step", 1): OutOfMemory("CUDA out of memory. Tried to allocate 9 GiB")})
+    ctrl = Controller(group, replan_for, plan=FakePlan(2, 1, 1, 2.0))
+    job = Job(Req(3))
+    run_ticks(ctrl, job)
+    assert ctrl.plan == FakePlan(2, 2, 1, 1.0) and len(group.members) == 4
+    assert job.frames == ("frames", (0, 1, 2))
+    assert [e["event"] for e in ctrl.events] == ["failure", "regrouped"] and ctrl.events[0]["kind"] == "oom"
+
+
+def test_out_of_memory_without_a_larger_plan_reports_the_figures():
+    group = DummyGroup(4, free=0, fail_at={("step", 0): OutOfMemory("CUDA out of memory. Tried to allocate 9 GiB")})
+    ctrl = Controller(group, replan_for, plan=FakePlan(2, 2, 1, 1.0))
+    with pytest.raises(OutOfMemory, match="9 GiB.*ulysses 2 x ring 2 x cfg 1.*4-way.*4 device"):
+        run_ticks(ctrl, Job(Req(2)))
+
+
+def test_deadlines_follow_the_plan_then_the_measured_times_with_a_floor():
+    d = Deadlines(floor_s=5.0, first_s=60.0, factor=4.0)
+    assert d.for_call("step", FakePlan(1, 1, 1, 0.1)) == 5.0  # floor
+    assert d.for_call("step", FakePlan(1, 1, 1, 3.0)) == 12.0  # predicted x 4
+    assert d.for_call("decode", FakePlan(1, 1, 1, 3.0)) == 60.0  # nothing measured yet
+    d.observe("step", 0.5)
+    d.observe("step", 2.5)
+    assert d.for_call("step", FakePlan(1, 1, 1, 3.0)) == 10.0  # slowest measured x 4
+    d.forget("step")
+    assert d.for_call("step", FakePlan(1, 1, 1, 3.0)) == 12.0
+    assert Deadlines(fixed_s=7.0).for_call("decode") == 7.0
+    # The controller passes them to every call.
+    group = DummyGroup(1)
+    ctrl = Controller(group, replan_for, plan=FakePlan(1, 1, 1, 3.0), deadlines=Deadlines(floor_s=5.0))
+    run_ticks(ctrl, Job(Req(2)))
+    assert group.timeouts[0] == ("prepare", 60.0) and group.timeouts[1] == ("step", 12.0)
+    assert group.timeouts[2][1] == max(5.0, 4 * ctrl.deadlines._seen["step"][0])
+
+
+def test_repair_reforms_a_replica_that_handed_back_once_devices_are_free():
+    group = DummyGroup(2, fail_at={("step", 0): 2})
+    ctrl = Controller(group, replan_for)
+    with pytest.raises(HandBack):
+        run_ticks(ctrl, Job(Req(2)))
+    assert not ctrl.repair() and group.members == []
+    group.free = 3
+    assert ctrl.repair() and ctrl.plan == FakePlan(3, 1, 1, 1.3) and len(group.active) == 3
