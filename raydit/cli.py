@@ -130,6 +130,8 @@ SUBCOMMANDS: list[Subcommand] = [
                _runtime_arguments("verify"), _runtime("verify")),
     Subcommand("doctor", "versions, kernels, NCCL/gloo and the Ray cluster, said up front",
                _runtime_arguments("doctor"), _runtime("doctor")),
+    Subcommand("serve", "an HTTP video service on Ray Serve speaking OpenAI's Videos API",
+               _runtime_arguments("serve"), _runtime("serve")),
 ]
 
 

@@ -239,3 +239,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"raydit verify: {len(bad)} plan(s) out of tolerance", file=sys.stderr)
         return 1
     return 0
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    from raydit.serve.config import add_serve_arguments as add
+
+    add(p)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from raydit.serve.config import resolve_serve_options
+    from raydit.serve.launch import run_server
+
+    return run_server(resolve_serve_options(args))

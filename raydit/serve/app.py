@@ -1,0 +1,288 @@
+"""The HTTP front: a FastAPI app on Ray Serve, speaking OpenAI's Videos API.
+
+    POST   /v1/videos                 create (multipart/form-data as the openai client sends
+                                      it, or JSON); raydit's fields as extra form fields
+    GET    /v1/videos                 list, newest first (`after`, `limit`, `order`)
+    GET    /v1/videos/{id}            the video object (status, progress, error)
+    GET    /v1/videos/{id}/content    video/mp4 once completed
+    DELETE /v1/videos/{id}            queued: removed; running: stops at its next step
+    GET    /healthz, /metrics (Prometheus text), /  (a small page: prompt, progress, player)
+
+Every /v1 route needs `Authorization: Bearer TOKEN`. One Serve replica holds the service
+and its `Engine`; the engine's own replicas (and ranks) are Ray actors it starts, so
+`--replicas` scales the model, not the HTTP front. `build(args)` is the application
+builder a Serve config file or a KubeRay RayService names
+(`import_path: raydit.serve.app:build`).
+"""
+
+
+import base64
+import binascii
+import io
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from ray import serve
+
+from raydit.serve.auth import TOKEN_ENV, bearer_ok, token_digest
+from raydit.serve.page import PAGE_HTML
+from raydit.serve.schema import Limits, RequestError, parse_body, resolve
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+app = FastAPI(title="raydit", summary="Video generation on Ray, OpenAI Videos API", docs_url="/docs",
+              redoc_url=None)
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None,
+           headers: dict | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401:
+        kind = "authentication_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@app.exception_handler(RequestError)
+async def _request_error(request: Request, exc: RequestError):
+    return _error(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError):
+    parts, first = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body")]
+        field = ".".join(loc) or "request"
+        first = first or field
+        parts.append(f"{field}: {err.get('msg')}")
+    return _error(400, "; ".join(parts), first, "invalid_value")
+
+
+def _read_token_digest(options: dict) -> str:
+    """On the replica: $RAYDIT_API_TOKEN, else the token file (never created here)."""
+    from raydit.serve.auth import load_or_create_token
+
+    if os.environ.get(TOKEN_ENV):
+        return token_digest(os.environ[TOKEN_ENV].strip())
+    path = options.get("token_file")
+    if path and os.path.isfile(os.path.expanduser(path)):
+        return token_digest(load_or_create_token(os.path.expanduser(path))[0])
+    raise ValueError(
+        f"no API token on the serving node: set {TOKEN_ENV} (e.g. from a Kubernetes secret) or "
+        "token_file to an existing file; raydit serve never runs without one"
+    )
+
+
+def _decode_image(data: bytes, where: str) -> bytes:
+    """An uploaded reference image, checked and re-encoded as PNG."""
+    from PIL import Image, UnidentifiedImageError
+
+    if len(data) > MAX_IMAGE_BYTES:
+        raise RequestError(f"{where}: image is {len(data)} bytes; at most {MAX_IMAGE_BYTES}", param="input_reference")
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise RequestError(f"{where}: not an image PIL can read (PNG, JPEG, WebP, ...)",
+                           param="input_reference") from None
+    out = io.BytesIO()
+    image.convert("RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
+async def _read_body(request: Request) -> tuple[dict, bytes | None]:
+    """Form (multipart or urlencoded) or JSON -> (fields, reference image as PNG or None)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    image = None
+    if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form()
+        data: dict = {}
+        for key in form.keys():
+            values = form.getlist(key)
+            if len(values) > 1:
+                raise RequestError(f"{key}: given {len(values)} times; give it once", param=key)
+            value = values[0]
+            if key == "input_reference":
+                if isinstance(value, str):
+                    raise RequestError("input_reference: upload the image as a file", param="input_reference")
+                image = _decode_image(await value.read(), "input_reference")
+            elif not isinstance(value, str):
+                raise RequestError(f"{key}: a file was uploaded; only input_reference takes a file", param=key)
+            else:
+                data[key] = value
+        return data, image
+    if ctype in ("application/json", ""):
+        try:
+            data = await request.json()
+        except ValueError:
+            raise RequestError("the body is not valid JSON", param=None) from None
+        if not isinstance(data, dict):
+            raise RequestError("the body must be a JSON object of fields", param=None)
+        ref = data.pop("input_reference", None)
+        if ref is not None:
+            url = ref.get("image_url") if isinstance(ref, dict) else None
+            if not isinstance(url, str) or not url.startswith("data:image/") or "," not in url:
+                raise RequestError(
+                    "input_reference: in JSON give {\"image_url\": \"data:image/png;base64,...\"} "
+                    "(or upload a file with multipart/form-data); file ids and remote URLs are not fetched",
+                    param="input_reference",
+                )
+            try:
+                raw = base64.b64decode(url.split(",", 1)[1], validate=True)
+            except (binascii.Error, ValueError):
+                raise RequestError("input_reference: the data URL is not valid base64",
+                                   param="input_reference") from None
+            image = _decode_image(raw, "input_reference")
+        return data, image
+    raise RequestError(
+        f"content-type {ctype!r} is not accepted; send multipart/form-data or application/json", status=415,
+        code="unsupported_media_type",
+    )
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=512,
+    graceful_shutdown_timeout_s=60,
+    health_check_period_s=10,
+    health_check_timeout_s=60,
+)
+@serve.ingress(app)
+class VideoAPI:
+    """The service behind the HTTP routes; the Engine starts in this replica's process."""
+
+    def __init__(self, options: dict, token_sha256: str | None = None):
+        from raydit.runtime.engine import Engine
+        from raydit.serve.service import VideoService
+        from raydit.serve.store import VideoStore
+
+        self._digest = token_sha256 or _read_token_digest(options)
+        store = VideoStore(options["output_dir"])
+        self.engine = Engine(
+            model=options["model"], workers=options.get("workers"), device=options["device"],
+            ulysses=options.get("ulysses"), ring=options.get("ring"), cfg=options.get("cfg"),
+            replicas=options.get("replicas", 1), frames=options.get("frames"),
+            height=options.get("height"), width=options.get("width"),
+        )
+        spec = self.engine.spec
+        self.limits = Limits(
+            model=options["model"],
+            max_frames=options.get("frames") or spec.default_frames,
+            max_height=options.get("height") or spec.default_height,
+            max_width=options.get("width") or spec.default_width,
+            max_steps=options["max_steps"],
+            default_steps=options["default_steps"],
+            fps=options["fps"],
+            vae_temporal=spec.vae_temporal,
+        )
+        self.service = VideoService(self.engine, store, self.limits, max_queue=options["max_queue"],
+                                    capacity=len(self.engine.replicas))
+        for note in self.service.notes:
+            print(f"raydit serve: {note}", flush=True)
+
+    def _auth(self, request: Request) -> None:
+        if not bearer_ok(request.headers.get("authorization"), self._digest):
+            raise RequestError(
+                "missing or wrong API token: send the header 'Authorization: Bearer TOKEN' "
+                "(the token is in the server's --token-file or $RAYDIT_API_TOKEN)",
+                status=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def _job(self, video_id: str):
+        job = self.service.get(video_id)
+        if job is None:
+            raise RequestError(f"no video with id {video_id!r}", param="video_id", status=404, code="not_found")
+        return job
+
+    # -- open routes -------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page(self):
+        return HTMLResponse(PAGE_HTML)
+
+    @app.get("/healthz")
+    async def healthz(self):
+        return {"status": "ok", "model": self.limits.model, "replicas": self.service.capacity,
+                **self.service.counts()}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(self):
+        body, ctype = self.service.metrics_text()
+        return Response(body, media_type=ctype)
+
+    # -- /v1 ---------------------------------------------------------------------------------
+
+    @app.post("/v1/videos")
+    async def create(self, request: Request):
+        self._auth(request)
+        data, image = await _read_body(request)
+        body = parse_body(data)
+        params = resolve(body, self.limits, self.engine.spec)
+        job = self.service.create(params, image_png=image)
+        return job.to_object()
+
+    @app.get("/v1/videos")
+    async def list_videos(self, request: Request, after: str | None = None, limit: int = 20, order: str = "desc"):
+        self._auth(request)
+        if not 1 <= limit <= 100:
+            raise RequestError(f"limit {limit} must be between 1 and 100", param="limit")
+        if order not in ("asc", "desc"):
+            raise RequestError(f"order {order!r} must be 'asc' or 'desc'", param="order")
+        jobs, has_more = self.service.list(after=after, limit=limit, order=order)
+        data = [j.to_object() for j in jobs]
+        return {
+            "object": "list", "data": data, "has_more": has_more,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
+        }
+
+    @app.get("/v1/videos/{video_id}")
+    async def retrieve(self, request: Request, video_id: str):
+        self._auth(request)
+        return self._job(video_id).to_object()
+
+    @app.get("/v1/videos/{video_id}/content")
+    async def content(self, request: Request, video_id: str, variant: str = "video"):
+        self._auth(request)
+        if variant != "video":
+            raise RequestError(f"variant {variant!r} is not served; only 'video' (the mp4)", param="variant")
+        job = self._job(video_id)
+        if job.status != "completed":
+            raise RequestError(
+                f"video {video_id} is {job.status}; its content is ready when status is 'completed'",
+                param="video_id", status=409, code="not_ready",
+            )
+        path = self.service.store.video_path(video_id)
+        return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+
+    @app.delete("/v1/videos/{video_id}")
+    async def delete(self, request: Request, video_id: str):
+        self._auth(request)
+        if not self.service.delete(video_id):
+            raise RequestError(f"no video with id {video_id!r}", param="video_id", status=404, code="not_found")
+        return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+    # -- Serve hooks -------------------------------------------------------------------------
+
+    def check_health(self):
+        if not self.engine.replicas:
+            raise RuntimeError("the engine has no replicas left")
+
+    def __del__(self):
+        service = getattr(self, "service", None)
+        if service is not None:
+            service.close()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def build(args: dict):
+    """Application builder for Serve config files and KubeRay's RayService: `args` are
+    `raydit serve` options (the same keys as serve.yaml). The token is read on the serving
+    node from $RAYDIT_API_TOKEN or `token_file`."""
+    from raydit.serve.config import resolve_serve_options
+
+    options = resolve_serve_options({k.replace("-", "_"): v for k, v in (args or {}).items()})
+    return VideoAPI.bind(options)

@@ -1,0 +1,132 @@
+"""`raydit serve` options: the command line, `--config serve.yaml`, and their checks.
+
+Every option can come from a YAML file (keys are the long option names, dashes or
+underscores), validated like `job.yaml` (raydit.jobconfig): an unknown key or a wrong type
+is refused with the key named. Command line > file > defaults. Pure Python: no Ray here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from raydit.jobconfig import load_job_config
+
+# key -> the type the command line parses it to.
+SERVE_OPTIONS: dict[str, type] = {
+    "model": str,
+    "workers": int,
+    "replicas": int,
+    "device": str,
+    "ulysses": int,
+    "ring": int,
+    "cfg": int,
+    "address": str,
+    "host": str,
+    "port": int,
+    "token_file": str,
+    "output_dir": str,
+    "max_queue": int,
+    "frames": int,
+    "height": int,
+    "width": int,
+    "max_steps": int,
+    "default_steps": int,
+    "fps": int,
+}
+
+SERVE_DEFAULTS: dict = {
+    "model": "tiny",
+    "replicas": 1,
+    "device": "auto",
+    "host": "127.0.0.1",
+    "port": 8000,
+    "output_dir": "raydit-videos",
+    "max_queue": 64,
+    "max_steps": 200,
+    "default_steps": 50,
+    "fps": 8,
+}
+
+DEFAULT_TOKEN_FILE = "~/.raydit/api_token"
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with any of the options below (command line wins)")
+    p.add_argument("--model", help="'tiny' (default), a built-in name, or a local diffusers pipeline directory")
+    p.add_argument("--workers", type=int, help="ranks per replica (default: the planner's best on the cluster)")
+    p.add_argument("--replicas", type=int, help="copies of the model serving the queue side by side (default 1)")
+    p.add_argument("--device", choices=DEVICES)
+    p.add_argument("--ulysses", type=int)
+    p.add_argument("--ring", type=int)
+    p.add_argument("--cfg", type=int, choices=[1, 2])
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--token-file", dest="token_file",
+                   help=f"bearer token for /v1 (default: $RAYDIT_API_TOKEN, else {DEFAULT_TOKEN_FILE}, "
+                        "created with mode 0600 if absent)")
+    p.add_argument("--output-dir", dest="output_dir",
+                   help="where videos and their status JSON are kept, named by id (default ./raydit-videos)")
+    p.add_argument("--max-queue", dest="max_queue", type=int,
+                   help="requests waiting at most; one more is answered 429 with Retry-After (default 64)")
+    p.add_argument("--frames", type=int, help="largest frame count served; the plan is made for it (default: the model's)")
+    p.add_argument("--height", type=int, help="largest height served (default: the model's)")
+    p.add_argument("--width", type=int, help="largest width served (default: the model's)")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="most denoising steps a request may ask for (default 200)")
+    p.add_argument("--default-steps", dest="default_steps", type=int,
+                   help="steps for a request that does not say (default 50)")
+    p.add_argument("--fps", type=int, help="frames per second of the mp4 and of `seconds` (default 8)")
+
+
+def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
+    """Merge defaults < --config file < command line and check every value."""
+    if isinstance(args, argparse.Namespace):
+        given = vars(args)
+    else:  # a builder's `args` (Serve config / RayService): nothing unknown passes silently
+        given = dict(args)
+        unknown = sorted(set(given) - set(SERVE_OPTIONS) - {"config"})
+        if unknown:
+            known = ", ".join(SERVE_OPTIONS)
+            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {known}")
+    opts = dict(SERVE_DEFAULTS)
+    if given.get("config"):
+        opts.update(load_job_config(given["config"], options=SERVE_OPTIONS))
+    for key in SERVE_OPTIONS:
+        if given.get(key) is not None:
+            opts[key] = given[key]
+    check_serve_options(opts)
+    return opts
+
+
+def check_serve_options(opts: dict) -> None:
+    for key in ("workers", "replicas", "ulysses", "ring", "frames", "height", "width",
+                "max_steps", "default_steps", "fps"):
+        value = opts.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"--{key.replace('_', '-')} {value!r} must be a positive integer")
+    if opts.get("cfg") not in (None, 1, 2):
+        raise ValueError(f"--cfg {opts['cfg']!r} must be 1 or 2")
+    if opts["max_queue"] < 0:
+        raise ValueError(f"--max-queue {opts['max_queue']} must be 0 or more")
+    if not 1 <= opts["port"] <= 65535:
+        raise ValueError(f"--port {opts['port']} must be between 1 and 65535")
+    if opts["device"] not in DEVICES:
+        raise ValueError(f"device {opts['device']!r} must be one of {', '.join(DEVICES)}")
+    if opts["default_steps"] > opts["max_steps"]:
+        raise ValueError(
+            f"--default-steps {opts['default_steps']} is more than --max-steps {opts['max_steps']}; "
+            "raise --max-steps or lower --default-steps"
+        )
+    if not opts.get("host"):
+        raise ValueError("--host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)")
+
+
+def token_file_path(opts: dict) -> str | None:
+    """The token file in use, or None when the token comes from $RAYDIT_API_TOKEN."""
+    if opts.get("token_file"):
+        return os.path.expanduser(opts["token_file"])
+    if os.environ.get("RAYDIT_API_TOKEN"):
+        return None
+    return os.path.expanduser(DEFAULT_TOKEN_FILE)

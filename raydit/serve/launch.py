@@ -1,0 +1,105 @@
+"""`raydit serve`: check everything a user can get wrong, then run the Serve application
+in the foreground until SIGINT / SIGTERM.
+
+Checked before Ray Serve starts (one line, exit status 2): options, the model and the
+geometry (the planner's rules), the token file, the output directory, and whether the
+cluster can hold the plan (the engine's own planner on the live cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+APP_NAME = "raydit"
+PASS_ENV = ("RAYDIT_CACHE", "RAYDIT_NO_PROGRESS", "HF_HOME", "HF_HUB_OFFLINE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def _say(message: str) -> None:
+    print(f"raydit serve: {message}", file=sys.stderr, flush=True)
+
+
+def check_before_start(opts: dict):
+    """The model spec, after checking the model and the largest geometry served."""
+    from raydit.models.loading import resolve_model_dir
+    from raydit.planner import model_spec
+
+    spec = model_spec(str(resolve_model_dir(opts["model"])))
+    spec.geometry(opts.get("frames"), opts.get("height"), opts.get("width"))
+    return spec
+
+
+def _deploy_error(exc: Exception) -> Exception:
+    """Serve reports a failed constructor with its whole traceback: keep the user's line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        for kind in ("PlanError: ", "ValueError: "):
+            if kind in ln:
+                return ValueError(ln.split(kind, 1)[1])
+    return RuntimeError(lines[-1] if lines else type(exc).__name__)
+
+
+def run_server(opts: dict, stop: threading.Event | None = None) -> int:
+    from raydit.serve.auth import load_or_create_token, token_digest
+    from raydit.serve.config import token_file_path
+    from raydit.serve.store import VideoStore
+
+    spec = check_before_start(opts)
+    token_path = token_file_path(opts)
+    token, created = load_or_create_token(token_path)
+    store = VideoStore(opts["output_dir"])
+    opts = dict(opts, output_dir=str(store.root), token_file=token_path)
+
+    import ray
+    from ray import serve
+
+    from raydit.runtime.cluster import RayCluster
+    from raydit.serve.app import VideoAPI
+
+    workers, replicas = opts.get("workers"), opts.get("replicas", 1)
+    cluster = RayCluster.connect(opts.get("address"), want_workers=None if workers is None else workers * replicas)
+    stop = stop or threading.Event()
+    signalled: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        # A signal during start-up is kept and acted on once Serve is up, so that every
+        # process started here is stopped the orderly way. The handler only appends: an
+        # Event.set() there could deadlock on the lock the interrupted wait holds.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: signalled.append(signum))
+    try:
+        device = cluster.resolve_device(opts["device"])
+        if workers is not None:
+            cluster.cluster_spec(device, workers * replicas)
+        cluster.plan(spec, frames=opts.get("frames"), height=opts.get("height"), width=opts.get("width"),
+                     device=device, workers=workers, ulysses=opts.get("ulysses"), ring=opts.get("ring"),
+                     cfg=opts.get("cfg"))
+        serve.start(http_options={"host": opts["host"], "port": opts["port"]})
+        env = {k: os.environ[k] for k in PASS_ENV if os.environ.get(k)}
+        # The replica writes --output-dir and reads the token file here: keep it on this node.
+        node = f"node:{ray.util.get_node_ip_address()}"
+        deployment = VideoAPI.options(ray_actor_options={
+            "num_cpus": 0, "resources": {node: 0.001}, "runtime_env": {"env_vars": env},
+        })
+        _say(f"starting {opts['model']!r} on {device} (output {store.root})")
+        try:
+            serve.run(deployment.bind(opts, token_digest(token)), name=APP_NAME, route_prefix="/")
+        except Exception as exc:  # the deployment's constructor failed (e.g. no room for the plan)
+            raise _deploy_error(exc) from None
+        where = f"token file {token_path}" + (" (created, mode 0600)" if created else "") if token_path \
+            else "token from $RAYDIT_API_TOKEN"
+        _say(f"ready at http://{opts['host']}:{opts['port']}/  (API: /v1/videos, {where})")
+        while not signalled and not stop.wait(timeout=0.25):
+            pass
+        _say("stopping (running requests are kept as queued and run again on the next start)")
+        return 0
+    finally:
+        try:
+            if opts.get("address") or os.environ.get("RAY_ADDRESS"):
+                serve.delete(APP_NAME)  # a shared cluster: leave its other Serve apps running
+            else:
+                serve.shutdown()
+        except Exception as exc:
+            _say(f"stopping Serve: {exc}")
+        cluster.close()

@@ -1,0 +1,160 @@
+"""Request bodies of the Videos API and their checks against what the server's plan holds.
+
+`POST /v1/videos` arrives as multipart/form-data (the `openai` client; every field a
+string) or JSON. pydantic parses both the same way (lax mode turns "8" into 8); a field
+it refuses, an unknown field, and a value beyond the server's limits all become a
+`RequestError` naming the field, which the app answers with 400 and OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# raydit's own fields, sent by the openai client through `extra_body`.
+RAYDIT_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt", "seed", "num_frames")
+
+
+class RequestError(ValueError):
+    """A request the server refuses: HTTP status, the field (OpenAI's `param`), a message."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str = "invalid_value", headers: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+        self.headers = headers or {}
+
+
+class VideoCreate(BaseModel):
+    """POST /v1/videos. `input_reference` (an image upload) is handled apart from this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=20_000)
+    model: str | None = None
+    size: str | None = Field(default=None, description="WIDTHxHEIGHT in pixels, e.g. 720x480")
+    seconds: float | None = Field(default=None, gt=0, le=3600)
+    num_frames: int | None = Field(default=None, ge=1)
+    num_inference_steps: int | None = Field(default=None, ge=1)
+    guidance_scale: float | None = Field(default=None, ge=0, le=100)
+    negative_prompt: str | None = Field(default=None, max_length=20_000)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server accepts: the geometry its plan was made for, steps, fps, the model."""
+
+    model: str
+    max_frames: int
+    max_height: int
+    max_width: int
+    max_steps: int
+    default_steps: int
+    fps: int
+    vae_temporal: int
+    default_guidance: float = 6.0
+    accepts_image: bool = False
+
+
+def parse_body(data: dict[str, Any]) -> VideoCreate:
+    """Validate a body (form fields or JSON). Every refused field is named in the message;
+    `param` is the first of them."""
+    try:
+        return VideoCreate.model_validate(data)
+    except ValidationError as exc:
+        parts, first = [], None
+        for err in exc.errors():
+            field = ".".join(str(x) for x in err.get("loc", ())) or "body"
+            first = first or field
+            if err.get("type") == "extra_forbidden":
+                known = ", ".join(VideoCreate.model_fields) + ", input_reference"
+                parts.append(f"{field}: unknown field; known fields: {known}")
+            else:
+                parts.append(f"{field}: {err.get('msg')} (got {err.get('input')!r})")
+        raise RequestError("; ".join(parts), param=first) from None
+
+
+_SIZE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """'720x480' -> (width 720, height 480)."""
+    m = _SIZE.match(size)
+    if not m:
+        raise RequestError(f"size {size!r} must be WIDTHxHEIGHT in pixels, e.g. 720x480", param="size")
+    return int(m.group(1)), int(m.group(2))
+
+
+def frames_for_seconds(seconds: float, fps: int, vae_temporal: int) -> int:
+    """The fewest frames the VAE takes ((frames - 1) a multiple of `vae_temporal`) that
+    last at least `seconds` at `fps`."""
+    wanted = max(1, math.ceil(seconds * fps - 1e-9))
+    k = max(0, math.ceil((wanted - 1) / vae_temporal))
+    return 1 + k * vae_temporal
+
+
+def format_seconds(frames: int, fps: int) -> str:
+    return f"{frames / fps:g}"
+
+
+def resolve(body: VideoCreate, limits: Limits, spec) -> dict:
+    """The generation parameters of a valid body, checked against `limits` and the model's
+    geometry rules (`spec.geometry`, the planner's). Raises RequestError naming the field."""
+    if body.model is not None and body.model != limits.model:
+        raise RequestError(
+            f"model {body.model!r} is not served here; this server runs {limits.model!r}", param="model"
+        )
+    if body.size is not None:
+        width, height = parse_size(body.size)
+    else:
+        width, height = limits.max_width, limits.max_height
+    if body.num_frames is not None:
+        frames, frames_param = body.num_frames, "num_frames"
+    elif body.seconds is not None:
+        frames, frames_param = frames_for_seconds(body.seconds, limits.fps, limits.vae_temporal), "seconds"
+    else:
+        frames, frames_param = limits.max_frames, "num_frames"
+    steps = body.num_inference_steps if body.num_inference_steps is not None else limits.default_steps
+    if steps > limits.max_steps:
+        raise RequestError(
+            f"num_inference_steps {steps} is more than this server's limit of {limits.max_steps} (--max-steps)",
+            param="num_inference_steps",
+        )
+    if frames > limits.max_frames:
+        raise RequestError(
+            f"{frames} frames ({frames_param}) is more than the {limits.max_frames} frames this "
+            f"server's plan holds (--frames); at {limits.fps} fps that is "
+            f"{format_seconds(limits.max_frames, limits.fps)} s",
+            param=frames_param,
+        )
+    if height > limits.max_height or width > limits.max_width:
+        raise RequestError(
+            f"size {width}x{height} is beyond the {limits.max_width}x{limits.max_height} this "
+            "server's plan holds (--width / --height)",
+            param="size",
+        )
+    try:
+        spec.geometry(frames, height, width)
+    except ValueError as exc:
+        param = frames_param if str(exc).startswith("frames") else "size"
+        raise RequestError(f"{param}: {exc}", param=param) from None
+    return {
+        "prompt": body.prompt,
+        "negative_prompt": body.negative_prompt or "",
+        "num_frames": frames,
+        "height": height,
+        "width": width,
+        "num_inference_steps": steps,
+        "guidance_scale": body.guidance_scale if body.guidance_scale is not None else limits.default_guidance,
+        # No seed: a fresh one, reported back in the video object (same prompt, new video).
+        "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
+    }

@@ -1,0 +1,333 @@
+"""The video service: a bounded queue in front of an `Engine`, durable status, metrics.
+
+Independent of HTTP: the Serve deployment (raydit.serve.app) calls `create`, `get`,
+`list`, `delete`, `metrics_text`; everything here is thread-safe.
+
+The service keeps its own queue and hands the engine at most one request per engine
+replica, so a request is `queued` exactly while it waits here (a DELETE then just drops
+it) and `in_progress` once the engine has it. A running request reports each finished step
+through the engine's `callback_on_step_end` (progress, the step counter); a DELETE flags it
+and the same callback raises at its next step, which ends the request and frees its
+replica. Rank and node loss underneath are the engine's business (it re-plans and resumes
+from the last step); the service only counts the recoveries.
+
+Finished videos are encoded to mp4 on a writer thread, so a replica starts its next
+request while the previous video is still being written.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import io
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from raydit.serve.schema import Limits, RequestError
+from raydit.serve.store import VideoJob, VideoStore, new_id, valid_id
+
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+REQUEST_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class RequestStopped(Exception):
+    """Raised from the step callback to end a request early (deleted, or server stopping)."""
+
+
+@dataclass
+class _Running:
+    job: VideoJob
+    stop: str | None = None  # "deleted" | "shutdown"
+    submitted: float = 0.0
+
+
+class VideoService:
+    def __init__(self, engine, store: VideoStore, limits: Limits, max_queue: int = 64,
+                 capacity: int | None = None):
+        self.engine = engine
+        self.store = store
+        self.limits = limits
+        self.max_queue = max_queue
+        self.capacity = capacity or max(1, len(getattr(engine, "replicas", []) or [1]))
+        self._cond = threading.Condition()
+        self._jobs: dict[str, VideoJob] = {}
+        self._queue: collections.deque[str] = collections.deque()
+        self._running: dict[str, _Running] = {}
+        self._closing = False
+        self._mean_request_s: float | None = None
+        self._accepts_image = "image" in inspect.signature(engine.submit).parameters
+        self._metrics = _Metrics(self)
+        self.notes: list[str] = []
+        jobs, self.notes = store.load_all()
+        for job in jobs:
+            self._jobs[job.id] = job
+            if job.status in ("queued", "in_progress"):
+                # Interrupted by a restart: run it again from the start.
+                job.status, job.progress = "queued", 0
+                self._queue.append(job.id)
+        self._writes: queue.Queue = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="raydit-serve-writer", daemon=True)
+        self._writer.start()
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="raydit-serve-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    @property
+    def accepts_image(self) -> bool:
+        return self._accepts_image
+
+    # -- requests --------------------------------------------------------------------------
+
+    def create(self, params: dict, image_png: bytes | None = None) -> VideoJob:
+        """Queue a checked request (schema.resolve's parameters). Raises RequestError 429
+        with Retry-After when the queue is full."""
+        if image_png is not None and not self._accepts_image:
+            raise RequestError(
+                f"input_reference: model {self.limits.model!r} is served for text-to-video; "
+                "it takes no image", param="input_reference",
+            )
+        job = VideoJob(id=new_id(), model=self.limits.model, prompt=params["prompt"], params=dict(params),
+                       fps=self.limits.fps, has_image=image_png is not None)
+        with self._cond:
+            if self._closing:
+                raise RequestError("the server is shutting down", status=503, code="unavailable")
+            waiting = len(self._queue)
+            idle = self.capacity - len(self._running)
+            if waiting >= self.max_queue and waiting >= idle:
+                self._metrics.rejected.inc()
+                retry = self._retry_after_locked()
+                raise RequestError(
+                    f"the queue is full ({waiting} request(s) waiting, --max-queue {self.max_queue}); "
+                    f"retry in about {retry} s",
+                    status=429, code="queue_full", headers={"Retry-After": str(retry)},
+                )
+            if image_png is not None:
+                self.store.save_image(job.id, image_png)
+            self.store.save(job)
+            self._jobs[job.id] = job
+            self._queue.append(job.id)
+            self._cond.notify_all()
+        return job
+
+    def get(self, video_id: str) -> VideoJob | None:
+        if not valid_id(video_id):
+            return None
+        with self._cond:
+            return self._jobs.get(video_id)
+
+    def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[VideoJob], bool]:
+        with self._cond:
+            jobs = sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id), reverse=order == "desc")
+        if after is not None:
+            ids = [j.id for j in jobs]
+            if after not in ids:
+                raise RequestError(f"after: no video with id {after!r}", param="after", status=404,
+                                   code="not_found")
+            jobs = jobs[ids.index(after) + 1:]
+        return jobs[:limit], len(jobs) > limit
+
+    def delete(self, video_id: str) -> bool:
+        """Remove a video: a queued request leaves the queue, a running one stops at its next
+        step (its replica is then free), a finished one's files are deleted."""
+        with self._cond:
+            job = self._jobs.pop(video_id, None) if valid_id(video_id) else None
+            if job is None:
+                return False
+            if video_id in self._running:
+                self._running[video_id].stop = "deleted"
+            else:
+                try:
+                    self._queue.remove(video_id)
+                except ValueError:
+                    pass
+            self._metrics.requests.labels("deleted").inc()
+            self.store.delete(video_id)
+        return True
+
+    def content_path(self, video_id: str):
+        job = self.get(video_id)
+        if job is None:
+            return None, None
+        return job, self.store.video_path(video_id)
+
+    def retry_after(self) -> int:
+        with self._cond:
+            return self._retry_after_locked()
+
+    def _retry_after_locked(self) -> int:
+        mean = self._mean_request_s or 5.0
+        ahead = len(self._queue) + len(self._running)
+        return int(min(3600, max(1, math.ceil(mean * max(1, ahead) / self.capacity))))
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and (not self._queue or len(self._running) >= self.capacity):
+                    self._cond.wait()
+                if self._closing:
+                    return
+                job = self._jobs[self._queue.popleft()]
+                run = _Running(job=job, submitted=time.time())
+                self._running[job.id] = run
+                job.status, job.progress = "in_progress", 0
+                self.store.save(job)
+            try:
+                future = self.engine.submit(**self._submit_args(run))
+            except Exception as exc:  # refused by the engine (e.g. a layout it cannot run)
+                self._release(run)
+                self._writes.put((run, None, exc))
+                continue
+            future.add_done_callback(lambda f, run=run: self._on_done(run, f))
+
+    def _submit_args(self, run: _Running) -> dict:
+        p = run.job.params
+        args = dict(
+            prompt=p["prompt"], negative_prompt=p["negative_prompt"], num_frames=p["num_frames"],
+            height=p["height"], width=p["width"], num_inference_steps=p["num_inference_steps"],
+            guidance_scale=p["guidance_scale"], seed=p["seed"], progress=False,
+            callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step),
+        )
+        if run.job.has_image:
+            from PIL import Image
+
+            with open(self.store.image_path(run.job.id), "rb") as f:
+                args["image"] = Image.open(io.BytesIO(f.read())).convert("RGB")
+        return args
+
+    def _on_step(self, run: _Running, step: int) -> None:
+        """Runs on the driver after every finished step (diffusers' callback convention)."""
+        self._metrics.steps.inc()
+        if run.stop is not None:
+            raise RequestStopped(run.stop)
+        total = run.job.params["num_inference_steps"]
+        # 100 is kept for when the mp4 is on disk.
+        run.job.progress = min(99, int(100 * (step + 1) / total))
+        return None
+
+    def _release(self, run: _Running) -> None:
+        with self._cond:
+            self._running.pop(run.job.id, None)
+            self._cond.notify_all()
+
+    def _on_done(self, run: _Running, future) -> None:
+        # Runs on the engine's thread: free the slot at once, write the video elsewhere.
+        self._release(run)
+        exc = future.exception() if not future.cancelled() else RequestStopped("cancelled")
+        self._writes.put((run, None if exc else future.result(), exc))
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            run, result, exc = item
+            try:
+                self._finish(run, result, exc)
+            except Exception as err:  # never let one video stop the writer
+                self._fail(run.job, "write_failed", f"could not store the video: {err}")
+
+    def _finish(self, run: _Running, result, exc) -> None:
+        job = run.job
+        if run.stop == "deleted":
+            self._metrics.cancelled.inc()
+            self.store.delete(job.id)  # anything written meanwhile
+            return
+        if run.stop == "shutdown":
+            with self._cond:
+                job.status, job.progress = "queued", 0
+                self.store.save(job)
+            return
+        if exc is not None:
+            code = "invalid_request" if isinstance(exc, ValueError) else "generation_failed"
+            self._fail(job, code, " ".join((str(exc) or type(exc).__name__).split()))
+            return
+        self.store.write_video(job.id, result.frames, job.fps)
+        timings = result.timings
+        recoveries = len(timings.get("recovery_seconds", []) or [])
+        for s in timings.get("step_seconds", []):
+            self._metrics.step_seconds.observe(s)
+        self._metrics.recoveries.inc(recoveries)
+        with self._cond:
+            if job.id not in self._jobs:  # deleted while its mp4 was being written
+                self.store.delete(job.id)
+                return
+            job.info = {
+                "frames": int(result.frames.shape[0]),
+                "plan": {"ulysses": result.plan.ulysses, "ring": result.plan.ring, "cfg": result.plan.cfg,
+                         "world_size": result.plan.world_size},
+                "replica": int(getattr(result, "replica", 0)),
+                "recoveries": recoveries,
+                "timings": {k: round(float(v), 4) for k, v in timings.items() if isinstance(v, (int, float))},
+            }
+            job.status, job.progress, job.completed_at = "completed", 100, time.time()
+            self.store.save(job)
+            seconds = job.completed_at - run.submitted
+            self._mean_request_s = seconds if self._mean_request_s is None else 0.8 * self._mean_request_s + 0.2 * seconds
+        self._metrics.requests.labels("completed").inc()
+        self._metrics.request_seconds.observe(job.completed_at - job.created_at)
+
+    def _fail(self, job: VideoJob, code: str, message: str) -> None:
+        with self._cond:
+            job.status, job.error, job.completed_at = "failed", {"code": code, "message": message}, time.time()
+            if job.id in self._jobs:
+                self.store.save(job)
+        self._metrics.failures.inc()
+        self._metrics.requests.labels("failed").inc()
+
+    # -- information -------------------------------------------------------------------------
+
+    def counts(self) -> dict:
+        with self._cond:
+            return {"queued": len(self._queue), "in_progress": len(self._running), "videos": len(self._jobs)}
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self._metrics.registry), CONTENT_TYPE_LATEST
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop taking requests; running ones stop at their next step and are kept as queued
+        (a restarted server runs them again); then the writer drains."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            for run in self._running.values():
+                run.stop = "shutdown"
+            self._cond.notify_all()
+        deadline = time.time() + timeout_s
+        with self._cond:
+            while self._running and time.time() < deadline:
+                self._cond.wait(timeout=0.5)
+        self._writes.put(None)
+        self._writer.join(timeout=max(1.0, deadline - time.time()))
+
+
+class _Metrics:
+    """Prometheus metrics in a registry of the service's own."""
+
+    def __init__(self, service: VideoService):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        Gauge("raydit_queue_length", "Requests waiting for a replica", registry=r).set_function(
+            lambda: len(service._queue))
+        Gauge("raydit_requests_in_flight", "Requests running on the engine", registry=r).set_function(
+            lambda: len(service._running))
+        Gauge("raydit_replicas", "Engine replicas serving the queue", registry=r).set(service.capacity)
+        self.requests = Counter("raydit_requests", "Requests by outcome", ["status"], registry=r)
+        self.rejected = self.requests.labels("rejected_queue_full")
+        self.cancelled = Counter("raydit_cancelled_running", "Running requests stopped by a DELETE", registry=r)
+        self.failures = Counter("raydit_failures", "Requests that failed", registry=r)
+        self.recoveries = Counter("raydit_recoveries", "Regroups after lost ranks, during requests", registry=r)
+        self.steps = Counter("raydit_denoise_steps", "Denoising steps finished", registry=r)
+        self.step_seconds = Histogram("raydit_step_seconds", "Seconds per denoising step", buckets=STEP_BUCKETS,
+                                      registry=r)
+        self.request_seconds = Histogram("raydit_request_seconds", "Seconds from POST to a stored video",
+                                         buckets=REQUEST_BUCKETS, registry=r)
