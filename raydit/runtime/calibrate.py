@@ -96,7 +96,7 @@ def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
 def calibrated_device_type(name: str, path: str | os.PathLike | None = None) -> DeviceType:
     """The table's entry for `name` (or conservative figures for an unknown type) with the
     cached measurements applied; the table's entry unchanged when nothing is cached."""
-    from raydit.runtime.topology import table_device
+    from raydit.runtime.devices import table_device
 
     base, _ = table_device(name)
     entry = load_calibration(path).get(base.name)
@@ -105,7 +105,7 @@ def calibrated_device_type(name: str, path: str | os.PathLike | None = None) -> 
 
 def calibrated_device_types(path: str | os.PathLike | None = None) -> dict[str, DeviceType]:
     """Every cached device type, calibrated (for `read_live_cluster`)."""
-    from raydit.runtime.topology import table_device
+    from raydit.runtime.devices import table_device
 
     return {name: apply_entry(table_device(name)[0], entry)
             for name, entry in load_calibration(path).items()}
@@ -300,7 +300,7 @@ def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s:
     `force`), on the node offering the most of it; returns notes (skipped types, why)."""
     import ray
 
-    from raydit.runtime.topology import accelerator_type, resolve_device, table_device
+    from raydit.runtime.devices import accelerator_type, resolve_device, table_device
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     device = resolve_device(device, nodes)
@@ -327,7 +327,7 @@ def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s:
 
 def describe_calibration(path=None) -> list[str]:
     """Lines for `raydit doctor`: one per cached device type, against the table."""
-    from raydit.runtime.topology import table_device
+    from raydit.runtime.devices import table_device
 
     try:
         entries = load_calibration(path)
