@@ -4,7 +4,7 @@
    torch-cuda) against torch's scaled_dot_product_attention, bf16, CogVideoX-2b's full
    sequence (2 x 30 heads x 17776 tokens x 64: 49 frames at 480 x 720 plus 226 text).
    FLOP = 4 B H S^2 D (QK^T and PV, 2 FLOP per multiply-add); CUDA-event timing, median.
-2. One-GPU denoising step, bf16: raydit's `CogVideoXRunner.step` against the plain diffusers
+2. One-GPU denoising step, bf16: raydit's `Runner.step` against the plain diffusers
    `CogVideoXPipeline.__call__` (per-step time from its callback), on the same pipeline: the
    built-in tiny pipeline's tokenizer / T5 / VAE with a CogVideoX-2b-shaped transformer
    (30 heads x 64, 30 layers, random weights; text_embed_dim 32 to match the tiny T5),
@@ -92,7 +92,7 @@ def _pipeline(shape: dict, device, dtype):
     import torch
     from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
 
-    from raydit.models.tiny import TINY_TEXT_EMBED_DIM, tiny_pipeline_dir
+    from raydit.models.families.cogvideox import TINY_TEXT_EMBED_DIM, tiny_pipeline_dir
 
     base = CogVideoXPipeline.from_pretrained(tiny_pipeline_dir())
     transformer = CogVideoXTransformer3DModel(
@@ -114,7 +114,8 @@ def _pipeline(shape: dict, device, dtype):
 def bench_step(shape: dict, device, dtype, steps: int) -> dict:
     import torch
 
-    from raydit.models.runner import CogVideoXRunner, GenerationRequest
+    from raydit.models.family import GenerationRequest
+    from raydit.models.runner import Runner
 
     pipe = _pipeline(shape, device, dtype)
     request = dict(prompt="a red fox", num_frames=shape["frames"], height=shape["height"], width=shape["width"],
@@ -133,7 +134,7 @@ def bench_step(shape: dict, device, dtype, steps: int) -> dict:
              callback_on_step_end=on_step)
     diffusers_steps = [b - a for a, b in zip([t0] + marks[:-1], marks)][1:]  # the first holds prompt encoding
 
-    runner = CogVideoXRunner(pipe, mesh=None, device=device, dtype=dtype)
+    runner = Runner(pipe, mesh=None, device=device, dtype=dtype)
     state = runner.prepare(GenerationRequest(**request, seed=0))
     raydit_steps = []
     for _ in range(steps):

@@ -10,7 +10,7 @@ with one thread per rank:
   rank 0's checkpoint back, what the engine's design pays for resumability).
 - plain: N processes started once with torch.multiprocessing (spawn), at the niceness Ray gives
   its workers (15 by default; `--plain-nice-0` for nice 0), that join a gloo group
-  through a TCPStore, load the pipeline, wrap it in `CogVideoXRunner` on the same mesh and,
+  through a TCPStore, load the pipeline, wrap it in `Runner` on the same mesh and,
   on each command from the parent, run `prepare` and then `step` in a loop; per-step time is
   the slowest rank's wall time around `runner.step`.
 
@@ -55,14 +55,15 @@ def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, 
     import torch.distributed as dist
 
     from raydit.models.loading import load_pipeline
-    from raydit.models.runner import CogVideoXRunner, GenerationRequest
+    from raydit.models.family import GenerationRequest
+    from raydit.models.runner import Runner
     from raydit.parallel import build_mesh
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=300))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
     mesh = build_mesh(**degrees) if world > 1 else None
-    runner = CogVideoXRunner(load_pipeline(model_dir), mesh=mesh)
+    runner = Runner(load_pipeline(model_dir), mesh=mesh)
     results.put(("ready", rank, None))
     while True:
         cmd = commands.get()

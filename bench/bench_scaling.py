@@ -1,6 +1,6 @@
 """One denoising step of a CogVideoX-2b-shaped transformer on 1 rank and on 2 ranks
 (Ulysses 2 x ring 1, Ulysses 1 x ring 2), one thread per process, and the planner's
-prediction for each of those plans.
+prediction for each of those plans, from a calibration measured in the same round.
 
 The transformer is diffusers' CogVideoXTransformer3DModel with random weights: 30 heads x 64,
 `--layers` layers, 16 latent channels, a 480 x 720 latent grid (60 x 90 latents, 30 x 45
@@ -8,9 +8,21 @@ patches) of `--frames` latent frames, 226 text tokens. One forward = one denoisi
 without classifier-free guidance (batch 1; guidance doubles the batch and every figure).
 
 Two processes are launched once (raydit.parallel.testing.run_distributed, gloo). Every
-round runs the three configurations back to back, in an order that rotates each round:
+round runs the configurations back to back, in an order that rotates each round:
 the 1-rank baseline runs on rank 0 while rank 1 blocks in a barrier (its CPU time is
-recorded to show it stays idle), the Ulysses run, the ring run. Before each measurement rank 0
+recorded to show it stays idle), the Ulysses run (its all-to-all pipelined in head chunks,
+raydit.parallel.attention), the same Ulysses run with one chunk (no overlap: what the
+pipelining buys), the ring run, and "both alone": each rank runs the whole 1-rank step at
+the same time as the other, no communication. Half of that time is what a perfect split
+of the work would take with both cores busy, so 2 x baseline / both-alone is the
+compute-only ceiling of the 2-rank speedup in this round (it includes what two busy cores
+cost each other: shared caches, memory bandwidth, clock).
+
+Calibration at plan time: at the start of every round rank 0 runs the matmul measurement of
+`raydit doctor --calibrate` (raydit.runtime.calibrate.measure_matmul, one thread) and the
+planner predicts each plan on a `cpu` device calibrated with it (the table's `efficiency`,
+a fit on an earlier run, applied to the measured rate); the prediction error is paired by
+round. The table's fixed `cpu` entry is reported beside it. Before each measurement rank 0
 waits (up to `--max-wait` s) for the rest of the machine to go quiet, and every measurement
 records the CPU seconds other processes used meanwhile (/proc/stat busy time minus our own);
 figures come from the rounds where that stayed under 15% of a core, if there are 3 or more.
@@ -40,8 +52,10 @@ import benchlib  # noqa: E402
 
 HEADS, HEAD_DIM, LATENT_C, TEXT_TOKENS = 30, 64, 16, 226
 LATENT_H, LATENT_W = 60, 90  # 480 x 720 pixels / VAE 8
-CONFIGS = ("1 rank", "ulysses 2", "ring 2")  # names in the results
+CONFIGS = ("1 rank", "ulysses 2", "ulysses 2 no overlap", "ring 2", "both alone")  # names in the results
+PARALLEL = ("ulysses 2", "ulysses 2 no overlap", "ring 2")
 DEGREES = {"1 rank": (1, 1), "ulysses 2": (2, 1), "ring 2": (1, 2)}
+HEAD_CHUNKS = {"ulysses 2 no overlap": 1}  # others: the default pipeline depth
 TOL = dict(rtol=1e-3, atol=1e-3)
 # A measurement is clean when the rest of the machine used at most this fraction of one core.
 CLEAN = 0.15
@@ -65,9 +79,11 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
     import torch
     import torch.distributed as dist
 
+    import raydit.parallel.attention as sp_attn
     from raydit.models.registry import parallelize
-    from raydit.models.tiny import tiny_transformer
+    from raydit.models.families.cogvideox import tiny_transformer
     from raydit.parallel import build_mesh
+    from raydit.runtime.calibrate import measure_matmul
 
     assert world == 2 and torch.get_num_threads() == 1
     model = tiny_transformer(**transformer_kwargs(layers, text_dim))
@@ -77,14 +93,21 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
         encoder_hidden_states=torch.randn(1, TEXT_TOKENS, text_dim, generator=g),
         timestep=torch.tensor([500]),
     )
-    meshes = {"ulysses 2": build_mesh(ulysses=2, ring=1), "ring 2": build_mesh(ulysses=1, ring=2)}
+    u2 = build_mesh(ulysses=2, ring=1)
+    meshes = {"ulysses 2": u2, "ulysses 2 no overlap": u2, "ring 2": build_mesh(ulysses=1, ring=2)}
+    default_chunks = sp_attn.DEFAULT_HEAD_CHUNKS
     records = []
     for rnd in range(warmup + rounds):
-        order = CONFIGS[rnd % 3:] + CONFIGS[:rnd % 3]
+        k = rnd % len(CONFIGS)
+        order = CONFIGS[k:] + CONFIGS[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": list(order)}
+        if rank == 0:
+            row["calibration"] = measure_matmul("cpu")  # what `raydit doctor --calibrate` measures
+        dist.barrier()
         reference = None
         for name in order:
             handle = parallelize(model, meshes[name]) if name in meshes else None
+            sp_attn.DEFAULT_HEAD_CHUNKS = HEAD_CHUNKS.get(name, default_chunks)
             dist.barrier()
             waited = torch.tensor([benchlib.wait_for_quiet(max_wait_s) if rank == 0 else 0.0])
             dist.broadcast(waited, 0)
@@ -92,8 +115,9 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
             busy0 = benchlib.machine_busy_seconds()
             t0, c0 = time.perf_counter(), time.process_time()
             with torch.no_grad():
-                out = _forward(model, inputs) if (handle is not None or rank == 0) else None
-            if handle is None:
+                run_here = handle is not None or rank == 0 or name == "both alone"
+                out = _forward(model, inputs) if run_here else None
+            if name == "1 rank":
                 dist.barrier()  # rank 1 waits here while rank 0 runs the baseline alone
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             # A step ends when its slowest rank ends.
@@ -110,8 +134,9 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
             if rank == 0:
                 if name == "1 rank":
                     reference = out
-                else:
+                elif name in meshes:
                     row[name]["output"] = out
+        sp_attn.DEFAULT_HEAD_CHUNKS = default_chunks
         if rank == 0:
             for name in meshes:
                 torch.testing.assert_close(row[name].pop("output"), reference, **TOL)
@@ -119,20 +144,35 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
     return {"records": records} if rank == 0 else {}
 
 
-def predictions(frames: int, layers: int) -> dict:
-    """The planner's predicted step for each measured plan (device type `cpu`, 2 slots)."""
-    from raydit.planner import BUILTIN_MODELS, ClusterSpec, NodeSpec, plan
+def _bench_spec(layers: int):
+    from raydit.planner import BUILTIN_MODELS
 
-    spec = dataclasses.replace(BUILTIN_MODELS["cogvideox-2b"], name=f"cogvideox-2b-{layers}l", layers=layers,
-                               params=BUILTIN_MODELS["cogvideox-2b"].params * layers / 30)
-    cluster = ClusterSpec(nodes=(NodeSpec("n", "cpu", 2),))
+    base = BUILTIN_MODELS["cogvideox-2b"]
+    return dataclasses.replace(base, name=f"cogvideox-2b-{layers}l", layers=layers,
+                               params=base.params * layers / 30)
+
+
+def predictions(frames: int, layers: int, device=None) -> dict:
+    """The planner's predicted step for each measured plan on 2 `cpu` slots (`device`: a
+    calibrated DeviceType; None: the table's entry)."""
+    from raydit.planner import ClusterSpec, NodeSpec, plan
+
+    cluster = ClusterSpec(nodes=(NodeSpec("n", device or "cpu", 2),))
     out = {}
     for name, (u, r) in DEGREES.items():
-        best = plan(spec, (frames - 1) * 4 + 1, 480, 720, cluster=cluster, ulysses=u, ring=r, cfg=1,
-                    replicas=1, guidance=False).best
+        best = plan(_bench_spec(layers), (frames - 1) * 4 + 1, 480, 720, cluster=cluster, ulysses=u, ring=r,
+                    cfg=1, replicas=1, guidance=False).best
         out[name] = {"predicted_step_seconds": round(best.predicted_step_seconds, 4), "split": best.split,
                      "pad_tokens": best.pad_tokens}
     return out
+
+
+def calibrated_cpu(calibration: dict):
+    """The table's `cpu` entry with the round's measured matmul rate (calibrate.apply_entry)."""
+    from raydit.planner import device_type
+    from raydit.runtime.calibrate import apply_entry
+
+    return apply_entry(device_type("cpu"), {"measured": calibration})
 
 
 def run(frames_list: list[int], layers: int, rounds: int, warmup: int, text_dim: int = 4096,
@@ -149,10 +189,14 @@ def run(frames_list: list[int], layers: int, rounds: int, warmup: int, text_dim:
         # at least 3 of them; otherwise over all rounds (and the record says so).
         clean = [r for r in measured if all(r[n]["clean"] for n in CONFIGS)]
         used = clean if len(clean) >= 3 else measured
-        pred = predictions(frames, layers)
+        table = predictions(frames, layers)
+        for r in measured:  # plan-time prediction of each round, from that round's calibration
+            r["predicted"] = {n: v["predicted_step_seconds"] for n, v in
+                              predictions(frames, layers, calibrated_cpu(r["calibration"])).items()}
         case = {"latent_frames": frames, "layers": layers, "tokens": TEXT_TOKENS + frames * 30 * 45,
                 "clean_rounds": len(clean), "figures_from": "clean rounds" if used is clean else "all rounds",
-                "rounds": measured, "wall_seconds": round(time.perf_counter() - t0, 1), "configs": {}}
+                "rounds": measured, "wall_seconds": round(time.perf_counter() - t0, 1), "configs": {},
+                "calibrated_matmul_tflops": benchlib.summary([r["calibration"]["matmul_tflops"] for r in used], 5)}
         base = [r["1 rank"]["seconds"] for r in used]
         for name in CONFIGS:
             secs = [r[name]["seconds"] for r in used]
@@ -160,11 +204,21 @@ def run(frames_list: list[int], layers: int, rounds: int, warmup: int, text_dim:
                      # The busiest rank's CPU time: the step as it would be with no other load.
                      "cpu_seconds": benchlib.summary([max(r[name]["cpu_seconds"]) if name != "1 rank"
                                                       else r[name]["cpu_seconds"][0] for r in used]),
-                     **pred[name],
                      "load_1m": benchlib.summary([r[name]["load"][0] for r in used], 2),
                      "foreign_cpu_seconds": benchlib.summary([r[name]["foreign_cpu_seconds"] for r in used], 3)}
-            entry["prediction_error"] = round(pred[name]["predicted_step_seconds"] / entry["step_seconds"]["median"] - 1, 3)
-            if name != "1 rank":
+            plan_name = "ulysses 2" if name == "ulysses 2 no overlap" else name
+            if plan_name in DEGREES:
+                entry.update(table[plan_name])
+                entry["table_prediction_error"] = round(
+                    table[plan_name]["predicted_step_seconds"] / entry["step_seconds"]["median"] - 1, 3)
+                # Plan-time calibration: the same round's prediction over the same round's step.
+                errs = [r["predicted"][plan_name] / r[name]["seconds"] - 1 for r in used]
+                entry["calibrated_predicted_step_seconds"] = benchlib.summary(
+                    [r["predicted"][plan_name] for r in used])
+                entry["calibrated_prediction_error"] = benchlib.summary(errs, 3)
+                entry["prediction_error"] = entry["calibrated_prediction_error"]["median"]
+                entry["predicted_step_seconds"] = entry["calibrated_predicted_step_seconds"]["median"]
+            if name in PARALLEL:
                 entry["speedup"] = benchlib.summary([b / s for b, s in zip(base, secs)], 3)
                 # The work split alone: baseline CPU time over the busiest rank's CPU time.
                 # It leaves out time a rank spends descheduled by other processes, and also
@@ -172,17 +226,21 @@ def run(frames_list: list[int], layers: int, rounds: int, warmup: int, text_dim:
                 # ~0 s), so it is an upper bound of the speedup on an otherwise idle machine.
                 entry["cpu_speedup"] = benchlib.summary(
                     [r["1 rank"]["cpu_seconds"][0] / max(r[name]["cpu_seconds"]) for r in used], 3)
-            else:
+            elif name == "1 rank":
                 entry["idle_rank_cpu_seconds"] = benchlib.summary([r[name]["cpu_seconds"][1] for r in used], 3)
+            else:  # both alone: the compute-only ceiling of a 2-rank split, paired by round
+                entry["ceiling"] = benchlib.summary([2 * b / s for b, s in zip(base, secs)], 3)
             case["configs"][name] = entry
         cases.append(case)
+        ceiling = case["configs"]["both alone"]["ceiling"]["median"]
         for name, e in case["configs"].items():
-            extra = (f"  speedup {benchlib.fmt(e['speedup'], 'x', 2)} (CPU-time {e['cpu_speedup']['median']:.2f}x)"
-                     if "speedup" in e else "")
-            print(f"frames {frames} {name:<10} step {benchlib.fmt(e['step_seconds'])}  predicted "
-                  f"{e['predicted_step_seconds']:.3f} s ({e['prediction_error']:+.0%}){extra}  "
+            extra = (f"  speedup {benchlib.fmt(e['speedup'], 'x', 2)} (CPU-time {e['cpu_speedup']['median']:.2f}x, "
+                     f"ceiling {ceiling:.2f}x)" if "speedup" in e else "")
+            pred = (f"  predicted {e['predicted_step_seconds']:.3f} s ({e['prediction_error']:+.0%}; table cpu "
+                    f"{e['table_prediction_error']:+.0%})" if "prediction_error" in e else "")
+            print(f"frames {frames} {name:<21} step {benchlib.fmt(e['step_seconds'])}{pred}{extra}  "
                   f"[{case['figures_from']}, {len(clean)}/{len(measured)} clean]", flush=True)
-    return {"machine": benchlib.machine(), "target_speedup": 1.85, "target_prediction_error": 0.15,
+    return {"machine": benchlib.machine(), "target_speedup": 1.9, "target_prediction_error": 0.15,
             "clean_fraction": CLEAN, "transformer": transformer_kwargs(layers, text_dim), "cases": cases}
 
 

@@ -21,11 +21,24 @@ still go through the kernel):
              F_blk = 4 b (S'/R)^2 (h/U)     per ring step and layer (QK^T and PV, 2 FLOP/MAC)
     cross    F_x   = 4 b s X h L
 
+Kernel efficiency at small shards: a GEMM or attention kernel with m rows reaches
+m / (m + m0) of its large-size rate (m0 = SMALL_SHARD_ROWS on GPUs, 0 for CPU slots);
+m = b s for the linear layers, m = b (S'/R) (h/U) / head_dim (rows x heads) for attention.
+
 Communication:
 
-    Ulysses: 4 all-to-alls per attention layer (q, k, v in; the output back). Each moves the
-             rank's b s h e bytes, of which (U-1)/U leave the rank:
-             t_a2a = 4 (a_intra + b s h e (U-1)/U / B_intra)       on the critical path
+    Ulysses: q, k, v in and the output back, per attention layer. Each moves the rank's
+             b s h e bytes, of which (U-1)/U leave the rank, to U-1 peers:
+             t_x = (U-1) a_intra + b s h e (U-1)/U / B_intra      one tensor's exchange
+             The exchange is pipelined in n = min(ULYSSES_HEAD_CHUNKS, heads / U) head
+             chunks (raydit.parallel.attention): the first chunk's q, k, v and the last
+             chunk's output are exposed, the rest hides behind the attention of the other
+             chunks where the link overlaps compute:
+             t_a2a = 4 t_x / n + max(0, 4 t_x (n-1)/n - t_att) + (k-1) min(t_att, 4 t_x (n-1)/n)
+             A CPU slot's link (shm) does not overlap: gloo copies on the rank's own core,
+             so there t_a2a = 4 t_x.
+    PCIe:    GPUs of a PCIe node share the host's lanes: when `active` devices of the
+             replica communicate at once, each gets B x min(1, PCIE_FULL_RATE_GPUS / active).
     Ring:    R-1 exchanges of one K and one V block, 2 b (S'/R) (h/U) e bytes, overlapped with
              the block in flight:  t_kv = a_ring + 2 b (S'/R)(h/U) e / B_ring
              t_ring = t_blk + (R-1) (max(k t_blk, t_kv) + o),   t_blk = F_blk / P
@@ -43,6 +56,10 @@ Step time of one replica:
 
     t_step = L (F_lin/L + F_x/L) / P + L (t_a2a + t_ring) + t_edges
 
+End to end (`end_to_end`): steps x t_step plus the parts published figures include: the
+text encoding (2 x encoder params x text tokens FLOP per prompt, one prompt per guidance
+branch, on one device) and the VAE decode (its own estimate joins there).
+
 A replica (cfg groups of sp ranks) finishes one step of one request in t_step: CFG = 2
 halves b, so each group does half the work, at the price of the edge exchange. Replicas
 serve separate requests: throughput = sum over replicas of 1 / t_step; latency is not
@@ -58,12 +75,12 @@ whole pipeline):
         fragmentation (1.5 GB on GPUs, 0.5 GB for a CPU slot). Flash-style attention: no
         S x S matrix. The VAE decode is assumed tiled (below the transformer peak).
 
-Calibration (see hardware.py for the efficiencies): one H100, HunyuanVideo 129 x 720 x 1280,
-50 steps, no CFG: the model says 1743 s, xDiT publishes 1904 s (incl. VAE and text encoder).
-On 2 / 4 / 8 H100 the model says 877 / 440 / 220 s where xDiT publishes 925 / 514 / 338 s:
-the model scales nearly linearly and is optimistic at 8 devices (it ignores the VAE decode,
-kernel efficiency lost on smaller shards and collective bandwidth below link speed). It is
-meant to rank layouts against each other, not to promise absolute times.
+Which published figures set constants (fits) and which only check them:
+bench/bench_costmodel.py lists each anchor with its role. The efficiencies in hardware.py
+are fits on one-GPU CogVideoX figures (A100, H100, L40); PCIE_FULL_RATE_GPUS is a fit on
+xDiT's CogVideoX1.5 8 x L40 speedup; everything else (HunyuanVideo and Open-Sora 2.0 on
+1-8 H100, Wan 2.1 I2V on 1 and 8 H100) checks. The model ranks layouts; absolute times
+are as good as those checks show.
 """
 
 from __future__ import annotations
@@ -76,6 +93,12 @@ ACT_BYTES = 2
 GB = 1e9
 RING_STEP_OVERHEAD_S = 20e-6
 RING_OVERLAP_SLOWDOWN = 1.1
+# raydit.parallel.attention.DEFAULT_HEAD_CHUNKS (the planner imports no torch).
+ULYSSES_HEAD_CHUNKS = 4
+# Rows at which a GPU kernel reaches half its large-size rate (a few tiles per SM).
+SMALL_SHARD_ROWS = 64
+# Devices of a PCIe node that communicate at the full link rate at once (two per switch).
+PCIE_FULL_RATE_GPUS = 2
 
 
 def ceil_to(n: int, k: int) -> int:
@@ -126,13 +149,27 @@ def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
 
 @dataclass(frozen=True)
 class Link:
-    """Bandwidth in GB/s (one direction) and latency in microseconds."""
+    """Bandwidth in GB/s (one direction), latency in microseconds, and the kind: "nvlink",
+    "pcie" (shared host lanes), "shm" (CPU slots: copies on the rank's own core, no overlap)
+    or "network"."""
 
     gb_s: float
     latency_us: float
+    kind: str = "nvlink"
 
-    def seconds(self, nbytes: float) -> float:
-        return self.latency_us * 1e-6 + nbytes / (self.gb_s * GB)
+    def seconds(self, nbytes: float, hops: int = 1) -> float:
+        return hops * self.latency_us * 1e-6 + nbytes / (self.gb_s * GB)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether a transfer on this link runs beside compute (False: it takes the core)."""
+        return self.kind != "shm"
+
+    def shared_by(self, active: int) -> "Link":
+        """The link as each of `active` devices communicating at once sees it."""
+        if self.kind == "pcie" and active > PCIE_FULL_RATE_GPUS:
+            return Link(self.gb_s * PCIE_FULL_RATE_GPUS / active, self.latency_us, self.kind)
+        return self
 
 
 @dataclass(frozen=True)
@@ -149,10 +186,22 @@ class StepCost:
         return {k: round(v, 6) for k, v in self.__dict__.items()}
 
 
+def shard_efficiency(rows: float, small_rows: float) -> float:
+    """Fraction of its large-size rate a kernel with `rows` rows reaches (module docstring)."""
+    return rows / (rows + small_rows) if small_rows > 0 else 1.0
+
+
 def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
-              flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
-    """Predicted time of one denoising step on one replica (formula in the module docstring)."""
+              flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link,
+              small_rows: float = SMALL_SHARD_ROWS, head_chunks: int = ULYSSES_HEAD_CHUNKS) -> StepCost:
+    """Predicted time of one denoising step on one replica (formula in the module docstring).
+
+    head_chunks: the Ulysses pipeline depth (1: no overlap, as in systems whose all-to-all
+    is synchronous).
+    """
     sp = ulysses * ring
+    active = sp * cfg
+    intra, ring_link, edge_link = (lk.shared_by(active) for lk in (intra, ring_link, edge_link))
     text, video = padded_parts(geo, sp)
     seq = text + video
     s = seq // sp
@@ -163,10 +212,12 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     if X:
         lin_flops += 2 * b * s * L * 2 * h * h + 2 * b * X * L * 2 * h * h
         lin_flops += 4 * b * s * X * h * L
-    t_lin = lin_flops / flops_per_s
+    t_lin = lin_flops / (flops_per_s * shard_efficiency(b * s, small_rows))
 
     block = seq // ring
-    t_blk = 4 * b * block * block * (h / ulysses) / flops_per_s
+    heads_here = spec.heads / ulysses
+    attn_rate = flops_per_s * shard_efficiency(b * block * heads_here, small_rows)
+    t_blk = 4 * b * block * block * (h / ulysses) / attn_rate
     if ring > 1:
         t_kv = ring_link.seconds(2 * b * block * (h / ulysses) * e)
         t_ring = t_blk + (ring - 1) * (max(RING_OVERLAP_SLOWDOWN * t_blk, t_kv) + RING_STEP_OVERHEAD_S)
@@ -175,7 +226,17 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     t_attn_compute = ring * t_blk
     ring_exposed = max(0.0, t_ring - t_attn_compute)
 
-    t_a2a = 4 * intra.seconds(b * s * h * e * (ulysses - 1) / ulysses) if ulysses > 1 else 0.0
+    t_a2a = 0.0
+    if ulysses > 1:
+        # One tensor's exchange; q, k, v in and the output back make 4.
+        t_x4 = 4 * intra.seconds(b * s * h * e * (ulysses - 1) / ulysses, hops=ulysses - 1)
+        n = min(head_chunks, spec.heads // ulysses)
+        if intra.overlaps and n > 1:
+            hideable = t_x4 * (n - 1) / n
+            t_a2a = (t_x4 / n + max(0.0, hideable - t_ring)
+                     + (RING_OVERLAP_SLOWDOWN - 1) * min(t_ring, hideable))
+        else:
+            t_a2a = t_x4
 
     channels = spec.in_channels * spec.patch_size ** 2 * (spec.patch_size_t or 1)
     out_bytes = b * video * channels * e
@@ -188,3 +249,40 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     compute = t_lin + L * t_attn_compute
     total = compute + L * (t_a2a + ring_exposed) + edges
     return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total)
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndToEnd:
+    """Seconds of one video: the denoising steps and the parts around them."""
+
+    steps: int
+    denoise: float
+    text_encode: float
+    decode: float
+
+    @property
+    def total(self) -> float:
+        return self.denoise + self.text_encode + self.decode
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "denoise": round(self.denoise, 4), "text_encode": round(self.text_encode, 4),
+                "decode": round(self.decode, 4), "total": round(self.total, 4)}
+
+
+def text_encode_seconds(spec: ModelSpec, prompts: int, flops_per_s: float) -> float:
+    """One forward of the text encoder per prompt (2 FLOP per parameter per token), one device."""
+    return prompts * 2 * spec.text_encoder_params * spec.text_tokens / flops_per_s
+
+
+def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, flops_per_s: float,
+               decode_seconds: float = 0.0) -> EndToEnd:
+    """A video's predicted seconds: `steps` x `step_seconds` plus the end-to-end extras.
+
+    Extras, each in seconds per video: the text encoding here; `decode_seconds` is the VAE
+    decode's estimate (0 where the caller has none), added as given.
+    """
+    return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, branches, flops_per_s),
+                    decode_seconds)

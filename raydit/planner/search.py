@@ -323,9 +323,9 @@ class _Layouts:
         order = sorted(enumerate(cluster.nodes),
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
         self.nodes = [_NodeInfo(n, n.device.memory_gb - _reserve(n.device), n.device.flops_per_second,
-                                Link(n.intra_gb_s, n.device.link_latency_us)) for _, n in order]
+                                Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind)) for _, n in order]
         self.max_node = max(n.count for n in cluster.nodes)
-        self.network = Link(cluster.network_gb_s, cluster.network_latency_us)
+        self.network = Link(cluster.network_gb_s, cluster.network_latency_us, "network")
         self.total = cluster.total
         # Nodes that cost the same (device rate and link) share a class id.
         classes: dict = {}
@@ -335,11 +335,12 @@ class _Layouts:
         self._slots_cache: dict = {}
 
     def _cost(self, U, R, C, b, flops, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
-        key = (U, R, C, b, flops, intra.gb_s, intra.latency_us, ring_link.gb_s, ring_link.latency_us,
-               edge_link.gb_s, edge_link.latency_us)
+        key = (U, R, C, b, flops, intra, ring_link, edge_link)
         hit = self._cost_cache.get(key)
         if hit is None:
-            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link)
+            # CPU slots (shm) run one thread: no GPU-style tail of small tiles.
+            small = 0.0 if intra.kind == "shm" else costmod.SMALL_SHARD_ROWS
+            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link, small)
             self._cost_cache[key] = hit
         return hit
 
