@@ -1,0 +1,591 @@
+"""Wan family: Wan 2.1 / 2.2 text-to-video (one or two experts, TI2V-5B) and image-to-video.
+
+Sequence parallelism for diffusers' WanTransformer3DModel. Only video tokens are in
+self-attention: the layout has one part, the video, split before the first block and
+gathered after the last (before the final norm and projection). Text, and Wan 2.1 I2V's CLIP
+image tokens (the model puts them in front of the text), reach the video through
+cross-attention: they stay whole on every rank, so cross-attention of the local video chunk
+needs no communication and keeps diffusers' own processor. Self-attention (attn1) gets
+`WanSPAttnProcessor`; the rotary table, computed by the model for all video tokens, is cut
+to this rank's chunk there. Wan 2.2 TI2V (`expand_timesteps`) has a timestep per token: the
+blocks' `temb` is then [B, L, 6, C] and is split with the video before every block (the
+model hands the same tensor to each block); the final norm, after the gather, uses the
+model's full one.
+
+Uneven token counts are padded (docs/design.md), never refused; the Ulysses degree must
+divide the heads (40 heads on 3, 6 or 7 ranks run ring or hybrid layouts).
+
+Module-level imports stay light (no torch, no diffusers): the planner reads this family
+through the registry without importing torch.
+
+Legend: B batch, L local video tokens, H heads, D head dim, C = H*D.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Family, Prepared, png_to_image
+
+VIDEO = 0  # the layout's only part
+
+
+# -- adapter -----------------------------------------------------------------------------------
+def shard_rotary(rotary_emb, layout, sp_index: int):
+    """Cut Wan's rotary table of all video tokens down to this rank's video chunk.
+
+    cos, sin: [1, L_video, 1, D] -> [1, chunk, 1, D]; pad rows are zero (pad queries are
+    dropped at gather and pad keys are masked, so their rotation is irrelevant).
+    """
+    cos, sin = rotary_emb
+    if cos.shape[1] != layout.part_lengths[VIDEO]:
+        raise ValueError(
+            f"rotary table has {cos.shape[1]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, VIDEO, sp_index, dim=1), layout.shard(sin, VIDEO, sp_index, dim=1)
+
+
+def rotate_pairs(x_BLHD, cos, sin):
+    """Wan's rotary: each channel pair (x[2i], x[2i+1]) is rotated by the angle whose cosine
+    and sine the tables hold (repeated for both channels of the pair):
+        out[2i]   = x[2i] cos - x[2i+1] sin
+        out[2i+1] = x[2i] sin + x[2i+1] cos
+    computed in the tables' dtype (float64 in diffusers) and returned in x's."""
+    import torch
+
+    x1, x2 = x_BLHD.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).type_as(x_BLHD)
+
+
+class WanSPAttnProcessor:
+    """Sequence-parallel replacement for the processor of a Wan block's self-attention.
+
+    Projections and the QK RMS norms (across heads) are per token, so they run on the local
+    chunk; only the attention itself needs the other ranks (sp_attention).
+    """
+
+    def __init__(self, context: ForwardContext):
+        self.context = context
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        from raydit.parallel.attention import sp_attention
+
+        if encoder_hidden_states is not None:
+            raise ValueError("WanSPAttnProcessor serves self-attention (attn1) only; cross-attention keeps its own")
+        if attention_mask is not None:
+            raise ValueError("attention_mask is not supported under sequence parallelism; Wan does not use one")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        B, L, _ = hidden_states.shape
+        assert L == layout.local_len, (L, layout.local_len)
+
+        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))  # [B, L, H, D]
+        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
+        v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        if rotary_emb is not None:
+            cos, sin = shard_rotary(rotary_emb, layout, mesh.sp_index)
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+
+        # [B, L, H, D] -> [B, H, L, D] and back
+        out_BHLD = sp_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mesh, layout)
+        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
+
+
+class WanAdapter(ModelAdapter):
+    name = "wan"
+    transformer_classes = ("WanTransformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="blocks",
+        # WanTransformerBlock.forward(hidden_states, encoder_hidden_states, temb, rotary_emb)
+        split_inputs=(
+            SplitInput("hidden_states", VIDEO),
+            # [B, L, 6, C] with a per-token timestep (TI2V); [B, 6, C] stays whole.
+            SplitInput("temb", VIDEO, ndim=4, every_block=True),
+        ),
+        gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns hidden_states alone
+        attention="attn1",
+    )
+
+    def validate(self, transformer, mesh) -> None:
+        from raydit.parallel.attention import feasible_ulysses
+
+        heads = transformer.config.num_attention_heads
+        if heads % mesh.ulysses != 0:
+            raise ValueError(
+                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
+                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
+            )
+        for block in getattr(transformer, self.plan.blocks):
+            if getattr(getattr(block, self.plan.attention), "fused_projections", False):
+                raise ValueError("the transformer has fused QKV projections; call transformer.unfuse_qkv_projections() first")
+
+    def make_processor(self, context: ForwardContext) -> WanSPAttnProcessor:
+        return WanSPAttnProcessor(context)
+
+
+
+# -- the family --------------------------------------------------------------------------------
+def _boundary_timestep(pipe):
+    """Wan 2.2 A14B: `transformer` runs at t >= boundary, `transformer_2` below; None: one expert."""
+    ratio = pipe.config.get("boundary_ratio")
+    return None if ratio is None else ratio * pipe.scheduler.config.num_train_timesteps
+
+
+def _low_noise(pipe, t) -> bool:
+    boundary = _boundary_timestep(pipe)
+    return boundary is not None and bool(t < boundary)
+
+
+class WanFamily(Family):
+    """Wan's steps, as diffusers' WanPipeline / WanImageToVideoPipeline take them.
+
+    The guidance branches are two transformer calls (the pipeline's order and numbers).
+    Wan 2.2 A14B switches expert and guidance scale at the boundary timestep. TI2V
+    (`expand_timesteps`) gives every token its timestep; with an image the first latent frame
+    is the image's latents at timestep 0, and `state.latents` always holds that frame (what
+    the pipeline returns), so any step's latents are the output of a run stopped there.
+    The scheduler is UniPC (or any diffusers scheduler): its multistep history is part of
+    the scheduler state the runner checkpoints.
+    """
+
+    name = "wan"
+    pipelines = ("WanPipeline", "WanImageToVideoPipeline")
+    image_pipelines = ("WanImageToVideoPipeline",)
+    adapter = WanAdapter
+    batch_branches = False
+    max_sequence_length = 512  # the pipelines' default (2.1 I2V's processor assumes 512)
+
+    def tiny(self):
+        return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/config.json and vae/config.json; the request defaults are
+        the pipelines' (81 frames, 480 x 832); sizes from the weights' headers."""
+        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+
+        index = configs[""]
+        name = "transformer" if "transformer" in configs else "transformer_2"
+        cfg = configs[name]
+        where = str(path / name / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "WanTransformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a Wan pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        layers, ffn = int(require(cfg, "num_layers", where)), int(require(cfg, "ffn_dim", where))
+        patch_t, patch_h, patch_w = (int(p) for p in cfg.get("patch_size", (1, 2, 2)))
+        if patch_h != patch_w:
+            raise ValueError(f"{where}: patch_size {cfg.get('patch_size')} has unequal height and width patches")
+        vae = configs.get("vae", {})
+        experts = sum(1 for c in ("transformer", "transformer_2") if (index.get(c) or [None])[0] is not None)
+        encoders = component_params(path / "text_encoder")
+        if encoders is None:
+            encoders = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        encoders += component_params(path / "image_encoder") or 0.0
+        hidden = heads * head_dim
+        # attention 4 h^2 (self) + 4 h^2 (cross), FFN 2 h ffn, per layer
+        estimate = float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=ffn,
+            patch_size=patch_h, patch_size_t=patch_t, text_tokens=self.max_sequence_length, text_in_sequence=False,
+            positional="rotary", in_channels=int(cfg.get("in_channels", 16)),
+            params=component_params(path / name) or estimate, text_encoder_params=encoders,
+            vae_params=component_params(path / "vae") or 0.0,
+            default_frames=81, default_height=480, default_width=832,
+            vae_spatial=int(vae.get("scale_factor_spatial", 8)), vae_temporal=int(vae.get("scale_factor_temporal", 4)),
+            experts=max(1, experts),
+        )
+
+    def transformers(self, pipe) -> list:
+        return [t for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
+
+    @staticmethod
+    def _takes_image(pipe) -> bool:
+        # TI2V-5B is saved as a WanPipeline and runs image-to-video too (diffusers loads it
+        # with WanImageToVideoPipeline for that; the conditioning is the same).
+        return type(pipe).__name__ == "WanImageToVideoPipeline" or bool(pipe.config.get("expand_timesteps"))
+
+    def check_request(self, pipe, request) -> None:
+        i2v = type(pipe).__name__ == "WanImageToVideoPipeline"
+        if i2v and request.image is None:
+            raise ValueError(f"{type(pipe).__name__} is an image-to-video pipeline; give an image (--image PATH)")
+        if request.image is not None and not self._takes_image(pipe):
+            raise ValueError(
+                f"{type(pipe).__name__} is a text-to-video pipeline and takes no image; "
+                "drop --image or load an image-to-video (or TI2V) checkpoint"
+            )
+        if request.guidance_scale_2 is not None and pipe.config.get("boundary_ratio") is None:
+            raise ValueError(
+                f"guidance_scale_2 {request.guidance_scale_2} needs a two-expert pipeline (Wan 2.2 A14B, "
+                "boundary_ratio set); this one has one transformer: drop guidance_scale_2"
+            )
+        if (request.num_frames - 1) % pipe.vae_scale_factor_temporal:
+            lower = request.num_frames - (request.num_frames - 1) % pipe.vae_scale_factor_temporal
+            raise ValueError(
+                f"num_frames {request.num_frames} must be {pipe.vae_scale_factor_temporal}k + 1; "
+                f"nearest: {lower} or {lower + pipe.vae_scale_factor_temporal}"
+            )
+        patch = self.transformers(pipe)[0].config.patch_size
+        multiple = max(16, pipe.vae_scale_factor_spatial * max(patch[1], patch[2]))
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % multiple:
+                lower = value - value % multiple
+                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+                raise ValueError(
+                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_scale_factor_spatial} "
+                    f"x patch {patch[1]}); nearest: {nearest}"
+                )
+
+    def encode(self, pipe, request, device, dtype):
+        positive, negative = pipe.encode_prompt(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            do_classifier_free_guidance=request.do_cfg,
+            max_sequence_length=self.max_sequence_length,
+            device=device,
+        )
+        model_dtype = self.transformers(pipe)[0].dtype
+        cond = {"encoder_hidden_states": positive.to(model_dtype)}
+        uncond = {"encoder_hidden_states": negative.to(model_dtype)} if request.do_cfg else None
+        # Wan 2.1 I2V: CLIP tokens of the image, the same for both branches.
+        transformer = pipe.transformer
+        if request.image is not None and transformer is not None and transformer.config.image_dim is not None:
+            image_embeds = pipe.encode_image(png_to_image(request.image), device).to(model_dtype)
+            for branch in (cond, uncond):
+                if branch is not None:
+                    branch["encoder_hidden_states_image"] = image_embeds
+        return cond, uncond
+
+    def init(self, pipe, request, generator, device, dtype):
+        import torch
+
+        pipe.scheduler.set_timesteps(request.num_inference_steps, device=device)
+        timesteps = pipe.scheduler.timesteps
+        if type(pipe).__name__ == "WanPipeline":
+            pipe.scheduler.set_begin_index(0)  # as WanPipeline does (the I2V pipeline does not)
+        # Latents stay float32 whatever the transformer's dtype, as in the pipelines.
+        context = {}
+        if request.image is None:
+            latents = pipe.prepare_latents(
+                1, self.transformers(pipe)[0].config.in_channels, request.height, request.width,
+                request.num_frames, torch.float32, device, generator,
+            )
+            if pipe.config.get("expand_timesteps"):
+                context["first_frame_mask"] = torch.ones(latents.shape, dtype=torch.float32, device=device)
+            return Prepared(latents=latents, timesteps=timesteps, context=context)
+
+        from diffusers import WanImageToVideoPipeline
+
+        image = pipe.video_processor.preprocess(png_to_image(request.image), height=request.height,
+                                                width=request.width).to(device, dtype=torch.float32)
+        # The image pipeline's own helper (TI2V loaded as a WanPipeline has what it reads).
+        out = WanImageToVideoPipeline.prepare_latents(
+            pipe, image, 1, pipe.vae.config.z_dim, request.height, request.width, request.num_frames,
+            torch.float32, device, generator,
+        )
+        if pipe.config.get("expand_timesteps"):
+            latents, condition, mask = out
+            context.update(condition=condition, first_frame_mask=mask)
+            latents = self._with_first_frame(latents, context)
+        else:
+            latents, condition = out
+            context.update(condition=condition)
+        return Prepared(latents=latents, timesteps=timesteps, context=context)
+
+    @staticmethod
+    def _with_first_frame(latents, context):
+        """TI2V with an image: the first latent frame is the image's (mask 0), the rest the
+        sample (mask 1), exactly as the pipeline forms its model input and its output."""
+        if "condition" not in context or "first_frame_mask" not in context:
+            return latents  # no image, or Wan 2.1-style I2V (the image joins in the channels)
+        mask = context["first_frame_mask"]
+        return (1 - mask) * context["condition"] + mask * latents
+
+    def predict(self, pipe, state, t, branch):
+        import torch
+
+        model = pipe.transformer_2 if _low_noise(pipe, t) else pipe.transformer
+        ctx, latents = state.context, state.latents
+        b = branch["encoder_hidden_states"].shape[0]
+        if pipe.config.get("expand_timesteps"):
+            x = self._with_first_frame(latents, ctx)
+            # A timestep per token: the first frame's are 0 with an image.
+            # seq_len: num_latent_frames * latent_height // 2 * latent_width // 2, as the pipeline
+            timestep = (ctx["first_frame_mask"][0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(b, -1)
+        else:
+            x = torch.cat([latents, ctx["condition"]], dim=1) if "condition" in ctx else latents
+            timestep = t.expand(b)
+        if b > 1:
+            x = torch.cat([x] * b)
+        return model(
+            hidden_states=x.to(model.dtype),
+            timestep=timestep,
+            encoder_hidden_states=branch["encoder_hidden_states"],
+            encoder_hidden_states_image=branch.get("encoder_hidden_states_image"),
+            return_dict=False,
+        )[0]
+
+    def guidance_scale(self, pipe, state, t) -> float:
+        request = state.request
+        if _low_noise(pipe, t) and request.guidance_scale_2 is not None:
+            return request.guidance_scale_2
+        return request.guidance_scale
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        latents = pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0]
+        return self._with_first_frame(latents, state.context), dict(state.carry)
+
+    def decode(self, pipe, state, latents):
+        import numpy as np
+        import torch
+
+        vae = pipe.vae
+        latents = latents.to(vae.device, vae.dtype)
+        z = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+        video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
+        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+    def reference_latents(self, pipe, request):
+        """diffusers' own pipeline, called with its defaults, the request and the seed."""
+        import torch
+
+        kwargs = {}
+        if request.image is not None:
+            kwargs["image"] = png_to_image(request.image)
+            if type(pipe).__name__ != "WanImageToVideoPipeline":  # TI2V saved as a WanPipeline
+                from diffusers import WanImageToVideoPipeline
+
+                pipe = WanImageToVideoPipeline(**pipe.components, expand_timesteps=True,
+                                               boundary_ratio=pipe.config.get("boundary_ratio"))
+        if request.guidance_scale_2 is not None:
+            kwargs["guidance_scale_2"] = request.guidance_scale_2
+        pipe.set_progress_bar_config(disable=True)
+        return pipe(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            num_frames=request.num_frames,
+            height=request.height,
+            width=request.width,
+            num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            output_type="latent",
+            **kwargs,
+        ).frames
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs)}
+
+
+FAMILY = WanFamily()
+
+
+# -- tiny pipelines ----------------------------------------------------------------------------
+# Bump when anything below changes the saved files, so stale caches are not reused.
+WAN_TINY_VERSION = "1"
+
+TINY_TEXT_DIM = 32  # umT5 d_model == transformer text_dim
+TINY_TEXT_TOKENS = 512  # Wan's max_sequence_length (2.1 I2V's processor assumes 512 text tokens)
+TINY_IMAGE_DIM = 16  # CLIP hidden size == transformer image_dim
+TINY_IMAGE_SIZE = 32  # CLIP input; patches of 8 -> 16 + 1 image tokens
+
+# name -> how the tiny pipeline differs from Wan 2.1 T2V (`tiny-wan`).
+TINY_VARIANTS: dict[str, dict] = {
+    # Wan 2.1 T2V: one transformer, 8x VAE, UniPC with flow_shift 3.
+    "tiny-wan": dict(),
+    # Wan 2.2 A14B: two experts, `transformer` for t >= 875, `transformer_2` below.
+    "tiny-wan-a14b": dict(experts=2, boundary_ratio=0.875),
+    # Wan 2.2 TI2V-5B: per-token timesteps, 16x VAE (residual, 2x2 pixel patches).
+    "tiny-wan-ti2v": dict(vae="wan2.2", expand_timesteps=True, flow_shift=5.0),
+    # Wan 2.1 I2V: CLIP image tokens by cross-attention, image latents + mask in the channels.
+    "tiny-wan-i2v": dict(image=True, image_encoder=True),
+    # Wan 2.2 I2V A14B: two experts, image latents + mask in the channels, no image encoder.
+    "tiny-wan-a14b-i2v": dict(image=True, experts=2, boundary_ratio=0.9),
+}
+
+
+def tiny_transformer(seed: int, **overrides):
+    """A WanTransformer3DModel of the tiny geometry (or `overrides`), every parameter drawn
+    from `seed` (diffusers' zero-initialised gates would make parallel tests trivial)."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=6,  # Ulysses 1, 2, 3, 6: 4 and 5 ranks run ring / hybrid
+        attention_head_dim=12,  # rotary: 4 channels each for frames, rows, columns
+        in_channels=4,
+        out_channels=4,
+        text_dim=TINY_TEXT_DIM,
+        freq_dim=32,
+        ffn_dim=96,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        rope_max_seq_len=1024,
+    )
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(WanTransformer3DModel(**config), seed)
+
+
+def _tiny_vae(kind: str, seed: int):
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    if kind == "wan2.1":  # 8x spatial, 4x temporal, like Wan 2.1's (16 latent channels there)
+        z = 4
+        extra = dict()
+    else:  # Wan 2.2's 16x VAE: residual, 2x2 pixel patches in the channels (48 latent channels there)
+        z = 8
+        extra = dict(in_channels=12, out_channels=12, is_residual=True, patch_size=2, scale_factor_spatial=16)
+    return AutoencoderKLWan(
+        base_dim=8,
+        z_dim=z,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[round(0.1 * i - 0.2, 3) for i in range(z)],
+        latents_std=[round(0.5 + 0.25 * i, 3) for i in range(z)],
+        scale_factor_temporal=4,
+        **extra,
+    ).eval()
+
+
+def _tiny_image_encoder(seed: int):
+    import torch
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    try:  # transformers >= 5: the PIL backend by name (the plain name warns without torchvision)
+        from transformers import CLIPImageProcessorPil as CLIPImageProcessor
+    except ImportError:
+        from transformers import CLIPImageProcessor
+
+    torch.manual_seed(seed)
+    config = CLIPVisionConfig(
+        hidden_size=TINY_IMAGE_DIM,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=TINY_IMAGE_SIZE,
+        patch_size=8,
+    )
+    processor = CLIPImageProcessor(
+        size={"shortest_edge": TINY_IMAGE_SIZE}, crop_size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
+    )
+    return CLIPVisionModel(config).eval(), processor
+
+
+def tiny_pipeline(name: str):
+    """The tiny pipeline `name` (a key of TINY_VARIANTS), built in memory."""
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
+
+    from raydit.models.tiny import SEED, t5_encoder, tokenizer
+
+    if name not in TINY_VARIANTS:
+        raise ValueError(f"no tiny Wan pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
+    v = TINY_VARIANTS[name]
+    vae = _tiny_vae(v.get("vae", "wan2.1"), SEED + 2)
+    z = vae.config.z_dim
+    # I2V (not TI2V) joins a 4-frame mask and the image latents to the noise in the channels.
+    in_channels = z + 4 + z if v.get("image") and not v.get("expand_timesteps") else z
+    transformer_kwargs = dict(in_channels=in_channels, out_channels=z)
+    if v.get("image_encoder"):
+        inner = 6 * 12
+        transformer_kwargs.update(image_dim=TINY_IMAGE_DIM, added_kv_proj_dim=inner)
+    tok = tokenizer(TINY_TEXT_TOKENS)
+    components = dict(
+        tokenizer=tok,
+        text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM, umt5=True),
+        vae=vae,
+        # Wan's diffusers scheduler: UniPC on flow-matching sigmas.
+        scheduler=UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=v.get("flow_shift", 3.0)
+        ),
+        transformer=tiny_transformer(SEED + 10, **transformer_kwargs),
+        transformer_2=tiny_transformer(SEED + 11, **transformer_kwargs) if v.get("experts", 1) == 2 else None,
+        boundary_ratio=v.get("boundary_ratio"),
+        expand_timesteps=v.get("expand_timesteps", False),
+    )
+    if not v.get("image"):
+        return WanPipeline(**components)
+    image_encoder = image_processor = None
+    if v.get("image_encoder"):
+        image_encoder, image_processor = _tiny_image_encoder(SEED + 3)
+    return WanImageToVideoPipeline(image_encoder=image_encoder, image_processor=image_processor, **components)
+
+
+def tiny_pipeline_dir(name: str = "tiny-wan"):
+    """The directory of the tiny pipeline `name`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    if name not in TINY_VARIANTS:
+        raise ValueError(f"no tiny Wan pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
+    return write_pipeline(cache_root() / f"{name}-{WAN_TINY_VERSION}", lambda: tiny_pipeline(name))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.wan:wan_forward"
+
+
+def wan_forward(kind: str, latent_frames: int, latent_height: int, latent_width: int, heads: int,
+                head_dim: int, batch: int = 2, text_len: int = 13, seed: int = 31):
+    """A tiny-weight WanTransformer3DModel and the kwargs of one forward call.
+
+    kind "t2v": latents [batch, 4, F, H, W], text [batch, text_len, 32], one timestep per sample.
+    kind "i2v": Wan 2.1 I2V: 12 input channels (noise, mask, image latents), 17 CLIP tokens
+        in front of 512 text tokens (the model's processor assumes 512).
+    kind "ti2v": a timestep per token ([batch, L], all different), so temb is [B, L, 6, C].
+    """
+    import torch
+
+    overrides = dict(num_attention_heads=heads, attention_head_dim=head_dim, ffn_dim=2 * heads * head_dim)
+    if kind == "i2v":
+        overrides.update(in_channels=12, image_dim=TINY_IMAGE_DIM, added_kv_proj_dim=heads * head_dim)
+        text_len = TINY_TEXT_TOKENS
+    transformer = tiny_transformer(seed, **overrides)
+    g = torch.Generator().manual_seed(7)
+    channels = transformer.config.in_channels
+    kwargs = dict(
+        hidden_states=torch.randn(batch, channels, latent_frames, latent_height, latent_width, generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+    )
+    if kind == "i2v":
+        kwargs["encoder_hidden_states_image"] = torch.randn(batch, 17, TINY_IMAGE_DIM, generator=g)
+    if kind == "ti2v":
+        p_t, p_h, p_w = transformer.config.patch_size
+        tokens = (latent_frames // p_t) * (latent_height // p_h) * (latent_width // p_w)
+        kwargs["timestep"] = torch.rand(batch, tokens, generator=g) * 1000
+    return transformer, kwargs
+
+
+def forward_cases() -> list:
+    """Transformer forward cases: heads and token counts chosen so that no world size 2..6
+    divides the video, and 40 heads (Wan 14B) run ring / hybrid layouts on 3 and 6 ranks."""
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 2.1 T2V 1.3B-like: 12 heads; 7 latent frames x 1 x 7 = 49 tokens.
+        ForwardCase("wan-t2v-h12", _BUILD_FORWARD, 12,
+                    dict(kind="t2v", latent_frames=7, latent_height=2, latent_width=14, heads=12, head_dim=8)),
+        # 2.1 I2V 14B-like: 40 heads, CLIP image tokens; 1 x 7 x 11 = 77 tokens.
+        ForwardCase("wan-i2v-h40", _BUILD_FORWARD, 40,
+                    dict(kind="i2v", latent_frames=1, latent_height=14, latent_width=22, heads=40, head_dim=6)),
+        # 2.2 TI2V-5B-like: 24 heads, per-token timestep; 7 x 1 x 13 = 91 tokens.
+        ForwardCase("wan-ti2v-h24", _BUILD_FORWARD, 24,
+                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=26, heads=24, head_dim=6)),
+        # 7 tokens: on 4..6 ranks the last ranks hold only padding.
+        ForwardCase("wan-ti2v-7tokens", _BUILD_FORWARD, 6,
+                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=2, heads=6, head_dim=12)),
+    ]
