@@ -58,6 +58,35 @@ def test_summary_table_marks_missed_targets():
     assert any("all rounds" in n for n in notes)
 
 
+def test_summary_table_judges_the_target_it_names_and_shows_the_ceiling():
+    sc = _scaling(1.88)
+    sc["target_speedup"] = 1.9
+    case = sc["cases"][0]
+    stat = lambda v: benchlib.summary([v])  # noqa: E731
+    case["configs"]["ulysses 2 no overlap"] = dict(case["configs"]["ulysses 2"])
+    case["configs"]["both alone"] = {"step_seconds": stat(2.1), "ceiling": stat(1.9), "load_1m": stat(1.0)}
+    case["configs"]["1 rank"]["foreign_cpu_seconds"] = stat(0.1)
+    rows, notes = run_all.summary_rows({"scaling": sc})
+    by_name = {r[0]: r for r in rows}
+    tag = "(1 latent frame, 1576 tokens)"
+    assert by_name[f"1. step, 2 ranks ulysses 2 {tag}"][2:] == (">= 1.9x", "**no**")  # 1.88 < 1.9
+    assert by_name[f"1. step, 2 ranks ulysses 2 no overlap {tag}"][2:] == ("", "")  # shown, not judged
+    assert any(r[0].startswith("1. compute-only ceiling") and "1.90 x" in r[1] for r in rows)
+
+
+def test_cost_model_rows_judge_fits_and_checks_never_context():
+    anchor = lambda role, err: {"anchor": f"a {role}", "role": role, "model": "m", "guidance": True,  # noqa: E731
+                                "predicted": 1.0, "published": 1.0, "unit": "s / step", "error": err, "layout": "l"}
+    cm = {"measured": [], "anchors": [anchor("fit", 0.05), anchor("check", -0.35), anchor("context", 0.5)],
+          "implied_serial_seconds": {"X": 114.3}}
+    rows, notes = run_all.summary_rows({"costmodel": cm})
+    met = {r[0]: r[3] for r in rows}
+    assert met["3. cost model vs published: a fit (fit)"] == "yes"
+    assert met["3. cost model vs published: a check (check)"] == "**no**"
+    assert met["3. cost model vs published: a context (context)"] == ""
+    assert any("114.3 s" in n for n in notes)
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("benchlib.py",)))
 def test_every_script_parses_help(script):
     proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
