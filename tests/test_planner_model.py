@@ -24,6 +24,7 @@ BUILTINS = [
     ("ltx-video", 32, 64, 28, 1, "rotary", False),
     ("mochi-1", 24, 128, 48, 1, "rotary", True),
     ("tiny", 2, 16, 2, None, "sinusoidal", True),
+    ("tiny-i2v", 2, 16, 2, None, "rotary", True),
 ]
 
 

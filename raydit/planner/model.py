@@ -244,6 +244,8 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     tiny_hidden = 2 * 16
     specs.append(ModelSpec("tiny", "cogvideox", 2, 16, 2, 4 * tiny_hidden, 2, None, 16, True, "sinusoidal",
                            4, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
+    specs.append(ModelSpec("tiny-i2v", "cogvideox", 2, 16, 2, 4 * tiny_hidden, 2, None, 16, True, "rotary",
+                           8, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
     return {s.name: s for s in specs}
 
 

@@ -6,9 +6,12 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from raydit.models import tiny as shared
+from raydit.models.registry import tiny_models
+from raydit.planner import BUILTIN_MODELS
 from raydit.models.families import cogvideox as tiny
 
 
@@ -94,3 +97,21 @@ def test_a_concurrent_builder_that_renames_first_wins(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert _digest(target) == _digest(tiny.build_tiny_pipeline(tmp_path / "reference"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reference", "shared"]  # no temp dir left
+
+
+GEOMETRY_FIELDS = ("family", "heads", "head_dim", "layers", "patch_size", "patch_size_t", "text_tokens",
+                   "text_in_sequence", "positional", "in_channels", "default_frames", "default_height",
+                   "default_width", "vae_spatial", "vae_temporal", "experts")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in tiny_models() if n in BUILTIN_MODELS))
+def test_every_tiny_builtin_matches_what_its_family_writes(name):
+    """The planner's entry for each family's tiny pipeline equals the spec read back from the
+    directory the family writes (its config files, through the family's spec_from_dir). Tiny
+    variants the table does not list are read from their directory (raydit.model_spec)."""
+    import raydit
+
+    built = raydit.model_spec(str(tiny_models()[name]()))
+    listed = raydit.model_spec(name)
+    for field in GEOMETRY_FIELDS:
+        assert getattr(built, field) == getattr(listed, field), field

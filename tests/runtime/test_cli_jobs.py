@@ -217,3 +217,54 @@ def test_verify_checks_every_plan_against_one_rank(ray_local):
     assert [(r["ulysses"], r["ring"], r["cfg"]) for r in rows] == feasible_layouts(2, 3)
     assert all(r["ok"] for r in rows)
     assert all(r["max_abs_diff"] < 1e-3 for r in rows)
+
+
+def _write_png(path, height=64, width=64):
+    from PIL import Image
+
+    from raydit.models.conformance import test_image
+
+    Image.fromarray(test_image(height, width)).save(path)
+    return path
+
+
+def test_image_input_errors_are_one_line_and_status_2(tmp_path):
+    """Checked before Ray starts: a missing file, a file that is not an image, an image for a
+    text-to-video model, an image-to-video model without one."""
+    png = _write_png(tmp_path / "frame.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    cases = [
+        (["--model", "tiny-i2v", "--image", str(tmp_path / "missing.png")], "does not exist"),
+        (["--model", "tiny-i2v", "--image", str(tmp_path / "notes.txt")], "is not an image file"),
+        (["--model", "tiny", "--image", str(png)], "is text-to-video and takes no image"),
+        (["--model", "tiny-i2v"], "is image-to-video: give --image PATH"),
+    ]
+    for args, needle in cases:
+        out = raydit("generate", "--prompt", "x", "--device", "cpu", *args, cwd=tmp_path, timeout=120)
+        assert out.returncode == 2, (args, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+
+
+def test_image_to_video_from_the_command_line_equals_one_process(ray_local, tmp_path):
+    """`raydit generate --model tiny-i2v --image PNG` on 2 ranks (ring 2) writes the mp4 and the
+    latents one process computes for the same image (rtol 1e-4, atol 1e-4)."""
+    from raydit.models.conformance import run_steps
+    from raydit.models.family import GenerationRequest, image_to_png
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    png = _write_png(tmp_path / "frame.png")
+    res = raydit(
+        "generate", "--model", "tiny-i2v", "--image", str(png), "--prompt", "a kite over the sea",
+        "--steps", "2", "--seed", "3", "--device", "cpu", "--workers", "2", "--address", _gcs_address(ray_local),
+        "--json", "--out", str(tmp_path / "i2v.mp4"), "--save-latents", str(tmp_path / "i2v.npy"), cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["plan"]["world_size"] == 2 and summary["frames"] == [9, 64, 64, 3]
+    assert (tmp_path / "i2v.mp4").stat().st_size > 0
+    request = GenerationRequest(prompt="a kite over the sea", num_frames=9, height=64, width=64,
+                                num_inference_steps=2, seed=3, image=image_to_png(png))
+    expected = run_steps(Runner(load_pipeline("tiny-i2v")), request, 2).latents
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "i2v.npy")), expected, rtol=1e-4, atol=1e-4)

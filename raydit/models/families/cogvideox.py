@@ -150,7 +150,7 @@ class CogVideoXFamily(Family):
     batch_branches = True
 
     def tiny(self):
-        return {"tiny": tiny_pipeline_dir}
+        return {"tiny": tiny_pipeline_dir, "tiny-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path: Path, configs):
         from raydit.planner.model import ModelSpec, component_params, require, t5_params, _cogvideox_params
@@ -360,15 +360,23 @@ def tiny_vae():
     ).eval()
 
 
-def build_tiny_pipeline(directory, scheduler: str = "ddim", **transformer_overrides) -> Path:
-    """Write the tiny pipeline (optionally with a variant transformer / the DPM scheduler)."""
+def build_tiny_pipeline(directory, scheduler: str = "ddim", image: bool = False, **transformer_overrides) -> Path:
+    """Write the tiny pipeline (optionally with a variant transformer / the DPM scheduler;
+    `image=True`: the image-to-video pipeline, image latents joined in the channels)."""
 
     def make():
-        from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline
+        from diffusers import (CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXImageToVideoPipeline,
+                               CogVideoXPipeline)
 
         scheduler_cls = CogVideoXDPMScheduler if scheduler == "dpm" else CogVideoXDDIMScheduler
         tok = tokenizer(TINY_TEXT_TOKENS)
-        return CogVideoXPipeline(
+        if image:
+            # CogVideoX-5b-I2V's layout: doubled input channels, learned + rotary positions.
+            transformer_overrides.setdefault("in_channels", 2 * TINY_LATENT_CHANNELS)
+            transformer_overrides.setdefault("use_learned_positional_embeddings", True)
+            transformer_overrides.setdefault("use_rotary_positional_embeddings", True)
+        pipeline_cls = CogVideoXImageToVideoPipeline if image else CogVideoXPipeline
+        return pipeline_cls(
             tokenizer=tok,
             text_encoder=t5_encoder(len(tok), TINY_TEXT_EMBED_DIM),
             vae=tiny_vae(),
@@ -382,6 +390,11 @@ def build_tiny_pipeline(directory, scheduler: str = "ddim", **transformer_overri
 def tiny_pipeline_dir() -> Path:
     """The directory of the built-in `tiny` pipeline, building it on first use."""
     return build_tiny_pipeline(cache_root() / f"tiny-{TINY_VERSION}")
+
+
+def tiny_i2v_pipeline_dir() -> Path:
+    """The built-in `tiny-i2v` (CogVideoXImageToVideoPipeline, 64 x 64, 9 frames)."""
+    return build_tiny_pipeline(cache_root() / f"tiny-i2v-{TINY_VERSION}", image=True)
 
 
 def load_tiny_pipeline(dtype=None):
