@@ -1,30 +1,38 @@
-"""Recovery: what losing a node mid-generation costs a request.
+"""Recovery: what a lost rank or node costs a request, and a soak with repeated faults.
 
-A Ray cluster of a CPU-less head and 2 worker nodes of 1 CPU each on this machine
-(ray.cluster_utils.Cluster, health checks every 0.5 s, a node declared dead after 4 misses:
-about 2 s; Ray's default is about 14 s), one rank per node, `Engine(workers=2, grow="always")`
-on the benchmark pipeline (benchlib.bench_model_dir()). Each repeat runs
+A Ray cluster on this machine (ray.cluster_utils.Cluster, a CPU-less head, health checks
+every 0.5 s, a node declared dead after 4 misses: about 2 s; Ray's default is about 14 s)
+of 3 worker nodes with 1 CPU slot each; `Engine(workers=2, grow="never")` on the benchmark
+pipeline (benchlib.bench_model_dir()). Faults, each in the middle of step `--kill-after`
+(a thread fires half a measured step after the step's calls start):
 
-1. an uninterrupted request (the baseline, ulysses 2 on 2 nodes);
-2. the same request, in which the node of rank 1 is removed (`remove_node(...,
-   allow_graceful=False)`: its raylet and workers are killed) right after step `--kill-after`
-   finishes; the engine detects the loss, regroups on the survivor and resumes;
-3. a fresh node is added and a warm-up request lets the engine grow back to 2 ranks.
+- `rank_1_sigkill`: SIGKILL of rank 1's process;
+- `rank_0_sigkill`: SIGKILL of rank 0's process (the rank that hosts the group's store and
+  returns the checkpoints);
+- `node_lost`: the node of rank 1 removed (`remove_node(..., allow_graceful=False)`), then
+  a fresh node added back for the next repeat.
 
-Figures per repeat: detection (kill -> the engine's `failure` event), regrouping (the
-`regrouped` event's seconds), kill -> the first resumed step finished (from
-callback_on_step_end timestamps), and the delay the failure adds to the request (its total
-minus the same repeat's uninterrupted total). The steps after the loss run on 1 rank, so
-part of the added delay is the slower step, not recovery; the record gives both.
+Figures per fault: detection (fault -> the engine's `failure` event), regrouping (the
+`regrouped` event's seconds: re-plan, start a replacement actor on the free slot, form
+the group), fault -> the first resumed step finished (callback timestamps), and the delay
+added to the request (its total minus the same repeat's uninterrupted total).
 
-    python bench/bench_recovery.py [--repeats 3] [--steps 6] [--kill-after 1]
+Soak (`--soak-requests`, default 8): `Engine(workers=2, replicas=2)` on 3 nodes of 2 slots,
+the requests queued at once while a thread SIGKILLs ranks (rank 0 included) and removes a
+node at random moments; reports requests, faults, recoveries and lost requests, and
+checks every result against its fault-free latents (rtol 1e-4, atol 1e-4).
+
+    python bench/bench_recovery.py [--repeats 3] [--steps 6] [--kill-after 1] [--soak-requests 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,111 +42,249 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
 
 PROMPT = "a red fox"  # short: the tiny tokenizer keeps 16 characters
-NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024)
+HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
+FAULTS = ("rank_1_sigkill", "rank_0_sigkill", "node_lost")
 
 
-def _wait_dead(node_id: str, timeout: float = 60) -> None:
+def _cluster():
+    from ray.cluster_utils import Cluster
+
+    return Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 100 * 1024 * 1024, "_system_config": HEALTH,
+    })
+
+
+def _init(cluster):
     import ray
 
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"node {node_id} still alive {timeout} s after its removal")
+    ray.init(address=cluster.address, logging_level="WARNING",
+             runtime_env={"env_vars": {k: os.environ[k] for k in ("RAYDIT_CACHE",) if k in os.environ}})
 
 
-def one_repeat(engine, cluster, nodes: list, steps: int, kill_after: int, seed: int, regrow: bool) -> dict:
+def _arm(pool, nth: int, on_call):
+    """Run `on_call(pool)` in a thread as the pool's `nth` step call (1-based) starts."""
+    original = type(pool).step
+    count = [0]
+
+    def instrumented(*args, **kwargs):
+        count[0] += 1
+        if count[0] == nth:
+            threading.Thread(target=on_call, args=(pool,), daemon=True).start()
+        return original(pool, *args, **kwargs)
+
+    pool.step = instrumented
+    return lambda: pool.__dict__.pop("step", None)
+
+
+def one_fault(engine, cluster, nodes: list, fault: str, steps: int, kill_after: int, seed: int) -> dict:
     base = engine.generate(PROMPT, num_inference_steps=steps, seed=seed, progress=False)
-    victim_id = engine.group.active[1].node_id
-    victim = next(n for n in nodes if n.node_id == victim_id)
+    step_s = sorted(base.timings["step_seconds"])[len(base.timings["step_seconds"]) // 2]
+    pool = engine.group
+    fired: list[float] = []
+
+    def fault_now(pool):
+        time.sleep(0.5 * step_s)  # the middle of the step
+        victim = pool.active[0 if fault == "rank_0_sigkill" else 1]
+        fired.append(time.time())
+        if fault == "node_lost":
+            node = next(n for n in nodes if n.node_id == victim.node_id)
+            cluster.remove_node(node, allow_graceful=False)
+            nodes.remove(node)
+        else:
+            os.kill(victim.info["pid"], signal.SIGKILL)
+
     step_end: dict[int, float] = {}
-    killed: list[float] = []
 
     def on_step(pipe, step, timestep, kwargs):
         step_end.setdefault(step, time.time())
-        if step == kill_after and not killed:
-            killed.append(time.time())
-            cluster.remove_node(victim, allow_graceful=False)
         return kwargs
 
+    disarm = _arm(pool, kill_after + 1, fault_now)
     load = benchlib.loadavg()
-    hit = engine.generate(PROMPT, num_inference_steps=steps, seed=seed, progress=False, callback_on_step_end=on_step)
-    nodes.remove(victim)
-    events = hit.events
-    failure = next(e for e in events if e["event"] == "failure")
-    regrouped = [e for e in events if e["event"] == "regrouped"]
+    try:
+        hit = engine.generate(PROMPT, num_inference_steps=steps, seed=seed, progress=False,
+                              callback_on_step_end=on_step)
+    finally:
+        disarm()
+    import numpy as np
+
+    same = bool(np.allclose(hit.latents, base.latents, rtol=1e-4, atol=1e-4))
+    failure = next(e for e in hit.events if e["event"] == "failure")
+    regrouped = [e for e in hit.events if e["event"] == "regrouped"]
     resumed_at = regrouped[-1]["time"]
-    first_resumed = min(t for s, t in step_end.items() if s > kill_after and t >= resumed_at)
-    steps_before = [s for i, s in enumerate(base.timings["step_seconds"]) if i > kill_after]
-    steps_after = hit.timings["step_seconds"][kill_after + 2:]  # steps run wholly after the regroup
+    first_resumed = min(t for s, t in step_end.items() if t >= resumed_at)
     row = {
+        "fault": fault,
         "load": load,
+        "kind": failure.get("kind"),
+        "detect_seconds": round(failure["time"] - fired[0], 3),
+        "regroup_seconds": round(sum(e.get("seconds", 0.0) for e in regrouped), 3),
+        "kill_to_first_resumed_step_seconds": round(first_resumed - fired[0], 3),
         "baseline_total_seconds": round(base.timings["total_seconds"], 3),
         "interrupted_total_seconds": round(hit.timings["total_seconds"], 3),
         "added_delay_seconds": round(hit.timings["total_seconds"] - base.timings["total_seconds"], 3),
-        "detect_seconds": round(failure["time"] - killed[0], 3),
-        "regroup_seconds": round(sum(e.get("seconds", 0.0) for e in regrouped), 3),
-        "kill_to_first_resumed_step_seconds": round(first_resumed - killed[0], 3),
+        "step_seconds": round(step_s, 4),
         "plan_after": hit.plan.world_size,
-        "step_seconds_2_ranks": round(sum(steps_before) / max(1, len(steps_before)), 4),
-        "step_seconds_1_rank": round(sum(steps_after) / max(1, len(steps_after)), 4) if steps_after else None,
-        "events": [{k: v for k, v in e.items() if k in ("event", "time", "seconds", "reason", "resume_step")}
-                   for e in events],
+        "same_latents": same,
+        "events": [{k: v for k, v in e.items() if k in ("event", "time", "seconds", "reason", "resume_step", "kind")}
+                   for e in hit.events],
     }
-    if not regrow:
-        return row
-    # Put the lost node back and let the engine grow to 2 ranks again before the next repeat.
-    nodes.append(cluster.add_node(**NODE))
-    cluster.wait_for_nodes()
-    engine.generate(PROMPT, num_inference_steps=2, seed=seed, progress=False)
-    assert engine.plan.world_size == 2, engine.plan
+    if fault == "node_lost":
+        nodes.append(cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024))
+        cluster.wait_for_nodes()
     return row
 
 
-def run(repeats: int, steps: int, kill_after: int) -> dict:
+def faults(repeats: int, steps: int, kill_after: int, model_dir: str) -> list[dict]:
     import ray
-    from ray.cluster_utils import Cluster
 
     from raydit.runtime.engine import Engine
 
-    model_dir = benchlib.bench_model_dir()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": 100 * 1024 * 1024,
-        "_system_config": {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
-                           "health_check_failure_threshold": 4},
-    })
+    cluster = _cluster()
     rows = []
     try:
-        ray.init(address=cluster.address, logging_level="WARNING",
-                 runtime_env={"env_vars": {k: os.environ[k] for k in ("RAYDIT_CACHE",) if k in os.environ}})
-        nodes = [cluster.add_node(**NODE) for _ in range(2)]
+        _init(cluster)
+        nodes = [cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024) for _ in range(3)]
         cluster.wait_for_nodes()
-        engine = Engine(model=model_dir, workers=2, device="cpu", grow="always", show_plan=False)
+        engine = Engine(model=model_dir, workers=2, device="cpu", grow="never", show_plan=False)
         try:
             engine.generate(PROMPT, num_inference_steps=2, seed=0, progress=False)  # warm-up
             for rep in range(repeats):
-                row = one_repeat(engine, cluster, nodes, steps, kill_after, seed=rep, regrow=rep < repeats - 1)
-                rows.append(row)
-                print(f"repeat {rep}: detect {row['detect_seconds']:.2f} s, regroup {row['regroup_seconds']:.2f} s, "
-                      f"kill -> resumed step {row['kill_to_first_resumed_step_seconds']:.2f} s, added delay "
-                      f"{row['added_delay_seconds']:.2f} s (total {row['interrupted_total_seconds']:.2f} vs "
-                      f"{row['baseline_total_seconds']:.2f} s), load {row['load'][0]}", flush=True)
+                for fault in FAULTS:
+                    row = one_fault(engine, cluster, nodes, fault, steps, kill_after, seed=rep)
+                    rows.append(row)
+                    print(f"repeat {rep} {fault}: detect {row['detect_seconds']:.2f} s, regroup "
+                          f"{row['regroup_seconds']:.2f} s, fault -> resumed step "
+                          f"{row['kill_to_first_resumed_step_seconds']:.2f} s, added {row['added_delay_seconds']:.2f} s, "
+                          f"same latents {row['same_latents']}, load {row['load'][0]}", flush=True)
         finally:
             engine.shutdown()
     finally:
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
-    keys = ("detect_seconds", "regroup_seconds", "kill_to_first_resumed_step_seconds", "added_delay_seconds",
-            "baseline_total_seconds", "interrupted_total_seconds", "step_seconds_2_ranks", "step_seconds_1_rank")
+    return rows
+
+
+def soak(requests: int, steps: int, model_dir: str, seed: int = 7) -> dict:
+    """Queued requests on 2 replicas while a thread injects faults; nothing may be lost."""
+    import numpy as np
+    import ray
+
+    from raydit.runtime.engine import Engine
+
+    cluster = _cluster()
+    rng = random.Random(seed)
+    try:
+        _init(cluster)
+        nodes = [cluster.add_node(num_cpus=2, object_store_memory=80 * 1024 * 1024) for _ in range(3)]
+        cluster.wait_for_nodes()
+        engine = Engine(model=model_dir, workers=2, replicas=2, device="cpu", grow="never", show_plan=False)
+        try:
+            t0 = time.perf_counter()
+            refs = {s: f.result().latents for s, f in
+                    {s: engine.submit(PROMPT, num_inference_steps=steps, seed=s) for s in range(requests)}.items()}
+            clean_seconds = time.perf_counter() - t0
+            lock = threading.Lock()
+            last_step: dict[int, float] = {}
+            done: set[int] = set()
+
+            def recorder(s):
+                def cb(pipe, step, timestep, kwargs):
+                    with lock:
+                        last_step[s] = time.monotonic()
+                    return kwargs
+                return cb
+
+            injected: list[dict] = []
+            stop = threading.Event()
+
+            def chaos():
+                for kind in ("rank_0_sigkill", "sigkill", "node_lost", "rank_0_sigkill"):
+                    end = time.monotonic() + 300
+                    while not stop.is_set() and time.monotonic() < end:
+                        with lock:
+                            running = {s for s in last_step if s not in done}
+                        if running and any(r.busy and r.pool.active for r in engine.replicas):
+                            break
+                        time.sleep(0.05)
+                    if stop.is_set():
+                        return
+                    time.sleep(rng.uniform(0.0, 0.5))
+                    busy = [r for r in engine.replicas if r.busy and r.pool.active]
+                    if not busy:
+                        continue
+                    replica = rng.choice(busy)
+                    victim = replica.pool.active[0] if kind != "sigkill" else rng.choice(replica.pool.active)
+                    with lock:
+                        hit = {s for s in last_step if s not in done}
+                    at = time.monotonic()
+                    if kind == "node_lost":
+                        node = next((n for n in nodes if n.node_id == victim.node_id), None)
+                        if node is None:
+                            continue
+                        cluster.remove_node(node, allow_graceful=False)
+                        nodes.remove(node)
+                    else:
+                        try:
+                            os.kill(victim.info["pid"], signal.SIGKILL)
+                        except ProcessLookupError:
+                            continue
+                    injected.append({"kind": kind, "replica": replica.index})
+                    end = time.monotonic() + 300
+                    while not stop.is_set() and time.monotonic() < end:
+                        with lock:
+                            if all(s in done or last_step.get(s, 0) > at for s in hit):
+                                break
+                        time.sleep(0.05)
+
+            t1 = time.perf_counter()
+            futures = {s: engine.submit(PROMPT, num_inference_steps=steps, seed=s, callback_on_step_end=recorder(s))
+                       for s in range(requests)}
+
+            def finished(s):
+                def mark(_f):
+                    with lock:
+                        done.add(s)
+                return mark
+
+            for s, f in futures.items():
+                f.add_done_callback(finished(s))
+            injector = threading.Thread(target=chaos, daemon=True)
+            injector.start()
+            results, errors = {}, {}
+            for s, f in futures.items():
+                try:
+                    results[s] = f.result(timeout=1800)
+                except Exception as exc:  # a lost request: reported, not hidden
+                    errors[s] = f"{type(exc).__name__}: {exc}"
+            faulty_seconds = time.perf_counter() - t1
+            stop.set()
+            injector.join(timeout=30)
+            mismatched = [s for s, r in results.items()
+                          if not np.allclose(r.latents, refs[s], rtol=1e-4, atol=1e-4)]
+            events = [e["event"] for r in results.values() for e in r.events]
+        finally:
+            engine.shutdown()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
     return {
-        "machine": benchlib.machine(),
-        "model": {"dir": model_dir, **benchlib.BENCH_MODEL},
-        "steps": steps, "kill_after_step": kill_after,
-        "health_check": "period 0.5 s, 4 misses",
-        **{k: benchlib.summary([r[k] for r in rows if r[k] is not None], 3) for k in keys},
-        "repeats": rows,
+        "requests": requests,
+        "replicas": 2,
+        "workers_per_replica": 2,
+        "steps": steps,
+        "faults": len(injected),
+        "fault_kinds": [f["kind"] for f in injected],
+        "recoveries": events.count("regrouped"),
+        "handed_back": events.count("request_resumed"),
+        "lost": len(errors),
+        "errors": errors,
+        "mismatched_latents": mismatched,
+        "fault_free_seconds": round(clean_seconds, 2),
+        "with_faults_seconds": round(faulty_seconds, 2),
+        "load": benchlib.loadavg(),
     }
 
 
@@ -146,13 +292,35 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--kill-after", type=int, default=1, help="remove the node after this step (0-based)")
+    ap.add_argument("--kill-after", type=int, default=1, help="fault in the middle of this step (0-based)")
+    ap.add_argument("--soak-requests", type=int, default=8, help="0 skips the soak")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
     args = ap.parse_args(argv)
     if not 0 <= args.kill_after < args.steps - 1:
         raise SystemExit(f"--kill-after {args.kill_after}: must leave at least one step after it (steps {args.steps})")
     os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
-    result = run(args.repeats, args.steps, args.kill_after)
+    model_dir = benchlib.bench_model_dir()
+    rows = faults(args.repeats, args.steps, args.kill_after, model_dir)
+    keys = ("detect_seconds", "regroup_seconds", "kill_to_first_resumed_step_seconds", "added_delay_seconds",
+            "baseline_total_seconds", "interrupted_total_seconds")
+    per_fault = {f: {k: benchlib.summary([r[k] for r in rows if r["fault"] == f], 3) for k in keys} for f in FAULTS}
+    result = {
+        "machine": benchlib.machine(),
+        "model": {"dir": model_dir, **benchlib.BENCH_MODEL},
+        "steps": args.steps, "kill_after_step": args.kill_after,
+        "health_check": "period 0.5 s, 4 misses",
+        "target": "fault -> first resumed step <= 10 s",
+        # Top-level figures: the node loss (what run_all's table has always shown).
+        **per_fault["node_lost"],
+        "faults": per_fault,
+        "all_same_latents": all(r["same_latents"] for r in rows),
+        "repeats": rows,
+    }
+    if args.soak_requests:
+        result["soak"] = soak(args.soak_requests, max(3, args.steps // 2), model_dir)
+        s = result["soak"]
+        print(f"soak: {s['requests']} requests, {s['faults']} faults, {s['recoveries']} regroups, "
+              f"{s['handed_back']} hand-backs, lost {s['lost']}, mismatched {len(s['mismatched_latents'])}", flush=True)
     print("wrote", benchlib.write_json("recovery", result, Path(args.out)))
     return 0
 

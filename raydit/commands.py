@@ -36,7 +36,17 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-latents", dest="save_latents", help="write the final latents as .npy")
     p.add_argument("--fps", type=int)
     p.add_argument("--json", action="store_true", default=None, help="print a JSON summary")
+    p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
+                   help="write the request and each finished step there (atomically); a run whose "
+                        "driver or head died finishes with --resume DIR")
+    p.add_argument("--resume", help="finish the run saved in this --checkpoint-dir from its last finished "
+                                    "step, with the same latents (its request and options come from there)")
 
+
+# What defines the request: with --resume it comes from the saved run, not the command line.
+REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
+                   "guidance_scale_2", "image", "seed", "model")
+JOB_FILE = "job.json"
 
 GENERATE_DEFAULTS = {
     "model": "tiny",
@@ -58,6 +68,14 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     opts = dict(GENERATE_DEFAULTS)
     if args.config:
         opts.update(load_job_config(args.config))
+    resume = getattr(args, "resume", None) or opts.get("resume")
+    if resume:
+        given = [k for k in REQUEST_OPTIONS if getattr(args, k, None) is not None]
+        if given:
+            raise ValueError(f"--resume {resume} takes the request from the saved run; drop "
+                             + ", ".join("--" + k.replace("_", "-") for k in given))
+        opts.update(_saved_job(resume))
+        opts["checkpoint_dir"] = resume
     for key in GENERATE_OPTIONS:
         value = getattr(args, key, None)
         if value is not None:
@@ -83,8 +101,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from raydit.models.family import image_to_png
     from raydit.models.loading import resolve_model_dir, takes_image
 
-    image = image_to_png(o["image"]) if o.get("image") else None
-    image_model = takes_image(resolve_model_dir(o["model"]))
+    resume = o.get("resume")
+    if o.get("checkpoint_dir") and not resume:
+        _save_job(o)
+    image = image_to_png(o["image"]) if o.get("image") and not resume else None
+    image_model = takes_image(resolve_model_dir(o["model"])) and not resume
     if image is not None and not image_model:
         raise ValueError(f"--image {o['image']!r}: model {o['model']!r} is text-to-video and takes no image; "
                          "drop --image or use an image-to-video checkpoint")
@@ -108,7 +129,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         width=o.get("width"),
         show_plan=not o["json"],
     ) as engine:
-        result = engine.generate(
+        result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
             o["prompt"],
             negative_prompt=o.get("negative_prompt"),
             num_frames=o.get("frames"),
@@ -120,6 +141,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             seed=o["seed"],
             progress=not o["json"],
             image=image,
+            checkpoint_dir=o.get("checkpoint_dir"),
         )
         result.save(o["out"], fps=o["fps"])
         if o.get("save_latents"):
@@ -143,6 +165,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"{t['denoise_seconds']:.2f} s, total {t['total_seconds']:.2f} s"
         )
     return 0
+
+
+def _save_job(o: dict) -> None:
+    """The run's options beside its progress, so --resume DIR needs nothing else."""
+    from pathlib import Path
+
+    directory = Path(o["checkpoint_dir"])
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{JOB_FILE}.tmp"
+    tmp.write_text(json.dumps({k: v for k, v in o.items() if k not in ("resume", "config")}, indent=1))
+    tmp.replace(directory / JOB_FILE)
+
+
+def _saved_job(directory: str) -> dict:
+    from pathlib import Path
+
+    path = Path(directory) / JOB_FILE
+    if not path.is_file():
+        raise ValueError(f"--resume {directory}: no {JOB_FILE} there; give a directory a run wrote with "
+                         "--checkpoint-dir")
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError:
+        raise ValueError(f"--resume {directory}: {path} is not valid JSON") from None
+    return {k: v for k, v in saved.items() if v is not None}
 
 
 def _has_gpu_cluster() -> bool:

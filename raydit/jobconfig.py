@@ -34,6 +34,8 @@ GENERATE_OPTIONS: dict[str, type] = {
     "save_latents": str,
     "json": bool,
     "fps": int,
+    "checkpoint_dir": str,
+    "resume": str,
 }
 
 

@@ -1,0 +1,124 @@
+"""Failures as a user of `raydit generate` meets them, against the session's real Ray:
+
+- a request the scheduler cannot take (20 steps on a scheduler trained with 10) is refused
+  on the driver, before any worker sees it: status 2, one line, diffusers' limit named;
+- an error raised inside the workers (a scheduler config diffusers refuses when it sets
+  its timesteps) is reported at once with the original message, never retried, in a time
+  close to a healthy run's (the bound is generous: the machine is shared);
+- a run whose driver is SIGKILLed mid-way finishes with `--resume DIR` with the same
+  latents as an uninterrupted run (rtol 1e-4, atol 1e-4, float32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+PROMPT = "a paper boat on a rainy street"
+
+
+def raydit(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "raydit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def _variant(tmp_path, name: str, **scheduler) -> str:
+    """The tiny pipeline saved again with a different scheduler config (diffusers' format)."""
+    from raydit.models.loading import resolve_model_dir
+
+    target = tmp_path / name
+    shutil.copytree(resolve_model_dir("tiny"), target)
+    config_path = target / "scheduler" / "scheduler_config.json"
+    config = json.loads(config_path.read_text())
+    config.update(scheduler)
+    config_path.write_text(json.dumps(config))
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def healthy(ray_local, tmp_path_factory):
+    """One healthy 2-rank CLI run on the session's Ray: its time and its latents."""
+    tmp = tmp_path_factory.mktemp("healthy")
+    address = ray_local.get_runtime_context().gcs_address
+    t0 = time.monotonic()
+    res = raydit("generate", "--prompt", PROMPT, "--steps", "6", "--seed", "4", "--device", "cpu", "--workers", "2",
+                 "--address", address, "--json", "--out", str(tmp / "full.mp4"),
+                 "--save-latents", str(tmp / "full.npy"), cwd=tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return {"address": address, "seconds": time.monotonic() - t0, "latents": np.load(tmp / "full.npy")}
+
+
+def _args(address, model, steps):
+    return ["generate", "--prompt", PROMPT, "--model", model, "--steps", str(steps), "--device", "cpu",
+            "--workers", "2", "--address", address, "--json"]
+
+
+def test_steps_beyond_the_scheduler_are_refused_on_the_driver(healthy, tmp_path):
+    model = _variant(tmp_path, "ten-timesteps", num_train_timesteps=10)
+    res = raydit(*_args(healthy["address"], model, 20), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydit: error:"), res.stderr
+    assert "num_inference_steps 20 is more than the 10 timesteps" in lines[0]
+    assert "in the workers" not in lines[0]  # the driver said it, not a worker
+
+
+def test_an_error_raised_in_the_workers_is_reported_at_once_and_never_retried(healthy, tmp_path):
+    model = _variant(tmp_path, "bad-spacing", timestep_spacing="sideways")
+    t0 = time.monotonic()
+    res = raydit(*_args(healthy["address"], model, 6), cwd=tmp_path)
+    seconds = time.monotonic() - t0
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydit: error:"), res.stderr
+    # diffusers' own message, from the workers, on one line; not retried.
+    assert "sideways is not supported" in lines[0] and "raised in the workers during prepare" in lines[0]
+    assert "Traceback" not in res.stderr
+    assert seconds < max(90.0, 2.0 * healthy["seconds"]), (seconds, healthy["seconds"])
+
+
+def test_a_run_whose_driver_died_finishes_with_resume_and_the_same_latents(healthy, tmp_path):
+    saved = tmp_path / "run"
+    args = ["generate", "--prompt", PROMPT, "--steps", "6", "--seed", "4", "--device", "cpu", "--workers", "2",
+            "--address", healthy["address"], "--json", "--out", str(tmp_path / "a.mp4"),
+            "--checkpoint-dir", str(saved)]
+    proc = subprocess.Popen([sys.executable, "-m", "raydit.cli", *args], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_at = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (saved / "progress.pt").is_file():
+                try:
+                    ckpt = torch.load(saved / "progress.pt", weights_only=False)["checkpoint"]
+                except Exception:  # pragma: no cover - renamed into place atomically
+                    ckpt = None
+                if ckpt is not None and ckpt["step_index"] >= 1:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed_at = ckpt["step_index"]
+                    break
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    assert killed_at is not None and killed_at < 6, "the run ended before it could be stopped mid-way"
+    res = raydit("generate", "--resume", str(saved), "--address", healthy["address"],
+                 "--out", str(tmp_path / "b.mp4"), "--save-latents", str(tmp_path / "b.npy"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])  # --json came from the saved run
+    assert summary["out"] == str(tmp_path / "b.mp4")
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "b.npy")),
+                               torch.from_numpy(healthy["latents"]), rtol=1e-4, atol=1e-4)
+    # The request cannot be changed on resume: told, not ignored.
+    res = raydit("generate", "--resume", str(saved), "--prompt", "another", cwd=tmp_path)
+    assert res.returncode == 2 and "drop --prompt" in res.stderr
