@@ -505,3 +505,21 @@ def test_end_to_end_adds_text_encoding_and_the_decode_given():
     assert e2e.text_encode == pytest.approx(2 * spec.text_encoder_params * spec.text_tokens / 1e14)
     assert e2e.total == pytest.approx(107.0 + e2e.text_encode)
     assert costmod.end_to_end(spec, 2.0, 50, 2, 1e14).text_encode == pytest.approx(2 * e2e.text_encode)
+
+
+def test_two_experts_count_in_memory_and_idle_weights_go_to_host_only_when_needed():
+    """Wan 2.2 A14B holds two 14B experts: on one H100 everything resident does not fit, so the
+    plan keeps the inactive expert and the text encoder in host memory and says so; on 8 H100s
+    (cfg 2 x ulysses 4) it fits resident; on 24 GB cards it is refused with both figures."""
+    import raydit
+
+    spec = raydit.model_spec("wan2.2-t2v-a14b")
+    one = model_spec("wan2.1-t2v-14b")
+    assert spec.weight_bytes - one.weight_bytes == spec.params * spec.bytes_per_param
+    best = raydit.plan("wan2.2-t2v-a14b", gpus=1, gpu_type="H100").best
+    assert best.offload_idle_gb == pytest.approx(spec.idle_weight_bytes / 1e9)
+    assert best.memory_gb_per_gpu < 80 and any("idle weights in host memory" in n for n in best.notes)
+    resident = raydit.plan("wan2.2-t2v-a14b", gpus=8, gpu_type="H100").best
+    assert resident.offload_idle_gb == 0 and not any("host memory" in n for n in resident.notes)
+    with pytest.raises(PlanError, match=r"even with the idle ones .* in host memory"):
+        raydit.plan("wan2.2-t2v-a14b", gpus=4, gpu_type="L4")

@@ -88,6 +88,8 @@ class GenerationRequest:
 
     `image`: PNG bytes (see `image_to_png`) for image-to-video pipelines, else None.
     `guidance_scale_2`: guidance of a second expert (Wan 2.2 A14B); None = guidance_scale.
+    `true_cfg_scale`: classifier-free guidance of a pipeline whose `guidance_scale` is embedded
+    in the model (HunyuanVideo): > 1 with a negative prompt runs the cond/uncond pair.
     """
 
     prompt: str
@@ -98,6 +100,7 @@ class GenerationRequest:
     num_inference_steps: int = 50
     guidance_scale: float = 6.0
     guidance_scale_2: float | None = None
+    true_cfg_scale: float = 1.0
     seed: int = 0
     image: bytes | None = field(default=None, repr=False)
 
@@ -114,7 +117,7 @@ class GenerationRequest:
                 raise ValueError(f"{name} {value!r} must be a positive integer")
         if self.height % 8 or self.width % 8:
             raise ValueError(f"height {self.height} and width {self.width} must be multiples of 8 (the VAE's scale)")
-        for name in ("guidance_scale", "guidance_scale_2"):
+        for name in ("guidance_scale", "guidance_scale_2", "true_cfg_scale"):
             value = getattr(self, name)
             if value is None and name == "guidance_scale_2":
                 continue
@@ -215,6 +218,15 @@ class Family:
         """Every transformer the pipeline holds that a step may call (both experts)."""
         return [pipe.transformer]
 
+    def active_transformer(self, pipe, state: "DenoiseState", t):
+        """The transformer step `t` runs (the expert above or below a boundary)."""
+        return self.transformers(pipe)[0]
+
+    def encoders(self, pipe) -> list:
+        """Modules used only while preparing a request (text and image encoders)."""
+        return [m for m in (getattr(pipe, n, None) for n in ("text_encoder", "text_encoder_2", "image_encoder"))
+                if m is not None]
+
     def check_request(self, pipe, request: GenerationRequest) -> None:
         """Raise ValueError (one line) for a request this pipeline cannot take."""
         takes_image = type(pipe).__name__ in self.image_pipelines
@@ -237,6 +249,11 @@ class Family:
     def predict(self, pipe, state: DenoiseState, t, branch: dict):
         """One transformer call for `branch` (batched inputs) at timestep t -> noise [b, ...]."""
         raise NotImplementedError
+
+    def do_cfg(self, pipe, request: GenerationRequest) -> bool:
+        """Whether `request` runs the two guidance branches (cond, uncond) each step. A family
+        whose guidance is embedded in the model (HunyuanVideo) runs a pair only for true CFG."""
+        return request.do_cfg
 
     def guidance_scale(self, pipe, state: DenoiseState, t) -> float:
         return state.request.guidance_scale

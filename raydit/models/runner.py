@@ -41,7 +41,8 @@ def _cat_branches(branches: list[dict]) -> dict:
 class Runner:
     """Runs one pipeline's requests step by step, alone or as one rank of a mesh."""
 
-    def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32):
+    def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
+                 offload_idle: bool = False):
         from raydit.models.registry import family_for_pipeline
 
         self.family = family_for_pipeline(pipe)
@@ -55,6 +56,15 @@ class Runner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.mesh = mesh
+        # The plan keeps idle weights in host memory (planner: Plan.offload_idle_gb): the
+        # encoders live on the CPU except while a request is prepared, and only the expert a
+        # step runs is on the device.
+        self.offload_idle = offload_idle and self.device.type != "cpu"
+        if self.offload_idle:
+            for module in self.family.encoders(pipe):
+                module.to("cpu")
+            for transformer in self.family.transformers(pipe)[1:]:
+                transformer.to("cpu")
         self.handles = []
         self._last_state: DenoiseState | None = None
         if mesh is not None and mesh.sp > 1:
@@ -80,7 +90,7 @@ class Runner:
     # -- prepare -------------------------------------------------------------------------
     def _branches(self, request: GenerationRequest, positive: dict, negative: dict | None) -> tuple:
         """The model inputs of the guidance branches this rank evaluates."""
-        if not request.do_cfg or negative is None:
+        if not self.family.do_cfg(self.pipe, request) or negative is None:
             return (positive,)
         if self.cfg_parallel:
             return (positive if self.mesh.cfg_rank == COND else negative,)
@@ -94,7 +104,7 @@ class Runner:
             raise ValueError(f"request must be a GenerationRequest, got {type(request).__name__}")
         family, pipe = self.family, self.pipe
         family.check_request(pipe, request)
-        positive, negative = family.encode(pipe, request, self.device, self.dtype)
+        positive, negative = self._encode(request)
         # The generator lives on the CPU so latents and scheduler noise are the same on
         # every device and every world size.
         generator = torch.Generator("cpu").manual_seed(request.seed)
@@ -114,6 +124,27 @@ class Runner:
             state = self._resume(state, checkpoint)
         self._last_state = state
         return state
+
+    def _encode(self, request: GenerationRequest):
+        if not self.offload_idle:
+            return self.family.encode(self.pipe, request, self.device, self.dtype)
+        encoders = self.family.encoders(self.pipe)
+        for module in encoders:
+            module.to(self.device)
+        try:
+            return self.family.encode(self.pipe, request, self.device, self.dtype)
+        finally:
+            for module in encoders:
+                module.to("cpu")
+
+    def _place_expert(self, state: DenoiseState, t) -> None:
+        """Offloading: the expert this step runs on the device, the others in host memory."""
+        active = self.family.active_transformer(self.pipe, state, t)
+        for transformer in self.family.transformers(self.pipe):
+            if transformer is not active and transformer.device.type != "cpu":
+                transformer.to("cpu")
+        if active.device != self.device:
+            active.to(self.device)
 
     def _resume(self, state: DenoiseState, checkpoint: dict) -> DenoiseState:
         saved = checkpoint.get("request")
@@ -156,10 +187,12 @@ class Runner:
         # request's state into it, step, and read the state back out.
         load_scheduler_state(pipe.scheduler, state.scheduler_state, self.device)
         t = state.timesteps[state.step_index]
+        if self.offload_idle:
+            self._place_expert(state, t)
 
         noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
         noise = torch.cat(noises) if len(noises) > 1 else noises[0]
-        if request.do_cfg:
+        if family.do_cfg(pipe, request):
             # The family returns both branches whenever guidance is on (see _branches).
             uncond, cond = self._exchange_branches(noise) if self.cfg_parallel else noise.chunk(2)
             noise = uncond + family.guidance_scale(pipe, state, t) * (cond - uncond)

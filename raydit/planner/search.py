@@ -83,6 +83,11 @@ class Run:
     slots: int
 
 
+# Effective device <-> host copy rate for weights kept in host memory (PCIe 4/5 x16 as
+# measured by pinned copies, not the link between GPUs).
+HOST_LINK_GB_S = 25.0
+
+
 @dataclass(frozen=True)
 class Rejection:
     """A layout that cannot run, and why. kind: heads, node, count, tokens, memory, guidance.
@@ -140,6 +145,9 @@ class Plan:
     runs: tuple[Run, ...] = ()
     parts: tuple["Plan", ...] = ()
     replica_step_seconds: tuple[float, ...] = ()
+    # GB per rank of idle weights kept in host memory because everything resident would not
+    # fit (the inactive expert, the text encoder after encoding); 0: all stay on the device.
+    offload_idle_gb: float = 0.0
 
     @property
     def sp(self) -> int:
@@ -398,14 +406,27 @@ class _Layouts:
                           "tokens; every rank must hold video tokens: use fewer devices")
         b = costmod.batch_per_group(self.guidance, C)
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0)
+        resident_gb, offload_gb = base_gb, 0.0
+        idle_gb = spec.idle_weight_bytes / 1e9
+        if idle_gb > 0:
+            # Nothing holds every weight resident: keep what is idle during denoising (the
+            # inactive expert, the text encoder once the prompt is encoded) in host memory.
+            everything = self._slots(U, base_gb)[3]
+            lean = self._slots(U, base_gb - idle_gb)[3]
+            if everything and sum(everything.values()) == N and not (lean and sum(lean.values()) == N):
+                base_gb, offload_gb = base_gb - idle_gb, idle_gb
         (runs, starts, slots, excluded, reserve, one_link, run_records,
          uniform_runs, slots_per_run) = self._slots(U, base_gb)
         if excluded and sum(excluded.values()) == N:  # no device can hold a rank
             big = max(self.nodes, key=lambda n: n.capacity_gb)
             dev = big.node.device
             weights = spec.weight_bytes / 1e9
-            if weights > big.capacity_gb:
+            lean = weights - spec.idle_weight_bytes / 1e9
+            if lean > big.capacity_gb:
                 fix = "the weights alone do not fit: use devices with more memory"
+                if lean < weights:
+                    fix = (f"the weights alone do not fit, {lean:.1f} GB even with the idle ones (inactive "
+                           "expert, text encoder) in host memory: use devices with more memory")
             else:
                 fix = "raise ring or ulysses (activations shrink with sp) or use devices with more memory"
             return Rejection(U, R, C, k_shown, (
@@ -504,8 +525,17 @@ class _Layouts:
             notes.append(f"{left} device{'s' if left != 1 else ''} left out: groups of "
                          f"{C * sp} (cfg {C} x sp {sp}) do not fill the rest"
                          + (" with Ulysses groups inside nodes" if U > 1 else ""))
+        if offload_gb:
+            link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
+            switch_s = spec.params * spec.bytes_per_param / 1e9 / link if spec.experts > 1 else 0.0
+            notes.append(
+                f"keeps {offload_gb:.1f} GB of idle weights in host memory (the inactive expert and the text "
+                f"encoder after encoding): {base_gb:.1f} GB per rank instead of {resident_gb:.1f} GB"
+                + (f"; each expert switch moves {spec.params * spec.bytes_per_param / 1e9:.0f} GB, about "
+                   f"{switch_s:.1f} s per request over {link:g} GB/s" if switch_s else ""))
         mem = base_gb + reserve[bisect_right(starts, K * P - 1) - 1]
         return Plan(
+            offload_idle_gb=offload_gb,
             ulysses=U, ring=R, cfg=C, replicas=K, world_size=world,
             pad_tokens=text_p + video_p - geo.sequence_tokens,
             text_pad_tokens=text_p - geo.text_tokens, video_pad_tokens=video_p - geo.video_tokens,

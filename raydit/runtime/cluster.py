@@ -240,7 +240,9 @@ class WorkerPool:
         if self.active:
             self.reset_group(timeout_s)
         chosen = _assign(self.members, getattr(plan, "placement", None), world)
-        degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg}
+        degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
+                   # idle weights (inactive expert, encoders) kept in host memory
+                   "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0)}
         backend = "nccl" if self.device == "cuda" else "gloo"
         addr = None
         if world > 1:

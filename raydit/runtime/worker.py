@@ -145,7 +145,8 @@ class RankWorker:
                 ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1
             )
         self._runner = Runner(
-            self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name)
+            self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
+            offload_idle=bool(degrees.get("offload_idle")),
         )
         from raydit.parallel.kernels import select_kernel
 
