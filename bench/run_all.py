@@ -32,6 +32,8 @@ SUITE = {
     "scaling": ("bench_scaling.py", ["--frames", "1", "--rounds", "3", "--warmup", "0", "--max-wait", "1"],
                 ["--frames", "1", "3", "--rounds", "5", "--warmup", "1", "--max-wait", "10"]),
     "costmodel": ("bench_costmodel.py", [], []),
+    "planpick": ("bench_planpick.py", ["--worlds", "2", "4", "--rounds", "3", "--layers", "1", "--max-wait", "1"],
+                 ["--worlds", "2", "4", "--rounds", "5", "--layers", "2", "--max-wait", "10"]),
     "overhead": ("bench_overhead.py", ["--steps", "3", "--rounds", "3", "--fixed-steps", "6"],
                  ["--steps", "8", "--rounds", "8", "--fixed-steps", "12"]),
     "startup": ("bench_startup.py", ["--workers", "1", "2", "4", "--repeats", "1", "--no-warmup"],
@@ -156,6 +158,20 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                          "with GPUs of " + ", ".join(f"{k} {v} s" for k, v in implied.items() if v is not None) +
                          " per video ((8 t8 - t1) / 7); the model has no VAE decode term yet (it joins through "
                          "cost.end_to_end), which is where the 8-GPU misses come from.")
+    pp = res.get("planpick")
+    if pp:
+        for c in pp["cases"]:
+            ratio = c["pick_over_fastest"]
+            rows.append((f"8. planner's pick vs fastest of {len(c['plans'])} feasible plans, {c['world']} ranks "
+                         f"(cfg guidance, {c['latent_frames']} latent frame, {c['layers']} layer(s))",
+                         f"pick {c['pick']} {_s(c['steps'][c['pick']])}; fastest {c['fastest']} "
+                         f"{_s(c['steps'][c['fastest']])}; pick / fastest {ratio:.3f} (per round "
+                         f"{c['pick_over_fastest_by_round']['min']:.2f}-{c['pick_over_fastest_by_round']['max']:.2f})",
+                         f"<= {1 + pp['target']:.2f}", "yes" if ratio <= 1 + pp["target"] else "**no**"))
+            notes.append(f"Plan pick, {c['world']} ranks: figures from {c['figures_from']} ({c['clean_rounds']} of "
+                         f"{len(c['rounds'])} rounds clean); median 1-min load {c['load_1m']['median']} "
+                         f"(range {c['load_1m']['min']}-{c['load_1m']['max']})"
+                         + ("; 4 ranks share the 2 cores." if c["world"] > 2 else "."))
     st = res.get("startup")
     if st:
         for r in st["rows"]:
