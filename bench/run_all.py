@@ -113,21 +113,21 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
         fc = ov.get("fixed_cost")
         direct = (f"raydit {_s(ov['raydit_step_seconds'], 3)}, plain {_s(ov['plain_step_seconds'], 3)}; "
                   f"ratio {ov['ratio']['median']:.3f} (per round {ov['ratio']['min']:.3f}-{ov['ratio']['max']:.3f})")
+        # Judged on the comparison the target names (same model, same plan, interleaved
+        # rounds); the tiny pipeline's fixed cost per step is shown beside it, not judged.
+        result = f"direct: {direct}"
         if fc:
-            # The direct ratio is within the machine's round-to-round noise; the fixed cost per
-            # step (tiny model, same comparison) is the figure the target is judged on.
-            result = (f"fixed cost {fc['seconds_per_step']['median'] * 1e3:.1f} ms/step "
-                      f"({fc['seconds_per_step']['min'] * 1e3:.1f}-{fc['seconds_per_step']['max'] * 1e3:.1f}, "
-                      f"n={fc['seconds_per_step']['n']}) = {fc['share_of_bench_step']:+.1%} of the step; direct: {direct}")
-            met = fc["share_of_bench_step"] <= 0.02
-        else:
-            result, met = f"{direct}; overhead {_pct(ov['overhead'])}", ov["overhead"] <= 0.02
+            result += (f"; fixed cost on the tiny pipeline {fc['seconds_per_step']['median'] * 1e3:.1f} ms/step "
+                       f"({fc['seconds_per_step']['min'] * 1e3:.1f}-{fc['seconds_per_step']['max'] * 1e3:.1f}, "
+                       f"n={fc['seconds_per_step']['n']}) = {fc['share_of_bench_step']:+.1%} of the step")
+        met = ov["ratio"]["median"] <= 1.02
         rows.append((f"2. Ray engine vs plain torch.multiprocessing, per step (ulysses {p['ulysses']} x ring "
                      f"{p['ring']} x cfg {p['cfg']}, {ov['model']['height']}x{ov['model']['width']}, "
                      f"{ov['model']['frames']} frames)", result, "<= +2%", "yes" if met else "**no**"))
-        notes.append("Overhead: the direct comparison's per-round ratios spread wider than the 2% target on this "
-                     "shared machine; the fixed cost per step is the same comparison on the tiny pipeline (a step of "
-                     "a few ms), where what remains of the difference is the engine's own per-step work.")
+        notes.append("Overhead: judged on the direct comparison's median ratio; its per-round ratios spread wider "
+                     "than the 2% target on this shared machine. The fixed cost per step (the same comparison on the "
+                     "tiny pipeline, a step of a few ms) is what remains of the engine's own per-step work; it is a "
+                     "stand-in, not the measurement the target names.")
         if "ray_worker_niceness" in ov:
             notes.append(f"Overhead: Ray runs its workers at nice {ov['ray_worker_niceness']} (RAY_worker_niceness); "
                          f"the plain ranks ran at nice {ov['plain_niceness']}, so priority on this shared machine "
