@@ -103,9 +103,17 @@ class GenerationRequest:
     true_cfg_scale: float = 1.0
     seed: int = 0
     image: bytes | None = field(default=None, repr=False)
+    # LoRA adapters active for this request only: ((name, scale), ...), names of adapters
+    # loaded on every rank (raydit.models.lora); () is the base model.
+    lora: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         import math
+
+        from raydit.models.lora import normalize_choice
+
+        # Normalized here, so a checkpoint's JSON form (lists) compares equal to the request.
+        object.__setattr__(self, "lora", normalize_choice(self.lora))
 
         if not isinstance(self.prompt, str):
             raise ValueError(f"prompt {self.prompt!r} must be a string")
@@ -214,6 +222,14 @@ class Family:
         return {"forward": [], "runner": []}
 
     # -- the runner's hooks ------------------------------------------------------------------
+    def load_lora(self, pipe, state_dict: dict, name: str, components: tuple[str, ...] = ("transformer",)) -> None:
+        """Load one LoRA (a diffusers-format state dict, already checked) into `components`
+        with diffusers' own loader; "transformer_2" is Wan 2.2's second expert
+        (`load_into_transformer_2`). A family whose pipeline loads LoRAs otherwise overrides."""
+        for component in components:
+            kwargs = {"load_into_transformer_2": True} if component == "transformer_2" else {}
+            pipe.load_lora_weights(dict(state_dict), adapter_name=name, **kwargs)
+
     def transformers(self, pipe) -> list:
         """Every transformer the pipeline holds that a step may call (both experts)."""
         return [pipe.transformer]

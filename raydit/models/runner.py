@@ -30,6 +30,7 @@ from raydit.models.family import (
     load_scheduler_state,
     scheduler_state,
 )
+from raydit.models.lora import activate as activate_lora
 
 
 def _cat_branches(branches: list[dict]) -> dict:
@@ -104,6 +105,9 @@ class Runner:
             raise ValueError(f"request must be a GenerationRequest, got {type(request).__name__}")
         family, pipe = self.family, self.pipe
         family.check_request(pipe, request)
+        # The request's LoRA adapters (none: every transformer's base layers alone), set
+        # before anything runs; adapters stay loaded, so switching costs no reload.
+        activate_lora(pipe, family.transformers(pipe), request.lora)
         positive, negative = self._encode(request)
         # The generator lives on the CPU so latents and scheduler noise are the same on
         # every device and every world size.

@@ -1,0 +1,371 @@
+"""LoRA adapters: checked, loaded through diffusers' own loaders (peft), chosen per request.
+
+A LoRA is what diffusers' `save_lora_weights` writes and what the LoRAs published for the
+video models ship: a directory holding `pytorch_lora_weights.safetensors` (or exactly one
+`.safetensors` file), or a single `.safetensors` file. Loading goes through the pipeline's
+own `lora_state_dict` (which converts the non-diffusers formats diffusers knows, e.g. Wan's
+original and musubi key names) and `load_lora_weights(state_dict, adapter_name=...)`, i.e.
+peft's LoRA layers wrapped around the transformer's linear layers; nothing here re-implements
+either. A family says how its pipeline loads one (`Family.load_lora`, e.g. Wan 2.2's second
+expert through `load_into_transformer_2`).
+
+Loaded adapters stay loaded and unfused; a request names the ones it uses with their scales
+(`GenerationRequest.lora`), and `activate` makes exactly those active on every transformer
+before the request's first step: `set_adapters(names, scales)` where the transformer holds
+them, `disable_lora()` where it holds none. A disabled peft layer computes its base layer
+alone, so a request without adapters after one with them gives the base model's numbers
+exactly, with no reload.
+
+Checks are made before anything is loaded, so a bad file never leaves a half-loaded
+adapter: the file must be a safetensors file of diffusers-format LoRA tensors
+(`<module>.lora_A.weight` / `lora_B.weight`, prefixed by the component) whose every target
+is a linear layer of the pipeline's transformer with matching shapes. `check_for_model` makes
+the same check on the driver against the transformer built on the meta device from its
+config (no weights read), so the CLI refuses a LoRA for another model before Ray starts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' save_lora_weights default
+TARGETS = ("transformer", "transformer_2", "both")  # which expert(s) a LoRA goes into
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_KEY = re.compile(r"^(?P<module>.+)\.(?P<part>lora_A|lora_B)\.(?P<kind>weight|bias)$")
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One adapter as the engine's table holds it (plain values, sent to every rank)."""
+
+    name: str
+    path: str  # the .safetensors file
+    target: str = "transformer"  # "transformer", "transformer_2" (Wan 2.2's low-noise expert) or "both"
+
+    def components(self) -> tuple[str, ...]:
+        return ("transformer", "transformer_2") if self.target == "both" else (self.target,)
+
+
+# -- names, scales and a request's choice ------------------------------------------------------
+def check_name(name) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"LoRA name {name!r} is not valid; use 1 to 64 letters, digits, '_', '-' or '.', starting "
+            "with a letter or digit"
+        )
+    return name
+
+
+def check_scale(scale, name: str = "") -> float:
+    what = f"LoRA scale for {name!r}" if name else "LoRA scale"
+    if isinstance(scale, str):
+        try:
+            scale = float(scale)
+        except ValueError:
+            raise ValueError(f"{what} {scale!r} is not a number; give a number >= 0 (1.0 is the LoRA as trained)") from None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 0:
+        raise ValueError(f"{what} {scale!r} must be a finite number >= 0 (1.0 is the LoRA as trained)")
+    return float(scale)
+
+
+def normalize_choice(lora) -> tuple[tuple[str, float], ...]:
+    """What a request says about adapters -> ((name, scale), ...), in the order given.
+
+    None or {} -> () (the base model); "name" -> ((name, 1.0),); {name: scale, ...};
+    a sequence of names or of (name, scale) pairs (a checkpoint's JSON form)."""
+    if lora is None:
+        return ()
+    if isinstance(lora, str):
+        return ((check_name(lora), 1.0),)
+    if isinstance(lora, Mapping):
+        items = list(lora.items())
+    elif isinstance(lora, (list, tuple)):
+        items = []
+        for entry in lora:
+            if isinstance(entry, str):
+                items.append((entry, 1.0))
+            elif isinstance(entry, (list, tuple)) and len(entry) == 2:
+                items.append((entry[0], entry[1]))
+            else:
+                raise ValueError(f"lora entry {entry!r} must be a name or a (name, scale) pair")
+    else:
+        raise ValueError(f"lora {lora!r} must be None, a name, or {{name: scale}}")
+    out, seen = [], set()
+    for name, scale in items:
+        check_name(name)
+        if name in seen:
+            raise ValueError(f"LoRA {name!r} is named twice in one request; give it once with its scale")
+        seen.add(name)
+        out.append((name, check_scale(scale, name)))
+    return tuple(out)
+
+
+def default_name(path) -> str:
+    """A name for a LoRA from its path: the directory's name, or the file's stem when the file
+    has its own name (not diffusers' default `pytorch_lora_weights`)."""
+    p = Path(str(path)).expanduser()
+    stem = p.name if p.is_dir() or p.stem == Path(WEIGHT_NAME).stem else p.stem
+    if p.stem == Path(WEIGHT_NAME).stem and not p.is_dir():
+        stem = p.parent.name
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", stem).lstrip("-_.")[:64]
+    return name or "lora"
+
+
+# -- the file ----------------------------------------------------------------------------------
+def lora_file(path) -> Path:
+    """The safetensors file of a LoRA given as a file or a directory; ValueError otherwise."""
+    p = Path(str(path)).expanduser()
+    if p.is_dir():
+        if (p / WEIGHT_NAME).is_file():
+            return (p / WEIGHT_NAME).resolve()
+        found = sorted(p.glob("*.safetensors"))
+        if len(found) == 1:
+            return found[0].resolve()
+        if not found:
+            raise ValueError(
+                f"LoRA directory {str(path)!r} holds no .safetensors file; give a directory written by "
+                f"save_lora_weights (with {WEIGHT_NAME}) or the .safetensors file itself"
+            )
+        raise ValueError(
+            f"LoRA directory {str(path)!r} holds {len(found)} .safetensors files and no {WEIGHT_NAME}; "
+            "give the file to load"
+        )
+    if not p.exists():
+        raise ValueError(f"LoRA {str(path)!r} does not exist; give a .safetensors file or a directory holding one")
+    if p.suffix != ".safetensors":
+        raise ValueError(f"LoRA {str(path)!r} is not a .safetensors file; raydit loads diffusers-format LoRAs in safetensors")
+    return p.resolve()
+
+
+def read_state_dict(pipeline_cls, path) -> dict:
+    """The LoRA's tensors through the pipeline class's own `lora_state_dict` (which converts
+    the other formats diffusers knows for that model); ValueError for a file that is not one."""
+    file = lora_file(path)
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as fh:
+            keys = list(fh.keys())
+    except Exception as exc:  # noqa: BLE001 - any parse failure means "not a safetensors file"
+        raise ValueError(f"LoRA {str(file)!r} is not a readable safetensors file ({type(exc).__name__})") from None
+    if not any(("lora" in k.lower()) for k in keys):
+        raise ValueError(
+            f"{str(file)!r} is not a LoRA: none of its {len(keys)} tensors is a LoRA weight (lora_A / lora_B); "
+            "give the file save_lora_weights wrote"
+        )
+    if not hasattr(pipeline_cls, "lora_state_dict"):
+        raise ValueError(f"{pipeline_cls.__name__} does not take LoRAs in diffusers")
+    try:
+        state_dict = pipeline_cls.lora_state_dict(str(file))
+    except Exception as exc:  # noqa: BLE001 - diffusers' own conversion failed on these keys
+        raise ValueError(f"LoRA {str(file)!r} could not be read by {pipeline_cls.__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}") from None
+    if isinstance(state_dict, tuple):  # some pipelines return (state_dict, network_alphas)
+        state_dict = state_dict[0]
+    return dict(state_dict)
+
+
+def check_state_dict(state_dict: Mapping, transformers: Mapping[str, Any], where: str) -> None:
+    """Every tensor must belong to a transformer component and be a LoRA factor of one of its
+    linear layers with the layer's shape; ValueError naming the first one that is not.
+
+    `transformers`: component name -> module (a real transformer, or one on the meta device)."""
+    import torch
+
+    prefixes = sorted({k.split(".", 1)[0] for k in state_dict})
+    if "transformer" not in prefixes:
+        raise ValueError(
+            f"LoRA {where} has no weights for the transformer (its tensors are for {', '.join(prefixes) or 'nothing'}); "
+            "it is not a LoRA for this model"
+        )
+    module = transformers["transformer"]
+    modules = dict(module.named_modules())
+    for key, tensor in state_dict.items():
+        prefix, _, inner = key.partition(".")
+        if prefix != "transformer":
+            raise ValueError(f"LoRA {where}: tensor {key!r} is for {prefix!r}; raydit loads LoRAs into the transformer only")
+        m = _KEY.match(inner)
+        if m is None:
+            raise ValueError(f"LoRA {where}: tensor {key!r} is not a diffusers LoRA weight (<module>.lora_A.weight)")
+        target = modules.get(m["module"])
+        if target is None:
+            raise ValueError(
+                f"LoRA {where} targets {m['module']!r}, which this {type(module).__name__} does not have; "
+                "it is a LoRA for another model"
+            )
+        base = getattr(target, "base_layer", target)
+        if not isinstance(base, torch.nn.Linear):
+            raise ValueError(f"LoRA {where} targets {m['module']!r}, a {type(base).__name__}; raydit loads LoRAs of linear layers")
+        if m["kind"] == "bias":
+            ok = m["part"] == "lora_B" and tuple(tensor.shape) == (base.out_features,)
+        elif m["part"] == "lora_A":
+            ok = tensor.ndim == 2 and tensor.shape[1] == base.in_features
+        else:
+            ok = tensor.ndim == 2 and tensor.shape[0] == base.out_features
+        if not ok:
+            raise ValueError(
+                f"LoRA {where}: {key} has shape {tuple(tensor.shape)}, which does not fit {m['module']} "
+                f"({base.in_features} -> {base.out_features}); it is a LoRA for another model size"
+            )
+
+
+def check_for_model(model_dir, spec: LoraSpec) -> None:
+    """Check a LoRA against a pipeline directory without loading its weights: the transformer(s)
+    are built on the meta device from their config.json (what the driver does before Ray)."""
+    import json
+
+    import diffusers
+    import torch
+
+    model_dir = Path(model_dir)
+    index = json.loads((model_dir / "model_index.json").read_text())
+    pipeline_cls = getattr(diffusers, str(index.get("_class_name", "")), None)
+    if pipeline_cls is None:
+        raise ValueError(f"{model_dir}: pipeline class {index.get('_class_name')!r} is not in diffusers")
+    state_dict = read_state_dict(pipeline_cls, spec.path)
+    built = {}
+    for component in spec.components():
+        entry = index.get(component)
+        if not isinstance(entry, list) or entry[1] is None:
+            raise ValueError(
+                f"LoRA {spec.name!r} goes into {component!r}, which {model_dir.name} does not have"
+                + ("; only Wan 2.2 A14B pipelines have a second expert" if component == "transformer_2" else "")
+            )
+        cls = getattr(diffusers, entry[1])
+        with torch.device("meta"):
+            built[component] = cls.from_config(cls.load_config(str(model_dir / component)))
+    for component, module in built.items():
+        check_state_dict(state_dict, {"transformer": module}, f"{spec.name!r} ({component})")
+
+
+# -- on a loaded pipeline ----------------------------------------------------------------------
+def loaded(pipe) -> dict[str, list[str]]:
+    """component -> names of the adapters it holds (diffusers' get_list_adapters)."""
+    try:
+        return {k: list(v) for k, v in pipe.get_list_adapters().items()}
+    except (AttributeError, ValueError):
+        return {}
+
+
+def _components(pipe, spec: LoraSpec) -> dict[str, Any]:
+    out = {}
+    for component in spec.components():
+        module = getattr(pipe, component, None)
+        if module is None:
+            raise ValueError(
+                f"LoRA {spec.name!r} goes into {component!r}, which this {type(pipe).__name__} does not have"
+                + ("; only Wan 2.2 A14B pipelines have a second expert" if component == "transformer_2" else "")
+            )
+        out[component] = module
+    return out
+
+
+def load(pipe, family, spec: LoraSpec) -> None:
+    """Load `spec` into the pipeline under its name, through the family's `load_lora` (diffusers'
+    load_lora_weights). Checked first; on any failure nothing of it stays loaded."""
+    check_name(spec.name)
+    if spec.target not in TARGETS:
+        raise ValueError(f"LoRA target {spec.target!r} is not one of {', '.join(TARGETS)}")
+    have = {n for names in loaded(pipe).values() for n in names}
+    if spec.name in have:
+        raise ValueError(f"a LoRA named {spec.name!r} is already loaded; unload it first or choose another name")
+    state_dict = read_state_dict(type(pipe), spec.path)
+    components = _components(pipe, spec)
+    for component, module in components.items():
+        check_state_dict(state_dict, {"transformer": module}, f"{spec.name!r} ({component})")
+    try:
+        family.load_lora(pipe, state_dict, spec.name, components=tuple(components))
+        missing = [c for c in components if spec.name not in loaded(pipe).get(c, [])]
+        if missing:
+            raise ValueError(f"LoRA {spec.name!r} matched no layer of {', '.join(missing)}; it is a LoRA for another model")
+    except Exception as exc:
+        unload(pipe, spec.name)
+        if isinstance(exc, ValueError):
+            raise
+        raise ValueError(f"LoRA {spec.name!r} could not be loaded: {str(exc).splitlines()[0][:200]}") from None
+
+
+def unload(pipe, name: str) -> None:
+    """Delete the adapter `name` from every component that holds it (no-op where none does),
+    including layers a failed load left half-made."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for component in ("transformer", "transformer_2"):
+        module = getattr(pipe, component, None)
+        if module is None:
+            continue
+        if name in getattr(module, "peft_config", {}):
+            module.delete_adapters([name])
+        for layer in module.modules():
+            if isinstance(layer, BaseTunerLayer) and name in getattr(layer, "lora_A", {}):
+                layer.delete_adapter(name)
+
+
+def activate(pipe, transformers: Iterable, choice: tuple[tuple[str, float], ...]) -> None:
+    """Make exactly the adapters of `choice` active, with their scales, on every transformer:
+    the ones a transformer holds get `set_adapters(names, scales)` + `enable_lora()`; a
+    transformer holding none of them gets `disable_lora()` (its base layers alone)."""
+    have = {n for names in loaded(pipe).values() for n in names}
+    unknown = [n for n, _ in choice if n not in have]
+    if unknown:
+        raise ValueError(
+            f"LoRA {unknown[0]!r} is not loaded on this rank; loaded: {', '.join(sorted(have)) or 'none'}"
+        )
+    for transformer in transformers:
+        config = getattr(transformer, "peft_config", None)
+        if not config:
+            continue  # never held an adapter: nothing to switch
+        mine = [(n, s) for n, s in choice if n in config]
+        if mine:
+            transformer.set_adapters([n for n, _ in mine], [s for _, s in mine])
+            transformer.enable_lora()
+        else:
+            transformer.disable_lora()
+
+
+# -- making LoRAs (tests, benchmarks, the tiny demo) -------------------------------------------
+def write_random_lora(pipe, directory, *, seed: int = 0, rank: int = 4, alpha: float | None = None,
+                      targets=("to_q", "to_k", "to_v", "to_out.0"), std: float = 0.5,
+                      component: str = "transformer") -> Path:
+    """Write a random LoRA for `pipe`'s transformer in diffusers' format (save_lora_weights).
+
+    Made with peft on a copy of the transformer (LoraConfig on the attention projections), with
+    every factor drawn from `seed` (non-zero B: a rank without the LoRA gives other numbers).
+    Returns the directory."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model_state_dict
+    from peft.tuners.lora import LoraLayer
+
+    transformer = copy.deepcopy(getattr(pipe, component))
+    transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha or rank, target_modules=list(targets)))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in transformer.modules():
+            if isinstance(module, LoraLayer):
+                for factor in (module.lora_A["default"], module.lora_B["default"]):
+                    factor.weight.copy_(torch.randn(factor.weight.shape, generator=generator) * std)
+    layers = get_peft_model_state_dict(transformer)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    type(pipe).save_lora_weights(str(directory), transformer_lora_layers=layers)
+    return directory
+
+
+def conformance_pipeline(build: str, build_kwargs: dict, loras: Mapping[str, tuple[str, str]]):
+    """A conformance-harness builder (raydit.models.conformance.RunnerCase): the pipeline that
+    `build(**build_kwargs)` makes, with the LoRAs `loras` (name -> (path, target)) loaded
+    through `load`, so every spawned rank rebuilds the same adapted pipeline."""
+    from raydit.models.conformance import _resolve
+    from raydit.models.registry import family_for_pipeline
+
+    pipe = _resolve(build)(**build_kwargs)
+    family = family_for_pipeline(pipe)
+    for name, (path, target) in loras.items():
+        load(pipe, family, LoraSpec(name, str(lora_file(path)), target))
+    return pipe
