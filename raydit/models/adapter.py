@@ -61,7 +61,11 @@ class SequenceParallelPlan:
     length, the number of video tokens), since they depend on the request.
     """
 
-    blocks: str  # attribute name of the nn.ModuleList of transformer blocks
+    # attribute name of the nn.ModuleList of transformer blocks, or several names whose lists
+    # run one after the other (HunyuanVideo: dual-stream, then single-stream blocks): the
+    # split is before the first block of the first list, the gather after the last block of
+    # the last list, and every block of every list gets the processor.
+    blocks: str | tuple[str, ...]
     split_inputs: tuple[SplitInput, ...]
     gather_outputs: tuple[GatherOutput, ...]
     attention: str  # attribute name of the attention module inside each block
@@ -79,6 +83,11 @@ class SequenceParallelPlan:
     @property
     def num_parts(self) -> int:
         return len({s.part for s in self.split_inputs})
+
+    def block_list(self, transformer) -> list:
+        """Every block the plan covers, in the order the model runs them."""
+        names = (self.blocks,) if isinstance(self.blocks, str) else tuple(self.blocks)
+        return [block for name in names for block in getattr(transformer, name)]
 
 
 @dataclass
@@ -145,7 +154,7 @@ def apply_split(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
     from raydit.parallel.sharding import SeqLayout
 
     ctx = handle.context
-    blocks = getattr(handle.transformer, plan.blocks)
+    blocks = plan.block_list(handle.transformer)
     per_block = tuple(s for s in plan.split_inputs if s.every_block)
 
     def locate(module, specs, args, kwargs):
@@ -202,7 +211,7 @@ def apply_gather(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
     from raydit.parallel.mesh import gather_sequence
 
     ctx = handle.context
-    last = getattr(handle.transformer, plan.blocks)[-1]
+    last = plan.block_list(handle.transformer)[-1]
 
     def gather_hook(module, args, output):
         ctx.split_cache.clear()  # drop the references to this forward's full tensors
@@ -225,7 +234,7 @@ def apply_gather(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
 
 def apply_attention(handle: ParallelHandle, plan: SequenceParallelPlan, make_processor: Callable) -> None:
     """Swap the processor of each block's attention for the sequence-parallel one."""
-    for block in getattr(handle.transformer, plan.blocks):
+    for block in plan.block_list(handle.transformer):
         attn = getattr(block, plan.attention)
         handle._processors.append((attn, attn.processor))
         attn.set_processor(make_processor(handle.context))

@@ -1,0 +1,597 @@
+"""The HunyuanVideo family: HunyuanVideo text-to-video (`HunyuanVideoPipeline`).
+
+Adapter. The model runs dual-stream blocks (`transformer_blocks`: video and text with their
+own weights, one joint attention) and then single-stream blocks
+(`single_transformer_blocks`: one set of weights over [video ; text]). Every block receives
+the video tokens and the text tokens (the Llama hidden states after the token refiner,
+padded to a fixed length and masked) and attends jointly over [video ; valid text].
+
+Under sequence parallelism only the video is split: the split hook cuts `hidden_states`
+before the first dual-stream block, the gather hook restores it after the last
+single-stream block. The text stays whole on every rank (never split, never padded) and
+every rank computes the text's projections, norms and feed-forward itself (the same
+numbers everywhere). Inside each attention, where text and video tokens are queries and
+keys of one softmax, the *valid* text tokens (the mask is a prefix: the first n of them)
+are laid out as a second part beside the video, each valid text token on exactly one rank
+(`SeqLayout((video, n_valid), sp)`), so that `sp_attention` (Ulysses, ring or both; pad
+keys dropped) counts every key exactly once and never sees a masked one. The attention
+output of the valid text tokens is then all-gathered over the sp group, so every rank again
+holds the whole text, bit for bit the same. A masked text token is neither a key (as in
+diffusers, where the mask removes it from every softmax) nor a query here: its attention
+output is zero. diffusers computes it, but a masked token never reaches another token
+(it is masked as a key in every block, the feed-forwards are per token and the text is
+dropped after the last block), so the video output is the same. Samples of a batch whose
+masks differ are attended one after the other. RoPE covers the video tokens only; the
+model's table for all video tokens is cut to this rank's chunk.
+
+Steps. Guidance is embedded: `guidance_scale` is an input of the transformer (times 1000)
+and each step is one transformer call. True classifier-free guidance (`true_cfg_scale` > 1
+with a negative prompt) runs the pair as two calls, the pipeline's order and numbers, and
+then cfg = 2 runs them on two rank groups. FlowMatchEulerDiscreteScheduler on the
+pipeline's sigmas (linspace(1, 0)).
+
+Tiny. `tiny-hunyuan`: 6 heads x 16, one dual- and one single-stream block, a small Llama
+and CLIP text encoder with tokenizers built in code (the Llama one takes the pipeline's
+default prompt template: 95 tokens before the prompt, which the pipeline crops), the
+HunyuanVideo VAE (8x spatial, 4x temporal) with 8 channels; random weights.
+
+Module-level imports stay light (no torch, no diffusers): the planner reads this family
+through the registry without importing torch.
+
+Legend: B batch, S local video tokens (this rank's chunk), Lv all video tokens, Lt text
+tokens (padded length), n valid text tokens, H heads, D head dim, C = H*D.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Family, Prepared
+
+VIDEO = 0  # the only part split across the blocks
+TEXT = 1  # the valid text tokens: a second part inside each attention only
+
+# The pipeline's request defaults (HunyuanVideoPipeline.__call__); a directory may carry its
+# own in DEFAULTS_FILE (the tiny built-ins do: 129 x 720 x 1280 is far too big for them).
+PIPELINE_DEFAULTS = {"num_frames": 129, "height": 720, "width": 1280}
+DEFAULTS_FILE = "raydit_defaults.json"
+MAX_SEQUENCE_LENGTH = 256  # the pipeline's default text length (Llama tokens after the crop)
+_MASK_CACHE = "__hunyuanvideo_text_valid__"
+
+
+# -- adapter -----------------------------------------------------------------------------------
+def shard_rotary(rotary_emb, layout, sp_index: int):
+    """Cut the rotary table of all video tokens to this rank's video chunk.
+
+    cos, sin: [Lv, D] -> [S, D]; pad rows are zero (pad queries are dropped at the gather
+    and pad keys are never attended, so their rotation does not matter).
+    """
+    cos, sin = rotary_emb
+    if cos.shape[0] != layout.part_lengths[VIDEO]:
+        raise ValueError(
+            f"rotary table has {cos.shape[0]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, VIDEO, sp_index, dim=0), layout.shard(sin, VIDEO, sp_index, dim=0)
+
+
+def valid_text_counts(attention_mask, video_len: int, text_len: int, batch: int) -> list[int]:
+    """Per sample, how many text tokens are valid, from the model's joint mask.
+
+    attention_mask: [B, 1, 1, Lv + Lt] bool (True: a key to attend), or None (all valid).
+    The model builds it as a prefix (every video token, then the first n text tokens); a mask
+    of any other shape is refused, since only a prefix can be laid out exactly.
+    """
+    import torch
+
+    if attention_mask is None:
+        return [text_len] * batch
+    mask = attention_mask.reshape(attention_mask.shape[0], -1).bool()
+    if mask.shape[1] != video_len + text_len:
+        raise ValueError(
+            f"attention_mask covers {mask.shape[1]} tokens; the joint sequence has {video_len} video + "
+            f"{text_len} text tokens"
+        )
+    counts = mask[:, video_len:].sum(dim=1)
+    positions = torch.arange(text_len, device=mask.device)
+    prefix = positions.unsqueeze(0) < counts.unsqueeze(1)
+    if not bool(mask[:, :video_len].all()) or not torch.equal(mask[:, video_len:], prefix):
+        raise ValueError(
+            "attention_mask must keep every video token and a prefix of the text tokens (as "
+            "HunyuanVideoTransformer3DModel builds it from encoder_attention_mask)"
+        )
+    counts = [int(c) for c in counts.tolist()]
+    return counts * batch if len(counts) == 1 and batch > 1 else counts
+
+
+class HunyuanVideoSPAttnProcessor:
+    """Sequence-parallel replacement for HunyuanVideo's attention processor, in both kinds of
+    block: dual-stream (text through add_q/k/v_proj and to_add_out) and single-stream (text
+    through the video's projections; no output projection).
+
+    hidden_states: [B, S, C], this rank's video chunk; encoder_hidden_states: [B, Lt, C],
+    the whole text. Returns (video [B, S, C], text [B, Lt, C]) as the model's processor does.
+    """
+
+    def __init__(self, context: ForwardContext):
+        self.context = context
+
+    def _counts(self, attention_mask, video_len: int, text_len: int, batch: int) -> list[int]:
+        # The same mask tensor goes to every block of a forward: read it once (one host sync).
+        cache = self.context.split_cache
+        cached = cache.get(_MASK_CACHE)
+        if cached is not None and cached[0] is attention_mask:
+            return cached[1]
+        counts = valid_text_counts(attention_mask, video_len, text_len, batch)
+        cache[_MASK_CACHE] = (attention_mask, counts)
+        return counts
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        import torch
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        from raydit.parallel.attention import sp_attention
+        from raydit.parallel.mesh import gather_sequence
+        from raydit.parallel.sharding import SeqLayout
+
+        if encoder_hidden_states is None:
+            raise ValueError("HunyuanVideoSPAttnProcessor needs the text tokens (encoder_hidden_states)")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        B, S, _ = hidden_states.shape
+        assert S == layout.local_len, (S, layout.local_len)
+        Lv, Lt = layout.part_lengths[VIDEO], encoder_hidden_states.shape[1]
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
+
+        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        if image_rotary_emb is not None:
+            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
+            q = apply_rotary_emb(q, freqs, sequence_dim=1)
+            k = apply_rotary_emb(k, freqs, sequence_dim=1)
+        text = encoder_hidden_states
+        if attn.add_q_proj is not None:  # dual-stream: the text's own projections and norms
+            tq, tk, tv = heads(attn.add_q_proj(text)), heads(attn.add_k_proj(text)), heads(attn.add_v_proj(text))
+            norm_tq, norm_tk = attn.norm_added_q, attn.norm_added_k
+        else:  # single-stream: the same projections and norms as the video
+            tq, tk, tv = heads(attn.to_q(text)), heads(attn.to_k(text)), heads(attn.to_v(text))
+            norm_tq, norm_tk = attn.norm_q, attn.norm_k
+        if norm_tq is not None:
+            tq = norm_tq(tq)
+        if norm_tk is not None:
+            tk = norm_tk(tk)
+
+        counts = self._counts(attention_mask, Lv, Lt, B)
+        video_out = q.new_empty(q.shape)  # [B, S, H, D]
+        text_out = tq.new_zeros(tq.shape)  # [B, Lt, H, D]; masked rows stay zero
+        groups: dict[int, list[int]] = {}
+        for b, n in enumerate(counts):
+            groups.setdefault(n, []).append(b)
+        for n, samples in groups.items():
+            rows = slice(samples[0], samples[-1] + 1) if samples == list(range(samples[0], samples[-1] + 1)) else samples
+            joint = SeqLayout((Lv, n), mesh.sp)  # the video chunks are the blocks' own
+
+            def local(video_BSHD, text_BLHD):
+                # [B, S + chunk_n, H, D] -> [B, H, S + chunk_n, D]: my video chunk, my share of the valid text
+                mine = joint.shard(text_BLHD[rows, :n], TEXT, mesh.sp_index, dim=1)
+                return torch.cat([video_BSHD[rows], mine], dim=1).transpose(1, 2)
+
+            out = sp_attention(local(q, tq), local(k, tk), local(v, tv), mesh, joint).transpose(1, 2)
+            video_out[rows] = out[:, :S]
+            # Every rank's share of the valid text rows -> the whole valid text on every rank.
+            text_out[rows, :n] = gather_sequence(out[:, S:], mesh, joint, TEXT, dim=1)
+
+        video_out = video_out.flatten(2, 3).type_as(q)
+        text_out = text_out.flatten(2, 3).type_as(q)
+        if getattr(attn, "to_out", None) is not None:
+            video_out = attn.to_out[1](attn.to_out[0](video_out))  # linear, dropout
+        if getattr(attn, "to_add_out", None) is not None:
+            text_out = attn.to_add_out(text_out)
+        return video_out, text_out
+
+
+class HunyuanVideoAdapter(ModelAdapter):
+    name = "hunyuanvideo"
+    transformer_classes = ("HunyuanVideoTransformer3DModel",)
+    plan = SequenceParallelPlan(
+        # dual-stream, then single-stream blocks: split before the first, gather after the last
+        blocks=("transformer_blocks", "single_transformer_blocks"),
+        # HunyuanVideoTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+        # attention_mask, freqs_cis, ...): only the video is split.
+        split_inputs=(SplitInput("hidden_states", VIDEO),),
+        # both kinds of block return (hidden_states, encoder_hidden_states); the text is whole
+        gather_outputs=(GatherOutput(0, VIDEO),),
+        attention="attn",
+    )
+
+    def validate(self, transformer, mesh) -> None:
+        from raydit.parallel.attention import feasible_ulysses
+
+        config = transformer.config
+        heads = config.num_attention_heads
+        if heads % mesh.ulysses != 0:
+            raise ValueError(
+                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
+                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
+            )
+        if config.image_condition_type == "token_replace":
+            raise ValueError(
+                "HunyuanVideo with image_condition_type 'token_replace' (first-frame tokens with their own "
+                "modulation) is not supported under sequence parallelism; run it on one rank"
+            )
+        if not self.plan.block_list(transformer):
+            raise ValueError("the transformer has no blocks to parallelize (num_layers + num_single_layers = 0)")
+        for block in self.plan.block_list(transformer):
+            if getattr(getattr(block, self.plan.attention), "fused_projections", False):
+                raise ValueError("the transformer has fused QKV projections; call transformer.unfuse_qkv_projections() first")
+
+    def make_processor(self, context: ForwardContext) -> HunyuanVideoSPAttnProcessor:
+        return HunyuanVideoSPAttnProcessor(context)
+
+
+# -- the family --------------------------------------------------------------------------------
+class HunyuanVideoFamily(Family):
+    """HunyuanVideoPipeline's steps: one transformer call per step with the guidance scale
+    embedded, two (negative, positive) for true classifier-free guidance."""
+
+    name = "hunyuanvideo"
+    pipelines = ("HunyuanVideoPipeline",)
+    image_pipelines = ()
+    adapter = HunyuanVideoAdapter
+    batch_branches = False  # true CFG: two calls, as the pipeline makes them
+
+    def tiny(self):
+        return {"tiny-hunyuan": tiny_pipeline_dir}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/config.json and vae/config.json; the request defaults are
+        the pipeline's (129 frames, 720 x 1280) unless the directory says otherwise
+        (DEFAULTS_FILE); sizes from the weights' headers."""
+        from raydit.planner.model import ModelSpec, component_params, require
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "HunyuanVideoTransformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a HunyuanVideo pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        dual, single = int(cfg.get("num_layers", 20)), int(cfg.get("num_single_layers", 40))
+        hidden = heads * head_dim
+        ffn = int(hidden * float(cfg.get("mlp_ratio", 4.0)))
+        vae = configs.get("vae", {})
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        # dual: attention 8 h^2 (video and text), two FFNs 4 h ffn, two adaptive norms 12 h^2;
+        # single: qkv + mlp-in 3 h^2 + h ffn, out (h + ffn) h, adaptive norm 3 h^2.
+        estimate = float(dual * (20 * hidden * hidden + 4 * hidden * ffn) + single * (7 * hidden * hidden + 2 * hidden * ffn))
+        encoders = sum(component_params(path / c) or 0.0 for c in ("text_encoder", "text_encoder_2"))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=dual + single, ffn_hidden=ffn,
+            patch_size=int(cfg.get("patch_size", 2)), patch_size_t=int(cfg.get("patch_size_t", 1)),
+            text_tokens=MAX_SEQUENCE_LENGTH, text_in_sequence=True, positional="rotary",
+            in_channels=int(cfg.get("in_channels", 16)),
+            params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
+            vae_params=component_params(path / "vae") or 0.0,
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]),
+            vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
+            vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
+            cfg_branches=1,
+        )
+
+    def reference_latents(self, pipe, request):
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        return pipe(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt or None,
+            num_frames=request.num_frames,
+            height=request.height,
+            width=request.width,
+            num_inference_steps=request.num_inference_steps,
+            true_cfg_scale=request.true_cfg_scale,
+            guidance_scale=request.guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            output_type="latent",
+        ).frames
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-hunyuan"])}
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def do_cfg(self, pipe, request) -> bool:
+        return request.true_cfg_scale > 1.0 and bool(request.negative_prompt)
+
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        if request.true_cfg_scale > 1.0 and not request.negative_prompt:
+            raise ValueError(
+                f"true_cfg_scale {request.true_cfg_scale} needs a negative prompt (true classifier-free guidance "
+                "runs against it); give a negative prompt or drop true_cfg_scale"
+            )
+        if request.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); HunyuanVideo has one: drop it")
+        temporal = pipe.vae_scale_factor_temporal
+        if (request.num_frames - 1) % temporal:
+            lower = request.num_frames - (request.num_frames - 1) % temporal
+            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        multiple = max(16, pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size)
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % multiple:
+                lower = value - value % multiple
+                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+                raise ValueError(
+                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_scale_factor_spatial} "
+                    f"x patch {pipe.transformer.config.patch_size}); nearest: {nearest}"
+                )
+
+    def encode(self, pipe, request, device, dtype):
+        model_dtype = pipe.transformer.dtype
+
+        def branch(prompt):
+            embeds, pooled, mask = pipe.encode_prompt(prompt=prompt, device=device,
+                                                      max_sequence_length=MAX_SEQUENCE_LENGTH)
+            return {"encoder_hidden_states": embeds.to(model_dtype), "encoder_attention_mask": mask.to(model_dtype),
+                    "pooled_projections": pooled.to(model_dtype)}
+
+        positive = branch(request.prompt)
+        negative = branch(request.negative_prompt) if self.do_cfg(pipe, request) else None
+        return positive, negative
+
+    def init(self, pipe, request, generator, device, dtype):
+        import numpy as np
+        import torch
+        from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import retrieve_timesteps
+
+        n = request.num_inference_steps
+        sigmas = np.linspace(1.0, 0.0, n + 1)[:-1]  # as the pipeline's default
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, sigmas=sigmas)
+        pipe.scheduler.set_begin_index(0)
+        latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
+                                       request.num_frames, torch.float32, device, generator)
+        guidance = torch.tensor([request.guidance_scale], dtype=pipe.transformer.dtype, device=device) * 1000.0
+        return Prepared(latents=latents, timesteps=timesteps, context={"guidance": guidance})
+
+    def predict(self, pipe, state, t, branch):
+        transformer = pipe.transformer
+        b = branch["encoder_hidden_states"].shape[0]
+        return transformer(
+            hidden_states=state.latents.to(transformer.dtype).expand(b, *state.latents.shape[1:]),
+            timestep=t.expand(b).to(state.latents.dtype),
+            encoder_hidden_states=branch["encoder_hidden_states"],
+            encoder_attention_mask=branch["encoder_attention_mask"],
+            pooled_projections=branch["pooled_projections"],
+            guidance=state.context["guidance"].expand(b),
+            return_dict=False,
+        )[0]
+
+    def guidance_scale(self, pipe, state, t) -> float:
+        return state.request.true_cfg_scale
+
+    def decode(self, pipe, state, latents):
+        import numpy as np
+
+        vae = pipe.vae
+        latents = latents.to(vae.device, vae.dtype) / vae.config.scaling_factor
+        video = vae.decode(latents, return_dict=False)[0]
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
+        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
+FAMILY = HunyuanVideoFamily()
+
+
+# -- the tiny pipeline -------------------------------------------------------------------------
+TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
+TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
+TINY_HEAD_DIM = 16
+TINY_ROPE_AXES = (4, 6, 6)  # frames, rows, columns: sums to the head dim
+TINY_TEXT_DIM = 32  # Llama hidden size == transformer text_embed_dim
+TINY_POOLED_DIM = 16  # CLIP hidden size == transformer pooled_projection_dim
+TINY_LATENT_CHANNELS = 4
+TINY_DEFAULTS = {"num_frames": 9, "height": 64, "width": 64}
+
+# The pipeline's default prompt template puts 95 Llama-3 tokens before the prompt and crops
+# them; this tokenizer keeps the template's words whole (and "of" in characters) so that its
+# template is 95 tokens too and the crop leaves exactly the prompt.
+_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+_TEMPLATE_WORDS = (
+    "actions and angles aspects atmosphere background behaviors by camera changes color content describe detailing "
+    "environment events following in light main movement movements objects physical quantity relationships shape "
+    "size spatial style system temporal text texture the theme transitions used user video"
+).split()
+
+
+def llama_tokenizer(max_length: int = 512):
+    """A Llama-3-like fast tokenizer (BOS first, header tokens) built in code: the template's
+    words are single tokens, any other word is split into characters."""
+    import string
+
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    vocab = {"<pad>": 0, "<unk>": 1}
+    for word in (*_SPECIAL, *_TEMPLATE_WORDS, *chars, *("##" + c for c in chars)):
+        vocab[word] = len(vocab)
+    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in _SPECIAL])
+    core.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", vocab["<|begin_of_text|>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
+                                   bos_token="<|begin_of_text|>", model_max_length=max_length)
+
+
+def _llama_encoder(vocab_size: int, seed: int):
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=TINY_TEXT_DIM, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
+                         bos_token_id=2)
+    return LlamaModel(config).eval()
+
+
+def _clip_encoder(vocab_size: int, seed: int):
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    # eos 1 is the shared tokenizer's </s>: the pooled output is the first eos position.
+    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=TINY_POOLED_DIM, intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77, pad_token_id=0,
+                            bos_token_id=0, eos_token_id=1)
+    return CLIPTextModel(config).eval()
+
+
+def tiny_transformer(seed: int, **overrides):
+    """A HunyuanVideoTransformer3DModel of the tiny geometry (or `overrides`), every parameter
+    drawn from `seed` (zero-initialised gates would make parallel tests trivial)."""
+    import torch
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(
+        in_channels=TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_attention_heads=TINY_HEADS,
+        attention_head_dim=TINY_HEAD_DIM, num_layers=1, num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0,
+        patch_size=2, patch_size_t=1, text_embed_dim=TINY_TEXT_DIM, pooled_projection_dim=TINY_POOLED_DIM,
+        rope_axes_dim=TINY_ROPE_AXES, guidance_embeds=True,
+    )
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(HunyuanVideoTransformer3DModel(**config), seed)
+
+
+def _tiny_vae(seed: int):
+    import torch
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    torch.manual_seed(seed)
+    return AutoencoderKLHunyuanVideo(
+        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
+        spatial_compression_ratio=8, temporal_compression_ratio=4,
+    ).eval()
+
+
+def tiny_pipeline():
+    """The tiny HunyuanVideoPipeline, built in memory."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
+
+    from raydit.models.tiny import SEED, tokenizer
+
+    tok, tok_2 = llama_tokenizer(), tokenizer(77)
+    return HunyuanVideoPipeline(
+        text_encoder=_llama_encoder(len(tok), SEED + 1),
+        tokenizer=tok,
+        transformer=tiny_transformer(SEED + 10),
+        vae=_tiny_vae(SEED + 2),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),  # HunyuanVideo's
+        text_encoder_2=_clip_encoder(len(tok_2), SEED + 3),
+        tokenizer_2=tok_2,
+    )
+
+
+class _WithDefaults:
+    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir
+    reads (what write_pipeline calls is save_pretrained)."""
+
+    def __init__(self, pipe, defaults: dict):
+        self.pipe, self.defaults = pipe, defaults
+
+    def save_pretrained(self, directory) -> None:
+        self.pipe.save_pretrained(directory)
+        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
+
+
+def tiny_pipeline_dir() -> Path:
+    """The directory of `tiny-hunyuan`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-hunyuan-{TINY_VERSION}",
+                          lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.hunyuanvideo:hunyuan_forward"
+_BUILD_PIPELINE = "raydit.models.families.hunyuanvideo:hunyuan_pipeline"
+
+
+def hunyuan_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
+                    rope_axes: tuple, valid: tuple, text_len: int = 13, layers: int = 1, single_layers: int = 1,
+                    seed: int = 31):
+    """A tiny-weight HunyuanVideoTransformer3DModel and the kwargs of one forward call: one
+    sample per entry of `valid` (its count of unmasked text tokens out of `text_len`)."""
+    import torch
+
+    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim,
+                                   rope_axes_dim=tuple(rope_axes), num_layers=layers, num_single_layers=single_layers)
+    g = torch.Generator().manual_seed(7)
+    batch = len(valid)
+    mask = (torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1)).float()
+    kwargs = dict(
+        hidden_states=torch.randn(batch, TINY_LATENT_CHANNELS, latent_frames, latent_height, latent_width, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        encoder_attention_mask=mask,
+        pooled_projections=torch.randn(batch, TINY_POOLED_DIM, generator=g),
+        guidance=torch.tensor([6000.0, 3500.0, 1000.0, 8000.0][:batch]),
+    )
+    return transformer, kwargs
+
+
+def hunyuan_pipeline(base_dir: str):
+    """The tiny HunyuanVideo pipeline loaded from its directory (as a real checkpoint is)."""
+    from diffusers import DiffusionPipeline
+
+    from raydit.models.tiny import quiet_hub
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def forward_cases() -> list:
+    """Token counts no world size 2..6 divides, masks that differ per sample, fewer valid text
+    tokens than ranks, and 6 and 5 heads (Ulysses 1, 2, 3, 6 / 1, 5; the rest ring or hybrid)."""
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 3 x 5 = 45 video tokens; two samples with 5 and 11 valid of 13 text tokens.
+        ForwardCase("hunyuanvideo-h6-masks", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
+                         rope_axes=(4, 6, 6), valid=(5, 11))),
+        # 1 x 1 x 7 = 7 video tokens, 2 valid text tokens of 9: on 3..8 ranks some ranks hold
+        # no valid text and, from 4 ranks, only padding of the video.
+        ForwardCase("hunyuanvideo-h5-7tokens", _BUILD_FORWARD, 5,
+                    dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, head_dim=8,
+                         rope_axes=(2, 2, 4), valid=(2,), text_len=9, layers=2, single_layers=1)),
+    ]
+
+
+def runner_cases(base_dir: str) -> list:
+    """Denoising on the tiny pipeline: 3 x 3 x 5 = 45 video tokens (3 and 5 divide it, 2, 4, 6
+    and 8 do not); embedded guidance (one call per step, cfg plans run it on both groups) and
+    true classifier-free guidance (two calls; cfg = 2 runs one on each group)."""
+    from raydit.models.conformance import RunnerCase
+
+    request = dict(prompt="a red fox runs", num_frames=9, height=48, width=80, num_inference_steps=3,
+                   guidance_scale=6.0, seed=11)
+    return [
+        RunnerCase("hunyuanvideo-embedded", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir), cfg=False),
+        RunnerCase("hunyuanvideo-true-cfg", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=5), dict(base_dir=base_dir)),
+    ]
