@@ -25,10 +25,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raydit.serve.auth import TOKEN_ENV, bearer_ok, token_digest
 from raydit.serve.page import PAGE_HTML
-from raydit.serve.schema import Limits, RequestError, parse_body, resolve
+from raydit.serve.schema import Limits, RequestError, parse_body, resolve, scheduler_step_limit
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 app = FastAPI(title="raydit", summary="Video generation on Ray, OpenAI Videos API", docs_url="/docs",
@@ -47,6 +48,14 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
 @app.exception_handler(RequestError)
 async def _request_error(request: Request, exc: RequestError):
     return _error(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    # Routing errors (an unknown path or method) in the same shape as every other error.
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", None, code,
+                  getattr(exc, "headers", None))
 
 
 @app.exception_handler(RequestValidationError)
@@ -167,13 +176,18 @@ class VideoAPI:
             height=options.get("height"), width=options.get("width"),
         )
         spec = self.engine.spec
+        max_steps, steps_by = options["max_steps"], "--max-steps"
+        trained = scheduler_step_limit(self.engine.model_dir)
+        if trained is not None and trained < max_steps:
+            max_steps, steps_by = trained, "the timesteps the model's scheduler was trained with"
         self.limits = Limits(
             model=options["model"],
             max_frames=options.get("frames") or spec.default_frames,
             max_height=options.get("height") or spec.default_height,
             max_width=options.get("width") or spec.default_width,
-            max_steps=options["max_steps"],
-            default_steps=options["default_steps"],
+            max_steps=max_steps,
+            steps_limited_by=steps_by,
+            default_steps=min(options["default_steps"], max_steps),
             fps=options["fps"],
             vae_temporal=spec.vae_temporal,
         )

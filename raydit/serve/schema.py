@@ -62,7 +62,7 @@ class Limits:
     fps: int
     vae_temporal: int
     default_guidance: float = 6.0
-    accepts_image: bool = False
+    steps_limited_by: str = "--max-steps"
 
 
 def parse_body(data: dict[str, Any]) -> VideoCreate:
@@ -126,7 +126,8 @@ def resolve(body: VideoCreate, limits: Limits, spec) -> dict:
     steps = body.num_inference_steps if body.num_inference_steps is not None else limits.default_steps
     if steps > limits.max_steps:
         raise RequestError(
-            f"num_inference_steps {steps} is more than this server's limit of {limits.max_steps} (--max-steps)",
+            f"num_inference_steps {steps} is more than this server's limit of {limits.max_steps} "
+            f"({limits.steps_limited_by})",
             param="num_inference_steps",
         )
     if frames > limits.max_frames:
@@ -158,3 +159,17 @@ def resolve(body: VideoCreate, limits: Limits, spec) -> dict:
         # No seed: a fresh one, reported back in the video object (same prompt, new video).
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
     }
+
+
+def scheduler_step_limit(model_dir: str) -> int | None:
+    """The scheduler's `num_train_timesteps` (more inference steps than that are refused by
+    the scheduler), read from the pipeline's diffusers config; None when it does not say."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    try:
+        value = json.loads(path.read_text()).get("num_train_timesteps")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None

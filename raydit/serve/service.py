@@ -18,7 +18,6 @@ request while the previous video is still being written.
 from __future__ import annotations
 
 import collections
-import inspect
 import io
 import math
 import queue
@@ -58,7 +57,7 @@ class VideoService:
         self._running: dict[str, _Running] = {}
         self._closing = False
         self._mean_request_s: float | None = None
-        self._accepts_image = "image" in inspect.signature(engine.submit).parameters
+        self._accepts_image = bool(getattr(engine, "takes_image", False))
         self._metrics = _Metrics(self)
         self.notes: list[str] = []
         jobs, self.notes = store.load_all()
@@ -85,8 +84,13 @@ class VideoService:
         with Retry-After when the queue is full."""
         if image_png is not None and not self._accepts_image:
             raise RequestError(
-                f"input_reference: model {self.limits.model!r} is served for text-to-video; "
-                "it takes no image", param="input_reference",
+                f"input_reference: model {self.limits.model!r} is a text-to-video pipeline and takes "
+                "no image", param="input_reference",
+            )
+        if image_png is None and self._accepts_image:
+            raise RequestError(
+                f"input_reference: model {self.limits.model!r} is an image-to-video pipeline; upload "
+                "the first frame as input_reference", param="input_reference",
             )
         job = VideoJob(id=new_id(), model=self.limits.model, prompt=params["prompt"], params=dict(params),
                        fps=self.limits.fps, has_image=image_png is not None)
@@ -95,7 +99,8 @@ class VideoService:
                 raise RequestError("the server is shutting down", status=503, code="unavailable")
             waiting = len(self._queue)
             idle = self.capacity - len(self._running)
-            if waiting >= self.max_queue and waiting >= idle:
+            # max_queue counts requests that wait; those an idle replica takes at once do not.
+            if waiting >= self.max_queue + max(0, idle):
                 self._metrics.rejected.inc()
                 retry = self._retry_after_locked()
                 raise RequestError(

@@ -1,0 +1,438 @@
+"""`raydit serve` started as a user starts it (its own local Ray, the tiny model, 2 ranks, on
+loopback) and called over HTTP: with OpenAI's official Python client, with raw requests,
+and from the page at / in a headless Chromium. One server for the module; every process
+it starts is found by parent PID and stopped by PID at the end.
+
+The videos are small (32x32, 9 or 17 frames, 2 steps) so the module stays short; the
+requests meant to be interrupted (cancel, rank kill, restart) ask for many steps and are
+acted on once their progress shows they are running.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.serve, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
+
+openai = pytest.importorskip("openai")
+requests = pytest.importorskip("requests")
+psutil = pytest.importorskip("psutil")
+
+
+SIZE = 32
+START_TIMEOUT_S = 420  # a cold Ray + Serve + 2 ranks: ~40 s on a quiet 2-core machine
+WAIT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`raydit serve` in a subprocess; restartable on the same output directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.out = root / "videos"
+        self.token_file = root / "secrets" / "api_token"
+        self.port = _free_port()
+        self.proc: subprocess.Popen | None = None
+        self.children: dict[int, float] = {}  # pid -> creation time (a reused pid is not ours)
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return self.token_file.read_text().strip()
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDIT_API_TOKEN")}
+        env["RAYDIT_NO_PROGRESS"] = "1"
+        self.starts += 1
+        self.log = self.root / f"serve-{self.starts}.log"
+        argv = [sys.executable, "-m", "raydit.cli", "serve", "--model", "tiny", "--workers", "2",
+                "--device", "cpu", "--port", str(self.port), "--output-dir", str(self.out),
+                "--token-file", str(self.token_file), "--max-queue", "7", "--frames", "17",
+                "--height", str(SIZE), "--width", str(SIZE), "--default-steps", "2", "--max-steps", "5000"]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root)
+        deadline = time.time() + START_TIMEOUT_S
+        while time.time() < deadline:
+            self._note_children()
+            if "raydit serve: ready at" in self.log.read_text(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"raydit serve exited {self.proc.returncode}:\n{self.tail()}")
+            time.sleep(0.5)
+        raise RuntimeError(f"raydit serve not ready in {START_TIMEOUT_S} s:\n{self.tail()}")
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def _note_children(self) -> None:
+        try:
+            for c in psutil.Process(self.proc.pid).children(recursive=True):
+                self.children.setdefault(c.pid, c.create_time())
+        except psutil.Error:
+            pass
+
+    def _pids(self, title: str) -> list[int]:
+        """Our Ray processes whose title (ray::<actor class>) contains `title`."""
+        pids = []
+        for c in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if c.status() != psutil.STATUS_ZOMBIE and title in " ".join(c.cmdline()):
+                    pids.append(c.pid)
+                    self.children.setdefault(c.pid, c.create_time())
+            except psutil.Error:
+                pass
+        return pids
+
+    def rank_pids(self) -> list[int]:
+        return self._pids("ray::RankWorker")
+
+    def front_pid(self, wait: bool = True) -> int | None:
+        """The Serve replica holding the service and its engine."""
+        pids = self._pids("ray::ServeReplica:raydit:VideoAPI")
+        if wait:
+            assert len(pids) == 1, pids
+        return pids[0] if len(pids) == 1 else None
+
+    def stop(self) -> int | None:
+        """SIGTERM (the orderly path: Serve, then Ray, shut down), then SIGKILL by PID for
+        anything of ours still alive. Returns the server's exit status."""
+        if self.proc is None:
+            return None
+        self._note_children()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        code = self.proc.returncode
+        for pid, created in self.children.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created:
+                    proc.kill()
+            except psutil.Error:
+                pass
+        self.children.clear()
+        self.proc = None
+        return code
+
+    def client(self, token: str | None = None):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=token or self.token, max_retries=0, timeout=60)
+
+    def http(self, method: str, path: str, token: str | None = None, **kw):
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        return requests.request(method, self.url + path, headers=headers, timeout=60, **kw)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("serve"))
+    try:
+        srv.start()
+        yield srv
+    finally:
+        code = srv.stop()
+    assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not in /metrics")
+
+
+def _metrics(server) -> str:
+    return requests.get(f"{server.url}/metrics", timeout=30).text
+
+
+def _wait(client, video_id: str, until, timeout: float = WAIT_S):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        video = client.videos.retrieve(video_id)
+        if until(video):
+            return video
+        time.sleep(0.1)
+    raise AssertionError(f"{video_id} still {video.status} {video.progress}% after {timeout} s")
+
+
+def _frames_of(data: bytes, tmp_path: Path, name: str):
+    from raydit.runtime.video import read_mp4
+
+    path = tmp_path / f"{name}.mp4"
+    path.write_bytes(data)
+    return read_mp4(str(path))
+
+
+# -- the API through the openai client --------------------------------------------------------
+
+
+def test_token_file_was_created_private(server):
+    import stat
+
+    assert stat.S_IMODE(server.token_file.stat().st_mode) == 0o600
+    assert str(server.token_file) in (server.root / "serve-1.log").read_text()
+
+
+def test_eight_concurrent_requests_with_the_openai_client(server, tmp_path):
+    client = server.client()
+    # (extra fields, expected frames): num_frames given, `seconds` (2 s at 8 fps -> 17), defaults (17).
+    cases = [({"num_frames": 9}, 9), ({"seconds": "2"}, 17), ({}, 17), ({"num_frames": 9}, 9)] * 2
+
+    def one(i):
+        fields, frames = cases[i]
+        seconds = fields.pop("seconds", None)
+        kwargs = {"seconds": seconds} if seconds else {}
+        if i % 2:
+            kwargs["size"] = f"{SIZE}x{SIZE}"
+        video = client.videos.create(prompt=f"a red fox, take {i}", model="tiny", **kwargs,
+                                     extra_body={"num_inference_steps": 2, "seed": i, **fields})
+        assert video.status in ("queued", "in_progress") and video.object == "video"
+        done = client.videos.poll(video.id, poll_interval_ms=100)
+        return done, frames, client.videos.download_content(done.id).read()
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    ids = set()
+    for i, (video, frames, data) in enumerate(results):
+        assert video.status == "completed" and video.progress == 100, video
+        assert video.size == f"{SIZE}x{SIZE}" and video.completed_at >= video.created_at
+        assert video.model_extra["raydit"]["seed"] == i
+        decoded = _frames_of(data, tmp_path, video.id)
+        assert decoded.shape == (frames, SIZE, SIZE, 3), (i, decoded.shape)
+        assert video.seconds == f"{frames / 8:g}"
+        ids.add(video.id)
+    assert len(ids) == 8
+
+    # Paging: newest first, `after` continues where the page ended, nothing twice.
+    first = client.videos.list(limit=3)
+    assert len(first.data) == 3 and first.has_more
+    seen, page = [v.id for v in first.data], first
+    while page.has_more:
+        page = client.videos.list(limit=3, after=page.last_id)
+        seen += [v.id for v in page.data]
+    assert len(seen) == len(set(seen)) and ids <= set(seen)
+    created = [client.videos.retrieve(i).created_at for i in seen]
+    assert created == sorted(created, reverse=True)
+
+
+def test_every_v1_route_needs_the_token(server):
+    some = "video_" + "0" * 24
+    routes = [("POST", "/v1/videos"), ("GET", "/v1/videos"), ("GET", f"/v1/videos/{some}"),
+              ("GET", f"/v1/videos/{some}/content"), ("DELETE", f"/v1/videos/{some}")]
+    for token in (None, "wrong-token-0123456789"):
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        for method, path in routes:
+            r = requests.request(method, server.url + path, headers=headers, data={"prompt": "x"}, timeout=30)
+            assert r.status_code == 401, (method, path, r.text)
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert r.headers["www-authenticate"] == "Bearer"
+    with pytest.raises(openai.AuthenticationError):
+        server.client(token="wrong-token-0123456789").videos.list()
+    # The open routes say nothing secret; the page carries no token.
+    assert requests.get(server.url + "/healthz", timeout=30).json()["status"] == "ok"
+    page = requests.get(server.url + "/", timeout=30)
+    assert page.status_code == 200 and "<form" in page.text and server.token not in page.text
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({"prompt": "x", "num_inference_steps": "many"}, "num_inference_steps", "valid integer"),
+    ({"prompt": "x", "num_inference_step": "2"}, "num_inference_step", "unknown field"),
+    ({"prompt": "x", "num_frames": "10"}, "num_frames", "nearest valid: 9 or 13"),
+    ({"prompt": "x", "num_frames": "21"}, "num_frames", "17 frames this server's plan holds"),
+    ({"prompt": "x", "size": "64x64"}, "size", "beyond the 32x32"),
+    ({"prompt": "x", "num_inference_steps": "1001"}, "num_inference_steps", "limit of 1000 (the timesteps"),
+    ({"prompt": "x", "model": "sora-2"}, "model", "this server runs 'tiny'"),
+    ({"num_frames": "9"}, "prompt", "Field required"),
+])
+@pytest.mark.parametrize("encoding", ["form", "json"])
+def test_bad_bodies_are_400_naming_the_field(server, body, param, needle, encoding):
+    if encoding == "form":  # what the openai client sends: multipart, every value a string
+        r = server.http("POST", "/v1/videos", files={k: (None, v) for k, v in body.items()})
+    else:
+        r = server.http("POST", "/v1/videos", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and needle in error["message"], error
+
+
+def test_image_for_a_text_model_and_unknown_ids(server):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(png, format="PNG")
+    r = server.http("POST", "/v1/videos", data={"prompt": "x"}, files={"input_reference": ("a.png", png.getvalue())})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference", r.text
+    r = server.http("POST", "/v1/videos", data={"prompt": "x"}, files={"input_reference": ("a.png", b"not an image")})
+    assert r.status_code == 400 and "not an image" in r.json()["error"]["message"], r.text
+    for path in ("/v1/videos/video_" + "0" * 24, "/v1/videos/..%2Fetc%2Fpasswd", "/v1/videos/nope/content"):
+        r = server.http("GET", path)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (path, r.text)
+    with pytest.raises(openai.NotFoundError):
+        server.client().videos.delete("video_" + "1" * 24)
+
+
+# -- queue limit, cancel ------------------------------------------------------------------------
+
+
+def test_queue_limit_429_then_cancel_queued_and_running(server):
+    client = server.client()
+    before = _metrics(server)
+    steps_before = _metric(before, "raydit_denoise_steps_total")
+    cancelled_before = _metric(before, "raydit_cancelled_running_total")
+    long = client.videos.create(prompt="a very long one", extra_body={"num_inference_steps": 1000, "num_frames": 9})
+    _wait(client, long.id, lambda v: v.status == "in_progress" and v.progress >= 1)
+    queued = [client.videos.create(prompt=f"waiting {i}", extra_body={"num_frames": 9}) for i in range(7)]
+    assert [client.videos.retrieve(v.id).status for v in queued] == ["queued"] * 7
+    with pytest.raises(openai.RateLimitError) as info:
+        client.videos.create(prompt="one too many")
+    retry_after = info.value.response.headers["retry-after"]
+    assert int(retry_after) >= 1
+    assert info.value.body["code"] == "queue_full" and "--max-queue 7" in info.value.body["message"]
+    assert _metric(_metrics(server), "raydit_queue_length") == 7
+
+    # A queued request leaves the queue without running.
+    gone = client.videos.delete(queued[1].id)
+    assert gone.deleted and gone.object == "video.deleted"
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(queued[1].id)
+    assert _metric(_metrics(server), "raydit_queue_length") == 6
+    # The running one stops at its next step and frees the replica for the others.
+    assert client.videos.delete(long.id).deleted
+    for v in queued[:1] + queued[2:]:
+        assert client.videos.poll(v.id, poll_interval_ms=100).status == "completed"
+    after = _metrics(server)
+    assert _metric(after, "raydit_cancelled_running_total") == cancelled_before + 1
+    steps = _metric(after, "raydit_denoise_steps_total") - steps_before
+    assert steps < 1000, f"the cancelled request ran {steps} steps"
+    ids = {v.id for v in client.videos.list(limit=100)}
+    assert long.id not in ids and queued[1].id not in ids
+    assert not (server.out / f"{long.id}.json").exists() and not (server.out / f"{queued[1].id}.json").exists()
+
+
+# -- failures underneath and restarts -----------------------------------------------------------
+
+
+def test_a_rank_killed_during_a_request_and_it_still_completes(server, tmp_path):
+    client = server.client()
+    recoveries_before = _metric(_metrics(server), "raydit_recoveries_total")
+    video = client.videos.create(prompt="through a failure", extra_body={"num_inference_steps": 400, "num_frames": 17,
+                                                                        "seed": 5})
+    _wait(client, video.id, lambda v: v.status == "in_progress" and v.progress >= 1)
+    ranks = server.rank_pids()
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[-1], signal.SIGKILL)
+    done = client.videos.poll(video.id, poll_interval_ms=200)
+    assert done.status == "completed", done.error
+    assert done.model_extra["raydit"]["recoveries"] >= 1, "the kill landed after the request finished"
+    assert _metric(_metrics(server), "raydit_recoveries_total") >= recoveries_before + 1
+    frames = _frames_of(client.videos.download_content(done.id).read(), tmp_path, "survivor")
+    assert frames.shape == (17, SIZE, SIZE, 3)
+
+
+def test_restart_keeps_finished_videos_and_requeues_unfinished(server, tmp_path):
+    """The serving process is killed (SIGKILL: no orderly shutdown) mid-request; Serve starts
+    a new one, whose engine and store read the output directory back."""
+    client = server.client()
+    done = client.videos.create_and_poll(prompt="kept", extra_body={"num_frames": 9}, poll_interval_ms=100)
+    assert done.status == "completed"
+    content = client.videos.download_content(done.id).read()
+    running = client.videos.create(prompt="interrupted", extra_body={"num_inference_steps": 1000, "num_frames": 9})
+    _wait(client, running.id, lambda v: v.status == "in_progress")
+    old_front, old_ranks = server.front_pid(), server.rank_pids()
+
+    os.kill(old_front, signal.SIGKILL)
+    deadline = time.time() + START_TIMEOUT_S
+    while time.time() < deadline:
+        front = server.front_pid(wait=False)
+        if front not in (None, old_front):
+            try:
+                if requests.get(server.url + "/healthz", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"no new serving process in {START_TIMEOUT_S} s:\n{server.tail()}")
+    # The ranks the dead process owned went with it; the new engine has its own.
+    deadline = time.time() + 60
+    while any(psutil.pid_exists(p) for p in old_ranks) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(psutil.pid_exists(p) for p in old_ranks)
+
+    again = client.videos.retrieve(done.id)
+    assert again.status == "completed" and again.created_at == done.created_at
+    assert client.videos.download_content(done.id).read() == content
+    assert done.id in {v.id for v in client.videos.list(limit=100)}
+    resumed = client.videos.retrieve(running.id)
+    assert resumed.status in ("queued", "in_progress") and resumed.error is None, resumed
+    assert client.videos.delete(running.id).deleted
+
+
+# -- the page at / in a headless Chromium --------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_page_in_headless_chromium(server):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it where apt-get can)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            assert server.token not in page.content()
+            page.fill("#prompt", "a paper boat on a rainy street")
+            page.fill("#token", "not-the-token-0123456789")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('status').textContent.includes('401')", timeout=60_000)
+            page.fill("#token", server.token)
+            page.fill("#steps", "2")
+            page.fill("#frames", "9")
+            page.click("#generate")
+            page.wait_for_function(
+                "document.getElementById('status').textContent.includes('completed')", timeout=WAIT_S * 1000)
+            assert page.eval_on_selector("#progress", "p => p.value") == 100
+            # The player has the mp4 decoded: its frame size and a duration of 9 frames at 8 fps.
+            page.wait_for_function("document.getElementById('player').readyState >= 1", timeout=60_000)
+            width, height, duration = page.eval_on_selector(
+                "#player", "v => [v.videoWidth, v.videoHeight, v.duration]")
+            assert (width, height) == (SIZE, SIZE) and duration == pytest.approx(9 / 8, abs=0.2)
+            assert server.token not in page.content()  # typed in, never written into the page
+        finally:
+            browser.close()
+
+
+def test_metrics_are_prometheus_text(server):
+    r = requests.get(server.url + "/metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    for name in ("raydit_queue_length", "raydit_requests_in_flight", "raydit_step_seconds_count",
+                 "raydit_recoveries_total", "raydit_failures_total", "raydit_denoise_steps_total"):
+        _metric(r.text, name)

@@ -1,0 +1,212 @@
+"""`raydit serve` without a server: options and serve.yaml, the token file, request bodies
+against the limits, the store on disk. Pure Python (no Ray), except the command-line
+cases, which run `raydit serve` and expect exit status 2 and one line before Ray starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from raydit.planner import model_spec
+from raydit.serve.auth import bearer_ok, load_or_create_token, token_digest
+from raydit.serve.config import resolve_serve_options
+from raydit.serve.schema import Limits, RequestError, frames_for_seconds, parse_body, parse_size, resolve
+from raydit.serve.store import VideoJob, VideoStore, new_id, valid_id
+
+TINY = model_spec("tiny")  # 9 frames x 64 x 64 by default; frames = 1 + 4k; sizes multiples of 16
+LIMITS = Limits(model="tiny", max_frames=17, max_height=32, max_width=32, max_steps=50, default_steps=4,
+                fps=8, vae_temporal=4)
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def test_serve_yaml_is_read_and_the_command_line_wins(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("model: tiny\nworkers: 2\nmax-queue: 3\nport: 9100\nhost: 0.0.0.0\n")
+    opts = resolve_serve_options({"config": str(cfg), "port": 9200})
+    assert (opts["workers"], opts["max_queue"], opts["host"], opts["port"]) == (2, 3, "0.0.0.0", 9200)
+    assert opts["replicas"] == 1 and opts["default_steps"] == 50  # defaults fill the rest
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("modle: tiny\n", "unknown key 'modle'"),
+    ("workers: two\n", "key 'workers' must be int"),
+    ("port: 0\n", "--port 0"),
+    ("max-steps: 10\ndefault-steps: 20\n", "--default-steps 20 is more than --max-steps 10"),
+    ("device: tpu\n", "device 'tpu'"),
+])
+def test_a_bad_serve_yaml_names_the_key(tmp_path, text, needle):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ValueError, match=None) as info:
+        resolve_serve_options({"config": str(cfg)})
+    assert needle in str(info.value)
+
+
+def test_builder_args_refuse_unknown_options():
+    with pytest.raises(ValueError, match="unknown option.*'worker'"):
+        resolve_serve_options({"worker": 2})
+
+
+def test_example_serve_yaml_is_valid():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "serve.yaml"
+    opts = resolve_serve_options({"config": str(path)})
+    assert opts["model"] and opts["host"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--frames", "10"], "frames 10"),
+    (["--port", "70000"], "--port 70000"),
+    (["--workers", "0"], "--workers 0"),
+])
+def test_bad_command_line_is_one_line_and_status_2(tmp_path, args, needle):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDIT_API_TOKEN")}
+    out = subprocess.run(
+        [sys.executable, "-m", "raydit.cli", "serve", "--device", "cpu", "--token-file",
+         str(tmp_path / "tok"), "--output-dir", str(tmp_path / "out"), *args],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydit: error:"), out.stderr
+    assert needle in lines[0]
+
+
+# -- token ---------------------------------------------------------------------------------------
+
+
+def test_token_file_is_created_0600_and_read_back(tmp_path):
+    path = str(tmp_path / "sub" / "token")
+    token, created = load_or_create_token(path)
+    assert created and len(token) >= 32
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    again, created = load_or_create_token(path)
+    assert again == token and not created
+    digest = token_digest(token)
+    assert bearer_ok(f"Bearer {token}", digest) and bearer_ok(f"bearer {token}", digest)
+    assert not bearer_ok(None, digest) and not bearer_ok(f"Bearer {token}x", digest)
+    assert not bearer_ok(token, digest) and not bearer_ok("Basic " + token, digest)
+
+
+def test_token_readable_by_others_or_too_short_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "token"
+    path.write_text("a" * 40)
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        load_or_create_token(str(path))
+    path.write_text("short")
+    path.chmod(0o600)
+    with pytest.raises(ValueError, match="16 or more"):
+        load_or_create_token(str(path))
+    monkeypatch.delenv("RAYDIT_API_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="RAYDIT_API_TOKEN"):
+        load_or_create_token(None)
+    monkeypatch.setenv("RAYDIT_API_TOKEN", "from-the-environment-0123")
+    assert load_or_create_token(None) == ("from-the-environment-0123", False)
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+def test_form_strings_and_json_values_parse_alike():
+    form = parse_body({"prompt": "a fox", "num_inference_steps": "3", "guidance_scale": "5.5", "seed": "7",
+                       "size": "32x16", "seconds": "1"})
+    as_json = parse_body({"prompt": "a fox", "num_inference_steps": 3, "guidance_scale": 5.5, "seed": 7,
+                          "size": "32x16", "seconds": 1})
+    assert form == as_json
+    params = resolve(form, LIMITS, TINY)
+    assert params == {"prompt": "a fox", "negative_prompt": "", "num_frames": 9, "height": 16, "width": 32,
+                      "num_inference_steps": 3, "guidance_scale": 5.5, "seed": 7}
+
+
+def test_defaults_come_from_the_limits():
+    params = resolve(parse_body({"prompt": "x"}), LIMITS, TINY)
+    assert (params["num_frames"], params["height"], params["width"]) == (17, 32, 32)
+    assert params["num_inference_steps"] == 4 and 0 <= params["seed"] < 2**31
+
+
+@pytest.mark.parametrize("seconds, frames", [(0.1, 1), (0.5, 5), (1, 9), (1.1, 9), (1.2, 13), (2, 17), (6, 49)])
+def test_seconds_become_the_fewest_frames_the_vae_takes(seconds, frames):
+    assert frames_for_seconds(seconds, fps=8, vae_temporal=4) == frames
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({"prompt": ""}, "prompt", "at least 1 character"),
+    ({}, "prompt", "Field required"),
+    ({"prompt": "x", "num_inference_steps": "abc"}, "num_inference_steps", "valid integer"),
+    ({"prompt": "x", "num_inference_steps": "2.5"}, "num_inference_steps", "valid integer"),
+    ({"prompt": "x", "num_inference_steps": "0"}, "num_inference_steps", "greater than or equal to 1"),
+    ({"prompt": "x", "guidance_scale": "lots"}, "guidance_scale", "valid number"),
+    ({"prompt": "x", "seed": "-1"}, "seed", "greater than or equal to 0"),
+    ({"prompt": "x", "num_inference_step": "2"}, "num_inference_step", "unknown field"),
+])
+def test_bad_field_is_named(body, param, needle):
+    with pytest.raises(RequestError) as info:
+        parse_body(body)
+    assert info.value.param == param and info.value.status == 400
+    assert param in info.value.message and needle in info.value.message
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({"num_inference_steps": 51}, "num_inference_steps", "limit of 50 (--max-steps)"),
+    ({"num_frames": 21}, "num_frames", "more than the 17 frames this server's plan holds"),
+    ({"seconds": 3}, "seconds", "more than the 17 frames"),
+    ({"num_frames": 10}, "num_frames", "nearest valid: 9 or 13"),
+    ({"size": "48x32"}, "size", "beyond the 32x32"),
+    ({"size": "24x16"}, "size", "width 24 is not a multiple of 16"),
+    ({"size": "big"}, "size", "WIDTHxHEIGHT"),
+    ({"model": "sora-2"}, "model", "this server runs 'tiny'"),
+])
+def test_beyond_the_limits_is_refused_with_the_limit(body, param, needle):
+    with pytest.raises(RequestError) as info:
+        resolve(parse_body({"prompt": "x", **body}), LIMITS, TINY)
+    assert info.value.param == param and needle in info.value.message, info.value.message
+
+
+# -- store ---------------------------------------------------------------------------------------
+
+
+def _job(**kw) -> VideoJob:
+    params = {"prompt": "x", "negative_prompt": "", "num_frames": 9, "height": 32, "width": 32,
+              "num_inference_steps": 2, "guidance_scale": 6.0, "seed": 1}
+    return VideoJob(id=new_id(), model="tiny", prompt="x", params=params, fps=8, **kw)
+
+
+def test_ids_are_the_only_names(tmp_path):
+    store = VideoStore(tmp_path)
+    assert valid_id(new_id())
+    for bad in ("../etc/passwd", "video_../../x", "video_" + "g" * 24, "VIDEO_" + "0" * 24, "video_0"):
+        assert not valid_id(bad)
+        with pytest.raises(ValueError):
+            store.video_path(bad)
+
+
+def test_store_round_trip_and_a_missing_mp4(tmp_path):
+    import numpy as np
+
+    store = VideoStore(tmp_path)
+    done, gone, waiting = _job(status="completed", progress=100), _job(status="completed"), _job()
+    for j in (done, gone, waiting):
+        store.save(j)
+    store.write_video(done.id, np.zeros((9, 32, 32, 3), np.uint8), fps=8)
+    (tmp_path / "video_broken.json").write_text("{")  # not an id: ignored
+    (tmp_path / f"{new_id()}.json").write_text("{not json")
+    jobs, notes = store.load_all()
+    by_id = {j.id: j for j in jobs}
+    assert by_id[done.id].status == "completed" and by_id[done.id].to_object()["progress"] == 100
+    assert by_id[gone.id].status == "failed" and "missing" in by_id[gone.id].error["message"]
+    assert by_id[waiting.id].status == "queued"
+    assert len(notes) == 2  # the unreadable file and the missing mp4
+    obj = json.loads(json.dumps(by_id[done.id].to_object()))
+    assert obj["object"] == "video" and obj["size"] == "32x32" and obj["seconds"] == "1.125"
+    store.delete(done.id)
+    assert not store.video_path(done.id).exists()
