@@ -25,6 +25,7 @@ BUILTINS = [
     ("mochi-1", 24, 128, 48, 1, "rotary", True),
     ("tiny", 2, 16, 2, None, "sinusoidal", True),
     ("tiny-i2v", 2, 16, 2, None, "rotary", True),
+    ("tiny-hunyuan", 6, 16, 2, 1, "rotary", True),
 ]
 
 

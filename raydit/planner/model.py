@@ -246,6 +246,9 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                            4, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
     specs.append(ModelSpec("tiny-i2v", "cogvideox", 2, 16, 2, 4 * tiny_hidden, 2, None, 16, True, "rotary",
                            8, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
+    # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
+    specs.append(ModelSpec("tiny-hunyuan", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 256, True, "rotary",
+                           4, 6.4e5, 4.2e4, 7.1e4, 9, 64, 64, cfg_branches=1))
     return {s.name: s for s in specs}
 
 
