@@ -106,6 +106,10 @@ class GenerationRequest:
     # LoRA adapters active for this request only: ((name, scale), ...), names of adapters
     # loaded on every rank (raydit.models.lora); () is the base model.
     lora: tuple[tuple[str, float], ...] = ()
+    # Step caching (raydit.models.cache): None (every step computed), "fbcache" or "teacache";
+    # cache_threshold None: the method's default.
+    cache: str | None = None
+    cache_threshold: float | None = None
 
     def __post_init__(self):
         import math
@@ -133,6 +137,9 @@ class GenerationRequest:
                 raise ValueError(f"{name} {value!r} must be a finite number >= 0 (1 disables guidance)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed {self.seed!r} must be an integer in [0, 2**63)")
+        from raydit.models.cache import check_cache
+
+        check_cache(self.cache, self.cache_threshold)
         if self.image is not None and not isinstance(self.image, bytes):
             raise ValueError("request image must be PNG bytes; build requests with image_to_png(image)")
 

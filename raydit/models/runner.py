@@ -68,6 +68,7 @@ class Runner:
                 transformer.to("cpu")
         self.handles = []
         self._last_state: DenoiseState | None = None
+        self._step_cache = None  # raydit.models.cache.StepCache, installed by the first cached request
         if mesh is not None and mesh.sp > 1:
             from raydit.models.registry import parallelize
 
@@ -84,6 +85,9 @@ class Runner:
 
     def close(self) -> None:
         """Restore the unparallelized transformers."""
+        if self._step_cache is not None:
+            self._step_cache.remove()
+            self._step_cache = None
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -194,7 +198,9 @@ class Runner:
         if self.offload_idle:
             self._place_expert(state, t)
 
-        noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
+        cache = self._cache_step(state)
+        with cache:  # step caching: the transformer calls of this step may skip blocks
+            noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
         noise = torch.cat(noises) if len(noises) > 1 else noises[0]
         if family.do_cfg(pipe, request):
             # The family returns both branches whenever guidance is on (see _branches).
@@ -204,6 +210,7 @@ class Runner:
         generator = torch.Generator("cpu")
         generator.set_state(state.generator_state)
         latents, carry = family.scheduler_step(pipe, state, noise, t, generator)
+        carry = cache.merge(carry)
         new = dataclasses.replace(
             state,
             latents=latents.to(state.latents.dtype),
@@ -214,6 +221,16 @@ class Runner:
         )
         self._last_state = new
         return new
+
+    def _cache_step(self, state: DenoiseState):
+        """The step cache's driver for this step (a no-op for a request without caching)."""
+        from raydit.models.cache import NO_CACHE, StepCache
+
+        if state.request.cache is None:
+            return NO_CACHE
+        if self._step_cache is None:
+            self._step_cache = StepCache(self)
+        return self._step_cache.begin(state)
 
     # -- checkpoint / decode -------------------------------------------------------------
     def checkpoint(self, state: DenoiseState) -> dict:

@@ -1,0 +1,477 @@
+"""Step caching that every rank agrees on: first-block cache and TeaCache-style skipping.
+
+When the transformer's work changes little from one denoising step to the next, a step can
+reuse the residual the blocks added at the last computed step instead of running them:
+
+- `fbcache` (first-block cache, as in ParaAttention and diffusers' FirstBlockCache): run the
+  first block; r1 = its output - its input (the hidden stream). If
+      rel = sum |r1 - r1_prev| / sum |r1_prev|     (relative L1, r1_prev: last computed step)
+  is below the threshold, skip the other blocks: every output stream = first block's output
+  + the residual the other blocks added at the last computed step.
+- `teacache` (TeaCache-style, Liu et al. 2024): before any block runs, accumulate the
+  relative L1 change of the timestep embedding the blocks receive (`temb`) since the last
+  step; while the sum stays below the threshold, skip ALL blocks (outputs = inputs + the
+  residual of all blocks at the last computed step). The first and the last step always
+  compute. Without TeaCache's per-model rescaling polynomial (fitted on the real models):
+  thresholds are on the raw relative change.
+
+Agreement. A rank-local decision would let one rank skip the blocks (and their attention
+collectives) while another runs them: a hang. The decision quantity is a ratio of two sums;
+each rank adds its share (its local tokens, pad tokens excluded; its guidance branch) and the
+two sums are all-reduced over the sequence-parallel group and then over the cfg pair, so
+every rank computes the same ratio and decides the same. What the sums cover does not depend
+on the plan: one transformer call of one process. With the branches batched (CogVideoX) that
+call holds both branches, so on a cfg-2 mesh both cfg ranks contribute; with two calls per
+step (Wan) the decision is made at the step's first call (the unconditional branch, or the
+only one) and the second call follows it, so on a cfg-2 mesh only the rank running that
+branch contributes. A step is cached or computed as a whole, on every rank.
+
+State. The residuals live in `DenoiseState.carry` (checkpointed): FULL sequences (gathered,
+padding removed), one tensor per guidance branch ("uncond"/"cond", batch 1) and output stream,
+exchanged over the cfg pair, so every rank holds all of them and a checkpoint from any rank
+resumes on any world size: each rank cuts its local shard from the full tensor at every step.
+The cost is one all-gather of the first block's output per COMPUTED step (fbcache; teacache
+needs none: its residual is taken against the full input) and, on a cfg-2 mesh, one exchange
+of the residuals over the cfg pair per computed step. Skipped steps communicate two scalars.
+
+Hooks. On every transformer of the pipeline, the blocks named by its adapter's plan get: a
+forward pre-hook on the first block that runs before the adapter's split (the full inputs),
+their `forward` wrapped (the first block decides; the others pass their inputs through when
+the step is skipped), and a forward hook on the last block after the adapter's gather (the
+full outputs). Outside a cached step the wrappers call the model's own forward unchanged.
+
+Legend: B batch (branches of one call), L tokens of a part (full) or of a chunk (local), C channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from dataclasses import dataclass
+
+# method -> default threshold
+METHODS: dict[str, float] = {"fbcache": 0.05, "teacache": 0.1}
+PREFIX = "cache/"
+CACHED_STEPS = PREFIX + "cached_steps"  # carry key: steps served from the cache so far
+_MODEL = PREFIX + "model"  # which transformer of the pipeline computed the cached residuals
+_ACCUM = PREFIX + "accumulated"  # teacache: relative change accumulated since the last compute
+
+
+def check_cache(method, threshold) -> None:
+    """Raise ValueError (one line naming the value and the fix) for a bad method or threshold."""
+    if method is None:
+        if threshold is not None:
+            raise ValueError(f"cache_threshold {threshold!r} needs a cache method; add --cache "
+                             f"{' or --cache '.join(METHODS)}, or drop the threshold")
+        return
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"cache {method!r} is not a step-cache method; use one of: {', '.join(METHODS)} "
+                         "(or none to run every step)")
+    if threshold is None:
+        return
+    if (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
+            or threshold <= 0):
+        raise ValueError(f"cache_threshold {threshold!r} must be a finite number > 0 (a relative L1 change; "
+                         f"{method}'s default is {METHODS[method]})")
+
+
+def cache_threshold(method: str, threshold: float | None) -> float:
+    return METHODS[method] if threshold is None else float(threshold)
+
+
+def forward_branches(do_cfg: bool, cfg_parallel: bool, cfg_rank: int, batch_branches: bool) -> list[tuple[str, ...]]:
+    """The guidance branches each transformer call of this rank covers in one step, in call
+    order (mirrors Runner._branches: the pipeline order is uncond, cond)."""
+    from raydit.models.family import COND
+
+    if not do_cfg:
+        return [("cond",)]
+    if cfg_parallel:
+        return [("cond",) if cfg_rank == COND else ("uncond",)]
+    if batch_branches:
+        return [("uncond", "cond")]
+    return [("uncond",), ("cond",)]
+
+
+def deciding_branches(do_cfg: bool, batch_branches: bool) -> tuple[str, ...]:
+    """What the decision quantity covers: the first call of a one-process step."""
+    if not do_cfg:
+        return ("cond",)
+    return ("uncond", "cond") if batch_branches else ("uncond",)
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One output of a block: output `index` updates forward argument `arg`, a sequence of
+    layout part `part` along `dim`."""
+
+    index: int
+    arg: str
+    part: int
+    dim: int
+
+
+def _streams(adapter, block) -> tuple[_Stream, ...]:
+    plan = adapter.plan
+    gathers = sorted(plan.gather_outputs, key=lambda g: g.index)
+    names = getattr(adapter, "block_outputs", None)
+    if names is None:
+        # A block returns its first k forward arguments, updated (CogVideoX: hidden_states,
+        # encoder_hidden_states; Wan: hidden_states).
+        names = tuple(inspect.signature(block.forward).parameters)[: len(gathers)]
+    if len(names) != len(gathers):
+        raise ValueError(f"{type(adapter).__name__}.block_outputs {names} must name one argument per gathered output")
+    return tuple(_Stream(g.index, name, g.part, g.dim) for g, name in zip(gathers, names))
+
+
+def _key(kind: str, branch: str, index: int | None = None) -> str:
+    return f"{PREFIX}{kind}/{branch}" + ("" if index is None else f"/{index}")
+
+
+class StepCache:
+    """The hooks on one Runner's transformers; `begin(state)` drives them for one step."""
+
+    def __init__(self, runner):
+        adapter = runner.family.adapter()
+        self.runner = runner
+        self.mesh = runner.mesh
+        self.temb_arg = getattr(adapter, "block_temb", "temb")
+        self._installed: list = []  # (block, the instance `forward` it had or None)
+        self._hooks: list = []
+        self._run: _Run | None = None
+        self.models = []
+        try:
+            for m, transformer in enumerate(runner.family.transformers(runner.pipe)):
+                plan = adapter.plan
+                blocks = (plan.block_list(transformer) if hasattr(plan, "block_list")
+                          else list(getattr(transformer, plan.blocks)))
+                streams = _streams(adapter, blocks[0])
+                handle = runner.handles[m] if m < len(runner.handles) else None
+                self.models.append((streams, handle))
+                self._install(m, blocks)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install(self, m: int, blocks) -> None:
+        first, last = blocks[0], blocks[-1]
+        signature = inspect.signature(first.forward)
+
+        def capture(module, args, kwargs):
+            if self._run is not None:
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                self._run.capture(m, bound)
+
+        def after_last(module, args, output):
+            if self._run is not None:
+                self._run.after_last(m, output)
+
+        # Before the adapter's split pre-hook (full inputs); after its gather hook (full outputs).
+        self._hooks.append(first.register_forward_pre_hook(capture, with_kwargs=True, prepend=True))
+        for j, block in enumerate(blocks):
+            own = block.__dict__.get("forward")
+            original = block.forward
+
+            @functools.wraps(original)
+            def forward(*args, _m=m, _j=j, _original=original, **kwargs):
+                run = self._run
+                if run is None:
+                    return _original(*args, **kwargs)
+                return run.block(_m, _j, _original, args, kwargs)
+
+            block.forward = forward
+            self._installed.append((block, own))
+        self._hooks.append(last.register_forward_hook(after_last))
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        for block, own in self._installed:
+            if own is None:
+                del block.forward
+            else:
+                block.forward = own
+        self._hooks, self._installed, self._run = [], [], None
+
+    def begin(self, state) -> "_Run":
+        runner, request = self.runner, state.request
+        do_cfg = runner.family.do_cfg(runner.pipe, request)
+        batched = runner.family.batch_branches
+        return _Run(
+            self, state,
+            method=request.cache,
+            threshold=cache_threshold(request.cache, request.cache_threshold),
+            do_cfg=do_cfg,
+            forwards=forward_branches(do_cfg, runner.cfg_parallel, runner.mesh.cfg_rank if runner.cfg_parallel else 0,
+                                      batched),
+            deciding=deciding_branches(do_cfg, batched),
+        )
+
+
+class _NoCache:
+    """The step of a request without caching."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def merge(self, carry: dict) -> dict:
+        return carry
+
+
+NO_CACHE = _NoCache()
+
+
+class _Run:
+    """One step of one request: decides once, then serves every transformer call of the step."""
+
+    def __init__(self, cache: StepCache, state, method: str, threshold: float, do_cfg: bool, forwards, deciding):
+        self.cache, self.state, self.method, self.threshold, self.do_cfg = cache, state, method, threshold, do_cfg
+        self.forwards, self.deciding = forwards, deciding
+        self.carry = {k: v for k, v in state.carry.items() if k.startswith(PREFIX)}
+        self.calls = 0  # transformer calls started in this step
+        self.skip: bool | None = None  # the step's decision, made at its first call
+        self.skipping = False  # the current call skips its blocks
+        self.new: dict = {}  # residuals of this step (computed steps), this rank's branches
+        self.inputs = None  # full inputs of the current call's first block
+        self.out0 = None  # local outputs of the current call's first block (fbcache)
+        self.quantity = None  # (sum |change|, sum |previous|) after the reduction, for tests and logs
+        self.branches, self.model = self.forwards[0], None  # of the current call
+        self._tembs: dict = {}  # teacache: this step's timestep embedding per branch (full)
+        self._accumulated = 0.0
+
+    # -- context: the runner wraps its transformer calls of one step ----------------------
+    def __enter__(self):
+        self.cache._run = self
+        return self
+
+    def __exit__(self, *exc):
+        self.cache._run = None
+        return False
+
+    def merge(self, carry: dict) -> dict:
+        """The family's new carry plus this step's cache state (collective on a cfg-2 mesh:
+        every rank calls it once per step, after its transformer calls)."""
+        out = {k: v for k, v in carry.items() if not k.startswith(PREFIX)}
+        new = dict(self.carry)
+        new[CACHED_STEPS] = int(new.get(CACHED_STEPS, 0)) + (1 if self.skip else 0)
+        if not self.skip:
+            new = {k: v for k, v in new.items() if not k.startswith((PREFIX + "r1/", PREFIX + "rest/"))}
+            new.update(self._exchange(self.new))
+        if self.method == "teacache":
+            new[_ACCUM] = self._accumulated if self.skip else 0.0
+            new.update({_key("temb", b): t for b, t in self._tembs.items() if b in self.deciding})
+        out.update(new)
+        return out
+
+    # -- the hooks ---------------------------------------------------------------------------
+    def capture(self, m: int, bound: dict) -> None:
+        self.inputs = bound
+
+    def block(self, m: int, j: int, original, args, kwargs):
+        if j == 0:
+            return self._first_block(m, original, args, kwargs)
+        if self.skipping:
+            return self._pass_through(m, original, args, kwargs)
+        return original(*args, **kwargs)
+
+    def after_last(self, m: int, output) -> None:
+        if self.skipping:
+            return
+        streams, _ = self.cache.models[m]
+        full_last = output if isinstance(output, (tuple, list)) else (output,)
+        if self.method == "fbcache":
+            full0 = [self._gather(m, self.out0[s.index], s) for s in streams]
+            r1 = full0[0] - self.inputs[streams[0].arg]
+            self._store("r1", r1, None)
+            base = full0
+        else:
+            base = [self.inputs[s.arg] for s in streams]
+        for s, last, b in zip(streams, full_last, base):
+            self._store("rest", last - b, s.index)
+        self.inputs = self.out0 = None
+
+    # -- decisions ---------------------------------------------------------------------------
+    def _first_block(self, m: int, original, args, kwargs):
+        call = self.calls
+        self.calls += 1
+        assert call < len(self.forwards), (call, self.forwards)
+        self.branches, self.model = self.forwards[call], m
+        streams, _ = self.cache.models[m]
+        if self.method == "teacache":
+            if call == 0:
+                self.skip = self._decide_teacache(m)
+            self.skipping = self.skip
+            if self.skipping:
+                local = self._bound(original, args, kwargs)
+                return self._outputs(streams, [local[s.arg] + self._cached_rest(m, s) for s in streams])
+            return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if call == 0:
+            local = self._bound(original, args, kwargs)
+            self.skip = self._decide_fbcache(m, outs[0] - local[streams[0].arg])
+        self.skipping = self.skip
+        if self.skipping:
+            return self._outputs(streams, [o + self._cached_rest(m, s) for o, s in zip(outs, streams)])
+        self.out0 = outs
+        return out
+
+    def _usable(self, m: int) -> bool:
+        """Whether the carry holds residuals this step may use: the same on every rank (the
+        carry is), so every rank takes the same branch below and calls the same collectives."""
+        carry, state = self.carry, self.state
+        if state.step_index == 0 or carry.get(_MODEL) != m:
+            return False
+        branches = ("uncond", "cond") if self.do_cfg else ("cond",)
+        needed = [_key("rest", b, s.index) for b in branches for s in self.cache.models[m][0]]
+        if self.method == "fbcache":
+            needed += [_key("r1", b) for b in self.deciding]
+        else:
+            if state.step_index >= state.num_steps - 1:
+                return False
+            needed += [_key("temb", b) for b in self.deciding]
+        return all(k in carry for k in needed)
+
+    def _contributes(self) -> bool:
+        """Whether this rank's first call is part of what the decision covers (once)."""
+        runner = self.cache.runner
+        if not runner.cfg_parallel:
+            return True
+        if not self.do_cfg:
+            from raydit.models.family import COND
+
+            return runner.mesh.cfg_rank == COND  # both cfg ranks run cond: count it once
+        return set(self.branches) <= set(self.deciding)
+
+    def _reduce(self, sums):
+        """[sum |change|, sum |previous|] -> the same two sums over every rank of the mesh."""
+        import torch.distributed as dist
+
+        runner = self.cache.runner
+        mesh = runner.mesh
+        if mesh is not None and mesh.sp_group is not None:
+            dist.all_reduce(sums, group=mesh.sp_group)
+        if runner.cfg_parallel:
+            dist.all_reduce(sums, group=mesh.cfg_group)
+        return sums
+
+    def _ratio(self, sums) -> float:
+        change, previous = (float(x) for x in self._reduce(sums))
+        self.quantity = (change, previous)
+        return change / previous if previous > 0 else math.inf
+
+    def _decide_fbcache(self, m: int, r1_local) -> bool:
+        import torch
+
+        if not self._usable(m):
+            return False
+        streams, _ = self.cache.models[m]
+        sums = torch.zeros(2, dtype=torch.float64, device=r1_local.device)
+        if self._contributes():
+            prev = self._local(m, streams[0], [self.carry[_key("r1", b)] for b in self.branches])
+            valid = self._valid(m, streams[0])
+            now, prev = r1_local.narrow(streams[0].dim, 0, valid), prev.narrow(streams[0].dim, 0, valid)
+            sums[0] = (now.float() - prev.float()).abs().sum(dtype=torch.float64)
+            sums[1] = prev.float().abs().sum(dtype=torch.float64)
+        return self._ratio(sums) < self.threshold
+
+    def _decide_teacache(self, m: int) -> bool:
+        import torch
+
+        temb = self.inputs[self.cache.temb_arg]
+        # Per branch, batch 1 (the embedding is full on every rank: taken before the split).
+        self._tembs = dict(zip(self.branches, temb.detach().chunk(len(self.branches))))
+        if self.cache.runner.cfg_parallel:
+            self._tembs = self._exchange_tembs(self._tembs)
+        self._accumulated = float(self.carry.get(_ACCUM, 0.0))
+        if not self._usable(m):
+            return False
+        sums = torch.zeros(2, dtype=torch.float64, device=temb.device)
+        if self._contributes():
+            now = torch.cat([self._tembs[b] for b in self.branches]).float()
+            prev = torch.cat([self.carry[_key("temb", b)] for b in self.branches]).float()
+            sums[0] = (now - prev).abs().sum(dtype=torch.float64)
+            sums[1] = prev.abs().sum(dtype=torch.float64)
+        self._accumulated += self._ratio(sums)
+        return self._accumulated < self.threshold
+
+    # -- tensors -----------------------------------------------------------------------------
+    @staticmethod
+    def _bound(original, args, kwargs) -> dict:
+        return inspect.signature(original).bind_partial(*args, **kwargs).arguments
+
+    @staticmethod
+    def _outputs(streams, tensors):
+        return tensors[0] if len(streams) == 1 else tuple(tensors)
+
+    def _pass_through(self, m: int, original, args, kwargs):
+        streams, _ = self.cache.models[m]
+        local = self._bound(original, args, kwargs)
+        return self._outputs(streams, [local[s.arg] for s in streams])
+
+    def _layout(self, m: int):
+        _, handle = self.cache.models[m]
+        return None if handle is None else handle.context.layout
+
+    def _valid(self, m: int, s: _Stream) -> int:
+        layout = self._layout(m)
+        if layout is None:
+            return self.inputs[s.arg].size(s.dim)
+        return layout.valid_counts(self.cache.mesh.sp_index)[s.part]
+
+    def _local(self, m: int, s: _Stream, full_per_branch):
+        """Full tensors of the branches of this call -> this rank's local chunk [B, chunk, ...]."""
+        import torch
+
+        full = torch.cat(full_per_branch) if len(full_per_branch) > 1 else full_per_branch[0]
+        layout = self._layout(m)
+        if layout is None:
+            return full
+        return layout.shard(full, s.part, self.cache.mesh.sp_index, dim=s.dim)
+
+    def _cached_rest(self, m: int, s: _Stream):
+        return self._local(m, s, [self.carry[_key("rest", b, s.index)] for b in self.branches])
+
+    def _gather(self, m: int, local, s: _Stream):
+        layout = self._layout(m)
+        if layout is None:
+            return local
+        from raydit.parallel.mesh import gather_sequence
+
+        return gather_sequence(local, self.cache.mesh, layout, s.part, dim=s.dim)
+
+    def _store(self, kind: str, full, index: int | None) -> None:
+        """A full residual of this call [B, L, ...] -> one entry per branch, batch 1."""
+        for branch, part in zip(self.branches, full.detach().chunk(len(self.branches))):
+            self.new[_key(kind, branch, index)] = part.contiguous()
+        self.new[_MODEL] = self.model
+
+    def _exchange(self, new: dict) -> dict:
+        """cfg-2 mesh with guidance: each rank computed its branch; every rank gets both."""
+        runner = self.cache.runner
+        if not (runner.cfg_parallel and self.do_cfg):
+            return new
+        import torch
+        import torch.distributed as dist
+
+        from raydit.models.family import COND, UNCOND
+
+        mine = self.forwards[0][0]
+        names = {COND: "cond", UNCOND: "uncond"}
+        out = {k: v for k, v in new.items() if not isinstance(v, torch.Tensor)}
+        # The same keys in the same order on both ranks, up to the branch name.
+        for key in sorted(k for k, v in new.items() if isinstance(v, torch.Tensor)):
+            gathered = [torch.empty_like(new[key]) for _ in range(2)]
+            dist.all_gather(gathered, new[key].contiguous(), group=runner.mesh.cfg_group)
+            for c, tensor in enumerate(gathered):
+                out[key.replace(f"/{mine}", f"/{names[c]}", 1)] = tensor
+        return out
+
+    def _exchange_tembs(self, tembs: dict) -> dict:
+        if not self.do_cfg:
+            return tembs
+        return {k.rsplit("/", 1)[1]: v for k, v in self._exchange({_key("temb", b): t for b, t in tembs.items()}).items()}

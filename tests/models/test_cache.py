@@ -1,0 +1,220 @@
+"""Step caching under every plan up to 4 ranks == one process, same cached steps, resumable.
+
+One spawned group of 4 gloo processes runs every feasible plan of 1..4 ranks (cfg = 2 on 2
+and 4) for a CogVideoX case (guidance branches batched in one call) and a Wan case (two
+calls per step), with fbcache and teacache; the tests compare each plan with the
+single-process run here. The thresholds are chosen so that some steps are cached and no
+step's decision quantity lies within 5% of the threshold (checked below), so a plan's
+rounding cannot flip a decision.
+
+Tolerances (float32): latents rtol 1e-4, atol 1e-4 (as the conformance suite: latents reach
+O(30) with random weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from raydit.models import conformance as harness
+from raydit.models.cache import CACHED_STEPS, check_cache
+from raydit.models.family import GenerationRequest
+from raydit.models.runner import Runner
+
+WORLDS = (1, 2, 3, 4)
+CFG_WORLDS = (2, 4)
+LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
+STEPS = 6
+CHECKPOINT_STEP = 3  # mid-way: resumed by every plan; every plan's own checkpoint resumed here
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheCase:
+    name: str
+    build: str
+    build_kwargs: dict
+    heads: int
+    request: dict
+
+    def make(self):
+        return harness._resolve(self.build)(**self.build_kwargs)
+
+    def make_request(self) -> GenerationRequest:
+        return GenerationRequest(**self.request)
+
+
+def _cases() -> list[CacheCase]:
+    from raydit.models.families import cogvideox, wan
+
+    cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
+    # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
+    cog_request = dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=48, width=32,
+                       num_inference_steps=STEPS, guidance_scale=6.0, seed=3)
+    wan_dir = str(wan.tiny_pipeline_dir("tiny-wan"))
+    # 3 latent frames x 3 x 5 = 45 video tokens: padded on 2 and 4 ranks.
+    wan_request = dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=48, width=80,
+                       num_inference_steps=STEPS, guidance_scale=5.0, seed=4)
+    return [
+        CacheCase("cogvideox-fbcache", "raydit.models.families.cogvideox:cogvideox_pipeline", cog, 2,
+                  dict(cog_request, cache="fbcache", cache_threshold=1.0)),
+        CacheCase("cogvideox-teacache", "raydit.models.families.cogvideox:cogvideox_pipeline", cog, 2,
+                  dict(cog_request, cache="teacache", cache_threshold=1.5)),
+        CacheCase("wan-fbcache", "raydit.models.families.wan:wan_pipeline", dict(base_dir=wan_dir), 6,
+                  dict(wan_request, cache="fbcache", cache_threshold=1.1)),
+    ]
+
+
+def _plans(case: CacheCase):
+    return [p for w in WORLDS for p in harness.feasible_plans(w, case.heads, (1, 2) if w in CFG_WORLDS else (1,))]
+
+
+def cache_worker(rank: int, world_size: int, cases, checkpoints) -> dict:
+    """Every case under every plan of 1..world_size ranks: fresh run, its checkpoint at
+    CHECKPOINT_STEP, and the run resumed from the one-process checkpoint."""
+    out = {}
+    for case in cases:
+        pipe = case.make()
+        request = case.make_request()
+        for plan in _plans(case):
+            mesh = harness.prefix_mesh(plan)
+            if mesh is None:
+                continue
+            runner = Runner(pipe, mesh)
+            try:
+                state = harness.run_steps(runner, request, CHECKPOINT_STEP)
+                checkpoint = runner.checkpoint(state)
+                while not state.done:
+                    state = runner.step(state)
+                resumed = harness.run_steps(runner, request, STEPS, checkpoint=checkpoints[case.name])
+                out[(case.name, str(plan))] = dict(
+                    latents=state.latents, cached=state.carry[CACHED_STEPS], checkpoint=checkpoint,
+                    resumed=resumed.latents, resumed_cached=resumed.carry[CACHED_STEPS])
+            finally:
+                runner.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return _cases()
+
+
+@pytest.fixture(scope="module")
+def reference(cases):
+    """One process: the final latents, the cached steps, every step's decision quantity and
+    the checkpoint at CHECKPOINT_STEP."""
+    from raydit.models import cache as cache_mod
+
+    ratios: list[float] = []
+    original = cache_mod._Run._ratio
+
+    def recording(self, sums):
+        value = original(self, sums)
+        ratios.append(value if self.method == "fbcache" else self._accumulated + value)
+        return value
+
+    refs = {}
+    for case in cases:
+        runner = Runner(case.make())
+        request = case.make_request()
+        ratios.clear()
+        cache_mod._Run._ratio = recording
+        try:
+            state = harness.run_steps(runner, request, CHECKPOINT_STEP)
+            checkpoint = runner.checkpoint(state)
+            while not state.done:
+                state = runner.step(state)
+        finally:
+            cache_mod._Run._ratio = original
+        uncached = harness.run_steps(runner, dataclasses.replace(request, cache=None, cache_threshold=None), STEPS)
+        refs[case.name] = dict(latents=state.latents, cached=state.carry[CACHED_STEPS], checkpoint=checkpoint,
+                               ratios=list(ratios), uncached=uncached.latents, runner=runner)
+    return refs
+
+
+@pytest.fixture(scope="module")
+def distributed(cases, reference):
+    from raydit.parallel.testing import run_distributed
+
+    checkpoints = {name: ref["checkpoint"] for name, ref in reference.items()}
+    return run_distributed(cache_worker, max(WORLDS), cases, checkpoints, timeout=600)
+
+
+def test_thresholds_cache_some_steps_and_decide_with_margin(cases, reference):
+    for case in cases:
+        ref = reference[case.name]
+        threshold = case.request["cache_threshold"]
+        assert 0 < ref["cached"] < STEPS - 1, f"{case.name}: {ref['cached']} cached steps"
+        for value in ref["ratios"]:
+            assert abs(value - threshold) > 0.05 * threshold, f"{case.name}: quantity {value} too close to {threshold}"
+        # Caching changed the result (it is not a no-op), by a bounded amount.
+        assert not torch.equal(ref["latents"], ref["uncached"])
+
+
+@pytest.mark.slow
+def test_every_plan_gives_the_one_process_latents_and_cached_steps(cases, reference, distributed):
+    for case in cases:
+        ref = reference[case.name]
+        for plan in _plans(case):
+            key = (case.name, str(plan))
+            on_rank0 = distributed[0][key]
+            for rank in range(plan.world_size):
+                got = distributed[rank][key]
+                assert got["cached"] == ref["cached"], f"{key} rank {rank}: {got['cached']} cached steps, one process {ref['cached']}"
+                assert got["resumed_cached"] == ref["cached"], f"{key} rank {rank} resumed"
+                torch.testing.assert_close(got["latents"], ref["latents"], **LATENT_TOL, msg=lambda m: f"{key} rank {rank}: {m}")
+                torch.testing.assert_close(got["resumed"], ref["latents"], **LATENT_TOL,
+                                           msg=lambda m: f"{key} rank {rank} resumed: {m}")
+                assert torch.equal(got["latents"], on_rank0["latents"]), f"{key}: rank {rank} differs from rank 0"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_any_plan_resumes_on_one_process(cases, reference, distributed):
+    """The cached residuals in the checkpoint are full sequences: a checkpoint written by rank
+    0 of a 4-rank plan (or any other) resumes on one process to the uninterrupted result."""
+    for case in cases:
+        ref = reference[case.name]
+        runner = ref["runner"]
+        request = case.make_request()
+        for plan in _plans(case):
+            if plan.world_size == 1:
+                continue
+            checkpoint = distributed[0][(case.name, str(plan))]["checkpoint"]
+            assert all(not isinstance(v, torch.Tensor) or v.device.type == "cpu" for v in checkpoint["carry"].values())
+            state = harness.run_steps(runner, request, STEPS, checkpoint=checkpoint)
+            assert state.carry[CACHED_STEPS] == ref["cached"], f"{case.name} from {plan}"
+            torch.testing.assert_close(state.latents, ref["latents"], **LATENT_TOL, msg=lambda m: f"{case.name} from {plan}: {m}")
+
+
+@pytest.mark.parametrize(
+    "method, threshold, message",
+    [
+        ("fbcash", None, "cache 'fbcash' is not a step-cache method; use one of: fbcache, teacache"),
+        ("fbcache", 0, "cache_threshold 0 must be a finite number > 0"),
+        ("teacache", float("nan"), "cache_threshold nan must be a finite number > 0"),
+        ("fbcache", "0.1", "cache_threshold '0.1' must be a finite number > 0"),
+        (None, 0.1, "cache_threshold 0.1 needs a cache method"),
+    ],
+)
+def test_bad_cache_options_are_one_line(method, threshold, message):
+    with pytest.raises(ValueError, match=message) as info:
+        check_cache(method, threshold)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=message):
+        GenerationRequest(prompt="x", num_frames=9, height=48, width=32, cache=method, cache_threshold=threshold)
+
+
+def test_caching_off_is_the_uncached_runner(cases, reference):
+    """A runner that served a cached request runs an uncached one exactly as before (the
+    hooks pass through), and a checkpoint records the request's cache choice."""
+    case = cases[0]
+    ref = reference[case.name]
+    fresh = harness.run_steps(Runner(case.make()), dataclasses.replace(case.make_request(), cache=None,
+                                                                       cache_threshold=None), STEPS)
+    assert torch.equal(fresh.latents, ref["uncached"])
+    assert ref["checkpoint"]["request"]["cache"] == case.request["cache"]
+    with pytest.raises(ValueError, match="checkpoint belongs to request"):
+        ref["runner"].prepare(dataclasses.replace(case.make_request(), cache=None, cache_threshold=None),
+                              checkpoint=ref["checkpoint"])
