@@ -49,6 +49,7 @@ class RunnerCase:
     steps: int = 2  # denoising steps run (<= request num_inference_steps)
     image: str | None = None  # "checker": a deterministic test image goes with the request
     cfg: bool = True  # cfg = 2 plans apply (the request uses guidance)
+    checkpoint_step: int = 1  # the one-process checkpoint every plan resumes from (< steps)
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)

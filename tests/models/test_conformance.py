@@ -45,12 +45,13 @@ def forward_refs():
 
 @pytest.fixture(scope="module")
 def runner_refs(runner_cases):
-    """Per case: the latents after `steps` steps on one process, and the step-1 checkpoint."""
+    """Per case: the latents after `steps` steps on one process, and the checkpoint after
+    `case.checkpoint_step` steps (1 unless the case says otherwise)."""
     refs, checkpoints = {}, {}
     for case in runner_cases:
         runner = Runner(case.make())
         request = case.make_request()
-        checkpoints[case.name] = runner.checkpoint(harness.run_steps(runner, request, 1))
+        checkpoints[case.name] = runner.checkpoint(harness.run_steps(runner, request, case.checkpoint_step))
         refs[case.name] = harness.run_steps(runner, request, case.steps).latents
     return refs, checkpoints
 
@@ -108,7 +109,7 @@ def test_every_family_brings_cases():
 @pytest.mark.slow
 @pytest.mark.parametrize("case_name, plan", _runner_params())
 def test_denoising_steps_match_single_process(distributed, runner_refs, case_name, plan):
-    """Two full steps from the seed, and one step resumed from a 1-process checkpoint."""
+    """`steps` steps from the seed, and the same resumed from a 1-process checkpoint."""
     refs, _ = runner_refs
     for kind in ("fresh", "resumed"):
         on_rank0 = distributed[0]["runner"][(case_name, str(plan), kind)]

@@ -589,3 +589,51 @@ def forward_cases() -> list:
         ForwardCase("wan-ti2v-7tokens", _BUILD_FORWARD, 6,
                     dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=2, heads=6, head_dim=12)),
     ]
+
+
+_BUILD_PIPELINE = "raydit.models.families.wan:wan_pipeline"
+
+
+def wan_pipeline(base_dir: str):
+    """A tiny Wan pipeline loaded from its directory (as a real checkpoint is)."""
+    from diffusers import DiffusionPipeline
+
+    from raydit.models.tiny import quiet_hub
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def runner_cases(base_dirs) -> list:
+    """Denoising cases on the tiny pipelines (6 heads: Ulysses 1, 2, 3, 6; 4, 5 and 8 ranks
+    run ring / hybrid layouts). Video token counts: 49 (7 x 1 x 7) and 45 (3 x 3 x 5): no
+    world size 2..8 divides 49, and only 3 and 5 divide 45."""
+    from raydit.models.conformance import RunnerCase
+
+    def case(name, tiny, request, **kw):
+        return RunnerCase(name, _BUILD_PIPELINE, 6, request, dict(base_dir=base_dirs[tiny]), **kw)
+
+    a14b = dict(prompt="waves at dusk", negative_prompt="blur", num_frames=9, height=48, width=80,
+                num_inference_steps=5, guidance_scale=5.0, guidance_scale_2=3.0, seed=5)
+    return [
+        # 2.1 T2V: UniPC (its multistep history travels in the checkpoint), two guidance calls.
+        case("wan-t2v", "tiny-wan", dict(prompt="a red fox runs", num_frames=25, height=16, width=112,
+                                         num_inference_steps=3, guidance_scale=5.0, seed=11)),
+        # 2.2 A14B: timesteps 999, 923, 818, 667, 429 with the switch at 875: steps 0 and 1 run
+        # `transformer`, steps 2.. `transformer_2` with guidance_scale_2. Resumed from a
+        # checkpoint taken before the switch (after step 1) and after it (after step 2); the
+        # resumed steps are not the schedule's last, whose update ignores UniPC's history.
+        case("wan-a14b-resume-before-switch", "tiny-wan-a14b", a14b, steps=3, checkpoint_step=1, cfg=False),
+        case("wan-a14b-resume-after-switch", "tiny-wan-a14b", a14b, steps=4, checkpoint_step=3),
+        # 2.2 TI2V-5B with an image: 16x VAE, a timestep per token (0 on the image's frame).
+        case("wan-ti2v-image", "tiny-wan-ti2v", dict(prompt="a paper boat", num_frames=25, height=32, width=224,
+                                                     num_inference_steps=3, guidance_scale=5.0, seed=2),
+             image="checker", cfg=False),
+        # 2.1 I2V: CLIP image tokens in front of the text (cross-attention), image latents and
+        # mask in the channels.
+        case("wan-i2v", "tiny-wan-i2v", dict(prompt="a kite", num_frames=9, height=48, width=80,
+                                             num_inference_steps=3, guidance_scale=5.0, seed=4),
+             image="checker", cfg=False),
+    ]
