@@ -106,6 +106,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _save_job(o)
     image = image_to_png(o["image"]) if o.get("image") and not resume else None
     image_model = takes_image(resolve_model_dir(o["model"])) and not resume
+    if not resume:  # the scheduler's limit, before Ray starts
+        from raydit.runtime.engine import check_steps
+
+        check_steps(str(resolve_model_dir(o["model"])), o["steps"])
     if image is not None and not image_model:
         raise ValueError(f"--image {o['image']!r}: model {o['model']!r} is text-to-video and takes no image; "
                          "drop --image or use an image-to-video checkpoint")

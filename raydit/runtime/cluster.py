@@ -6,6 +6,7 @@ their placement group, and the torch.distributed process group formed over them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raydit.runtime.errors import WorkerFailure, reported
 from raydit.runtime.failures import DEADLINE, LOST, Failure, classify, root_cause
 from raydit.runtime.worker import RankWorker
+
+logger = logging.getLogger(__name__)
 
 
 class RayCluster:
@@ -302,9 +305,19 @@ class WorkerPool:
         members = self.active if members is None else members
         pending = list(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        extended = False
         while pending:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+            if not ready and not extended:
+                # Every rank still answers from its second thread: slow (a loaded machine),
+                # not stopped. One more deadline, said in the log, before calling it stuck.
+                extended = True
+                if not _silent([m for m, r in zip(members, refs) if r in pending], timeout_s=2.0):
+                    logger.warning("raydit: %s is past its %.1f s deadline; every rank answers, waiting "
+                                   "%.1f s more before dropping the stuck ones", where, timeout_s, timeout_s)
+                    deadline = time.monotonic() + timeout_s
+                    continue
             if not ready:
                 late = Failure(DEADLINE, "DeadlineExceeded",
                                f"{where} made no progress for {timeout_s:.1f} s (its deadline)")

@@ -396,12 +396,7 @@ class Engine:
         geometry (the planner's rules), more steps than the scheduler has timesteps, a
         size beyond what every replica's plan can hold."""
         self.spec.geometry(request.num_frames, request.height, request.width)
-        limit = self._num_train_timesteps
-        if limit is not None and request.num_inference_steps > limit:
-            raise ValueError(
-                f"num_inference_steps {request.num_inference_steps} is more than the {limit} timesteps "
-                f"the model's scheduler was trained with; use {limit} steps or fewer"
-            )
+        check_steps(self._num_train_timesteps, request.num_inference_steps)
         planned = self._planned_geometry()
         if (request.num_frames, request.height, request.width) != planned:
             frames, height, width = planned
@@ -545,6 +540,18 @@ class Engine:
                 self.shutdown()
         except Exception:
             pass
+
+
+def check_steps(limit: int | str | None, steps: int) -> None:
+    """Refuse more inference steps than the scheduler has training timesteps (diffusers
+    would raise it on every rank). `limit`: the figure, or a pipeline directory."""
+    if isinstance(limit, str):
+        limit = _num_train_timesteps(limit)
+    if limit is not None and steps > limit:
+        raise ValueError(
+            f"num_inference_steps {steps} is more than the {limit} timesteps the model's scheduler "
+            f"was trained with; use {limit} steps or fewer"
+        )
 
 
 def _num_train_timesteps(model_dir: str) -> int | None:
