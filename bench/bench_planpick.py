@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
-from bench_scaling import LATENT_C, LATENT_H, LATENT_W, TEXT_TOKENS, _bench_spec, calibrated_cpu  # noqa: E402
+from bench_scaling import CALIBRATION_SIZES, LATENT_C, LATENT_H, LATENT_W, TEXT_TOKENS, _bench_spec, calibrated_cpu  # noqa: E402,E501
 from bench_scaling import transformer_kwargs  # noqa: E402
 
 TARGET = 0.05
@@ -88,7 +88,7 @@ def planpick_worker(rank: int, world: int, plans: list, frames: int, layers: int
         order = plans[k:] + plans[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": [name_of(p) for p in order]}
         if rank == 0:
-            row["calibration"] = measure_matmul("cpu")
+            row["calibration"] = measure_matmul("cpu", CALIBRATION_SIZES)
         for p in order:
             mesh = meshes[p]
             if mesh.cfg == 2:  # this group's branch only

@@ -19,7 +19,8 @@ compute-only ceiling of the 2-rank speedup in this round (it includes what two b
 cost each other: shared caches, memory bandwidth, clock).
 
 Calibration at plan time: at the start of every round rank 0 runs the matmul measurement of
-`raydit doctor --calibrate` (raydit.runtime.calibrate.measure_matmul, one thread) and the
+`raydit doctor --calibrate` (raydit.runtime.calibrate.measure_matmul, one thread, matrices
+of CALIBRATION_SIZES) and the
 planner predicts each plan on a `cpu` device calibrated with it (the table's `efficiency`,
 a fit on an earlier run, applied to the measured rate); the prediction error is paired by
 round. The table's fixed `cpu` entry is reported beside it. Before each measurement rank 0
@@ -59,6 +60,9 @@ HEAD_CHUNKS = {"ulysses 2 no overlap": 1}  # others: the default pipeline depth
 TOL = dict(rtol=1e-3, atol=1e-3)
 # A measurement is clean when the rest of the machine used at most this fraction of one core.
 CLEAN = 0.15
+# The doctor's matmul measurement with larger matrices: about half a second of work, a
+# window long enough to see the share of the core this process gets on a shared machine.
+CALIBRATION_SIZES = (512, 768, 1024)
 
 
 def transformer_kwargs(layers: int, text_dim: int) -> dict:
@@ -102,7 +106,7 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
         order = CONFIGS[k:] + CONFIGS[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": list(order)}
         if rank == 0:
-            row["calibration"] = measure_matmul("cpu")  # what `raydit doctor --calibrate` measures
+            row["calibration"] = measure_matmul("cpu", CALIBRATION_SIZES)  # what `raydit doctor --calibrate` measures
         dist.barrier()
         reference = None
         for name in order:

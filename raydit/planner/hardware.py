@@ -57,7 +57,8 @@ class DeviceType:
         return self.tflops * 1e12 * self.efficiency
 
 
-# Calibration of `efficiency`: CogVideoX-2b, 49x480x720, guidance on, is about 2.4e14 FLOP
+# Calibration of `efficiency` (fits: bench/bench_costmodel.py marks these anchors `fit` and
+# never uses them as checks): CogVideoX-2b, 49x480x720, guidance on, is about 2.4e14 FLOP
 # per step (see cost.py). H100 ~45 s / 50 steps (incl. VAE) -> ~0.35; A100 ~90 s -> ~0.45;
 # xDiT's L40 figure (2.1 s/step on one GPU) -> ~0.6. Others are set by analogy.
 DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
@@ -76,8 +77,11 @@ DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
         DeviceType("RTX4090", 24, 165, 0.5, 12, "pcie", 20.0),
         # Turing has no bf16: the figure is fp16 with fp32 accumulate; PCIe gen3.
         DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0),
-        # One Ray CPU slot: memory shared with the host, a few cores' worth of fp32.
-        DeviceType("cpu", 16, 0.2, 0.5, 5, "shm", 50.0, per_node=64),
+        # One Ray CPU slot (one thread): memory shared with the host; tflops: a typical fp32
+        # one-thread matmul rate (0.05-0.11 measured on the development machine, which varies:
+        # `raydit doctor --calibrate` measures it). efficiency: fit on that machine in CPU time
+        # (bench/bench_cpufit.py: a CogVideoX-2b-shaped step reaches ~0.9 of the matmul rate).
+        DeviceType("cpu", 16, 0.1, 0.9, 5, "shm", 50.0, per_node=64),
     )
 })  # read-only
 
