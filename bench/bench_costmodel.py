@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     rows = anchors()
-    result = {"target_error": TARGET, "measured": measured_rows(benchlib.read_json("scaling", out)),
+    result = {"machine": benchlib.machine(), "target_error": TARGET,
+              "measured": measured_rows(benchlib.read_json("scaling", out)),
               "anchors": rows,
               "implied_serial_seconds": {
                   "HunyuanVideo (xDiT)": serial_part_implied(rows, "xDiT HunyuanVideo"),

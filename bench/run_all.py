@@ -209,6 +209,21 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
     return rows, notes
 
 
+def _measured_when(res: dict, status: dict) -> str:
+    """Which results this run measured and when the others on disk were (a table may mix them)."""
+    parts = []
+    for name, r in res.items():
+        if not r:
+            continue
+        m = r.get("machine") if isinstance(r.get("machine"), dict) else {}
+        when = m.get("date_utc")
+        load = (m.get("load_average") or [None])[0]
+        ran = status.get(name, {}).get("ran")
+        tag = "this run" if ran else "on disk"
+        parts.append(f"{name} {tag}" + (f" ({when} UTC, 1-min load {load})" if when else ""))
+    return "Results: " + "; ".join(parts) + "." if parts else ""
+
+
 def write_summary(res: dict, status: dict, quick: bool, out: Path) -> str:
     rows, notes = summary_rows(res)
     m = benchlib.machine()
@@ -219,6 +234,7 @@ def write_summary(res: dict, status: dict, quick: bool, out: Path) -> str:
         f"diffusers {m.get('diffusers')}; shared with other engineers' test runs (1-min load average "
         f"{m['load_average'][0] if m['load_average'] else 'n/a'} at the end; each result records its own).",
         "Figures: median (min-max, n runs). Compared runs are interleaved in one process.",
+        _measured_when(res, status),
         "",
         "| measure | result | target | met |",
         "|---|---|---|---|",
