@@ -80,7 +80,11 @@ class ElasticPolicy:
         # the cost model predicts (for users who know better than the model, and tests).
         self.always_grow = always_grow
 
-    def after_failure(self, job: Job, survivors: int, free: int, replan: Callable) -> Decision:
+    def after_failure(self, job: Job, survivors: int, free: int, replan: Callable,
+                      regroup_cost_s: float = 0.0) -> Decision:
+        """Resume on the survivors plus free devices; but when starting actors on the free
+        devices costs more than the larger plan would save on the steps left (the growth
+        rule below), resume on the survivors alone at once (grow='always' takes them)."""
         if job.recoveries >= self.max_recoveries:
             return Decision("fail", f"gave up after {job.recoveries} recoveries")
         capacity = survivors + free
@@ -90,6 +94,17 @@ class ElasticPolicy:
             plan = replan(capacity)
         except ValueError as exc:
             return Decision("handback", f"no feasible plan on the {capacity} device(s) left: {exc}")
+        if free > 0 and survivors > 0 and not self.always_grow and plan.world_size > survivors:
+            remaining = max(0, (job.num_steps or 0) - job.step_index)
+            try:
+                small = replan(survivors)
+            except ValueError:
+                small = None
+            if small is not None:
+                gain = (small.predicted_step_seconds - plan.predicted_step_seconds) * remaining
+                if gain <= self.grow_margin * regroup_cost_s:
+                    return Decision("resume", f"{survivors} survivor(s); starting {free} free device(s) would "
+                                    f"cost {regroup_cost_s:.2f} s for a predicted gain of {gain:.2f} s", small)
         return Decision("resume", f"{survivors} survivor(s) + {free} free device(s)", plan)
 
     def consider_growth(
@@ -288,7 +303,7 @@ class Controller:
                 self.group.reset_group()
                 survivors = len(self.group.members)
                 free = self.group.free_slot_count() if use_free else 0
-                decision = self.policy.after_failure(job, survivors, free, self.replan)
+                decision = self.policy.after_failure(job, survivors, free, self.replan, self.regroup_cost_s())
                 if decision.action == "fail":
                     self._event("gave_up", reason=decision.reason)
                     raise RequestFailed(f"request failed at step {job.step_index}: {decision.reason}") from failure

@@ -321,3 +321,21 @@ def test_repair_reforms_a_replica_that_handed_back_once_devices_are_free():
     assert not ctrl.repair() and group.members == []
     group.free = 3
     assert ctrl.repair() and ctrl.plan == FakePlan(3, 1, 1, 1.3) and len(group.active) == 3
+
+
+def test_recovery_skips_free_devices_that_cost_more_to_start_than_they_save():
+    # 2 survivors + 2 free: ulysses 2 x ring 2 saves (2.0 - 1.0) s x 3 steps = 3 s.
+    job_steps = 4
+    cheap = DummyGroup(4, free=2, fail_at={("step", 1): 2})
+    run_ticks(Controller(cheap, replan_for, regroup_cost_s=lambda: 1.0), Job(Req(job_steps)))
+    assert cheap.formed[-1].world_size == 4  # 3 s gain > 1 s to start two actors
+    dear = DummyGroup(4, free=2, fail_at={("step", 1): 2})
+    ctrl = Controller(dear, replan_for, regroup_cost_s=lambda: 30.0)
+    job = Job(Req(job_steps))
+    run_ticks(ctrl, job)
+    assert dear.formed[-1].world_size == 2 and dear.free == 2  # resumed at once on the survivors
+    assert "would cost 30.00 s" in ctrl.events[-1]["reason"] and job.frames == ("frames", (0, 1, 2, 3))
+    forced = DummyGroup(4, free=2, fail_at={("step", 1): 2})
+    run_ticks(Controller(forced, replan_for, policy=ElasticPolicy(always_grow=True), regroup_cost_s=lambda: 30.0),
+              Job(Req(job_steps)))
+    assert forced.formed[-1].world_size == 4

@@ -101,7 +101,9 @@ def test_rank_0_killed_during_a_call_is_recovered_with_the_same_latents(rig, wha
     assert failures and failures[0]["kind"] in ("lost", "collective"), result.events
     if what == "decode":
         assert failures[0]["step"] == STEPS  # every step was done: only the decode re-ran
-    assert _events(result, "regrouped") and result.plan.world_size == 2  # a free slot replaced it
+    # Resumed on the survivor (starting an actor on a free slot costs more than it saves on
+    # the tiny model), or, with no survivor, on a new actor on a free slot.
+    assert _events(result, "regrouped") and result.plan.world_size >= 1
     assert killed[0] not in [m.info["pid"] for m in replica.pool.members]
     _close(result, rig["refs"][1])
 
@@ -114,12 +116,12 @@ def test_a_stopped_rank_is_found_by_its_deadline_not_waited_for(rig):
     replica = _first_replica_idle(engine)
     stopped = []
 
-    def stop_rank_1(pool):
-        pid = pool.active[1].info["pid"]
+    def stop_last_rank(pool):
+        pid = pool.active[-1].info["pid"]
         stopped.append(pid)
         _kill_soon(pid, sig=signal.SIGSTOP, delay_s=random.uniform(0.0, 0.02))
 
-    disarm = _arm(replica.pool, "step", 2, stop_rank_1)
+    disarm = _arm(replica.pool, "step", 2, stop_last_rank)
     t0 = time.monotonic()
     try:
         result = engine.generate(PROMPT, num_inference_steps=STEPS, seed=2, progress=False)
