@@ -35,6 +35,7 @@ Communication:
              chunk's output are exposed, the rest hides behind the attention of the other
              chunks where the link overlaps compute:
              t_a2a = 4 t_x / n + max(0, 4 t_x (n-1)/n - t_att) + (k-1) min(t_att, 4 t_x (n-1)/n)
+             (t_att = t_ring below: one layer's attention, ring included; k as for the ring)
              A CPU slot's link (shm) does not overlap: gloo copies on the rank's own core,
              so there t_a2a = 4 t_x.
     PCIe:    GPUs of a PCIe node share the host's lanes: when `active` devices of the
