@@ -164,7 +164,10 @@ class WanFamily(Family):
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
-        the pipelines' (81 frames, 480 x 832); sizes from the weights' headers."""
+        the pipelines' (81 frames, 480 x 832) unless the directory says otherwise
+        (DEFAULTS_FILE); sizes from the weights' headers."""
+        import json
+
         from raydit.planner.model import ModelSpec, component_params, require, t5_params
 
         index = configs[""]
@@ -185,6 +188,9 @@ class WanFamily(Family):
         if encoders is None:
             encoders = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
         encoders += component_params(path / "image_encoder") or 0.0
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
         hidden = heads * head_dim
         # attention 4 h^2 (self) + 4 h^2 (cross), FFN 2 h ffn, per layer
         estimate = float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
@@ -194,7 +200,8 @@ class WanFamily(Family):
             positional="rotary", in_channels=int(cfg.get("in_channels", 16)),
             params=component_params(path / name) or estimate, text_encoder_params=encoders,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=81, default_height=480, default_width=832,
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]),
             vae_spatial=int(vae.get("scale_factor_spatial", 8)), vae_temporal=int(vae.get("scale_factor_temporal", 4)),
             experts=max(1, experts),
         )
@@ -388,12 +395,19 @@ FAMILY = WanFamily()
 
 # -- tiny pipelines ----------------------------------------------------------------------------
 # Bump when anything below changes the saved files, so stale caches are not reused.
-WAN_TINY_VERSION = "1"
+WAN_TINY_VERSION = "2"
 
 TINY_TEXT_DIM = 32  # umT5 d_model == transformer text_dim
 TINY_TEXT_TOKENS = 512  # Wan's max_sequence_length (2.1 I2V's processor assumes 512 text tokens)
 TINY_IMAGE_DIM = 16  # CLIP hidden size == transformer image_dim
 TINY_IMAGE_SIZE = 32  # CLIP input; patches of 8 -> 16 + 1 image tokens
+
+# The pipelines' request defaults (81 x 480 x 832); a directory may carry its own in
+# DEFAULTS_FILE (the tiny built-ins do: 32760 video tokens are far too many for them).
+PIPELINE_DEFAULTS = {"num_frames": 81, "height": 480, "width": 832}
+DEFAULTS_FILE = "raydit_defaults.json"
+TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
+TINY_TI2V_DEFAULTS = {"num_frames": 9, "height": 64, "width": 96}  # 16x VAE: 3 x 2 x 3 = 18
 
 # name -> how the tiny pipeline differs from Wan 2.1 T2V (`tiny-wan`).
 TINY_VARIANTS: dict[str, dict] = {
@@ -531,7 +545,24 @@ def tiny_pipeline_dir(name: str = "tiny-wan"):
 
     if name not in TINY_VARIANTS:
         raise ValueError(f"no tiny Wan pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
-    return write_pipeline(cache_root() / f"{name}-{WAN_TINY_VERSION}", lambda: tiny_pipeline(name))
+    defaults = TINY_TI2V_DEFAULTS if TINY_VARIANTS[name].get("vae") == "wan2.2" else TINY_DEFAULTS
+    return write_pipeline(cache_root() / f"{name}-{WAN_TINY_VERSION}",
+                          lambda: _WithDefaults(tiny_pipeline(name), defaults))
+
+
+class _WithDefaults:
+    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir
+    reads (what write_pipeline calls is save_pretrained)."""
+
+    def __init__(self, pipe, defaults: dict):
+        self.pipe, self.defaults = pipe, defaults
+
+    def save_pretrained(self, directory) -> None:
+        import json
+        from pathlib import Path
+
+        self.pipe.save_pretrained(directory)
+        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
 
 
 # -- conformance -------------------------------------------------------------------------------
