@@ -322,7 +322,53 @@ def main(argv=None) -> int:
         print(f"soak: {s['requests']} requests, {s['faults']} faults, {s['recoveries']} regroups, "
               f"{s['handed_back']} hand-backs, lost {s['lost']}, mismatched {len(s['mismatched_latents'])}", flush=True)
     print("wrote", benchlib.write_json("recovery", result, Path(args.out)))
+    md = Path(args.out) / "recovery.md"
+    md.write_text(markdown(result, " ".join(["python bench/bench_recovery.py", *(argv or sys.argv[1:])])))
+    print("wrote", md)
     return 0
+
+
+def markdown(result: dict, command: str) -> str:
+    """The figures as a table, with the command and the machine (written beside the JSON)."""
+    m = result["machine"]
+
+    def fig(d):
+        return f"{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f}, n={d['n']})" if d.get("n") else "-"
+
+    lines = [
+        "# Recovery",
+        "",
+        f"Command: `{command}` ({m.get('date_utc')} UTC). Machine: {m.get('processor')}, {m.get('cpu_count')} cores, "
+        f"torch {m.get('torch')}, Ray {m.get('ray')}; 1-min load average {m.get('load_average', ['?'])[0]} at the end "
+        "(shared with other engineers' runs; each repeat records its own).",
+        "",
+        f"Benchmark pipeline ({result['model']['num_attention_heads']} heads, {result['model']['num_layers']} layers), "
+        f"{result['steps']} steps, each fault in the middle of step {result['kill_after_step']}; health checks "
+        f"{result['health_check']}. Figures: median (min-max, n). Target: {result['target']}.",
+        "",
+        "| fault | detect | regroup | fault -> first resumed step | added to the request | target met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, f in result["faults"].items():
+        k = f["kill_to_first_resumed_step_seconds"]
+        met = "yes" if k.get("n") and k["max"] <= 10.0 else "**no**"
+        lines.append(f"| {name} | {fig(f['detect_seconds'])} | {fig(f['regroup_seconds'])} | {fig(k)} | "
+                     f"{fig(f['added_delay_seconds'])} | {met} |")
+    lines.append("")
+    lines.append(f"Every interrupted request's latents equal its uninterrupted run's (rtol 1e-4): "
+                 f"{'yes' if result['all_same_latents'] else '**no**'}.")
+    soak = result.get("soak")
+    if soak:
+        lines += [
+            "",
+            f"Soak: {soak['requests']} requests queued on {soak['replicas']} replicas of {soak['workers_per_replica']} "
+            f"ranks ({soak['steps']} steps each), {soak['faults']} faults injected by a thread "
+            f"({', '.join(soak['fault_kinds'])}): {soak['recoveries']} regroups, {soak['handed_back']} hand-backs "
+            f"between replicas, **lost: {soak['lost']}**, latents differing from the fault-free run: "
+            f"{len(soak['mismatched_latents'])}. Wall time {soak['with_faults_seconds']} s with faults, "
+            f"{soak['fault_free_seconds']} s without.",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
