@@ -26,6 +26,11 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)")
     p.add_argument("--image", help="image (PNG, JPEG ...) conditioning an image-to-video model")
     p.add_argument("--seed", type=int)
+    p.add_argument("--lora", action="append", metavar="PATH",
+                   help="a diffusers-format LoRA (a .safetensors file or a directory holding one), loaded on "
+                        "every rank and active for this video; repeatable")
+    p.add_argument("--lora-scale", dest="lora_scale", action="append", metavar="S",
+                   help="scale of each --lora, in the same order (default 1.0); repeatable")
     p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
     p.add_argument("--ulysses", type=int)
@@ -45,7 +50,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 # What defines the request: with --resume it comes from the saved run, not the command line.
 REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
-                   "guidance_scale_2", "image", "seed", "model")
+                   "guidance_scale_2", "image", "seed", "model", "lora", "lora_scale", "loras")
 JOB_FILE = "job.json"
 
 GENERATE_DEFAULTS = {
@@ -88,7 +93,39 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
+    opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
     return opts
+
+
+def _lora_options(o: dict) -> tuple[dict, dict]:
+    """--lora PATH [--lora-scale S] (repeatable) and the config's `loras:` (paths, or mappings
+    {path, scale, name, target}) -> ({name: {"path", "target"}} for the Engine, {name: scale}
+    for the request). Files and scales are checked here; the LoRAs against the model in the
+    Engine, before Ray starts."""
+    from raydit.models import lora
+
+    paths, scales = list(o.get("lora") or []), list(o.get("lora_scale") or [])
+    if len(scales) > len(paths):
+        raise ValueError(f"--lora-scale is given {len(scales)} times but --lora {len(paths)} times; "
+                         "give one scale per --lora, in the same order")
+    entries = [{"path": p, "scale": scales[i] if i < len(scales) else 1.0} for i, p in enumerate(paths)]
+    for entry in o.get("loras") or []:
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        if not isinstance(entry, dict) or "path" not in entry or set(entry) - {"path", "scale", "name", "target"}:
+            raise ValueError(f"loras: entry {entry!r} must be a path or a mapping with path and optionally "
+                             "scale, name, target")
+        entries.append(entry)
+    table, choice = {}, {}
+    for entry in entries:
+        name = lora.check_name(entry.get("name") or lora.default_name(entry["path"]))
+        if name in table:
+            raise ValueError(f"two LoRAs are named {name!r}; give one a name (loras: - {{path: ..., name: ...}})"
+                             if entry.get("name") else f"--lora {entry['path']!r}: a LoRA named {name!r} is "
+                             "already given; rename the file or directory, or name it in a --config loras: entry")
+        table[name] = {"path": str(lora.lora_file(entry["path"])), "target": entry.get("target", "transformer")}
+        choice[name] = lora.check_scale(entry.get("scale", 1.0), name)
+    return table, choice
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -132,6 +169,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         height=o.get("height"),
         width=o.get("width"),
         show_plan=not o["json"],
+        loras=o["lora_table"],
     ) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
             o["prompt"],
@@ -146,6 +184,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             progress=not o["json"],
             image=image,
             checkpoint_dir=o.get("checkpoint_dir"),
+            lora=o["lora_choice"],
         )
         result.save(o["out"], fps=o["fps"])
         if o.get("save_latents"):
@@ -178,7 +217,8 @@ def _save_job(o: dict) -> None:
     directory = Path(o["checkpoint_dir"])
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{JOB_FILE}.tmp"
-    tmp.write_text(json.dumps({k: v for k, v in o.items() if k not in ("resume", "config")}, indent=1))
+    tmp.write_text(json.dumps({k: v for k, v in o.items() if k not in ("resume", "config", "lora_table", "lora_choice")},
+                              indent=1))
     tmp.replace(directory / JOB_FILE)
 
 

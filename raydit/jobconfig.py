@@ -24,6 +24,9 @@ GENERATE_OPTIONS: dict[str, type] = {
     "guidance_scale_2": float,
     "image": str,
     "seed": int,
+    "lora": list,  # paths, as --lora repeated
+    "lora_scale": list,  # as --lora-scale repeated
+    "loras": list,  # paths, or mappings {path, scale, name, target}
     "workers": int,
     "device": str,
     "ulysses": int,

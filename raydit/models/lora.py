@@ -26,6 +26,7 @@ config (no weights read), so the CLI refuses a LoRA for another model before Ray
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -278,7 +279,8 @@ def load(pipe, family, spec: LoraSpec) -> None:
     for component, module in components.items():
         check_state_dict(state_dict, {"transformer": module}, f"{spec.name!r} ({component})")
     try:
-        family.load_lora(pipe, state_dict, spec.name, components=tuple(components))
+        with _quiet_peft_keys():
+            family.load_lora(pipe, state_dict, spec.name, components=tuple(components))
         missing = [c for c in components if spec.name not in loaded(pipe).get(c, [])]
         if missing:
             raise ValueError(f"LoRA {spec.name!r} matched no layer of {', '.join(missing)}; it is a LoRA for another model")
@@ -287,6 +289,21 @@ def load(pipe, family, spec: LoraSpec) -> None:
         if isinstance(exc, ValueError):
             raise
         raise ValueError(f"LoRA {spec.name!r} could not be loaded: {str(exc).splitlines()[0][:200]}") from None
+
+
+@contextlib.contextmanager
+def _quiet_peft_keys():
+    """diffusers 0.42 with peft 0.21 warns of "missing keys" naming the very LoRA tensors it
+    has just loaded (checked: the layers hold the file's values); every key was matched to a
+    layer by `check_state_dict` before loading, so the warning says nothing here."""
+    import diffusers
+
+    level = diffusers.utils.logging.get_verbosity()
+    diffusers.utils.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        diffusers.utils.logging.set_verbosity(level)
 
 
 def unload(pipe, name: str) -> None:

@@ -168,6 +168,9 @@ class WorkerPool:
         self.kernel = None
         self.timings: dict[str, float] = {}
         self.suspect_nodes: set[str] = set()
+        # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
+        # group is formed over holds exactly these (a rank that joins later gets them too).
+        self.loras: dict = {}
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -247,6 +250,8 @@ class WorkerPool:
                    # idle weights (inactive expert, encoders) kept in host memory
                    "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0)}
         backend = "nccl" if self.device == "cuda" else "gloo"
+        # Every rank of the group holds the engine's LoRA adapters (free where it has them).
+        self._call_all([m.actor.sync_loras.remote(self.loras) for m in chosen], timeout_s + 120.0, chosen, "form")
         addr = None
         if world > 1:
             addr = self._call_all([chosen[0].actor.open_store.remote(timeout_s)], timeout_s + 10.0, chosen[:1], "form")[0]

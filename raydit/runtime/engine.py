@@ -95,6 +95,7 @@ class Engine:
         grow: str = "auto",
         show_plan: bool = True,
         checkpoint_dir: str | None = None,
+        loras: dict | None = None,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -116,6 +117,13 @@ class Engine:
         self.spec = model_spec(self.model_dir)
         self.spec.geometry(frames, height, width)
         self._geometry = (frames, height, width)
+        # LoRA adapters (name -> LoraSpec), checked against the model before Ray starts;
+        # every rank of every replica loads them once (WorkerPool.form).
+        self._loras: dict = {}
+        self._lora_lock = threading.Lock()
+        for name, entry in (loras or {}).items():
+            spec = self._lora_spec(entry, name)
+            self._loras[spec.name] = spec
         self._workers = workers
         self._forced = {"ulysses": ulysses, "ring": ring, "cfg": cfg}
         self._collective_timeout_s = collective_timeout_s
@@ -159,6 +167,7 @@ class Engine:
                 )
                 replica = Replica(index=k, pool=pool, plan=plan)
                 self.replicas.append(replica)
+                pool.loras = dict(self._loras)
                 seconds = pool.form(plan, collective_timeout_s)
                 self._timings.setdefault("group_seconds", seconds)
         except BaseException:
@@ -320,6 +329,7 @@ class Engine:
         image=None,
         guidance_scale_2: float | None = None,
         checkpoint_dir: str | None = None,
+        lora=None,
     ) -> GenerationResult:
         """Generate one video and wait for it (the simple blocking call). `image` (a PIL
         image, a path or a uint8 array) conditions an image-to-video pipeline."""
@@ -327,7 +337,7 @@ class Engine:
             prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
             width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
             seed=seed, callback_on_step_end=callback_on_step_end, progress=progress, image=image,
-            guidance_scale_2=guidance_scale_2, checkpoint_dir=checkpoint_dir,
+            guidance_scale_2=guidance_scale_2, checkpoint_dir=checkpoint_dir, lora=lora,
         ).result()
 
     def submit(
@@ -345,6 +355,7 @@ class Engine:
         image=None,
         guidance_scale_2: float | None = None,
         checkpoint_dir: str | None = None,
+        lora=None,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
@@ -352,7 +363,9 @@ class Engine:
         a request interrupted by a lost rank resumes from its last finished step, on
         another replica if its own cannot go on. `checkpoint_dir`: write the request and
         each finished step there (default: a directory per request under the Engine's
-        `checkpoint_dir`, if any); `Engine.resume(dir)` finishes it."""
+        `checkpoint_dir`, if any); `Engine.resume(dir)` finishes it. `lora`: None (the base
+        model), the name of a loaded LoRA (scale 1.0) or {name: scale, ...}: active for this
+        request only."""
         from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
@@ -375,6 +388,7 @@ class Engine:
             guidance_scale_2=guidance_scale_2,
             seed=seed,
             image=None if image is None else image_to_png(image),
+            lora=lora,
         )
         self._check_request(request)
         return self._enqueue(request, callback_on_step_end, progress, checkpoint_dir)
@@ -394,8 +408,14 @@ class Engine:
     def _check_request(self, request) -> None:
         """Refuse on the driver, before any worker sees it, what the workers would refuse:
         geometry (the planner's rules), more steps than the scheduler has timesteps, a
-        size beyond what every replica's plan can hold."""
+        size beyond what every replica's plan can hold, a LoRA that is not loaded."""
         self.spec.geometry(request.num_frames, request.height, request.width)
+        for name, _ in request.lora:
+            if name not in self._loras:
+                raise ValueError(
+                    f"LoRA {name!r} is not loaded; loaded: {', '.join(sorted(self._loras)) or 'none'} "
+                    "(load it with Engine.load_lora(path, name) or --lora PATH)"
+                )
         check_steps(self._num_train_timesteps, request.num_inference_steps)
         planned = self._planned_geometry()
         if (request.num_frames, request.height, request.width) != planned:
@@ -512,6 +532,92 @@ class Engine:
             checkpoint["latents"] = torch.as_tensor(out["latents"]).to(latents.dtype)
             job.checkpoint = checkpoint
             job.prepared = False
+
+    # -- LoRA adapters -----------------------------------------------------------------
+
+    def _lora_spec(self, entry, name: str | None = None):
+        """A path (or {"path": P, "target": T}) -> a LoraSpec checked against this model on
+        the driver (raydit.models.lora.check_for_model: no weights loaded, no Ray)."""
+        from raydit.models import lora
+
+        target = "transformer"
+        if isinstance(entry, dict):
+            unknown = set(entry) - {"path", "target"}
+            if unknown or "path" not in entry:
+                raise ValueError(f"LoRA entry {entry!r} must be a path or {{'path': P, 'target': T}}")
+            entry, target = entry["path"], entry.get("target", target)
+        if not isinstance(entry, (str, os.PathLike)):
+            raise ValueError(f"LoRA path {entry!r} must be a path to a .safetensors file or a directory holding one")
+        if target not in lora.TARGETS:
+            raise ValueError(f"LoRA target {target!r} is not one of {', '.join(lora.TARGETS)}")
+        spec = lora.LoraSpec(name=lora.check_name(name if name is not None else lora.default_name(entry)),
+                             path=str(lora.lora_file(entry)), target=target)
+        if spec.name in self._loras:
+            raise ValueError(f"a LoRA named {spec.name!r} is already loaded; unload it first or give another name")
+        lora.check_for_model(self.model_dir, spec)
+        return spec
+
+    def loras(self) -> dict[str, str]:
+        """The loaded LoRA adapters: name -> path of the .safetensors file."""
+        return {name: spec.path for name, spec in self._loras.items()}
+
+    def load_lora(self, path, name: str | None = None, target: str = "transformer") -> str:
+        """Load a LoRA on every rank of every replica (once; requests then choose it by name
+        with `lora=`). `target`: "transformer", "transformer_2" (Wan 2.2 A14B's low-noise
+        expert) or "both". Waits for running requests to finish. Returns the name."""
+        with self._lora_lock:
+            spec = self._lora_spec({"path": path, "target": target}, name)
+            self._sync_loras({**self._loras, spec.name: spec})
+            return spec.name
+
+    def unload_lora(self, name: str) -> None:
+        """Unload a LoRA from every rank; later requests cannot name it."""
+        with self._lora_lock:
+            if name not in self._loras:
+                raise ValueError(f"LoRA {name!r} is not loaded; loaded: {', '.join(sorted(self._loras)) or 'none'}")
+            self._sync_loras({n: s for n, s in self._loras.items() if n != name})
+
+    def _sync_loras(self, table: dict) -> None:
+        """Make every member of every replica hold `table`, between requests: each replica is
+        claimed as it becomes idle (the dispatcher starts nothing on it meanwhile). On a
+        failure every rank goes back to the previous table and the error is raised."""
+        import ray
+
+        if not self.replicas:
+            raise RuntimeError("engine is shut down; create a new Engine")
+        cond = self._dispatcher.cond
+        claimed: list = []
+        with cond:
+            while len(claimed) < len(self.replicas):
+                for r in self.replicas:
+                    if r not in claimed and not r.busy:
+                        r.busy = True
+                        claimed.append(r)
+                if len(claimed) < len(self.replicas):
+                    cond.wait(timeout=1.0)
+        try:
+            previous = dict(self._loras)
+            actors = [m.actor for r in self.replicas for m in r.pool.members]
+            try:
+                ray.get([a.sync_loras.remote(table) for a in actors], timeout=300)
+            except Exception as exc:
+                from raydit.runtime.failures import classify
+
+                try:
+                    ray.get([a.sync_loras.remote(previous) for a in actors], timeout=300)
+                except Exception:  # a rank that cannot even go back is replaced at the next form
+                    for r in self.replicas:
+                        r.pool.reset_group()
+                raise ValueError(classify(exc).message) from None
+            self._loras = dict(table)
+            for r in self.replicas:
+                r.pool.loras = dict(table)
+            self._event("loras", loaded=sorted(table))
+        finally:
+            with cond:
+                for r in claimed:
+                    r.busy = False
+                cond.notify_all()
 
     # -- lifetime ----------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ class RankWorker:
         self._runner = None
         self._state = None
         self._store = None
+        self._loras: dict = {}  # name -> LoraSpec of the LoRA adapters loaded here
         self.load_seconds = 0.0
 
     # -- identity ----------------------------------------------------------------------
@@ -91,6 +92,27 @@ class RankWorker:
         self._pipe = load_pipeline(self._model_dir, device=self._device(), dtype=dtype)
         self.load_seconds = time.perf_counter() - t0
         return self.load_seconds
+
+    @_reported("sync_loras")
+    def sync_loras(self, table: dict) -> list[str]:
+        """Hold exactly the LoRA adapters of the engine's table (name -> LoraSpec), so every
+        rank holds identical weights: unload what is no longer listed (or listed with another
+        file), load what is missing, through diffusers' loaders (raydit.models.lora). The pool
+        calls it whenever it forms a group, so a rank that joins later (recovery, growth) gets
+        them too; already-loaded adapters cost nothing. Between requests only."""
+        from raydit.models import lora
+        from raydit.models.registry import family_for_pipeline
+
+        self.load()
+        for name in [n for n, spec in self._loras.items() if table.get(n) != spec]:
+            lora.unload(self._pipe, name)
+            del self._loras[name]
+        family = family_for_pipeline(self._pipe)
+        for name, spec in table.items():
+            if name not in self._loras:
+                lora.load(self._pipe, family, spec)
+                self._loras[name] = spec
+        return sorted(self._loras)
 
     # -- process groups ----------------------------------------------------------------
 
