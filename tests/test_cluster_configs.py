@@ -10,7 +10,8 @@ Three kinds, told apart by their top-level keys:
     `nvidia.com/gpu` limit equals its `num-gpus`, it carries the accelerator resource and a
     label Ray parses, a GPU-product nodeSelector, and a memory-backed /dev/shm emptyDir
     mounted in its container; a RayJob's entrypoint is `raydit generate` with arguments
-    that raydit's own parser accepts.
+    that raydit's own parser accepts; a RayService runs `raydit serve`'s builder with
+    options it accepts (see check_rayservice).
 A checker raises CheckError naming the file and the problem; the negative tests corrupt a
 copy of each kind and expect it to raise.
 """
@@ -230,8 +231,53 @@ def check_kuberay(path: Path, data: dict) -> None:
         generate_argv(path, spec.get("entrypoint", ""))
         if spec.get("runtimeEnvYAML"):
             yaml.safe_load(spec["runtimeEnvYAML"])
+    elif kind == "RayService":
+        check_rayservice(path, data.get("spec") or {})
     else:
-        _fail(path, f"kind {kind!r} is not RayCluster or RayJob")
+        _fail(path, f"kind {kind!r} is not RayCluster, RayJob or RayService")
+
+
+def check_rayservice(path: Path, spec: dict) -> None:
+    """`raydit serve` on KubeRay: Ray Serve accepts serveConfigV2; every application is
+    raydit's builder with `raydit serve` options it accepts; the front is pinned to the
+    head by a resource the head declares, its output_dir is on a volume mounted there; the
+    head exposes the HTTP port; the API token comes from a Secret, never a literal."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from raydit.serve.config import resolve_serve_options
+
+    cluster = spec.get("rayClusterConfig") or {}
+    check_cluster_spec(path, cluster, "spec.rayClusterConfig")
+    try:
+        config = yaml.safe_load(spec.get("serveConfigV2") or "")
+        ServeDeploySchema.model_validate(config)
+    except Exception as exc:  # yaml.YAMLError, pydantic.ValidationError
+        _fail(path, f"serveConfigV2: Ray Serve rejects it: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    head = cluster["headGroupSpec"]
+    container = head["template"]["spec"]["containers"][0]
+    head_resources = _resources_param(path, "headGroupSpec", (head.get("rayStartParams") or {}).get("resources", "{}"))
+    token = next((e for e in container.get("env", []) if e.get("name") == "RAYDIT_API_TOKEN"), None)
+    if token is None or "value" in token or "secretKeyRef" not in (token.get("valueFrom") or {}):
+        _fail(path, "head container needs RAYDIT_API_TOKEN from a secretKeyRef (never a literal value)")
+    port = (config.get("http_options") or {}).get("port", 8000)
+    if port not in [p.get("containerPort") for p in container.get("ports", [])]:
+        _fail(path, f"head container does not expose Serve's HTTP port {port}")
+    mounts = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts", [])]
+    for app in config["applications"]:
+        name = app.get("name")
+        if app.get("import_path") != "raydit.serve.app:build":
+            _fail(path, f"application {name}: import_path must be raydit.serve.app:build")
+        try:
+            opts = resolve_serve_options(app.get("args") or {})
+        except ValueError as exc:
+            _fail(path, f"application {name} args: {exc}")
+        if not any(opts["output_dir"].startswith(m + "/") for m in mounts):
+            _fail(path, f"application {name}: output_dir {opts['output_dir']!r} is not on a volume mounted in the head")
+        front = next((d for d in app.get("deployments", []) if d.get("name") == "VideoAPI"), {})
+        pinned = (front.get("ray_actor_options") or {}).get("resources") or {}
+        if not pinned or any(k not in head_resources for k in pinned):
+            _fail(path, f"application {name}: VideoAPI must be pinned to the head by a resource the head "
+                  f"declares (head has {sorted(head_resources)}, VideoAPI asks for {sorted(pinned)})")
 
 
 CHECKERS = {"planner": check_planner, "ray-up": check_ray_up, "kuberay": check_kuberay}
@@ -263,7 +309,7 @@ def test_every_kind_is_present_and_documented():
     kinds = {p.name: check_file(p) for p in YAMLS}
     assert set(kinds.values()) == {"planner", "ray-up", "kuberay"}
     kube = {yaml.safe_load(p.read_text())["kind"] for p in YAMLS if kinds[p.name] == "kuberay"}
-    assert kube == {"RayCluster", "RayJob"}
+    assert kube == {"RayCluster", "RayJob", "RayService"}
     providers = {yaml.safe_load(p.read_text())["provider"]["type"]
                  for p in YAMLS if kinds[p.name] == "ray-up"}
     assert {"aws", "local"} <= providers
@@ -318,7 +364,29 @@ def _disk_shm(d):
     next(v for v in vols if v["name"] == "dshm")["emptyDir"] = {}
 
 
+def _serve_config(d, edit):
+    config = yaml.safe_load(d["spec"]["serveConfigV2"])
+    edit(config)
+    d["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+
+
+def _head_env(d, value):
+    env = d["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    next(e for e in env if e["name"] == "RAYDIT_API_TOKEN").update(value)
+
+
 BROKEN = [
+    ("kuberay-rayservice.yaml", lambda d: _head_env(d, {"value": "s3cret", "valueFrom": None}),
+     "RAYDIT_API_TOKEN from a secretKeyRef"),
+    ("kuberay-rayservice.yaml", lambda d: _serve_config(d, lambda c: c["applications"][0]["args"].update(
+        worker=8)), "unknown option(s) 'worker'"),
+    ("kuberay-rayservice.yaml", lambda d: _serve_config(d, lambda c: c["applications"][0]["args"].update(
+        output_dir="/data/videos")), "not on a volume mounted in the head"),
+    ("kuberay-rayservice.yaml", lambda d: _serve_config(
+        d, lambda c: c["applications"][0]["deployments"][0]["ray_actor_options"].pop("resources")),
+     "VideoAPI must be pinned to the head"),
+    ("kuberay-rayservice.yaml", lambda d: _serve_config(d, lambda c: c.update(applications="raydit")),
+     "Ray Serve rejects it"),
     ("mixed.yaml", lambda d: d["nodes"][0].update(gpu_type="Z80"), "unknown GPU type 'Z80'"),
     ("8xH100.yaml", lambda d: d["nodes"][0].update(count=0), "count must be a positive integer"),
     ("ray-aws.yaml", lambda d: d["available_node_types"]["gpu-l40sx4"]["resources"].pop("GPU"),

@@ -388,8 +388,10 @@ def test_restart_keeps_finished_videos_and_requeues_unfinished(server, tmp_path)
     assert again.status == "completed" and again.created_at == done.created_at
     assert client.videos.download_content(done.id).read() == content
     assert done.id in {v.id for v in client.videos.list(limit=100)}
-    resumed = client.videos.retrieve(running.id)
-    assert resumed.status in ("queued", "in_progress") and resumed.error is None, resumed
+    # The interrupted request runs again on the new engine (from its first step).
+    resumed = _wait(client, running.id, lambda v: v.status != "queued" or v.error is not None)
+    assert resumed.status == "in_progress" and resumed.error is None, resumed
+    _wait(client, running.id, lambda v: v.progress >= 1)
     assert client.videos.delete(running.id).deleted
 
 
