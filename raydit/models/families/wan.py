@@ -127,7 +127,6 @@ class WanAdapter(ModelAdapter):
         return WanSPAttnProcessor(context)
 
 
-
 # -- the family --------------------------------------------------------------------------------
 def _boundary_timestep(pipe):
     """Wan 2.2 A14B: `transformer` runs at t >= boundary, `transformer_2` below; None: one expert."""
@@ -147,7 +146,9 @@ class WanFamily(Family):
     Wan 2.2 A14B switches expert and guidance scale at the boundary timestep. TI2V
     (`expand_timesteps`) gives every token its timestep; with an image the first latent frame
     is the image's latents at timestep 0, and `state.latents` always holds that frame (what
-    the pipeline returns), so any step's latents are the output of a run stopped there.
+    the pipeline returns), so any step's latents are the output of a run stopped there. (The
+    pipeline puts the frame only into the model input and its output; the scheduler's update
+    is elementwise, so every other element is the same either way.)
     The scheduler is UniPC (or any diffusers scheduler): its multistep history is part of
     the scheduler state the runner checkpoints.
     """
@@ -208,6 +209,10 @@ class WanFamily(Family):
 
     def transformers(self, pipe) -> list:
         return [t for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
+
+    def active_transformer(self, pipe, state, t):
+        """Wan 2.2 A14B: `transformer` at t >= boundary, `transformer_2` below."""
+        return pipe.transformer_2 if _low_noise(pipe, t) else pipe.transformer
 
     @staticmethod
     def _takes_image(pipe) -> bool:
@@ -314,7 +319,7 @@ class WanFamily(Family):
     def predict(self, pipe, state, t, branch):
         import torch
 
-        model = pipe.transformer_2 if _low_noise(pipe, t) else pipe.transformer
+        model = self.active_transformer(pipe, state, t)
         ctx, latents = state.context, state.latents
         b = branch["encoder_hidden_states"].shape[0]
         if pipe.config.get("expand_timesteps"):
