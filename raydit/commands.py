@@ -26,6 +26,12 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)")
     p.add_argument("--image", help="image (PNG, JPEG ...) conditioning an image-to-video model")
     p.add_argument("--seed", type=int)
+    p.add_argument("--cache", metavar="METHOD",
+                   help="step caching, off by default: fbcache (first-block cache) or teacache (timestep "
+                        "embedding); steps whose change is below --cache-threshold reuse cached residuals")
+    p.add_argument("--cache-threshold", dest="cache_threshold", type=float, metavar="X",
+                   help="relative L1 change below which a step is served from the cache (default: "
+                        "0.05 for fbcache, 0.1 for teacache); larger is faster and less exact")
     p.add_argument("--lora", action="append", metavar="PATH",
                    help="a diffusers-format LoRA (a .safetensors file or a directory holding one), loaded on "
                         "every rank and active for this video; repeatable")
@@ -50,7 +56,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 # What defines the request: with --resume it comes from the saved run, not the command line.
 REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
-                   "guidance_scale_2", "image", "seed", "model", "lora", "lora_scale", "loras")
+                   "guidance_scale_2", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras")
 JOB_FILE = "job.json"
 
 GENERATE_DEFAULTS = {
@@ -91,6 +97,9 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
     if opts.get("fps", 1) < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
+    from raydit.models.cache import check_cache
+
+    check_cache(opts.get("cache"), opts.get("cache_threshold"))
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
     opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
@@ -169,6 +178,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         height=o.get("height"),
         width=o.get("width"),
         show_plan=not o["json"],
+        cache=o.get("cache"),
+        cache_threshold=o.get("cache_threshold"),
         loras=o["lora_table"],
     ) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
@@ -206,6 +217,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"wrote {o['out']}: {result.frames.shape[0]} frames {result.frames.shape[2]}x"
             f"{result.frames.shape[1]}, {len(t['step_seconds'])} steps in "
             f"{t['denoise_seconds']:.2f} s, total {t['total_seconds']:.2f} s"
+            + (f", {t['cached_steps']} served from the {o['cache']} cache" if o.get("cache") else "")
         )
     return 0
 

@@ -24,6 +24,8 @@ GENERATE_OPTIONS: dict[str, type] = {
     "guidance_scale_2": float,
     "image": str,
     "seed": int,
+    "cache": str,  # step caching: fbcache or teacache
+    "cache_threshold": float,
     "lora": list,  # paths, as --lora repeated
     "lora_scale": list,  # as --lora-scale repeated
     "loras": list,  # paths, or mappings {path, scale, name, target}

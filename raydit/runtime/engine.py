@@ -71,6 +71,9 @@ class Engine:
     None: the planner's best plan on the cluster's devices. `replicas=K` starts K copies
     that serve the `submit` queue side by side, the fastest idle one first. When ranks are
     lost mid-request a replica re-plans on what is left and resumes from its last step.
+    `cache="fbcache" | "teacache"` (with `cache_threshold`, default per method) turns on
+    step caching for every request (raydit.models.cache); `result.timings["cached_steps"]`
+    counts the steps it served.
     """
 
     def __init__(
@@ -96,6 +99,8 @@ class Engine:
         show_plan: bool = True,
         checkpoint_dir: str | None = None,
         loras: dict | None = None,
+        cache: str | None = None,
+        cache_threshold: float | None = None,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -117,6 +122,11 @@ class Engine:
         self.spec = model_spec(self.model_dir)
         self.spec.geometry(frames, height, width)
         self._geometry = (frames, height, width)
+        # Step caching for every request (off by default): checked before Ray starts.
+        from raydit.models.cache import check_cache
+
+        check_cache(cache, cache_threshold)
+        self.cache, self.cache_threshold = cache, cache_threshold
         # LoRA adapters (name -> LoraSpec), checked against the model before Ray starts;
         # every rank of every replica loads them once (WorkerPool.form).
         self._loras: dict = {}
@@ -388,6 +398,8 @@ class Engine:
             guidance_scale_2=guidance_scale_2,
             seed=seed,
             image=None if image is None else image_to_png(image),
+            cache=self.cache,
+            cache_threshold=self.cache_threshold,
             lora=lora,
         )
         self._check_request(request)
@@ -479,6 +491,8 @@ class Engine:
         def on_step(job: Job) -> None:
             if bar is not None:
                 bar.update(1)
+                if request.cache is not None:
+                    bar.set_postfix(cached=_cached_steps(job), refresh=False)
             if item.callback is not None:
                 self._run_callback(item.callback, job)
             if item.checkpoint_dir is not None:
@@ -492,6 +506,7 @@ class Engine:
         timings = dict(job.timings)
         timings["step_seconds"] = list(job.step_seconds)
         timings["denoise_seconds"] = float(sum(job.step_seconds))
+        timings["cached_steps"] = _cached_steps(job)
         timings["total_seconds"] = time.perf_counter() - item.t_start
         return GenerationResult(
             frames=job.frames,
@@ -679,6 +694,14 @@ def _plan_brief(plan) -> dict:
         "ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
         "world_size": plan.world_size, "predicted_step_seconds": plan.predicted_step_seconds,
     }
+
+
+def _cached_steps(job: Job) -> int:
+    """Steps of the job served from the step cache (raydit.models.cache), from its checkpoint."""
+    from raydit.models.cache import CACHED_STEPS
+
+    carry = (job.checkpoint or {}).get("carry") or {}
+    return int(carry.get(CACHED_STEPS, 0))
 
 
 def _to_numpy(t) -> np.ndarray:
