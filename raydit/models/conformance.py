@@ -136,9 +136,17 @@ def prefix_mesh(plan: MeshPlan):
     runs every smaller world on its first ranks. Collective over the whole default group
     (new_group is); None on ranks outside the prefix.
     """
-    from raydit.parallel.mesh import build_mesh
+    from raydit.parallel.mesh import build_mesh, release_mesh
 
-    return build_mesh(plan.ulysses, plan.ring, plan.cfg, ranks=list(range(plan.world_size)))
+    # Callers use one mesh at a time, every rank in step: the previous mesh's groups are done
+    # with, and each holds gloo threads that would otherwise pile up (see release_mesh).
+    release_mesh(_LAST_MESH.pop() if _LAST_MESH else None)
+    mesh = build_mesh(plan.ulysses, plan.ring, plan.cfg, ranks=list(range(plan.world_size)))
+    _LAST_MESH.append(mesh)
+    return mesh
+
+
+_LAST_MESH: list = []  # the mesh prefix_mesh built last in this process
 
 
 # -- what runs inside each spawned rank ----------------------------------------------------

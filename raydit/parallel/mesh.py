@@ -178,6 +178,22 @@ def build_mesh(
     )
 
 
+def release_mesh(mesh: ParallelMesh | None) -> None:
+    """Destroy the process groups `build_mesh` created for this rank (local, not collective).
+
+    Each gloo group holds its own threads and sockets; a process that builds many meshes
+    (tests and benchmarks that try every plan) must release each before the next, or its
+    threads pile up by the hundred and starve the machine."""
+    if mesh is None:
+        return
+    seen = set()
+    for group in (mesh.ulysses_group, mesh.ring_group, mesh.sp_group, mesh.cfg_group):
+        if group is None or id(group) in seen or group == dist.GroupMember.NON_GROUP_MEMBER:
+            continue
+        seen.add(id(group))
+        dist.destroy_process_group(group)
+
+
 def check_layout(mesh: ParallelMesh, layout: SeqLayout) -> None:
     if layout.sp != mesh.sp:
         raise ValueError(
