@@ -26,6 +26,7 @@ BUILTINS = [
     ("tiny", 2, 16, 2, None, "sinusoidal", True),
     ("tiny-i2v", 2, 16, 2, None, "rotary", True),
     ("tiny-hunyuan", 6, 16, 2, 1, "rotary", True),
+    ("tiny-ltx", 6, 12, 2, 1, "rotary", False),
 ]
 
 

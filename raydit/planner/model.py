@@ -249,6 +249,9 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
     specs.append(ModelSpec("tiny-hunyuan", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 256, True, "rotary",
                            4, 6.4e5, 4.2e4, 7.1e4, 9, 64, 64, cfg_branches=1))
+    # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
+    specs.append(ModelSpec("tiny-ltx", "ltx", 6, 12, 2, 288, 1, 1, 128, False, "rotary",
+                           8, 2.3e5, 2.5e4, 1.1e5, 9, 64, 96, vae_spatial=32, vae_temporal=8))
     return {s.name: s for s in specs}
 
 

@@ -588,7 +588,7 @@ def runner_cases(base_dir: str) -> list:
     true classifier-free guidance (two calls; cfg = 2 runs one on each group)."""
     from raydit.models.conformance import RunnerCase
 
-    request = dict(prompt="a red fox runs", num_frames=9, height=48, width=80, num_inference_steps=3,
+    request = dict(prompt="a red fox runs", num_frames=9, height=48, width=80, num_inference_steps=2,
                    guidance_scale=6.0, seed=11)
     return [
         RunnerCase("hunyuanvideo-embedded", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir), cfg=False),

@@ -1,0 +1,412 @@
+"""The LTX-Video family: LTX-Video text-to-video (`LTXPipeline`).
+
+Adapter. LTX-Video's transformer takes its latents packed as tokens ([B, L, C]: patch 1,
+each latent pixel a token) and runs one list of blocks, each with self-attention over the
+video (attn1, rotary positions) and cross-attention to the T5 text (attn2, the text's
+padding as an additive mask). Only the video is in self-attention: the layout has one
+part, split before the first block and gathered after the last (before the final norm and
+projection). The text reaches the video through cross-attention, so it stays whole on
+every rank and attn2 keeps diffusers' own processor (each local query attends to the whole
+text, as on one device). attn1 gets `LTXSPAttnProcessor`; the rotary table the model
+computes for all video tokens ([B, L, C]) is cut to this rank's chunk there. The timestep
+embedding is one per sample ([B, 1, 6C]) and stays whole.
+
+Steps. As `LTXPipeline`: the guidance branches run as one batch [negative, positive];
+FlowMatchEulerDiscreteScheduler on sigmas linspace(1, 1/n) shifted by the video's token
+count (`calculate_shift`); rotary interpolation from the VAE's compression and the frame
+rate (25). The latents stay packed as tokens between steps (what output_type="latent"
+returns); decode unpacks and denormalizes them.
+
+Tiny. `tiny-ltx`: 6 heads x 12, 2 blocks, 8 latent channels, a 2-layer T5 and the LTX VAE
+with 32x spatial and 8x temporal compression (8 channels); random weights.
+
+Legend: B batch, L local video tokens, H heads, D head dim, C = H*D.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Family, Prepared
+
+VIDEO = 0  # the layout's only part
+
+PIPELINE_DEFAULTS = {"num_frames": 161, "height": 512, "width": 704}  # LTXPipeline.__call__'s
+DEFAULTS_FILE = "raydit_defaults.json"  # a directory's own request defaults (the tiny built-in's)
+MAX_SEQUENCE_LENGTH = 128  # the pipeline's default
+FRAME_RATE = 25  # the pipeline's default (rotary interpolation in time)
+
+
+# -- adapter -----------------------------------------------------------------------------------
+def shard_rotary(rotary_emb, layout, sp_index: int):
+    """Cut LTX's rotary table of all video tokens to this rank's chunk: cos, sin [B, L, C]
+    -> [B, chunk, C]; pad rows are zero (pad queries are dropped at gather, pad keys unused)."""
+    cos, sin = rotary_emb
+    if cos.shape[1] != layout.part_lengths[VIDEO]:
+        raise ValueError(
+            f"rotary table has {cos.shape[1]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, VIDEO, sp_index, dim=1), layout.shard(sin, VIDEO, sp_index, dim=1)
+
+
+class LTXSPAttnProcessor:
+    """Sequence-parallel replacement for the processor of an LTX block's self-attention.
+
+    Projections, the QK RMS norms (across heads) and rotary are per token, so they run on the
+    local chunk; only the attention itself needs the other ranks (sp_attention).
+    """
+
+    def __init__(self, context: ForwardContext):
+        self.context = context
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.transformers.transformer_ltx import apply_rotary_emb
+
+        from raydit.parallel.attention import sp_attention
+
+        if encoder_hidden_states is not None:
+            raise ValueError("LTXSPAttnProcessor serves self-attention (attn1) only; cross-attention keeps its own")
+        if attention_mask is not None:
+            raise ValueError("attention_mask is not supported in LTX self-attention under sequence parallelism")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        B, L, _ = hidden_states.shape
+        assert L == layout.local_len, (L, layout.local_len)
+
+        q = attn.norm_q(attn.to_q(hidden_states))  # [B, L, C]
+        k = attn.norm_k(attn.to_k(hidden_states))
+        v = attn.to_v(hidden_states)
+        if image_rotary_emb is not None:
+            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
+            q, k = apply_rotary_emb(q, freqs), apply_rotary_emb(k, freqs)
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
+
+        out_BHLD = sp_attention(heads(q), heads(k), heads(v), mesh, layout)
+        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
+
+
+class LTXAdapter(ModelAdapter):
+    name = "ltx"
+    transformer_classes = ("LTXVideoTransformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="transformer_blocks",
+        # LTXVideoTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+        # image_rotary_emb, encoder_attention_mask); temb [B, 1, 6C] is per sample.
+        split_inputs=(SplitInput("hidden_states", VIDEO),),
+        gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns hidden_states alone
+        attention="attn1",
+    )
+
+    def validate(self, transformer, mesh) -> None:
+        from raydit.parallel.attention import feasible_ulysses
+
+        heads = transformer.config.num_attention_heads
+        if heads % mesh.ulysses != 0:
+            raise ValueError(
+                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
+                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
+            )
+
+    def make_processor(self, context: ForwardContext) -> LTXSPAttnProcessor:
+        return LTXSPAttnProcessor(context)
+
+
+# -- the family --------------------------------------------------------------------------------
+class LTXFamily(Family):
+    """LTXPipeline's steps (text-to-video)."""
+
+    name = "ltx"
+    pipelines = ("LTXPipeline",)
+    image_pipelines = ()
+    adapter = LTXAdapter
+    batch_branches = True  # the pipeline runs [negative, positive] as one batch
+
+    def tiny(self):
+        return {"tiny-ltx": tiny_pipeline_dir}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/config.json and vae/config.json; the request defaults are
+        the pipeline's (161 frames, 512 x 704) unless the directory says otherwise."""
+        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "LTXVideoTransformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by an LTX pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        layers = int(cfg.get("num_layers", 28))
+        hidden = heads * head_dim
+        vae = configs.get("vae", {})
+        scaling = vae.get("spatio_temporal_scaling", [True, True, True, False])
+        vae_spatial = vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * 2 ** sum(map(bool, scaling))
+        vae_temporal = vae.get("temporal_compression_ratio") or int(vae.get("patch_size_t", 1)) * 2 ** sum(map(bool, scaling))
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        encoder = component_params(path / "text_encoder")
+        if encoder is None:
+            encoder = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        # self- and cross-attention 8 h^2, FFN (4h) 8 h^2, per layer
+        estimate = float(layers * 16 * hidden * hidden)
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=4 * hidden,
+            patch_size=int(cfg.get("patch_size", 1)), patch_size_t=int(cfg.get("patch_size_t", 1)),
+            text_tokens=MAX_SEQUENCE_LENGTH, text_in_sequence=False, positional="rotary",
+            in_channels=int(cfg.get("in_channels", 128)),
+            params=component_params(path / "transformer") or estimate, text_encoder_params=encoder,
+            vae_params=component_params(path / "vae") or 0.0,
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
+        )
+
+    def reference_latents(self, pipe, request):
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        return pipe(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            num_frames=request.num_frames,
+            height=request.height,
+            width=request.width,
+            num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            output_type="latent",
+        ).frames
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx"])}
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        if request.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-Video has one: drop it")
+        if request.true_cfg_scale != 1.0:
+            raise ValueError(
+                f"true_cfg_scale {request.true_cfg_scale} is for pipelines with embedded guidance (HunyuanVideo); "
+                "LTX-Video's guidance_scale is classifier-free already: drop true_cfg_scale"
+            )
+        temporal = pipe.vae_temporal_compression_ratio
+        if (request.num_frames - 1) % temporal:
+            lower = request.num_frames - (request.num_frames - 1) % temporal
+            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        multiple = pipe.vae_spatial_compression_ratio * pipe.transformer_spatial_patch_size
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % multiple:
+                lower = value - value % multiple
+                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+                raise ValueError(
+                    f"{label} {value} must be a multiple of {multiple} (VAE scale "
+                    f"{pipe.vae_spatial_compression_ratio} x patch {pipe.transformer_spatial_patch_size}); "
+                    f"nearest: {nearest}"
+                )
+
+    def encode(self, pipe, request, device, dtype):
+        embeds, mask, negative, negative_mask = pipe.encode_prompt(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            do_classifier_free_guidance=request.do_cfg,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            device=device,
+        )
+        cond = {"encoder_hidden_states": embeds, "encoder_attention_mask": mask}
+        uncond = {"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask} if request.do_cfg else None
+        return cond, uncond
+
+    def init(self, pipe, request, generator, device, dtype):
+        import numpy as np
+        import torch
+        from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
+
+        latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
+                                       request.num_frames, torch.float32, device, generator)  # [1, L, C] packed
+        frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+        height = request.height // pipe.vae_spatial_compression_ratio
+        width = request.width // pipe.vae_spatial_compression_ratio
+        n = request.num_inference_steps
+        config = pipe.scheduler.config
+        mu = calculate_shift(frames * height * width, config.get("base_image_seq_len", 256),
+                             config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
+                             config.get("max_shift", 1.15))
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, None, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
+        context = {
+            "latent_frames": frames, "latent_height": height, "latent_width": width,
+            "rope_interpolation_scale": (pipe.vae_temporal_compression_ratio / FRAME_RATE,
+                                         pipe.vae_spatial_compression_ratio, pipe.vae_spatial_compression_ratio),
+        }
+        return Prepared(latents=latents, timesteps=timesteps, context=context)
+
+    def predict(self, pipe, state, t, branch):
+        import torch
+
+        embeds = branch["encoder_hidden_states"]
+        b = embeds.shape[0]  # 2 when this rank runs both guidance branches
+        x = torch.cat([state.latents] * b) if b > 1 else state.latents
+        c = state.context
+        return pipe.transformer(
+            hidden_states=x.to(embeds.dtype),
+            encoder_hidden_states=embeds,
+            timestep=t.expand(b),
+            encoder_attention_mask=branch["encoder_attention_mask"],
+            num_frames=c["latent_frames"],
+            height=c["latent_height"],
+            width=c["latent_width"],
+            rope_interpolation_scale=c["rope_interpolation_scale"],
+            return_dict=False,
+        )[0].float()
+
+    def decode(self, pipe, state, latents):
+        import numpy as np
+        import torch
+
+        c, vae = state.context, pipe.vae
+        latents = pipe._unpack_latents(latents, c["latent_frames"], c["latent_height"], c["latent_width"],
+                                       pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size)
+        latents = pipe._denormalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        latents = latents.to(vae.device, vae.dtype)
+        # The pipeline's defaults: decode_timestep 0 and a noise scale of 0 (the latents as they are).
+        timestep = torch.zeros(1, device=latents.device, dtype=latents.dtype) if vae.config.timestep_conditioning else None
+        video = vae.decode(latents, timestep, return_dict=False)[0]
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
+        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
+FAMILY = LTXFamily()
+
+
+# -- the tiny pipeline -------------------------------------------------------------------------
+TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
+TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
+TINY_HEAD_DIM = 12  # rotary: the hidden size (72) is 3 axes x 12 frequencies x (cos, sin)
+TINY_TEXT_DIM = 32  # T5 d_model == transformer caption_channels
+TINY_LATENT_CHANNELS = 8
+TINY_DEFAULTS = {"num_frames": 9, "height": 64, "width": 96}
+
+
+def tiny_transformer(seed: int, **overrides):
+    """An LTXVideoTransformer3DModel of the tiny geometry (or `overrides`), every parameter
+    drawn from `seed`."""
+    import torch
+    from diffusers import LTXVideoTransformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(in_channels=TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_attention_heads=TINY_HEADS,
+                  attention_head_dim=TINY_HEAD_DIM, num_layers=2, caption_channels=TINY_TEXT_DIM)
+    config.update(overrides)
+    config.setdefault("cross_attention_dim", config["num_attention_heads"] * config["attention_head_dim"])
+    torch.manual_seed(seed)
+    return randomize(LTXVideoTransformer3DModel(**config), seed)
+
+
+def _tiny_vae(seed: int):
+    import torch
+    from diffusers import AutoencoderKLLTXVideo
+
+    torch.manual_seed(seed)
+    return AutoencoderKLLTXVideo(
+        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+    ).eval()  # patch 4 x 2^3 = 32x spatial, 2^3 = 8x temporal
+
+
+def tiny_pipeline():
+    """The tiny LTXPipeline, built in memory."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTXPipeline
+
+    from raydit.models.tiny import SEED, t5_encoder, tokenizer
+
+    tok = tokenizer(MAX_SEQUENCE_LENGTH)
+    # LTX-Video's scheduler: dynamic shift by the token count.
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=1024,
+                                                max_image_seq_len=4096, base_shift=0.95, max_shift=2.05,
+                                                shift_terminal=0.1)
+    return LTXPipeline(scheduler=scheduler, vae=_tiny_vae(SEED + 2), text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM),
+                       tokenizer=tok, transformer=tiny_transformer(SEED + 10))
+
+
+class _WithDefaults:
+    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir reads."""
+
+    def __init__(self, pipe, defaults: dict):
+        self.pipe, self.defaults = pipe, defaults
+
+    def save_pretrained(self, directory) -> None:
+        self.pipe.save_pretrained(directory)
+        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
+
+
+def tiny_pipeline_dir() -> Path:
+    """The directory of `tiny-ltx`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-ltx-{TINY_VERSION}", lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.ltx:ltx_forward"
+_BUILD_PIPELINE = "raydit.models.families.ltx:ltx_pipeline"
+
+
+def ltx_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
+                valid: tuple, text_len: int = 13, seed: int = 31):
+    """A tiny-weight LTXVideoTransformer3DModel and the kwargs of one forward call (packed
+    latents [B, F*H*W, C]); one sample per entry of `valid` (its unmasked text tokens)."""
+    import torch
+
+    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim)
+    g = torch.Generator().manual_seed(7)
+    batch = len(valid)
+    tokens = latent_frames * latent_height * latent_width
+    kwargs = dict(
+        hidden_states=torch.randn(batch, tokens, TINY_LATENT_CHANNELS, generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+        encoder_attention_mask=(torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1)).long(),
+        num_frames=latent_frames, height=latent_height, width=latent_width,
+        rope_interpolation_scale=(8 / 25, 32, 32),
+    )
+    return transformer, kwargs
+
+
+def ltx_pipeline(base_dir: str):
+    """The tiny LTX pipeline loaded from its directory (as a real checkpoint is)."""
+    from diffusers import DiffusionPipeline
+
+    from raydit.models.tiny import quiet_hub
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def forward_cases() -> list:
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 1 x 13 = 39 tokens (only 3 of 2..8 divides it), 6 heads, text masks that differ.
+        ForwardCase("ltx-h6-39tokens", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, heads=6, head_dim=12, valid=(4, 13))),
+    ]
+
+
+def runner_cases(base_dir: str) -> list:
+    """Denoising on the tiny pipeline: 17 frames at 32 x 416 -> 3 x 1 x 13 = 39 tokens."""
+    from raydit.models.conformance import RunnerCase
+
+    return [
+        RunnerCase("ltx-t2v", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(prompt="a red fox runs", negative_prompt="blur", num_frames=17, height=32, width=416,
+                        num_inference_steps=3, guidance_scale=3.0, seed=11),
+                   dict(base_dir=base_dir)),
+    ]

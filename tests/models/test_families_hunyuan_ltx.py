@@ -1,0 +1,94 @@
+"""HunyuanVideo and LTX-Video families: what the shared conformance suite does not cover.
+
+The suite (tests/models/test_conformance.py) runs both families' cases on every plan and
+checks one process against diffusers' own pipelines. Here: HunyuanVideo's embedded
+guidance (one branch per step; a pair only for true CFG with a negative prompt), the joint
+mask the processor accepts, and the one-line errors for requests the pipelines cannot take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from raydit.models.family import GenerationRequest
+from raydit.models.families import hunyuanvideo, ltx
+from raydit.models.runner import Runner
+
+
+@pytest.fixture(scope="module")
+def hunyuan_pipe():
+    return hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_pipeline_dir()))
+
+
+@pytest.fixture(scope="module")
+def ltx_pipe():
+    return ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir()))
+
+
+REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=32, width=32,
+                            num_inference_steps=2, guidance_scale=6.0, seed=3)
+
+
+def test_embedded_guidance_runs_one_branch_and_true_cfg_two(hunyuan_pipe):
+    runner = Runner(hunyuan_pipe)
+    state = runner.prepare(REQUEST)  # guidance 6 is embedded: a negative prompt alone asks for nothing
+    assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 1
+    assert float(state.context["guidance"]) == 6000.0
+    true_cfg = runner.prepare(dataclasses.replace(REQUEST, true_cfg_scale=3.0))
+    assert len(true_cfg.branches) == 2  # (negative, positive): two calls, as the pipeline makes them
+    assert not torch.equal(true_cfg.branches[0]["encoder_hidden_states"], true_cfg.branches[1]["encoder_hidden_states"])
+
+
+def test_the_prompt_survives_the_template_crop(hunyuan_pipe):
+    """The tiny tokenizer's template is 95 tokens, as Llama-3's: the pipeline's crop leaves the
+    prompt (distinct prompts, distinct embeddings; the mask counts the prompt's tokens)."""
+    a, _, mask_a = hunyuan_pipe.encode_prompt("a cat", device="cpu")
+    b, _, mask_b = hunyuan_pipe.encode_prompt("a dog", device="cpu")
+    assert a.shape == (1, hunyuanvideo.MAX_SEQUENCE_LENGTH, hunyuanvideo.TINY_TEXT_DIM)
+    assert not torch.equal(a, b)
+    # "a", "c", "##a", "##t", <|eot_id|> (the tokenizer splits unknown words into characters)
+    assert int(mask_a.sum()) == int(mask_b.sum()) == 5
+
+
+def test_valid_text_counts_reads_prefix_masks_and_refuses_others():
+    video, text = 4, 3
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool).view(2, 1, 1, 7)
+    assert hunyuanvideo.valid_text_counts(mask, video, text, 2) == [2, 1]
+    assert hunyuanvideo.valid_text_counts(None, video, text, 2) == [3, 3]
+    holes = torch.tensor([[1, 1, 1, 1, 1, 0, 1]], dtype=torch.bool).view(1, 1, 1, 7)
+    with pytest.raises(ValueError, match="prefix of the text tokens"):
+        hunyuanvideo.valid_text_counts(holes, video, text, 1)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(true_cfg_scale=3.0, negative_prompt=""), "true_cfg_scale 3.0 needs a negative prompt"),
+    (dict(num_frames=8), "num_frames 8 must be 4k \\+ 1; nearest: 5 or 9"),
+    (dict(height=40), "height 40 must be a multiple of 16 .* nearest: 32 or 48"),
+    (dict(guidance_scale_2=2.0), "guidance_scale_2 is for two-expert pipelines"),
+])
+def test_hunyuan_bad_requests_get_one_line(hunyuan_pipe, change, message):
+    with pytest.raises(ValueError, match=message) as err:
+        Runner(hunyuan_pipe).prepare(dataclasses.replace(REQUEST, **change))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(num_frames=5), "num_frames 5 must be 8k \\+ 1; nearest: 1 or 9"),
+    (dict(width=48), "width 48 must be a multiple of 32 .* nearest: 32 or 64"),
+    (dict(true_cfg_scale=2.0), "true_cfg_scale 2.0 is for pipelines with embedded guidance"),
+])
+def test_ltx_bad_requests_get_one_line(ltx_pipe, change, message):
+    request = dataclasses.replace(REQUEST, **{**dict(num_frames=9, height=32, width=64), **change})
+    with pytest.raises(ValueError, match=message) as err:
+        Runner(ltx_pipe).prepare(request)
+    assert "\n" not in str(err.value)
+
+
+def test_ltx_latents_stay_packed_as_tokens(ltx_pipe):
+    """What output_type="latent" returns: [1, frames x height x width, channels]."""
+    state = Runner(ltx_pipe).prepare(dataclasses.replace(REQUEST, num_frames=17, height=32, width=64))
+    assert tuple(state.latents.shape) == (1, 3 * 1 * 2, ltx.TINY_LATENT_CHANNELS)
+    assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 2  # [neg, pos]
