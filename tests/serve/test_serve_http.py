@@ -296,6 +296,18 @@ def test_image_for_a_text_model_and_unknown_ids(server):
         server.client().videos.delete("video_" + "1" * 24)
 
 
+def test_example_client_script(server, tmp_path):
+    """examples/openai_client.py, as a user runs it against the server."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "openai_client.py"
+    env = dict(os.environ, RAYDIT_URL=server.url, RAYDIT_API_TOKEN=server.token)
+    out = subprocess.run([sys.executable, str(script), "a paper boat", "--out", str(tmp_path / "boat.mp4"),
+                          "--steps", "2", "--seconds", "1", "--seed", "3"],
+                         capture_output=True, text=True, timeout=WAIT_S, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "wrote" in out.stdout and "seed 3" in out.stdout, out.stdout
+    assert _frames_of((tmp_path / "boat.mp4").read_bytes(), tmp_path, "check").shape == (9, SIZE, SIZE, 3)
+
+
 # -- queue limit, cancel ------------------------------------------------------------------------
 
 

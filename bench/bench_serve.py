@@ -1,0 +1,230 @@
+"""The HTTP front's cost: requests per minute and p50 / p95 latency through `raydit serve`'s
+API (Ray Serve, the openai client, mp4s written to the output directory) against the same
+Engine configuration called directly (`Engine.submit`), with a queue of `--requests`.
+
+Both sides are started up front on one local Ray (4 CPU slots declared, 1 rank each, the
+bench model of benchlib: ~0.5 s a step) and stay warm; rounds alternate which side serves
+a burst (the idle side sleeps), so both see the same machine. A burst submits every
+request at once:
+  - direct: `engine.submit(...)` x N; a request's latency is submit -> its future done;
+  - HTTP: N threads each POST /v1/videos with the openai client; one poller lists the
+    videos every 0.1 s; a video seen completed is downloaded (GET .../content); latency is
+    POST -> mp4 downloaded. The front therefore pays HTTP, polling (up to 0.1 s), the mp4
+    encode and the download; the direct side pays none of them.
+Throughput = N / (first submit -> last result) x 60. Target: HTTP >= 98% of direct.
+
+    python bench/bench_serve.py [--requests 16] [--steps 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import benchlib  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*Sora API.*")
+PROMPT = "a red fox"
+ENGINE = dict(workers=1, replicas=1)
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _stats(latencies: list[float], wall: float) -> dict:
+    n = len(latencies)
+    return {"seconds": round(wall, 4), "requests_per_minute": round(n / wall * 60, 4),
+            "p50_s": round(_percentile(latencies, 0.5), 4), "p95_s": round(_percentile(latencies, 0.95), 4)}
+
+
+def burst_direct(engine, n: int, steps: int, seed0: int) -> dict:
+    done: dict[int, float] = {}
+    t0 = time.perf_counter()
+    starts, futures = [], []
+    for i in range(n):
+        starts.append(time.perf_counter())
+        f = engine.submit(PROMPT, num_inference_steps=steps, seed=seed0 + i)
+        f.add_done_callback(lambda f, i=i: done.__setitem__(i, time.perf_counter()))
+        futures.append(f)
+    for f in futures:
+        f.result(timeout=1800)
+    wall = max(done.values()) - t0
+    return _stats([done[i] - starts[i] for i in range(n)], wall)
+
+
+def burst_http(client, n: int, steps: int, seed0: int) -> dict:
+    starts, ids = [0.0] * n, [None] * n
+    finished: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def create(i):
+        starts[i] = time.perf_counter()
+        v = client.videos.create(prompt=PROMPT, extra_body={"num_inference_steps": steps, "seed": seed0 + i})
+        ids[i] = v.id
+
+    with cf.ThreadPoolExecutor(n) as pool:
+        list(pool.map(create, range(n)))
+    mine = set(ids)
+
+    def download(video_id):
+        client.videos.download_content(video_id).read()
+        finished[video_id] = time.perf_counter()
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        seen: set[str] = set()
+        deadline = time.time() + 1800
+        while len(seen) < n and time.time() < deadline:
+            page = client.videos.list(limit=100)
+            for v in page.data:
+                if v.id in mine and v.id not in seen and v.status in ("completed", "failed"):
+                    if v.status == "failed":
+                        raise RuntimeError(f"{v.id} failed: {v.error}")
+                    seen.add(v.id)
+                    pool.submit(download, v.id)
+            time.sleep(0.1)
+    if len(finished) < n:
+        raise RuntimeError(f"only {len(finished)} of {n} videos finished")
+    wall = max(finished.values()) - t0
+    return _stats([finished[ids[i]] - starts[i] for i in range(n)], wall)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(requests: int, steps: int, rounds: int) -> dict:
+    import openai
+    import ray
+    from ray import serve
+
+    from raydit.runtime.engine import Engine
+    from raydit.serve.app import VideoAPI
+    from raydit.serve.auth import token_digest
+    from raydit.serve.config import resolve_serve_options
+
+    model_dir = benchlib.bench_model_dir()
+    env = {k: os.environ[k] for k in ("RAYDIT_CACHE", "RAYDIT_NO_PROGRESS") if k in os.environ}
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING",
+             object_store_memory=256 * 1024 * 1024, runtime_env={"env_vars": env})
+    out_dir = tempfile.mkdtemp(prefix="raydit-bench-serve-")
+    token, port = secrets.token_urlsafe(24), _free_port()
+    records = []
+    engine = None
+    try:
+        engine = Engine(model=model_dir, device="cpu", show_plan=False, grow="never", **ENGINE)
+        engine.generate(PROMPT, num_inference_steps=1, seed=0, progress=False)  # warm-up
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        opts = resolve_serve_options({"model": model_dir, "device": "cpu", "output_dir": out_dir,
+                                      "max_queue": 4 * requests, "default_steps": steps, **ENGINE})
+        serve.run(VideoAPI.options(ray_actor_options={"num_cpus": 0}).bind(opts, token_digest(token)),
+                  name="raydit", route_prefix="/")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token, max_retries=0, timeout=600)
+        client.videos.create_and_poll(prompt=PROMPT, extra_body={"num_inference_steps": 1},
+                                      poll_interval_ms=100)  # warm-up
+        sides = {"direct": lambda s: burst_direct(engine, requests, steps, s),
+                 "http": lambda s: burst_http(client, requests, steps, s)}
+        for rnd in range(rounds):
+            for side in (("direct", "http") if rnd % 2 == 0 else ("http", "direct")):
+                load, busy0, c0 = benchlib.loadavg(), benchlib.machine_busy_seconds(), time.perf_counter()
+                r = sides[side](1000 * rnd)
+                busy = benchlib.machine_busy_seconds() - busy0
+                records.append({"round": rnd, "side": side, "load": load,
+                                "machine_busy_fraction": round(busy / (time.perf_counter() - c0) / (os.cpu_count() or 1), 3),
+                                **r})
+                print(f"round {rnd} {side:6s}: {r['requests_per_minute']:7.2f} requests/min, p50 {r['p50_s']:.2f} s, "
+                      f"p95 {r['p95_s']:.2f} s ({requests} in {r['seconds']:.1f} s), load {load[0] if load else '?'}",
+                      flush=True)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            if engine is not None:
+                engine.shutdown()
+            ray.shutdown()
+    by = {s: [r for r in records if r["side"] == s] for s in ("direct", "http")}
+    ratios = [h["requests_per_minute"] / d["requests_per_minute"]
+              for d, h in zip(by["direct"], by["http"])]
+    return {
+        "machine": benchlib.machine(), "model": {"dir": model_dir, **benchlib.BENCH_MODEL},
+        "engine": ENGINE, "requests_per_burst": requests, "steps": steps,
+        "rows": {s: {k: benchlib.summary([r[k] for r in rs], 4)
+                     for k in ("requests_per_minute", "p50_s", "p95_s", "seconds")} for s, rs in by.items()},
+        "throughput_ratio_http_over_direct": benchlib.summary(ratios, 4),
+        "front_cost_percent": round((1 - benchlib.summary(ratios, 4)["median"]) * 100, 2),
+        "target_front_cost_percent_at_most": 2.0,
+        "rounds": records,
+    }
+
+
+def write_md(result: dict, path: Path) -> None:
+    rows, ratio = result["rows"], result["throughput_ratio_http_over_direct"]
+    m = result["machine"]
+    lines = [
+        "# raydit serve: the HTTP front against the Engine called directly",
+        "",
+        f"Command: `python bench/bench_serve.py --requests {result['requests_per_burst']} --steps {result['steps']} "
+        f"--rounds {ratio['n']}` ({m['date_utc']} UTC). Machine: {m['processor']}, {m['cpu_count']} cores, no GPU, "
+        f"torch {m['torch']}, Ray {m.get('ray')}; shared with other engineers' runs (1-min load "
+        f"{', '.join(str(r['load'][0]) for r in result['rounds'])} at the start of each burst).",
+        "",
+        f"A burst is {result['requests_per_burst']} requests submitted at once to one engine replica of "
+        f"{result['engine']['workers']} rank (the bench model, {result['steps']} steps each). Figures: median "
+        "(min-max, n rounds); sides alternate within a round.",
+        "",
+        "| side | requests / min | p50 latency | p95 latency |",
+        "|---|---|---|---|",
+    ]
+    for side, label in (("direct", "Engine.submit (direct)"), ("http", "HTTP: openai client -> raydit serve")):
+        r = rows[side]
+        lines.append(f"| {label} | {benchlib.fmt(r['requests_per_minute'], 'req/min', 2)} | {benchlib.fmt(r['p50_s'])} | "
+                     f"{benchlib.fmt(r['p95_s'])} |")
+    met = "met" if result["front_cost_percent"] <= result["target_front_cost_percent_at_most"] else "**not met**"
+    lines += [
+        "",
+        f"Throughput through HTTP / direct, per round: {benchlib.fmt(ratio, 'x', 4)}; the front costs "
+        f"{result['front_cost_percent']}% of throughput (target at most 2%: {met}).",
+        "",
+        "The HTTP side also pays what the direct side does not: the mp4 encode and write, polling "
+        "(one list call every 0.1 s) and the download of every video. Raw values: `serve.json`; how "
+        "it is measured: the docstring of `bench/bench_serve.py`.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    result = run(args.requests, args.steps, args.rounds)
+    out = Path(args.out)
+    print("wrote", benchlib.write_json("serve", result, out))
+    write_md(result, out / "serve.md")
+    print("wrote", out / "serve.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
