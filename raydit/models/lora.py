@@ -109,9 +109,12 @@ def default_name(path) -> str:
     """A name for a LoRA from its path: the directory's name, or the file's stem when the file
     has its own name (not diffusers' default `pytorch_lora_weights`)."""
     p = Path(str(path)).expanduser()
-    stem = p.name if p.is_dir() or p.stem == Path(WEIGHT_NAME).stem else p.stem
-    if p.stem == Path(WEIGHT_NAME).stem and not p.is_dir():
+    if p.is_dir() or p.suffix != ".safetensors":
+        stem = p.name
+    elif p.stem == Path(WEIGHT_NAME).stem:
         stem = p.parent.name
+    else:
+        stem = p.stem
     name = re.sub(r"[^A-Za-z0-9_.\-]", "-", stem).lstrip("-_.")[:64]
     return name or "lora"
 
