@@ -43,6 +43,7 @@ from pathlib import Path
 from raydit.planner import cost as costmod
 from raydit.planner.cluster import ClusterSpec, NodeSpec
 from raydit.planner.cost import Link, StepCost
+from raydit.planner.decode import DecodeCost, decode_cost
 from raydit.planner.hardware import DeviceType
 from raydit.planner.model import ModelSpec, VideoGeometry, model_spec
 
@@ -148,6 +149,9 @@ class Plan:
     # GB per rank of idle weights kept in host memory because everything resident would not
     # fit (the inactive expert, the text encoder after encoding); 0: all stay on the device.
     offload_idle_gb: float = 0.0
+    # The VAE decode of one video on the replica's ranks (raydit.planner.decode): seconds, ranks
+    # it is split over, peak GB per rank (reported beside memory_gb_per_gpu, not added to it).
+    decode: DecodeCost | None = None
 
     @property
     def sp(self) -> int:
@@ -222,6 +226,7 @@ class Plan:
             "memory_gb_per_gpu": round(self.memory_gb_per_gpu, 2),
             "cost_seconds": self.cost.to_dict(),
             "notes": list(self.notes),
+            "decode": self.decode.to_dict() if self.decode is not None else None,
             "explanation": self.explanation,
         }
         if self.parts:
@@ -547,6 +552,8 @@ class _Layouts:
             kind="uniform", notes=tuple(notes),
             runs=run_records,
             replica_step_seconds=tuple(steps),
+            decode=decode_cost(spec, geo, C * sp, self.nodes[0].flops, self.nodes[0].intra.gb_s,
+                               self.nodes[0].intra.latency_us),
         )
 
 

@@ -1,0 +1,142 @@
+"""The VAE decode and the text encoder in the planner: time and memory per rank (pure Python).
+
+The decode runs on every rank of a replica (raydit.models.vae_parallel): the latent rows are
+cut into `ranks` bands (the first rows % ranks get one more row), each rank decodes its band
+and exchanges halo rows with its neighbours at every convolution; the frames are gathered once
+to rank 0. Per video, with n = ranks, H x W output pixels, F output frames, e bytes per value:
+
+    compute   t_c = F H W m / P_vae x ceil(rows / n) / rows      (the largest band paces)
+              m = FLOP per output pixel and frame of the family's decoder (2 x MACs, counted
+              on diffusers' decoders with real configs: DECODERS below), P_vae = P x VAE_EFFICIENCY
+    halo      t_h = [n > 1] (x a + 2 F W h e / B)                 (both neighbours at once)
+              x = halo exchanges (one per convolution taller than one row, per call of the
+              decoder), h = halo values per output frame and output column (DECODERS)
+    norms     [n > 1] g a: one small all-gather per group norm (CogVideoX)
+    gather    [n > 1] F H W 3 e (n - 1) / n / B + a                 (the bands to rank 0)
+
+Peak memory per rank: the decoder's largest live activations at full resolution, for the
+frames one decoder call produces, on the rank's band (plus its halo rows):
+
+    M_dec = LIVE x C_top x f_call x (ceil(rows / n) s + 2) x W x e  + VAE weights
+
+C_top: channels at full resolution, f_call: output frames per decoder call (CogVideoX: 8,
+two latent frames; Wan: 4, one latent frame), s: output rows per latent row. Before issue 13
+the decode ran replicated on every rank (n = 1) and was assumed tiled.
+
+Text encoder: encoded once per request on one rank ("one-rank"; the embeddings are
+broadcast), or kept on every rank ("every-rank", raydit before issue 13), or on the host
+("cpu"). `rank_memory_gb` counts it on the ranks that hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raydit.planner.model import ModelSpec, VideoGeometry
+
+GB = 1e9
+# Fraction of the device's DiT rate a VAE decoder's 3x3(x3) convolutions reach (estimate).
+VAE_EFFICIENCY = 0.5
+# Live full-resolution activations at the decoder's peak (input, norm output, conv output, residual).
+LIVE = 4
+TEXT_ENCODER_PLACES = ("every-rank", "one-rank", "cpu")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What the cost model needs of one family's VAE decoder (counted by forward hooks on
+    diffusers' decoder with the real config: MACs and halo values per output pixel)."""
+
+    flops_per_pixel: float  # FLOP per output pixel and frame (2 x MACs)
+    halo_values: float  # halo values sent per output frame and output column (all convs)
+    exchanges_per_latent_frame: float
+    norms_per_latent_frame: float
+    top_channels: int  # channels of the decoder's full-resolution activations (per output pixel)
+    frames_per_call: int  # output frames one decoder call produces
+    parallel: bool = True  # raydit decodes this family's VAE by rows
+
+
+# CogVideoX (AutoencoderKLCogVideoX, 13 latent frames -> 49): 9.30e6 MAC per output pixel-frame,
+# 8291 halo values per output frame and column, 18.9 exchanges and 17.1 group norms per latent frame.
+# Wan 2.1 (AutoencoderKLWan, base 96, 21 -> 81 frames): 4.24e6 MAC, 6320 halo values, 33 exchanges,
+# no group norm (RMS norm over channels).
+DECODERS = {
+    "cogvideox": DecoderShape(2 * 9.30e6, 8291, 18.9, 17.1, 128, 8),
+    "wan": DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4),
+}
+# Families whose VAE raydit does not split (decoded replicated, on one rank's time): a
+# Wan-2.1-like cost per pixel stands in for their decoder.
+_OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
+
+
+def decoder_shape(spec: ModelSpec) -> DecoderShape:
+    return DECODERS.get(spec.family, _OTHER)
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """One video's decode on `ranks` ranks: seconds (with parts) and peak GB per rank."""
+
+    ranks: int
+    compute: float
+    halo: float
+    gather: float
+    peak_gb: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.halo + self.gather
+
+    def to_dict(self) -> dict:
+        return {"ranks": self.ranks, "seconds": round(self.seconds, 4), "compute": round(self.compute, 4),
+                "halo": round(self.halo, 4), "gather": round(self.gather, 4), "peak_gb": round(self.peak_gb, 2)}
+
+
+def decode_ranks(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> int:
+    """Ranks the decode is split over: all of the replica's, where the family's VAE is split
+    and every rank gets at least one latent row; else 1 (every rank decodes the whole video)."""
+    if ranks < 1:
+        raise ValueError(f"ranks {ranks} must be >= 1")
+    if not decoder_shape(spec).parallel or geo.latent_height < ranks:
+        return 1
+    return ranks
+
+
+def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: float, link_gb_s: float,
+                link_latency_us: float) -> DecodeCost:
+    """Predicted decode of one video on a replica of `ranks` ranks (module docstring)."""
+    d = decoder_shape(spec)
+    n = decode_ranks(spec, geo, ranks)
+    e = spec.bytes_per_param
+    rows = geo.latent_height
+    band = -(-rows // n)
+    pixels = geo.frames * geo.height * geo.width
+    compute = pixels * d.flops_per_pixel / (flops_per_s * VAE_EFFICIENCY) * band / rows
+    a = link_latency_us * 1e-6
+    bw = link_gb_s * GB
+    halo = gather = 0.0
+    if n > 1:
+        calls = geo.latent_frames
+        halo = (d.exchanges_per_latent_frame + d.norms_per_latent_frame) * calls * a \
+            + 2 * geo.frames * geo.width * d.halo_values * e / bw
+        gather = a + pixels * 3 * e * (n - 1) / n / bw
+    scale = geo.height // rows
+    peak = LIVE * d.top_channels * d.frames_per_call * (band * scale + 2) * geo.width * e
+    return DecodeCost(n, compute, halo, gather, (peak + spec.vae_params * e) / GB)
+
+
+def text_encoder_gb(spec: ModelSpec) -> float:
+    return spec.text_encoder_params * spec.bytes_per_param / GB
+
+
+def rank_memory_gb(spec: ModelSpec, transformer_peak_gb: float, decode: DecodeCost, text_encoder: str,
+                   holds_text_encoder: bool) -> float:
+    """Peak GB of one rank: the transformer's weights and activations (`transformer_peak_gb`,
+    text encoder and VAE weights excluded), or the decode's peak after it, whichever is
+    larger, plus the text encoder where it lives (module docstring)."""
+    if text_encoder not in TEXT_ENCODER_PLACES:
+        raise ValueError(f"text_encoder {text_encoder!r} is not one of {', '.join(TEXT_ENCODER_PLACES)}")
+    transformer_weights = spec.params * spec.experts * spec.bytes_per_param / GB
+    peak = max(transformer_peak_gb, transformer_weights + decode.peak_gb)
+    here = text_encoder == "every-rank" or (text_encoder == "one-rank" and holds_text_encoder)
+    return peak + (text_encoder_gb(spec) if here else 0.0)
