@@ -248,6 +248,13 @@ class ModelAdapter:
     # adapter imports no diffusers.
     transformer_classes: tuple[str, ...] = ()
     plan: SequenceParallelPlan
+    # Step caching (raydit.models.cache) reads the residual stream from these. block_outputs:
+    # the forward argument each element of a block's output updates, in output order; None:
+    # a block returns its first k forward arguments, updated, k = len(plan.gather_outputs)
+    # (CogVideoX: hidden_states, encoder_hidden_states; Wan: hidden_states). block_temb: the
+    # forward argument holding the timestep embedding (teacache's quantity).
+    block_outputs: tuple[str, ...] | None = None
+    block_temb: str = "temb"
 
     def validate(self, transformer: nn.Module, mesh) -> None:
         """Raise ValueError when this transformer cannot run on this mesh."""

@@ -67,7 +67,7 @@ def check_cache(method, threshold) -> None:
         return
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"cache {method!r} is not a step-cache method; use one of: {', '.join(METHODS)} "
-                         "(or none to run every step)")
+                         "(or leave it out to run every step)")
     if threshold is None:
         return
     if (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
@@ -104,25 +104,26 @@ def deciding_branches(do_cfg: bool, batch_branches: bool) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class _Stream:
     """One output of a block: output `index` updates forward argument `arg`, a sequence of
-    layout part `part` along `dim`."""
+    layout part `part` along `dim` (part None: not split, whole on every rank)."""
 
     index: int
     arg: str
-    part: int
-    dim: int
+    part: int | None
+    dim: int = 1
 
 
-def _streams(adapter, block) -> tuple[_Stream, ...]:
-    plan = adapter.plan
-    gathers = sorted(plan.gather_outputs, key=lambda g: g.index)
-    names = getattr(adapter, "block_outputs", None)
+def _streams(adapter, block, count: int | None) -> tuple[_Stream, ...] | None:
+    """The block's output streams: `adapter.block_outputs`, else its first `count` forward
+    arguments (a block returns them updated: CogVideoX hidden_states, encoder_hidden_states;
+    Wan hidden_states); None while `count` is unknown."""
+    names = adapter.block_outputs
     if names is None:
-        # A block returns its first k forward arguments, updated (CogVideoX: hidden_states,
-        # encoder_hidden_states; Wan: hidden_states).
-        names = tuple(inspect.signature(block.forward).parameters)[: len(gathers)]
-    if len(names) != len(gathers):
-        raise ValueError(f"{type(adapter).__name__}.block_outputs {names} must name one argument per gathered output")
-    return tuple(_Stream(g.index, name, g.part, g.dim) for g, name in zip(gathers, names))
+        if count is None:
+            return None
+        names = tuple(inspect.signature(block.forward).parameters)[:count]
+    gathered = {g.index: g for g in adapter.plan.gather_outputs}
+    return tuple(_Stream(i, name, gathered[i].part if i in gathered else None,
+                         gathered[i].dim if i in gathered else 1) for i, name in enumerate(names))
 
 
 def _key(kind: str, branch: str, index: int | None = None) -> str:
@@ -136,19 +137,21 @@ class StepCache:
         adapter = runner.family.adapter()
         self.runner = runner
         self.mesh = runner.mesh
-        self.temb_arg = getattr(adapter, "block_temb", "temb")
+        self.temb_arg = adapter.block_temb
         self._installed: list = []  # (block, the instance `forward` it had or None)
         self._hooks: list = []
         self._run: _Run | None = None
-        self.models = []
+        self.models = []  # per transformer: [its output streams (None until known), its SP handle]
+        self._first = []
+        self.adapter = adapter
         try:
             for m, transformer in enumerate(runner.family.transformers(runner.pipe)):
                 plan = adapter.plan
                 blocks = (plan.block_list(transformer) if hasattr(plan, "block_list")
                           else list(getattr(transformer, plan.blocks)))
-                streams = _streams(adapter, blocks[0])
                 handle = runner.handles[m] if m < len(runner.handles) else None
-                self.models.append((streams, handle))
+                self.models.append([_streams(adapter, blocks[0], None), handle])
+                self._first.append(blocks[0])
                 self._install(m, blocks)
         except BaseException:
             self.remove()
@@ -183,6 +186,11 @@ class StepCache:
             block.forward = forward
             self._installed.append((block, own))
         self._hooks.append(last.register_forward_hook(after_last))
+
+    def streams(self, m: int, count: int | None = None) -> tuple[_Stream, ...]:
+        if self.models[m][0] is None:
+            self.models[m][0] = _streams(self.adapter, self._first[m], count)
+        return self.models[m][0]
 
     def remove(self) -> None:
         for hook in self._hooks:
@@ -281,8 +289,8 @@ class _Run:
     def after_last(self, m: int, output) -> None:
         if self.skipping:
             return
-        streams, _ = self.cache.models[m]
         full_last = output if isinstance(output, (tuple, list)) else (output,)
+        streams = self.cache.streams(m, len(full_last))
         if self.method == "fbcache":
             full0 = [self._gather(m, self.out0[s.index], s) for s in streams]
             r1 = full0[0] - self.inputs[streams[0].arg]
@@ -300,17 +308,20 @@ class _Run:
         self.calls += 1
         assert call < len(self.forwards), (call, self.forwards)
         self.branches, self.model = self.forwards[call], m
-        streams, _ = self.cache.models[m]
         if self.method == "teacache":
             if call == 0:
                 self.skip = self._decide_teacache(m)
             self.skipping = self.skip
             if self.skipping:
+                # As many streams as the residuals in the carry (block 0 may not have run yet here).
+                count = sum(1 for k in self.carry if k.startswith(_key("rest", self.branches[0]) + "/"))
+                streams = self.cache.streams(m, count)
                 local = self._bound(original, args, kwargs)
                 return self._outputs(streams, [local[s.arg] + self._cached_rest(m, s) for s in streams])
             return original(*args, **kwargs)
         out = original(*args, **kwargs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
+        streams = self.cache.streams(m, len(outs))
         if call == 0:
             local = self._bound(original, args, kwargs)
             self.skip = self._decide_fbcache(m, outs[0] - local[streams[0].arg])
@@ -327,7 +338,7 @@ class _Run:
         if state.step_index == 0 or carry.get(_MODEL) != m:
             return False
         branches = ("uncond", "cond") if self.do_cfg else ("cond",)
-        needed = [_key("rest", b, s.index) for b in branches for s in self.cache.models[m][0]]
+        needed = [_key("rest", b, 0) for b in branches]
         if self.method == "fbcache":
             needed += [_key("r1", b) for b in self.deciding]
         else:
@@ -369,7 +380,7 @@ class _Run:
 
         if not self._usable(m):
             return False
-        streams, _ = self.cache.models[m]
+        streams = self.cache.streams(m)
         sums = torch.zeros(2, dtype=torch.float64, device=r1_local.device)
         if self._contributes():
             prev = self._local(m, streams[0], [self.carry[_key("r1", b)] for b in self.branches])
@@ -391,7 +402,9 @@ class _Run:
         if not self._usable(m):
             return False
         sums = torch.zeros(2, dtype=torch.float64, device=temb.device)
-        if self._contributes():
+        # The embedding is whole on every rank of the sp group: counted once, by sp index 0.
+        mesh = self.cache.mesh
+        if self._contributes() and (mesh is None or mesh.sp_index == 0):
             now = torch.cat([self._tembs[b] for b in self.branches]).float()
             prev = torch.cat([self.carry[_key("temb", b)] for b in self.branches]).float()
             sums[0] = (now - prev).abs().sum(dtype=torch.float64)
@@ -409,7 +422,7 @@ class _Run:
         return tensors[0] if len(streams) == 1 else tuple(tensors)
 
     def _pass_through(self, m: int, original, args, kwargs):
-        streams, _ = self.cache.models[m]
+        streams = self.cache.streams(m)
         local = self._bound(original, args, kwargs)
         return self._outputs(streams, [local[s.arg] for s in streams])
 
@@ -419,7 +432,7 @@ class _Run:
 
     def _valid(self, m: int, s: _Stream) -> int:
         layout = self._layout(m)
-        if layout is None:
+        if layout is None or s.part is None:
             return self.inputs[s.arg].size(s.dim)
         return layout.valid_counts(self.cache.mesh.sp_index)[s.part]
 
@@ -429,7 +442,7 @@ class _Run:
 
         full = torch.cat(full_per_branch) if len(full_per_branch) > 1 else full_per_branch[0]
         layout = self._layout(m)
-        if layout is None:
+        if layout is None or s.part is None:
             return full
         return layout.shard(full, s.part, self.cache.mesh.sp_index, dim=s.dim)
 
@@ -438,7 +451,7 @@ class _Run:
 
     def _gather(self, m: int, local, s: _Stream):
         layout = self._layout(m)
-        if layout is None:
+        if layout is None or s.part is None:
             return local
         from raydit.parallel.mesh import gather_sequence
 

@@ -174,6 +174,7 @@ class VideoAPI:
             ulysses=options.get("ulysses"), ring=options.get("ring"), cfg=options.get("cfg"),
             replicas=options.get("replicas", 1), frames=options.get("frames"),
             height=options.get("height"), width=options.get("width"),
+            cache=options.get("cache"), cache_threshold=options.get("cache_threshold"),
         )
         spec = self.engine.spec
         max_steps, steps_by = options["max_steps"], "--max-steps"

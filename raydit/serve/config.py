@@ -33,6 +33,8 @@ SERVE_OPTIONS: dict[str, type] = {
     "max_steps": int,
     "default_steps": int,
     "fps": int,
+    "cache": str,  # step caching for every request: fbcache or teacache (raydit.models.cache)
+    "cache_threshold": float,
 }
 
 SERVE_DEFAULTS: dict = {
@@ -78,6 +80,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-steps", dest="default_steps", type=int,
                    help="steps for a request that does not say (default 50)")
     p.add_argument("--fps", type=int, help="frames per second of the mp4 and of `seconds` (default 8)")
+    p.add_argument("--cache", metavar="METHOD", help="step caching for every request: fbcache or teacache (default off)")
+    p.add_argument("--cache-threshold", dest="cache_threshold", type=float, metavar="X",
+                   help="relative change below which a step is served from the cache (default per method)")
 
 
 def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
@@ -119,6 +124,9 @@ def check_serve_options(opts: dict) -> None:
             f"--default-steps {opts['default_steps']} is more than --max-steps {opts['max_steps']}; "
             "raise --max-steps or lower --default-steps"
         )
+    from raydit.models.cache import check_cache
+
+    check_cache(opts.get("cache"), opts.get("cache_threshold"))
     if not opts.get("host"):
         raise ValueError("--host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)")
 

@@ -70,9 +70,27 @@ def _plans(case: CacheCase):
     return [p for w in WORLDS for p in harness.feasible_plans(w, case.heads, (1, 2) if w in CFG_WORLDS else (1,))]
 
 
+def _record_quantities(into: list):
+    """Make every decision append the reduced sums it decided from (change, previous)."""
+    from raydit.models import cache as cache_mod
+
+    original = cache_mod._Run._ratio
+
+    def recording(self, sums):
+        value = original(self, sums)
+        into.append(self.quantity)
+        return value
+
+    cache_mod._Run._ratio = recording
+    return original
+
+
 def cache_worker(rank: int, world_size: int, cases, checkpoints) -> dict:
-    """Every case under every plan of 1..world_size ranks: fresh run, its checkpoint at
-    CHECKPOINT_STEP, and the run resumed from the one-process checkpoint."""
+    """Every case under every plan of 1..world_size ranks: fresh run (and the sums each
+    decision was made from), its checkpoint at CHECKPOINT_STEP, and the run resumed from the
+    one-process checkpoint."""
+    quantities: list = []
+    _record_quantities(quantities)
     out = {}
     for case in cases:
         pipe = case.make()
@@ -83,13 +101,15 @@ def cache_worker(rank: int, world_size: int, cases, checkpoints) -> dict:
                 continue
             runner = Runner(pipe, mesh)
             try:
+                quantities.clear()
                 state = harness.run_steps(runner, request, CHECKPOINT_STEP)
                 checkpoint = runner.checkpoint(state)
                 while not state.done:
                     state = runner.step(state)
+                sums = list(quantities)
                 resumed = harness.run_steps(runner, request, STEPS, checkpoint=checkpoints[case.name])
                 out[(case.name, str(plan))] = dict(
-                    latents=state.latents, cached=state.carry[CACHED_STEPS], checkpoint=checkpoint,
+                    latents=state.latents, cached=state.carry[CACHED_STEPS], checkpoint=checkpoint, sums=sums,
                     resumed=resumed.latents, resumed_cached=resumed.carry[CACHED_STEPS])
             finally:
                 runner.close()
@@ -108,11 +128,13 @@ def reference(cases):
     from raydit.models import cache as cache_mod
 
     ratios: list[float] = []
+    sums: list = []
     original = cache_mod._Run._ratio
 
-    def recording(self, sums):
-        value = original(self, sums)
+    def recording(self, step_sums):
+        value = original(self, step_sums)
         ratios.append(value if self.method == "fbcache" else self._accumulated + value)
+        sums.append(self.quantity)
         return value
 
     refs = {}
@@ -120,6 +142,7 @@ def reference(cases):
         runner = Runner(case.make())
         request = case.make_request()
         ratios.clear()
+        sums.clear()
         cache_mod._Run._ratio = recording
         try:
             state = harness.run_steps(runner, request, CHECKPOINT_STEP)
@@ -130,7 +153,7 @@ def reference(cases):
             cache_mod._Run._ratio = original
         uncached = harness.run_steps(runner, dataclasses.replace(request, cache=None, cache_threshold=None), STEPS)
         refs[case.name] = dict(latents=state.latents, cached=state.carry[CACHED_STEPS], checkpoint=checkpoint,
-                               ratios=list(ratios), uncached=uncached.latents, runner=runner)
+                               ratios=list(ratios), sums=list(sums), uncached=uncached.latents, runner=runner)
     return refs
 
 
@@ -168,6 +191,11 @@ def test_every_plan_gives_the_one_process_latents_and_cached_steps(cases, refere
                 torch.testing.assert_close(got["resumed"], ref["latents"], **LATENT_TOL,
                                            msg=lambda m: f"{key} rank {rank} resumed: {m}")
                 assert torch.equal(got["latents"], on_rank0["latents"]), f"{key}: rank {rank} differs from rank 0"
+                # Every rank decided from the sums of the whole call (all-reduced over the sp
+                # group and the cfg pair): those of one process. A rank-local decision fails here.
+                assert len(got["sums"]) == len(ref["sums"]), f"{key} rank {rank}: {len(got['sums'])} decisions"
+                torch.testing.assert_close(torch.tensor(got["sums"]), torch.tensor(ref["sums"]), rtol=1e-4, atol=0,
+                                           msg=lambda m: f"{key} rank {rank} decision sums: {m}")
 
 
 @pytest.mark.slow
