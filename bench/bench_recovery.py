@@ -2,9 +2,9 @@
 
 A Ray cluster on this machine (ray.cluster_utils.Cluster, a CPU-less head, health checks
 every 0.5 s, a node declared dead after 4 misses: about 2 s; Ray's default is about 14 s)
-of 3 worker nodes with 1 CPU slot each; `Engine(workers=2, grow="never")` on the benchmark
-pipeline (benchlib.bench_model_dir()). Faults, each in the middle of step `--kill-after`
-(a thread fires half a measured step after the step's calls start):
+of 3 worker nodes with 1 CPU slot each; `Engine(workers=2)` on the benchmark pipeline
+(benchlib.bench_model_dir()), back to 2 ranks before each fault. Faults, each in the middle
+of step `--kill-after` (a thread fires half a measured step after the step's calls start):
 
 - `rank_1_sigkill`: SIGKILL of rank 1's process;
 - `rank_0_sigkill`: SIGKILL of rank 0's process (the rank that hosts the group's store and
@@ -13,9 +13,11 @@ pipeline (benchlib.bench_model_dir()). Faults, each in the middle of step `--kil
   a fresh node added back for the next repeat.
 
 Figures per fault: detection (fault -> the engine's `failure` event), regrouping (the
-`regrouped` event's seconds: re-plan, start a replacement actor on the free slot, form
-the group), fault -> the first resumed step finished (callback timestamps), and the delay
-added to the request (its total minus the same repeat's uninterrupted total).
+`regrouped` event's seconds: settle the calls in flight, re-plan, form the group; the
+recovery resumes on the survivor when starting an actor on the free slot would cost more
+than it saves, `plan_after` says which), fault -> the first resumed step finished
+(callback timestamps), and the delay added to the request (its total minus the same
+repeat's uninterrupted total).
 
 Soak (`--soak-requests`, default 8): `Engine(workers=2, replicas=2)` on 3 nodes of 2 slots,
 the requests queued at once while a thread SIGKILLs ranks (rank 0 included) and removes a
@@ -76,7 +78,22 @@ def _arm(pool, nth: int, on_call):
     return lambda: pool.__dict__.pop("step", None)
 
 
+def _whole(engine, size: int = 2) -> None:
+    """Back to `size` ranks before a fault: the previous recovery may have resumed on the
+    survivor alone (starting an actor costs more than it saves on a short request); a
+    2-step request with growth forced takes the free slots again."""
+    controller = engine.replicas[0].controller
+    if engine.plan.world_size < size:
+        controller.policy.always_grow = True
+        try:
+            engine.generate(PROMPT, num_inference_steps=2, seed=0, progress=False)
+        finally:
+            controller.policy.always_grow = False
+    assert engine.plan.world_size == size, engine.plan
+
+
 def one_fault(engine, cluster, nodes: list, fault: str, steps: int, kill_after: int, seed: int) -> dict:
+    _whole(engine)
     base = engine.generate(PROMPT, num_inference_steps=steps, seed=seed, progress=False)
     step_s = sorted(base.timings["step_seconds"])[len(base.timings["step_seconds"]) // 2]
     pool = engine.group
@@ -146,7 +163,7 @@ def faults(repeats: int, steps: int, kill_after: int, model_dir: str) -> list[di
         _init(cluster)
         nodes = [cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024) for _ in range(3)]
         cluster.wait_for_nodes()
-        engine = Engine(model=model_dir, workers=2, device="cpu", grow="never", show_plan=False)
+        engine = Engine(model=model_dir, workers=2, device="cpu", grow="auto", show_plan=False)
         try:
             engine.generate(PROMPT, num_inference_steps=2, seed=0, progress=False)  # warm-up
             for rep in range(repeats):

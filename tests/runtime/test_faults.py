@@ -153,6 +153,9 @@ def test_soak_8_queued_requests_2_replicas_4_faults_none_lost(rig):
             with lock:
                 steps[seed].append(step)
                 last_step_at[seed] = time.monotonic()
+            # The tiny model's steps take milliseconds: a pause between steps keeps the
+            # requests running long enough for the thread to land its faults among them.
+            time.sleep(0.4)
             return kwargs
 
         return cb
