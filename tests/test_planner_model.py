@@ -22,6 +22,8 @@ BUILTINS = [
     ("wan2.2-ti2v-5b", 24, 128, 30, 1, "rotary", False),
     ("hunyuanvideo", 24, 128, 60, 1, "rotary", True),
     ("ltx-video", 32, 64, 28, 1, "rotary", False),
+    ("ltx-video-2b", 32, 64, 28, 1, "rotary", False),
+    ("ltx-video-13b", 32, 128, 48, 1, "rotary", False),
     ("mochi-1", 24, 128, 48, 1, "rotary", True),
     ("tiny", 2, 16, 2, None, "sinusoidal", True),
     ("tiny-i2v", 2, 16, 2, None, "rotary", True),

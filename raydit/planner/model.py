@@ -235,6 +235,12 @@ def _builtin_specs() -> dict[str, ModelSpec]:
         # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
         ModelSpec("ltx-video", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
                   128, 1.9e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
+        # The same 2B model under its sized name; LTX-Video 13B (0.9.7): 32 heads x 128, 48 layers,
+        # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704).
+        ModelSpec("ltx-video-2b", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
+                  128, 1.9e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
+        ModelSpec("ltx-video-13b", "ltx", 32, 128, 48, 16384, 1, 1, 128, False, "rotary",
+                  128, 13.1e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
         # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),
