@@ -22,7 +22,7 @@ repeat's uninterrupted total).
 Soak (`--soak-requests`, default 8): `Engine(workers=2, replicas=2)` on 3 nodes of 2 slots,
 the requests queued at once while a thread SIGKILLs ranks (rank 0 included) and removes a
 node at random moments; reports requests, faults, recoveries and lost requests, and
-checks every result against its fault-free latents (rtol 1e-4, atol 1e-4).
+checks every result against its fault-free latents (rtol 1e-3, atol 1e-3: see TOL).
 
     python bench/bench_recovery.py [--repeats 3] [--steps 6] [--kill-after 1] [--soak-requests 8]
 """
@@ -44,6 +44,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
 
 PROMPT = "a red fox"  # short: the tiny tokenizer keeps 16 characters
+# The resumed steps may run on another plan than the uninterrupted run's (the survivor
+# alone): on this 30-head model plans agree to rtol/atol 1e-3 (float32, another summation
+# order; bench_scaling.py's tolerance), the tiny model's tests to 1e-4.
+TOL = dict(rtol=1e-3, atol=1e-3)
 HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
 FAULTS = ("rank_1_sigkill", "rank_0_sigkill", "node_lost")
 
@@ -125,7 +129,11 @@ def one_fault(engine, cluster, nodes: list, fault: str, steps: int, kill_after: 
         disarm()
     import numpy as np
 
-    same = bool(np.allclose(hit.latents, base.latents, rtol=1e-4, atol=1e-4))
+    same = bool(np.allclose(hit.latents, base.latents, **TOL))
+    # The resumed steps may run on another plan (1 rank instead of 2): float32 rounding
+    # differs by plan; the size of the difference says whether it is that or a wrong step.
+    max_abs_diff = float(np.abs(hit.latents - base.latents).max())
+    max_abs = float(np.abs(base.latents).max())
     failure = next(e for e in hit.events if e["event"] == "failure")
     regrouped = [e for e in hit.events if e["event"] == "regrouped"]
     resumed_at = regrouped[-1]["time"]
@@ -143,6 +151,8 @@ def one_fault(engine, cluster, nodes: list, fault: str, steps: int, kill_after: 
         "step_seconds": round(step_s, 4),
         "plan_after": hit.plan.world_size,
         "same_latents": same,
+        "max_abs_diff": max_abs_diff,
+        "max_abs_latent": max_abs,
         "events": [{k: v for k, v in e.items() if k in ("event", "time", "seconds", "reason", "resume_step", "kind")}
                    for e in hit.events],
     }
@@ -279,7 +289,8 @@ def soak(requests: int, steps: int, model_dir: str, seed: int = 7) -> dict:
             stop.set()
             injector.join(timeout=30)
             mismatched = [s for s, r in results.items()
-                          if not np.allclose(r.latents, refs[s], rtol=1e-4, atol=1e-4)]
+                          if not np.allclose(r.latents, refs[s], **TOL)]
+            max_abs_diff = max((float(np.abs(r.latents - refs[s]).max()) for s, r in results.items()), default=0.0)
             events = [e["event"] for r in results.values() for e in r.events]
         finally:
             engine.shutdown()
@@ -299,6 +310,7 @@ def soak(requests: int, steps: int, model_dir: str, seed: int = 7) -> dict:
         "lost": len(errors),
         "errors": errors,
         "mismatched_latents": mismatched,
+        "max_abs_diff": max_abs_diff,
         "fault_free_seconds": round(clean_seconds, 2),
         "with_faults_seconds": round(faulty_seconds, 2),
         "load": benchlib.loadavg(),
@@ -372,7 +384,8 @@ def markdown(result: dict, command: str) -> str:
         lines.append(f"| {name} | {fig(f['detect_seconds'])} | {fig(f['regroup_seconds'])} | {fig(k)} | "
                      f"{fig(f['added_delay_seconds'])} | {met} |")
     lines.append("")
-    lines.append(f"Every interrupted request's latents equal its uninterrupted run's (rtol 1e-4): "
+    lines.append(f"Every interrupted request's latents equal its uninterrupted run's (rtol/atol 1e-3, see TOL; "
+                 f"largest difference {max(r['max_abs_diff'] for r in result['repeats']):.2e}): "
                  f"{'yes' if result['all_same_latents'] else '**no**'}.")
     soak = result.get("soak")
     if soak:
