@@ -224,10 +224,10 @@ def _measured_when(res: dict, status: dict) -> str:
     return "Results: " + "; ".join(parts) + "." if parts else ""
 
 
-def write_summary(res: dict, status: dict, quick: bool, out: Path) -> str:
+def write_summary(res: dict, status: dict, quick: bool, out: Path, report_only: bool = False) -> str:
     rows, notes = summary_rows(res)
     m = benchlib.machine()
-    cmd = "python bench/run_all.py" + (" --quick" if quick else "")
+    cmd = "python bench/run_all.py" + (" --report-only" if report_only else " --quick" if quick else "")
     lines = [
         f"Command: `{cmd}` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC). Machine: {m['processor']}, "
         f"{m['cpu_count']} cores, no GPU, Python {m['python']}, torch {m['torch']}, Ray {m.get('ray')}, "
@@ -396,7 +396,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     status = {} if args.report_only else run_suite(args.only or list(SUITE), args.quick, out)
     res = {name: benchlib.read_json(name, out) for name in SUITE}
-    summary = write_summary(res, status, args.quick, out)
+    summary = write_summary(res, status, args.quick, out, args.report_only)
     write_plot(res, out)
     elapsed = round(time.perf_counter() - t0, 1)
     benchlib.write_json("results", {"command": "python bench/run_all.py" + (" --quick" if args.quick else ""),
