@@ -345,11 +345,19 @@ def main(argv=None) -> int:
         "all_same_latents": all(r["same_latents"] for r in rows),
         "repeats": rows,
     }
+    # The single faults are written first: a soak that cannot start (a loaded machine) leaves them.
+    benchlib.write_json("recovery", result, Path(args.out))
     if args.soak_requests:
-        result["soak"] = soak(args.soak_requests, max(3, args.steps // 2), model_dir)
-        s = result["soak"]
-        print(f"soak: {s['requests']} requests, {s['faults']} faults, {s['recoveries']} regroups, "
-              f"{s['handed_back']} hand-backs, lost {s['lost']}, mismatched {len(s['mismatched_latents'])}", flush=True)
+        try:
+            result["soak"] = soak(args.soak_requests, max(3, args.steps // 2), model_dir)
+        except Exception as exc:
+            result["soak_error"] = f"{type(exc).__name__}: {exc}"
+            print("soak did not run:", result["soak_error"], flush=True)
+        else:
+            s = result["soak"]
+            print(f"soak: {s['requests']} requests, {s['faults']} faults, {s['recoveries']} regroups, "
+                  f"{s['handed_back']} hand-backs, lost {s['lost']}, mismatched {len(s['mismatched_latents'])}",
+                  flush=True)
     print("wrote", benchlib.write_json("recovery", result, Path(args.out)))
     md = Path(args.out) / "recovery.md"
     md.write_text(markdown(result, " ".join(["python bench/bench_recovery.py", *(argv or sys.argv[1:])])))
@@ -388,6 +396,8 @@ def markdown(result: dict, command: str) -> str:
                  f"largest difference {max(r['max_abs_diff'] for r in result['repeats']):.2e}): "
                  f"{'yes' if result['all_same_latents'] else '**no**'}.")
     soak = result.get("soak")
+    if result.get("soak_error"):
+        lines += ["", f"Soak: did not run ({result['soak_error'][:200]})."]
     if soak:
         lines += [
             "",
