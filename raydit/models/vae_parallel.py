@@ -234,10 +234,68 @@ def decode_rows(vae, latents: Tensor, group=None, dst: int | None = 0) -> Tensor
     (None elsewhere), or on every rank with `dst=None`. Equal to `vae.decode(latents).sample`."""
     if latents.dim() != 5:
         raise ValueError(f"latents must be [batch, channels, frames, height, width], got shape {tuple(latents.shape)}")
+    out_band, split = _decode_band(vae, latents, group)
+    return gather_rows(out_band, split.scaled(spatial_factor(vae)), group, dst=dst)
+
+
+def _decode_band(vae, latents: Tensor, group) -> tuple[Tensor, RowSplit]:
+    """This rank's band of the decoded video, and the latent split."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     split = latent_split(vae, latents.shape[-2], world)
     band = split.shard(latents, rank).contiguous()
     with row_parallel(vae, group):
-        out_band = vae.decode(band).sample
-    factor = spatial_factor(vae)
-    return gather_rows(out_band, split.scaled(factor), group, dst=dst)
+        return type(vae).decode(vae, band).sample, split  # the class's own: an instance override may be ours
+
+
+def supports_vae(vae) -> bool:
+    """Whether `vae` is one this module decodes by rows."""
+    try:
+        spatial_factor(vae)
+    except ValueError:
+        return False
+    return True
+
+
+def can_decode_rows(vae, latent_rows: int, ranks: int) -> bool:
+    """Whether `vae` can decode `latent_rows` rows split over `ranks` ranks (same answer on every rank)."""
+    if ranks < 2:
+        return False
+    try:
+        latent_split(vae, latent_rows, ranks)
+    except ValueError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def decode_on_ranks(vae, group=None, dst: int = 0):
+    """While inside, `vae.decode(z)` on every rank of `group` is one row-parallel decode
+    (collective): group rank `dst` gets the video, the other ranks zeros of its shape (their
+    frames are never used: a family's decode stays as it is, only the caller keeps dst's).
+    Where the rows cannot be split over the group, every rank decodes the whole video itself.
+    Tiled decoding stays off."""
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    ranks = dist.get_world_size(group)
+    info = {"ranks": 1}  # how many ranks the last decode ran on
+
+    def decode(z, return_dict: bool = True):
+        info["ranks"] = 1
+        if z.dim() == 5 and can_decode_rows(vae, z.shape[-2], ranks):
+            info["ranks"] = ranks
+            out_band, split = _decode_band(vae, z, group)
+            video = gather_rows(out_band, split.scaled(spatial_factor(vae)), group, dst=dst)
+            if video is None:
+                shape = list(out_band.shape)
+                shape[-2] = split.rows * spatial_factor(vae)
+                video = out_band.new_zeros(shape)
+        else:
+            video = type(vae).decode(vae, z).sample
+        return DecoderOutput(sample=video) if return_dict else (video,)
+
+    vae.decode = decode
+    try:
+        yield info
+    finally:
+        vae.__dict__.pop("decode", None)
+

@@ -57,7 +57,7 @@ def latents(kind: str) -> torch.Tensor:
 
 
 def decode_worker(rank, world, states):
-    from raydit.models.vae_parallel import decode_rows
+    from raydit.models.vae_parallel import decode_on_ranks, decode_rows
 
     vaes = {}
     for kind in VAES:
@@ -86,6 +86,17 @@ def decode_worker(rank, world, states):
                 out[(kind, n, dist.get_rank(group))] = video
             else:
                 assert video is None
+            if n == 2:
+                # The runner's hook: a family's own vae.decode(z) call becomes the row-parallel decode.
+                with torch.no_grad(), decode_on_ranks(vae, group) as info:
+                    hooked = vae.decode(latents(kind), return_dict=False)[0]
+                    sample = vae.decode(latents(kind)).sample
+                assert info["ranks"] == 2 and "decode" not in vae.__dict__
+                torch.testing.assert_close(hooked, sample, atol=0, rtol=0)
+                if dist.get_rank(group) == 0:
+                    out[(kind, "hooked")] = hooked
+                else:
+                    assert not hooked.any()  # a placeholder of the video's shape
     # The hooks are gone: a plain decode afterwards equals the one before, bit for bit.
     if rank == 0:
         with torch.no_grad():
@@ -134,6 +145,11 @@ def test_parallel_decode_equals_one_rank(references, parallel, kind, n):
     if n == 4:  # gathered to every rank
         for r in range(1, n):
             torch.testing.assert_close(parallel[(kind, n, r)], got, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", VAES)
+def test_decode_hook_equals_one_rank(references, parallel, kind):
+    torch.testing.assert_close(parallel[(kind, "hooked")], references[kind], **TOL)
 
 
 @pytest.mark.parametrize("kind", VAES)
