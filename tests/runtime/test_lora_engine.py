@@ -108,11 +108,14 @@ def test_bad_input_is_refused_and_the_engine_keeps_serving(engine, references, l
     _close(_gen(engine, lora="a").latents, references["a"])
 
 
-def test_a_rank_killed_mid_request_is_replaced_with_the_adapters(engine, references):
-    """The killed rank's replacement is a fresh actor: it gets the LoRA when the group forms
-    (WorkerPool.form -> sync_loras), and the request resumes with it active."""
+def test_a_rank_killed_mid_request_recovers_with_the_adapters(engine, references):
+    """A rank killed after the first step: the request is re-planned and resumed with its LoRA
+    active (what the survivors and any replacement hold); then a fresh actor joins (growth
+    back to the first plan) and gets the LoRA when the group forms (WorkerPool.form ->
+    sync_loras): a LoRA missing on it would change the 2-rank latents (non-zero B)."""
     import ray
 
+    first = engine.plan
     victim = engine.group.active[1].actor
 
     def kill_after_first_step(eng, step, timestep, kwargs):
@@ -125,8 +128,14 @@ def test_a_rank_killed_mid_request_is_replaced_with_the_adapters(engine, referen
     assert "regrouped" in kinds, kinds
     assert all(m.actor is not victim for m in engine.group.members)
     _close(result.latents, references["a"])
-    names = ray.get([m.actor.sync_loras.remote(engine.group.loras) for m in engine.group.active])
-    assert names == [["a"], ["a"]]
+    old_members = [m.actor for m in engine.group.members]
+    engine.group.grow_to(first)
+    engine.regroup(ulysses=first.ulysses, ring=first.ring, cfg=first.cfg)
+    assert engine.plan.world_size == 2 and len(engine.group.active) == 2
+    joined = [m for m in engine.group.active if m.actor not in old_members]
+    assert joined or len(old_members) == 2  # a fresh actor, unless recovery already started one
+    _close(_gen(engine, lora="a").latents, references["a"])
+    _close(_gen(engine).latents, references["base"])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -145,3 +154,23 @@ def test_cli_refuses_bad_loras_before_ray(lora_dirs, capsys, args, message):
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_job_config_loras_and_repeated_flags(lora_dirs, tmp_path):
+    import argparse
+
+    from raydit.commands import add_generate_arguments, resolve_generate_options
+
+    parser = argparse.ArgumentParser()
+    add_generate_arguments(parser)
+    config = tmp_path / "job.yaml"
+    config.write_text(f"prompt: x\nloras:\n  - {lora_dirs['a']}\n  - {{path: {lora_dirs['b']}, scale: 0.5, name: detail}}\n")
+    o = resolve_generate_options(parser.parse_args(["--config", str(config)]))
+    assert o["lora_choice"] == {"a": 1.0, "detail": 0.5}
+    assert o["lora_table"]["detail"]["path"] == str(lora.lora_file(lora_dirs["b"]))
+    o = resolve_generate_options(parser.parse_args(
+        ["--prompt", "x", "--lora", lora_dirs["a"], "--lora", lora_dirs["b"], "--lora-scale", "0.25"]))
+    assert o["lora_choice"] == {"a": 0.25, "b": 1.0}
+    config.write_text(f"prompt: x\nloras:\n  - {{path: {lora_dirs['a']}, scale: -1}}\n")
+    with pytest.raises(ValueError, match=">= 0"):
+        resolve_generate_options(parser.parse_args(["--config", str(config)]))
