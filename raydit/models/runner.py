@@ -247,10 +247,26 @@ class Runner:
         }
 
     @torch.no_grad()
-    def decode(self, state: DenoiseState | None = None, latents: torch.Tensor | None = None) -> np.ndarray:
+    def decode(self, state: DenoiseState | None = None, latents: torch.Tensor | None = None,
+               on_ranks: bool = False) -> np.ndarray:
         """uint8 frames [frames, height, width, 3] of `state` (default: the last state this
-        runner prepared or stepped), optionally with other `latents` of the same request."""
+        runner prepared or stepped), optionally with other `latents` of the same request.
+
+        on_ranks: a collective call on every rank of the mesh; the VAE decode is split by
+        latent rows over them (raydit.models.vae_parallel, exact) and rank 0's frames are the
+        answer (the other ranks' are placeholders). `self.decode_ranks` says how many decoded."""
         state = state if state is not None else self._last_state
         if state is None:
             raise ValueError("nothing to decode: prepare a request first")
-        return self.family.decode(self.pipe, state, state.latents if latents is None else latents)
+        latents = state.latents if latents is None else latents
+        self.decode_ranks = 1
+        if on_ranks and self.mesh is not None and self.mesh.world_size > 1:
+            from raydit.models.vae_parallel import decode_on_ranks, supports_vae
+
+            vae = getattr(self.pipe, "vae", None)
+            if supports_vae(vae):
+                with decode_on_ranks(vae) as info:
+                    frames = self.family.decode(self.pipe, state, latents)
+                self.decode_ranks = info["ranks"]
+                return frames
+        return self.family.decode(self.pipe, state, latents)

@@ -1,0 +1,55 @@
+"""Runner.decode(on_ranks=True): the tiny CogVideoX pipeline's decode split over 3 gloo ranks
+(8 latent rows: bands of 3, 3 and 2) through the family's own decode, against one process.
+
+Tolerance: uint8 frames within one level (the latents of a 3-rank run already differ from one
+process's by float32 rounding); the frames of rank 0 only are the answer.
+"""
+
+import numpy as np
+import pytest
+
+from raydit.parallel.testing import run_distributed
+
+REQUEST = dict(prompt="a cat", num_inference_steps=2, seed=3)
+
+
+def _request():
+    from raydit.models import GenerationRequest
+    from raydit.models.families.cogvideox import TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH
+
+    return GenerationRequest(num_frames=TINY_FRAMES, height=TINY_HEIGHT, width=TINY_WIDTH, **REQUEST)
+
+
+def _run(runner):
+    state = runner.prepare(_request())
+    while state.step_index < state.num_steps:
+        state = runner.step(state)
+    return state
+
+
+def decode_worker(rank, world, pipe_dir):
+    from raydit.models import Runner
+    from raydit.models.families.cogvideox import cogvideox_pipeline
+    from raydit.parallel import build_mesh
+
+    runner = Runner(cogvideox_pipeline(pipe_dir), mesh=build_mesh(ulysses=1, ring=world, cfg=1, replicas=1))
+    state = _run(runner)
+    frames = runner.decode(state, on_ranks=True)
+    return {"frames": frames if rank == 0 else None, "ranks": runner.decode_ranks,
+            "vae_untouched": "decode" not in runner.pipe.vae.__dict__}
+
+
+def test_runner_decode_on_ranks_equals_one_process():
+    from raydit.models import Runner
+    from raydit.models.families.cogvideox import cogvideox_pipeline, tiny_pipeline_dir
+
+    pipe_dir = str(tiny_pipeline_dir())
+    single = Runner(cogvideox_pipeline(pipe_dir))
+    state = _run(single)
+    reference = single.decode(state)
+    results = run_distributed(decode_worker, 3, pipe_dir, timeout=600)
+    assert [r["ranks"] for r in results] == [3, 3, 3] and all(r["vae_untouched"] for r in results)
+    frames = results[0]["frames"]
+    assert frames.shape == reference.shape and frames.dtype == np.uint8 and reference.std() > 5
+    diff = np.abs(frames.astype(np.int16) - reference.astype(np.int16)).max()
+    assert diff <= 1, f"frames differ by {diff} levels"
