@@ -430,8 +430,12 @@ class WorkerPool:
         return self._call_all(refs, timeout_s, where="step")[0]
 
     def decode(self, timeout_s: float | None = None):
-        # The VAE runs replicated today; rank 0's frames are the answer.
-        return self._call_all([self.active[0].actor.decode.remote()], timeout_s, self.active[:1], where="decode")[0]
+        # Every rank decodes its band of latent rows (raydit.models.vae_parallel); rank 0's
+        # frames are the answer. decode_ranks: how many ranks the last decode ran on.
+        refs = [m.actor.decode.remote(all_ranks=True) for m in self.active]
+        answers = self._call_all(refs, timeout_s, self.active, where="decode")
+        frames, self.decode_ranks = next(a for a in answers if a is not None)  # rank 0's
+        return frames
 
     # -- failures ----------------------------------------------------------------------------
 

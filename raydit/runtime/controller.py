@@ -242,6 +242,7 @@ class Controller:
             seconds = time.perf_counter() - t0
             self.deadlines.observe("decode", seconds)
             job.timings["decode_seconds"] = seconds
+            job.timings["decode_ranks"] = getattr(self.group, "decode_ranks", 1)
             job.done = True
             return "decoded"
         except WorkerFailure as failure:

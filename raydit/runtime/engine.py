@@ -508,6 +508,12 @@ class Engine:
         timings["denoise_seconds"] = float(sum(job.step_seconds))
         timings["cached_steps"] = _cached_steps(job)
         timings["total_seconds"] = time.perf_counter() - item.t_start
+        # Issue 13's names: encode (prepare: prompt encoding + initial latents), denoise,
+        # decode seconds, and how many ranks the decode was split over.
+        timings["encode"] = float(job.timings.get("prepare_seconds", 0.0))
+        timings["denoise"] = timings["denoise_seconds"]
+        timings["decode"] = float(job.timings.get("decode_seconds", 0.0))
+        timings["decode_ranks"] = int(job.timings.get("decode_ranks", 1))
         return GenerationResult(
             frames=job.frames,
             latents=_to_numpy(job.checkpoint["latents"]),

@@ -225,8 +225,16 @@ class RankWorker:
         return None
 
     @_reported("decode")
-    def decode(self):
+    def decode(self, all_ranks: bool = False):
+        """Frames of the current request. all_ranks: every rank of the group is called and the
+        decode is split over them; rank 0 returns (frames, ranks that decoded), the others None."""
         import torch
+        import torch.distributed as dist
 
         with torch.no_grad():
-            return self._runner.decode(self._state)
+            if not all_ranks:
+                return self._runner.decode(self._state)
+            frames = self._runner.decode(self._state, on_ranks=True)
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return None
+        return frames, self._runner.decode_ranks
