@@ -45,6 +45,10 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     c = best.cost
     lines.append(f"        step = compute {c.compute:.4f} + all-to-all {c.all_to_all:.4f} + ring exposed "
                  f"{c.ring_exposed:.4f} + edges {c.edges:.4f} s")
+    if best.decode is not None:
+        d = best.decode
+        lines.append(f"        decode {d.seconds:.3f} s per video on {d.ranks} rank{'s' if d.ranks != 1 else ''} "
+                     f"(latent rows split), peak {d.peak_gb:.2f} GB per rank")
     shown = result.candidates if limit is None else result.candidates[:limit]
     lines += ["", f"feasible ({len(result.candidates)}, ranked by step time, then throughput):",
               "rank  cfg ulysses ring replicas  gpus     step_s   steps/s  GB/dev  split    pad  kind"]
