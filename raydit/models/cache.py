@@ -146,9 +146,7 @@ class StepCache:
         self.adapter = adapter
         try:
             for m, transformer in enumerate(runner.family.transformers(runner.pipe)):
-                plan = adapter.plan
-                blocks = (plan.block_list(transformer) if hasattr(plan, "block_list")
-                          else list(getattr(transformer, plan.blocks)))
+                blocks = adapter.plan.block_list(transformer)
                 handle = runner.handles[m] if m < len(runner.handles) else None
                 self.models.append([_streams(adapter, blocks[0], None), handle])
                 self._first.append(blocks[0])
