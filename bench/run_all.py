@@ -375,8 +375,11 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return text[:start] + "\n" + body.strip("\n") + "\n" + ("\n" + rest if rest else "")
 
 
-def update_readme(summary: str, readme: Path = REPO / "README.md") -> None:
-    body = (HOW_TO_READ + "\n\n" + summary + "\n![raydit benchmarks](docs/benchmarks/benchmarks.png)\n\n"
+def update_readme(summary: str, readme: Path = REPO / "README.md", plot_written: bool = True) -> None:
+    plot_note = "" if plot_written else ("(The plot is from an earlier run: matplotlib was not installed for this "
+                                         "one, `pip install -e '.[bench]'`.)\n\n")
+    body = (HOW_TO_READ + "\n\n" + summary + "\n![raydit benchmarks](docs/benchmarks/benchmarks.png)\n\n" + plot_note +
+            "An earlier full run on a quiet machine, before the pipelined Ulysses: docs/benchmarks/full/summary.md. "
             "Every figure with its spread, load average and raw values: `docs/benchmarks/*.json`; how each "
             "is measured: the docstring of its script in `bench/`. GPU-only figures: `python bench/bench_gpu.py` "
             "on a CUDA machine.")
@@ -397,12 +400,12 @@ def main(argv=None) -> int:
     status = {} if args.report_only else run_suite(args.only or list(SUITE), args.quick, out)
     res = {name: benchlib.read_json(name, out) for name in SUITE}
     summary = write_summary(res, status, args.quick, out, args.report_only)
-    write_plot(res, out)
+    plot = write_plot(res, out)
     elapsed = round(time.perf_counter() - t0, 1)
     benchlib.write_json("results", {"command": "python bench/run_all.py" + (" --quick" if args.quick else ""),
                                     "seconds": elapsed, "status": status, "results": res}, out)
     if args.update_readme:
-        update_readme(summary)
+        update_readme(summary, plot_written=plot is not None)
     print(summary)
     print(f"run_all: {elapsed} s; wrote {out}/summary.md, benchmarks.png, results.json")
     return 1 if any(s.get("returncode") for s in status.values()) else 0
