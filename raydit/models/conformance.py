@@ -34,6 +34,7 @@ class ForwardCase:
     build: str  # "package.module:function" -> (transformer, forward kwargs)
     heads: int  # feasible ulysses degrees divide it
     kwargs: dict = field(default_factory=dict)
+    worlds: tuple[int, ...] | None = None  # world sizes run (None: every one the suite runs)
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
@@ -50,6 +51,9 @@ class RunnerCase:
     image: str | None = None  # "checker": a deterministic test image goes with the request
     cfg: bool = True  # cfg = 2 plans apply (the request uses guidance)
     checkpoint_step: int = 1  # the one-process checkpoint every plan resumes from (< steps)
+    # World sizes run (None: every one the suite runs). A family runs its main case on every
+    # world and its variants on a few, to keep the suite's one spawned group affordable.
+    worlds: tuple[int, ...] | None = None
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
@@ -100,6 +104,11 @@ class MeshPlan:
 
     def __str__(self) -> str:
         return f"u{self.ulysses}r{self.ring}c{self.cfg}"
+
+
+def case_worlds(case, world_sizes) -> list[int]:
+    """The world sizes of `world_sizes` this case runs on."""
+    return [w for w in world_sizes if case.worlds is None or w in case.worlds]
 
 
 def feasible_plans(world_size: int, heads: int, cfg_degrees: tuple[int, ...] = (1,)) -> list[MeshPlan]:
@@ -157,7 +166,7 @@ def forward_worker(world_sizes, cases: list[ForwardCase]) -> dict[tuple[str, str
     outputs = {}
     for case in cases:
         transformer, forward_kwargs = case.make()
-        for world_size in world_sizes:
+        for world_size in case_worlds(case, world_sizes):
             for plan in feasible_plans(world_size, case.heads):
                 mesh = prefix_mesh(plan)
                 if mesh is None:
@@ -182,7 +191,7 @@ def runner_worker(
     for case in cases:
         pipe = case.make()
         request = case.make_request()
-        for world_size in world_sizes:
+        for world_size in case_worlds(case, world_sizes):
             cfgs = (1, 2) if world_size in cfg_world_sizes and case.cfg else (1,)
             for plan in feasible_plans(world_size, case.heads, cfg_degrees=cfgs):
                 mesh = prefix_mesh(plan)

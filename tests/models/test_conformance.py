@@ -71,7 +71,7 @@ def _forward_params():
     return [
         pytest.param(case.name, plan, id=f"{case.name}-{plan}")
         for case in FORWARD_CASES
-        for world in WORLDS
+        for world in harness.case_worlds(case, WORLDS)
         for plan in harness.feasible_plans(world, case.heads)
     ]
 
@@ -89,7 +89,7 @@ def _runner_params():
     return [
         pytest.param(case.name, plan, id=f"{case.name}-{plan}")
         for case in LISTED["runner"]
-        for world in WORLDS
+        for world in harness.case_worlds(case, WORLDS)
         for plan in harness.feasible_plans(
             world, case.heads, cfg_degrees=(1, 2) if world in CFG_WORLDS and case.cfg else (1,))
     ]

@@ -484,6 +484,7 @@ def cogvideox_pipeline(base_dir: str, scheduler: str = "ddim", image: bool = Fal
 def forward_cases() -> list:
     from raydit.models.conformance import ForwardCase
 
+    # The 2b case runs on every world size; the variants on a few (the suite's time).
     rotary = dict(use_rotary_positional_embeddings=True)
     return [
         # 2b style: sinusoidal positions; 30 heads, 30 patch rows (480p), 13 text tokens.
@@ -493,19 +494,19 @@ def forward_cases() -> list:
         # 5b style: rotary on video tokens only; 27 video tokens (odd).
         ForwardCase("cogvideox-5b-rotary", _BUILD_FORWARD, 6,
                     dict(latent_frames=3, latent_height=6, latent_width=6,
-                         num_attention_heads=6, attention_head_dim=16, **rotary)),
+                         num_attention_heads=6, attention_head_dim=16, **rotary), worlds=(2, 3, 4)),
         # 1.5 style: temporal patch 2 (4 latent frames -> 2 patch frames), rotary "slice" grid.
         ForwardCase("cogvideox-1.5-patch_t2", _BUILD_FORWARD, 4,
                     dict(latent_frames=4, latent_height=6, latent_width=8, patch_size_t=2,
-                         num_attention_heads=4, attention_head_dim=16, **rotary)),
+                         num_attention_heads=4, attention_head_dim=16, **rotary), worlds=(2, 4)),
         # 5b-I2V style: image latents joined in the channels, learned + rotary positions.
         ForwardCase("cogvideox-5b-i2v", _BUILD_FORWARD, 2,
                     dict(latent_frames=3, latent_height=4, latent_width=6, in_channels=8,
-                         use_learned_positional_embeddings=True, **rotary)),
+                         use_learned_positional_embeddings=True, **rotary), worlds=(2, 3)),
         # 1.5-I2V style: channels doubled, temporal patch 2, ofs embedding.
         ForwardCase("cogvideox-1.5-i2v-ofs", _BUILD_FORWARD, 2,
                     dict(latent_frames=2, latent_height=4, latent_width=4, in_channels=8, patch_size_t=2,
-                         ofs_embed_dim=16, **rotary)),
+                         ofs_embed_dim=16, **rotary), worlds=(2, 4)),
     ]
 
 
@@ -523,17 +524,17 @@ def runner_cases(base_dir: str) -> list:
         RunnerCase("cogvideox-5b-rotary-dpm", _BUILD_PIPELINE, 6,
                    dict(prompt="waves at dusk", num_frames=9, height=48, width=48, num_inference_steps=3, seed=5),
                    dict(base_dir=base_dir, scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
-                        max_text_seq_length=TEXT_LEN, sample_height=6, sample_width=6, **rotary)),
+                        max_text_seq_length=TEXT_LEN, sample_height=6, sample_width=6, **rotary), worlds=(2, 3, 5)),
         # 1.5: temporal patch 2; 3 latent frames padded to 4 as the pipeline does.
         RunnerCase("cogvideox-1.5-patch_t2-dpm", _BUILD_PIPELINE, 4,
                    dict(prompt="a paper boat", num_frames=9, height=48, width=64, num_inference_steps=3, seed=2),
                    dict(base_dir=base_dir, scheduler="dpm", patch_size_t=2, num_attention_heads=4,
                         attention_head_dim=16, max_text_seq_length=TEXT_LEN, sample_height=6, sample_width=8,
-                        **rotary)),
+                        **rotary), worlds=(2, 4)),
         # I2V: image latents joined in the channels, learned positions; an image in the request.
         RunnerCase("cogvideox-i2v", _BUILD_PIPELINE, 2,
                    dict(prompt="a kite", num_frames=5, height=32, width=48, num_inference_steps=3, seed=4),
                    dict(base_dir=base_dir, image=True, max_text_seq_length=TEXT_LEN, sample_height=4,
                         sample_width=6, sample_frames=5),
-                   image="checker"),
+                   image="checker", worlds=(2, 3)),
     ]

@@ -617,13 +617,13 @@ def forward_cases() -> list:
                     dict(kind="t2v", latent_frames=7, latent_height=2, latent_width=14, heads=12, head_dim=8)),
         # 2.1 I2V 14B-like: 40 heads, CLIP image tokens; 1 x 7 x 11 = 77 tokens.
         ForwardCase("wan-i2v-h40", _BUILD_FORWARD, 40,
-                    dict(kind="i2v", latent_frames=1, latent_height=14, latent_width=22, heads=40, head_dim=6)),
+                    dict(kind="i2v", latent_frames=1, latent_height=14, latent_width=22, heads=40, head_dim=6), worlds=(3, 4, 5)),
         # 2.2 TI2V-5B-like: 24 heads, per-token timestep; 7 x 1 x 13 = 91 tokens.
         ForwardCase("wan-ti2v-h24", _BUILD_FORWARD, 24,
-                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=26, heads=24, head_dim=6)),
+                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=26, heads=24, head_dim=6), worlds=(2, 3, 4)),
         # 7 tokens: on 4..6 ranks the last ranks hold only padding.
         ForwardCase("wan-ti2v-7tokens", _BUILD_FORWARD, 6,
-                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=2, heads=6, head_dim=12)),
+                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=2, heads=6, head_dim=12), worlds=(6, 8)),
     ]
 
 
@@ -644,7 +644,8 @@ def wan_pipeline(base_dir: str):
 
 def runner_cases(base_dirs) -> list:
     """Denoising cases on the tiny pipelines (6 heads: Ulysses 1, 2, 3, 6; 4, 5 and 8 ranks
-    run ring / hybrid layouts). Video token counts: 49 (7 x 1 x 7) and 45 (3 x 3 x 5): no
+    run ring / hybrid layouts). T2V runs on every world size of the suite, the variants on a
+    few (the suite's one spawned group pays for every plan). Video token counts: 49 (7 x 1 x 7) and 45 (3 x 3 x 5): no
     world size 2..8 divides 49, and only 3 and 5 divide 45."""
     from raydit.models.conformance import RunnerCase
 
@@ -661,15 +662,15 @@ def runner_cases(base_dirs) -> list:
         # `transformer`, steps 2.. `transformer_2` with guidance_scale_2. Resumed from a
         # checkpoint taken before the switch (after step 1) and after it (after step 2); the
         # resumed steps are not the schedule's last, whose update ignores UniPC's history.
-        case("wan-a14b-resume-before-switch", "tiny-wan-a14b", a14b, steps=3, checkpoint_step=1, cfg=False),
-        case("wan-a14b-resume-after-switch", "tiny-wan-a14b", a14b, steps=4, checkpoint_step=3),
+        case("wan-a14b-resume-before-switch", "tiny-wan-a14b", a14b, steps=3, checkpoint_step=1, cfg=False, worlds=(3, 4)),
+        case("wan-a14b-resume-after-switch", "tiny-wan-a14b", a14b, steps=4, checkpoint_step=3, worlds=(2, 4, 6)),
         # 2.2 TI2V-5B with an image: 16x VAE, a timestep per token (0 on the image's frame).
         case("wan-ti2v-image", "tiny-wan-ti2v", dict(prompt="a paper boat", num_frames=25, height=32, width=224,
                                                      num_inference_steps=3, guidance_scale=5.0, seed=2),
-             image="checker", cfg=False),
+             image="checker", cfg=False, worlds=(2, 3)),
         # 2.1 I2V: CLIP image tokens in front of the text (cross-attention), image latents and
         # mask in the channels.
         case("wan-i2v", "tiny-wan-i2v", dict(prompt="a kite", num_frames=9, height=48, width=80,
                                              num_inference_steps=3, guidance_scale=5.0, seed=4),
-             image="checker", cfg=False),
+             image="checker", cfg=False, worlds=(2, 5)),
     ]
