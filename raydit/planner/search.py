@@ -533,9 +533,11 @@ class _Layouts:
         if offload_gb:
             link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
             switch_s = spec.params * spec.bytes_per_param / 1e9 / link if spec.experts > 1 else 0.0
+            idle = (["the inactive expert"] if spec.experts > 1 else []) + \
+                (["the text encoder after encoding"] if spec.text_encoder_params else [])
             notes.append(
-                f"keeps {offload_gb:.1f} GB of idle weights in host memory (the inactive expert and the text "
-                f"encoder after encoding): {base_gb:.1f} GB per rank instead of {resident_gb:.1f} GB"
+                f"keeps {offload_gb:.1f} GB of idle weights in host memory ({' and '.join(idle)}): "
+                f"{base_gb:.1f} GB per rank instead of {resident_gb:.1f} GB"
                 + (f"; each expert switch moves {spec.params * spec.bytes_per_param / 1e9:.0f} GB, about "
                    f"{switch_s:.1f} s per request over {link:g} GB/s" if switch_s else ""))
         mem = base_gb + reserve[bisect_right(starts, K * P - 1) - 1]
