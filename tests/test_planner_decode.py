@@ -19,6 +19,13 @@ def test_decode_ranks(model, ranks, split):
     assert decode_ranks(spec, spec.geometry(), ranks) == split
 
 
+def test_wan_16x_vae_has_its_own_shape():
+    from raydit.planner.decode import WAN_16X, decoder_shape
+
+    assert decoder_shape(BUILTIN_MODELS["wan2.2-ti2v-5b"]) is WAN_16X
+    assert decoder_shape(BUILTIN_MODELS["wan2.1-t2v-14b"]) is not WAN_16X
+
+
 def test_more_ranks_decode_faster_and_hold_less():
     spec = BUILTIN_MODELS["cogvideox-5b"]
     geo = spec.geometry()

@@ -64,12 +64,18 @@ DECODERS = {
     "cogvideox": DecoderShape(2 * 9.30e6, 8291, 18.9, 17.1, 128, 8),
     "wan": DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4),
 }
+# Wan 2.2's 16x VAE (TI2V-5B: decoder base 256 at half resolution, patch 2; 5 -> 17 frames):
+# 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
+# channels at half resolution hold as much as 64 at full resolution.
+WAN_16X = DecoderShape(2 * 9.33e6, 8934, 33.0, 0.0, 64, 4)
 # Families whose VAE raydit does not split (decoded replicated, on one rank's time): a
 # Wan-2.1-like cost per pixel stands in for their decoder.
 _OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 
 
 def decoder_shape(spec: ModelSpec) -> DecoderShape:
+    if spec.family == "wan" and spec.vae_spatial == 16:
+        return WAN_16X
     return DECODERS.get(spec.family, _OTHER)
 
 
