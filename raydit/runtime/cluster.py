@@ -388,10 +388,12 @@ class WorkerPool:
                     continue
                 except Exception as exc:
                     failure = classify(exc, rank=rank_of.get(id(m)))
+                    # Ray says "killed ... by ray.kill" past the first line the Failure keeps.
+                    killed_by_us = "ray.kill" in str(exc)
                 outcomes.append(failure)
                 if failure.kind == LOST:
                     lost.append(m)
-                    if "ray.kill" not in failure.message:
+                    if not killed_by_us:
                         suspect.add(m.node_id)
                     continue
                 m.actor.leave_group.remote()
