@@ -257,7 +257,20 @@ class ModelAdapter:
     block_temb: str = "temb"
 
     def validate(self, transformer: nn.Module, mesh) -> None:
-        """Raise ValueError when this transformer cannot run on this mesh."""
+        """Raise ValueError when this transformer cannot run on this mesh: the Ulysses degree
+        must divide the heads, and fused QKV projections must be unfused. A family adds its
+        own checks after calling this."""
+        from raydit.parallel.attention import feasible_ulysses
+
+        heads = transformer.config.num_attention_heads
+        if heads % mesh.ulysses != 0:
+            raise ValueError(
+                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
+                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
+            )
+        for block in self.plan.block_list(transformer):
+            if getattr(getattr(block, self.plan.attention), "fused_projections", False):
+                raise ValueError("the transformer has fused QKV projections; call transformer.unfuse_qkv_projections() first")
 
     def make_processor(self, context: ForwardContext):
         raise NotImplementedError

@@ -124,19 +124,6 @@ class CogVideoXAdapter(ModelAdapter):
         attention="attn1",
     )
 
-    def validate(self, transformer, mesh) -> None:
-        from raydit.parallel.attention import feasible_ulysses
-
-        heads = transformer.config.num_attention_heads
-        if heads % mesh.ulysses != 0:
-            raise ValueError(
-                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
-                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
-            )
-        for block in getattr(transformer, self.plan.blocks):
-            if getattr(getattr(block, self.plan.attention), "fused_projections", False):
-                raise ValueError("the transformer has fused QKV projections; call transformer.unfuse_qkv_projections() first")
-
     def make_processor(self, context: ForwardContext) -> CogVideoXSPAttnProcessor:
         return CogVideoXSPAttnProcessor(context)
 

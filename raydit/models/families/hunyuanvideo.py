@@ -212,15 +212,7 @@ class HunyuanVideoAdapter(ModelAdapter):
     )
 
     def validate(self, transformer, mesh) -> None:
-        from raydit.parallel.attention import feasible_ulysses
-
         config = transformer.config
-        heads = config.num_attention_heads
-        if heads % mesh.ulysses != 0:
-            raise ValueError(
-                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
-                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
-            )
         if config.image_condition_type == "token_replace":
             raise ValueError(
                 "HunyuanVideo with image_condition_type 'token_replace' (first-frame tokens with their own "
@@ -228,9 +220,7 @@ class HunyuanVideoAdapter(ModelAdapter):
             )
         if not self.plan.block_list(transformer):
             raise ValueError("the transformer has no blocks to parallelize (num_layers + num_single_layers = 0)")
-        for block in self.plan.block_list(transformer):
-            if getattr(getattr(block, self.plan.attention), "fused_projections", False):
-                raise ValueError("the transformer has fused QKV projections; call transformer.unfuse_qkv_projections() first")
+        super().validate(transformer, mesh)
 
     def make_processor(self, context: ForwardContext) -> HunyuanVideoSPAttnProcessor:
         return HunyuanVideoSPAttnProcessor(context)

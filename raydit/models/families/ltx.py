@@ -103,16 +103,6 @@ class LTXAdapter(ModelAdapter):
         attention="attn1",
     )
 
-    def validate(self, transformer, mesh) -> None:
-        from raydit.parallel.attention import feasible_ulysses
-
-        heads = transformer.config.num_attention_heads
-        if heads % mesh.ulysses != 0:
-            raise ValueError(
-                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
-                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
-            )
-
     def make_processor(self, context: ForwardContext) -> LTXSPAttnProcessor:
         return LTXSPAttnProcessor(context)
 
