@@ -568,7 +568,8 @@ def forward_cases() -> list:
         # no valid text and, from 4 ranks, only padding of the video.
         ForwardCase("hunyuanvideo-h5-7tokens", _BUILD_FORWARD, 5,
                     dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, head_dim=8,
-                         rope_axes=(2, 2, 4), valid=(2,), text_len=9, layers=2, single_layers=1)),
+                         rope_axes=(2, 2, 4), valid=(2,), text_len=9, layers=2, single_layers=1),
+                    worlds=(5, 6, 8)),  # more ranks than video tokens: the last hold only padding
     ]
 
 
@@ -583,5 +584,6 @@ def runner_cases(base_dir: str) -> list:
     return [
         RunnerCase("hunyuanvideo-embedded", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir), cfg=False),
         RunnerCase("hunyuanvideo-true-cfg", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=5), dict(base_dir=base_dir)),
+                   dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=5), dict(base_dir=base_dir),
+                   worlds=(2, 3, 4)),  # the embedded case covers every world; cfg 2 runs on 2 and 4
     ]
