@@ -81,6 +81,12 @@ def load_pipeline(model: str | Path, device=None, dtype=None):
     # tokenizer's pre-truncation warning repeats what diffusers reports of the truncation.
     with quiet_hub():
         pipe = pipeline_cls.from_pretrained(str(path), dtype=dtype or torch.float32)
+    # For the pipeline's life: the tokenizer warns that a prompt is longer than the model
+    # takes before the pipeline truncates it, and diffusers' own warning names the truncated
+    # words, which is what a user needs (once, not from every rank).
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
     if device is not None:
         pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
