@@ -76,6 +76,13 @@ def image_to_png(image) -> bytes:
     return buf.getvalue()
 
 
+def to_uint8_frames(frames):
+    """Frames in [0, 1] (the video processor's "np" output) -> uint8, as every family returns."""
+    import numpy as np
+
+    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
 def png_to_image(data: bytes):
     from PIL import Image
 

@@ -87,4 +87,3 @@ def test_every_plan_with_loras_equals_one_process(cases, references):
                         assert torch.equal(outputs[rank]["runner"][(case.name, str(plan), kind)], got)
                 seen += 1
     assert seen == 19  # 9 CogVideoX plans and 10 Wan plans, cfg 2 included
-    print(f"{seen} plans with LoRAs; largest max relative difference from one process: {largest:.2e}")

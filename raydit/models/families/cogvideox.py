@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.family import Family, Prepared, png_to_image, to_uint8_frames
 from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
 
 TEXT, VIDEO = 0, 1  # part indices of the layout: text first, then video (docs/design.md)
@@ -289,12 +289,11 @@ class CogVideoXFamily(Family):
         return latents, {}
 
     def decode(self, pipe, state, latents):
-        import numpy as np
 
         latents = latents[:, state.context.get("additional_frames", 0):].to(pipe.vae.device, pipe.vae.dtype)
         video = pipe.decode_latents(latents)
         frames = pipe.video_processor.postprocess_video(video=video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        return to_uint8_frames(frames)
 
 
 FAMILY = CogVideoXFamily()

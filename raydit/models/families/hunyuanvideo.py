@@ -48,7 +48,7 @@ import json
 from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared
+from raydit.models.family import Family, Prepared, to_uint8_frames
 
 VIDEO = 0  # the only part split across the blocks
 TEXT = 1  # the valid text tokens: a second part inside each attention only
@@ -368,13 +368,12 @@ class HunyuanVideoFamily(Family):
         return state.request.true_cfg_scale
 
     def decode(self, pipe, state, latents):
-        import numpy as np
 
         vae = pipe.vae
         latents = latents.to(vae.device, vae.dtype) / vae.config.scaling_factor
         video = vae.decode(latents, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        return to_uint8_frames(frames)
 
 
 FAMILY = HunyuanVideoFamily()

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared
+from raydit.models.family import Family, Prepared, to_uint8_frames
 
 VIDEO = 0  # the layout's only part
 
@@ -255,7 +255,6 @@ class LTXFamily(Family):
         )[0].float()
 
     def decode(self, pipe, state, latents):
-        import numpy as np
         import torch
 
         c, vae = state.context, pipe.vae
@@ -267,7 +266,7 @@ class LTXFamily(Family):
         timestep = torch.zeros(1, device=latents.device, dtype=latents.dtype) if vae.config.timestep_conditioning else None
         video = vae.decode(latents, timestep, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        return to_uint8_frames(frames)
 
 
 FAMILY = LTXFamily()

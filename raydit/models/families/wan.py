@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.family import Family, Prepared, png_to_image, to_uint8_frames
 
 VIDEO = 0  # the layout's only part
 
@@ -338,7 +338,6 @@ class WanFamily(Family):
         return self._with_first_frame(latents, state.context), dict(state.carry)
 
     def decode(self, pipe, state, latents):
-        import numpy as np
         import torch
 
         vae = pipe.vae
@@ -348,7 +347,7 @@ class WanFamily(Family):
         inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
         video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        return to_uint8_frames(frames)
 
     def reference_latents(self, pipe, request):
         """diffusers' own pipeline, called with its defaults, the request and the seed."""
