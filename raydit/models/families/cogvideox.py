@@ -289,7 +289,6 @@ class CogVideoXFamily(Family):
         return latents, {}
 
     def decode(self, pipe, state, latents):
-
         latents = latents[:, state.context.get("additional_frames", 0):].to(pipe.vae.device, pipe.vae.dtype)
         video = pipe.decode_latents(latents)
         frames = pipe.video_processor.postprocess_video(video=video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]

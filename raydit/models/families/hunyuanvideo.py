@@ -368,7 +368,6 @@ class HunyuanVideoFamily(Family):
         return state.request.true_cfg_scale
 
     def decode(self, pipe, state, latents):
-
         vae = pipe.vae
         latents = latents.to(vae.device, vae.dtype) / vae.config.scaling_factor
         video = vae.decode(latents, return_dict=False)[0]
