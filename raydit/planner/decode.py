@@ -142,7 +142,7 @@ def rank_memory_gb(spec: ModelSpec, transformer_peak_gb: float, decode: DecodeCo
     larger, plus the text encoder where it lives (module docstring)."""
     if text_encoder not in TEXT_ENCODER_PLACES:
         raise ValueError(f"text_encoder {text_encoder!r} is not one of {', '.join(TEXT_ENCODER_PLACES)}")
-    transformer_weights = spec.params * spec.experts * spec.bytes_per_param / GB
+    transformer_weights = (spec.params * spec.experts * spec.bytes_per_param + spec.adapter_bytes) / GB
     peak = max(transformer_peak_gb, transformer_weights + decode.peak_gb)
     here = text_encoder == "every-rank" or (text_encoder == "one-rank" and holds_text_encoder)
     return peak + (text_encoder_gb(spec) if here else 0.0)

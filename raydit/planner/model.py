@@ -49,6 +49,8 @@ class ModelSpec:
     experts: transformers the pipeline holds (Wan 2.2 A14B: 2, switched at a boundary
         timestep; each step runs one), all counted in the weights.
     default_frames/height/width: the request used when the user gives none.
+    adapter_bytes: LoRA adapters every rank holds beside the weights (unfused; each counted
+        once per transformer it loads into), as the runtime measured them; 0 for none.
     """
 
     name: str
@@ -74,6 +76,7 @@ class ModelSpec:
     bytes_per_param: int = 2
     experts: int = 1  # transformers of `params` each held (Wan 2.2 A14B: 2, one per step)
     cfg_branches: int = 2  # transformer passes per step with guidance on (HunyuanVideo: 1, embedded)
+    adapter_bytes: float = 0.0  # LoRA adapters resident on every rank (raydit.models.lora.adapter_bytes)
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
@@ -83,6 +86,9 @@ class ModelSpec:
                 raise ValueError(f"model {self.name!r}: {field_name} must be a positive integer, got {value!r}")
         if self.patch_size_t is not None and (not isinstance(self.patch_size_t, int) or self.patch_size_t < 1):
             raise ValueError(f"model {self.name!r}: patch_size_t must be None or a positive integer")
+        if isinstance(self.adapter_bytes, bool) or not isinstance(self.adapter_bytes, (int, float)) \
+                or not self.adapter_bytes >= 0:
+            raise ValueError(f"model {self.name!r}: adapter_bytes must be a number >= 0, got {self.adapter_bytes!r}")
         if self.text_tokens < 0:
             raise ValueError(f"model {self.name!r}: text_tokens must be >= 0, got {self.text_tokens}")
         if self.positional not in POSITIONAL_KINDS:
@@ -104,8 +110,10 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> float:
-        """Bytes of every weight a rank keeps resident (every transformer, text encoder, VAE)."""
-        return (self.params * self.experts + self.text_encoder_params + self.vae_params) * self.bytes_per_param
+        """Bytes of every weight a rank keeps resident (every transformer, text encoder, VAE, and
+        the LoRA adapters loaded beside them)."""
+        return (self.params * self.experts + self.text_encoder_params + self.vae_params) * self.bytes_per_param \
+            + self.adapter_bytes
 
     @property
     def idle_weight_bytes(self) -> float:
