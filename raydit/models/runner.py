@@ -31,6 +31,14 @@ from raydit.models.family import (
     scheduler_state,
 )
 from raydit.models.lora import activate as activate_lora
+from raydit.models.text_encoding import (
+    EncodeFailed,
+    broadcast_branches,
+    drop_encoders,
+    is_encoding_rank,
+    replica_size,
+    restore_encoders,
+)
 
 
 def _cat_branches(branches: list[dict]) -> dict:
@@ -50,6 +58,14 @@ class Runner:
         if mesh is not None and mesh.cfg not in (1, 2):
             raise ValueError(f"cfg_degree {mesh.cfg} is not supported; classifier-free guidance has 2 branches, use 1 or 2")
         self.cfg_parallel = mesh is not None and mesh.cfg == 2
+        # Text encoding once per replica (raydit.models.text_encoding): only the encoding
+        # rank holds the encoders; the others drop them before the pipeline goes to the
+        # device, and a rank that dropped them reloads them when a re-plan makes it rank 0.
+        self.encodes = is_encoding_rank(mesh)
+        if not self.encodes:
+            drop_encoders(pipe, self.family)
+        else:
+            restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
         self.pipe = pipe.to(device)
         # Cast only when needed: diffusers warns on any .to(dtype) after loading.
         if any(t.dtype != dtype for t in self.family.transformers(pipe)):
@@ -134,6 +150,24 @@ class Runner:
         return state
 
     def _encode(self, request: GenerationRequest):
+        """(positive, negative) on every rank: encoded on the encoding rank and broadcast over
+        the replica (collective). A failed encoding reaches every rank, so none waits."""
+        if replica_size(self.mesh) == 1:
+            return self._encode_here(request)
+        if not self.encodes:
+            branches = broadcast_branches(None, self.mesh, self.device)
+        else:
+            try:
+                branches = self._encode_here(request)
+            except Exception as exc:
+                broadcast_branches(EncodeFailed(f"{type(exc).__name__}: {exc}"), self.mesh, self.device)
+                raise
+            broadcast_branches(branches, self.mesh, self.device)
+        if isinstance(branches, EncodeFailed):
+            raise RuntimeError(f"the prompt encoding failed on the replica's encoding rank: {branches.message}")
+        return branches
+
+    def _encode_here(self, request: GenerationRequest):
         if not self.offload_idle:
             return self.family.encode(self.pipe, request, self.device, self.dtype)
         encoders = self.family.encoders(self.pipe)
