@@ -26,6 +26,8 @@ from raydit.runtime.errors import HandBack
 from raydit.runtime.queue import Dispatcher, Item, load_progress, save_progress
 
 DEVICES = ("auto", "cuda", "cpu")
+# `generate(cache=...)` left out: the Engine's step caching (None is a choice: caching off).
+ENGINE_DEFAULT = type("EngineDefault", (), {"__repr__": lambda self: "ENGINE_DEFAULT"})()
 
 
 @dataclass
@@ -340,6 +342,9 @@ class Engine:
         guidance_scale_2: float | None = None,
         checkpoint_dir: str | None = None,
         lora=None,
+        true_cfg_scale: float = 1.0,
+        cache=ENGINE_DEFAULT,
+        cache_threshold=ENGINE_DEFAULT,
     ) -> GenerationResult:
         """Generate one video and wait for it (the simple blocking call). `image` (a PIL
         image, a path or a uint8 array) conditions an image-to-video pipeline."""
@@ -348,6 +353,7 @@ class Engine:
             width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
             seed=seed, callback_on_step_end=callback_on_step_end, progress=progress, image=image,
             guidance_scale_2=guidance_scale_2, checkpoint_dir=checkpoint_dir, lora=lora,
+            true_cfg_scale=true_cfg_scale, cache=cache, cache_threshold=cache_threshold,
         ).result()
 
     def submit(
@@ -366,6 +372,9 @@ class Engine:
         guidance_scale_2: float | None = None,
         checkpoint_dir: str | None = None,
         lora=None,
+        true_cfg_scale: float = 1.0,
+        cache=ENGINE_DEFAULT,
+        cache_threshold=ENGINE_DEFAULT,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
@@ -375,7 +384,11 @@ class Engine:
         each finished step there (default: a directory per request under the Engine's
         `checkpoint_dir`, if any); `Engine.resume(dir)` finishes it. `lora`: None (the base
         model), the name of a loaded LoRA (scale 1.0) or {name: scale, ...}: active for this
-        request only."""
+        request only. `cache` (None, "fbcache", "teacache") and `cache_threshold` override the
+        Engine's step caching for this request only (left out: the Engine's; a method given
+        without a threshold takes that method's default). `true_cfg_scale` > 1 with a
+        negative prompt runs true classifier-free guidance where guidance is embedded in the
+        model (HunyuanVideo)."""
         from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
@@ -398,12 +411,24 @@ class Engine:
             guidance_scale_2=guidance_scale_2,
             seed=seed,
             image=None if image is None else image_to_png(image),
-            cache=self.cache,
-            cache_threshold=self.cache_threshold,
+            true_cfg_scale=true_cfg_scale,
+            **self._cache_choice(cache, cache_threshold),
             lora=lora,
         )
         self._check_request(request)
         return self._enqueue(request, callback_on_step_end, progress, checkpoint_dir)
+
+    def _cache_choice(self, cache, cache_threshold) -> dict:
+        """A request's step caching: the Engine's unless the call names it. Only the request
+        carries it (the workers install the hooks per request), so nothing is re-planned and
+        the next request is back on the Engine's choice."""
+        if cache is ENGINE_DEFAULT:
+            cache = self.cache
+            if cache_threshold is ENGINE_DEFAULT:
+                cache_threshold = self.cache_threshold
+        if cache_threshold is ENGINE_DEFAULT:
+            cache_threshold = None  # a method named for this request: that method's default
+        return {"cache": cache, "cache_threshold": cache_threshold}
 
     def resume(self, directory: str, callback_on_step_end: Callable | None = None,
                progress: bool = True) -> GenerationResult:
