@@ -37,6 +37,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                         "every rank and active for this video; repeatable")
     p.add_argument("--lora-scale", dest="lora_scale", action="append", metavar="S",
                    help="scale of each --lora, in the same order (default 1.0); repeatable")
+    p.add_argument("--fuse-lora", dest="fuse_lora", action="store_true", default=None,
+                   help="merge the one --lora into the weights at its --lora-scale on every rank (diffusers' "
+                        "fuse_lora): no per-step cost, but the engine can then run only that LoRA")
     p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
     p.add_argument("--ulysses", type=int)
@@ -56,7 +59,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 # What defines the request: with --resume it comes from the saved run, not the command line.
 REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
-                   "guidance_scale_2", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras")
+                   "guidance_scale_2", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
+                   "fuse_lora")
 JOB_FILE = "job.json"
 
 GENERATE_DEFAULTS = {
@@ -103,6 +107,9 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
     opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
+    if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
+        raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} are given; "
+                         "give exactly one --lora (or one loras: entry), or drop --fuse-lora")
     return opts
 
 
@@ -181,6 +188,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         cache=o.get("cache"),
         cache_threshold=o.get("cache_threshold"),
         loras=o["lora_table"],
+        fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
     ) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
             o["prompt"],

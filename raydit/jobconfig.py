@@ -29,6 +29,7 @@ GENERATE_OPTIONS: dict[str, type] = {
     "lora": list,  # paths, as --lora repeated
     "lora_scale": list,  # as --lora-scale repeated
     "loras": list,  # paths, or mappings {path, scale, name, target}
+    "fuse_lora": bool,  # merge the one LoRA into the weights (--fuse-lora)
     "workers": int,
     "device": str,
     "ulysses": int,

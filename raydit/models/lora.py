@@ -16,6 +16,12 @@ them, `disable_lora()` where it holds none. A disabled peft layer computes its b
 alone, so a request without adapters after one with them gives the base model's numbers
 exactly, with no reload.
 
+An engine that serves one LoRA for every request can fuse it instead (`LoraSpec.fuse_scale`):
+`load` then merges it into the transformer's weights at that scale (diffusers' `fuse_lora`) and
+removes peft's layers (`unload_lora_weights`), so a step costs what the base model's does.
+The pipeline remembers what it fused (`fused`); `activate` then accepts exactly that LoRA at
+that scale and nothing else (no other LoRA, scale or base model: those weights are gone).
+
 Checks are made before anything is loaded, so a bad file never leaves a half-loaded
 adapter: the file must be a safetensors file of diffusers-format LoRA tensors
 (`<module>.lora_A.weight` / `lora_B.weight`, prefixed by the component) whose every target
@@ -46,9 +52,56 @@ class LoraSpec:
     name: str
     path: str  # the .safetensors file
     target: str = "transformer"  # "transformer", "transformer_2" (Wan 2.2's low-noise expert) or "both"
+    fuse_scale: float | None = None  # set: merged into the weights at this scale (an engine's only LoRA)
 
     def components(self) -> tuple[str, ...]:
         return ("transformer", "transformer_2") if self.target == "both" else (self.target,)
+
+
+def fuse_choice(fuse, table: Mapping[str, Any]) -> tuple[str, float] | None:
+    """An engine's `fuse_lora` -> (name, scale) or None. `fuse`: None / False (unfused), True
+    (the engine's one LoRA at 1.0), a name (scale 1.0) or {name: scale}. A fused engine holds
+    that LoRA alone: ValueError naming the fix otherwise."""
+    if fuse is None or fuse is False:
+        return None
+    if fuse is True:
+        if len(table) != 1:
+            raise ValueError(
+                f"fuse_lora needs exactly one LoRA to fuse; {len(table)} are given"
+                + (f" ({', '.join(sorted(table))})" if table else "")
+                + ": give one --lora with --fuse-lora, or leave --fuse-lora out to switch adapters per request"
+            )
+        return next(iter(table)), 1.0
+    choice = normalize_choice(fuse)
+    if len(choice) != 1:
+        raise ValueError(f"fuse_lora {fuse!r} must name one LoRA (a name or {{name: scale}})")
+    name, scale = choice[0]
+    if name not in table:
+        raise ValueError(f"fuse_lora names {name!r}, which is not among the engine's LoRAs "
+                         f"({', '.join(sorted(table)) or 'none'}); give it in loras= / --lora")
+    if len(table) != 1:
+        raise ValueError(
+            f"fuse_lora {name!r}: an engine that fuses a LoRA holds that LoRA alone, but {len(table)} are given "
+            f"({', '.join(sorted(table))}); leave fuse_lora out to switch adapters per request"
+        )
+    return name, scale
+
+
+def adapter_bytes(spec: LoraSpec) -> int:
+    """Bytes the LoRA occupies on a rank as loaded and unfused: its tensors' stored size (read
+    from the safetensors header, no tensor read) once per transformer it goes into; 0 when
+    fused (merged into weights the rank holds anyway)."""
+    import json
+    import struct
+
+    if spec.fuse_scale is not None:
+        return 0
+    with open(lora_file(spec.path), "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+    size = sum(int(t["data_offsets"][1]) - int(t["data_offsets"][0])
+               for key, t in header.items() if key != "__metadata__")
+    return size * len(spec.components())
 
 
 # -- names, scales and a request's choice ------------------------------------------------------
@@ -292,6 +345,31 @@ def load(pipe, family, spec: LoraSpec) -> None:
         if isinstance(exc, ValueError):
             raise
         raise ValueError(f"LoRA {spec.name!r} could not be loaded: {str(exc).splitlines()[0][:200]}") from None
+    if spec.fuse_scale is not None:
+        _fuse(pipe, spec, tuple(components))
+
+
+def _fuse(pipe, spec: LoraSpec, components: tuple[str, ...]) -> None:
+    """Merge the just-loaded adapter into `components`' weights at `spec.fuse_scale` and drop
+    peft's layers: W <- W + scale * (alpha / r) * B @ A on every targeted linear layer."""
+    if fused(pipe):
+        raise ValueError(f"LoRA {spec.name!r} cannot be fused: {', '.join(fused(pipe))} is fused already")
+    others = {n for names in loaded(pipe).values() for n in names} - {spec.name}
+    if others:
+        raise ValueError(f"LoRA {spec.name!r} cannot be fused while {', '.join(sorted(others))} is loaded unfused; "
+                         "an engine that fuses a LoRA holds that LoRA alone")
+    scale = check_scale(spec.fuse_scale, spec.name)
+    for component in components:
+        # The adapter at weight 1.0 (scaling alpha / r); fuse_lora multiplies by lora_scale.
+        getattr(pipe, component).set_adapters([spec.name], [1.0])
+    pipe.fuse_lora(components=list(components), lora_scale=scale, adapter_names=[spec.name])
+    pipe.unload_lora_weights()
+    pipe.__dict__["_raydit_fused"] = {spec.name: scale}
+
+
+def fused(pipe) -> dict[str, float]:
+    """The LoRA merged into this pipeline's weights by `load` (name -> scale), or {}."""
+    return dict(pipe.__dict__.get("_raydit_fused", {}))
 
 
 @contextlib.contextmanager
@@ -314,6 +392,9 @@ def unload(pipe, name: str) -> None:
     including layers a failed load left half-made."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    if name in fused(pipe):
+        raise ValueError(f"LoRA {name!r} is fused into the weights and cannot be unloaded; "
+                         "restart without fusing it to switch adapters")
     for component in ("transformer", "transformer_2"):
         module = getattr(pipe, component, None)
         if module is None:
@@ -328,7 +409,17 @@ def unload(pipe, name: str) -> None:
 def activate(pipe, transformers: Iterable, choice: tuple[tuple[str, float], ...]) -> None:
     """Make exactly the adapters of `choice` active, with their scales, on every transformer:
     the ones a transformer holds get `set_adapters(names, scales)` + `enable_lora()`; a
-    transformer holding none of them gets `disable_lora()` (its base layers alone)."""
+    transformer holding none of them gets `disable_lora()` (its base layers alone). A pipeline
+    with a fused LoRA takes exactly that LoRA at its fused scale."""
+    merged = fused(pipe)
+    if merged:
+        if dict(choice) != merged:
+            (name, scale), = merged.items()
+            raise ValueError(
+                f"LoRA {name!r} is fused into this engine's weights at scale {scale:g}; a request can only "
+                f"use it at that scale (asked: {dict(choice) or 'the base model'})"
+            )
+        return
     have = {n for names in loaded(pipe).values() for n in names}
     unknown = [n for n, _ in choice if n not in have]
     if unknown:

@@ -11,6 +11,7 @@ round trip per step, measured by bench/ against a torch.multiprocessing launch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -101,6 +102,7 @@ class Engine:
         show_plan: bool = True,
         checkpoint_dir: str | None = None,
         loras: dict | None = None,
+        fuse_lora=None,
         cache: str | None = None,
         cache_threshold: float | None = None,
     ):
@@ -136,6 +138,16 @@ class Engine:
         for name, entry in (loras or {}).items():
             spec = self._lora_spec(entry, name)
             self._loras[spec.name] = spec
+        # fuse_lora (True, a name or {name: scale}): the engine's one LoRA merged into the
+        # weights on every rank (no per-step cost); every request then runs with it.
+        from raydit.models.lora import adapter_bytes, fuse_choice
+
+        self._fused = fuse_choice(fuse_lora, self._loras)
+        if self._fused is not None:
+            name, scale = self._fused
+            self._loras[name] = dataclasses.replace(self._loras[name], fuse_scale=scale)
+        # The planner counts the adapters' bytes on every rank (0 for a fused one).
+        self.spec = dataclasses.replace(self.spec, adapter_bytes=float(sum(adapter_bytes(s) for s in self._loras.values())))
         self._workers = workers
         self._forced = {"ulysses": ulysses, "ring": ring, "cfg": cfg}
         self._collective_timeout_s = collective_timeout_s
@@ -413,7 +425,7 @@ class Engine:
             image=None if image is None else image_to_png(image),
             true_cfg_scale=true_cfg_scale,
             **self._cache_choice(cache, cache_threshold),
-            lora=lora,
+            lora=self._fused_default(lora),
         )
         self._check_request(request)
         return self._enqueue(request, callback_on_step_end, progress, checkpoint_dir)
@@ -447,6 +459,14 @@ class Engine:
         geometry (the planner's rules), more steps than the scheduler has timesteps, a
         size beyond what every replica's plan can hold, a LoRA that is not loaded."""
         self.spec.geometry(request.num_frames, request.height, request.width)
+        if self._fused is not None and request.lora != (self._fused,):
+            name, scale = self._fused
+            raise ValueError(
+                f"this engine serves LoRA {name!r} fused into its weights at scale {scale:g} (fuse_lora / "
+                f"--fuse-lora), so every request runs with it; this one asks for "
+                f"{dict(request.lora) or 'the base model'}: leave lora out (or give {{{name!r}: {scale:g}}}), "
+                "or use an engine without fuse_lora to switch adapters per request"
+            )
         for name, _ in request.lora:
             if name not in self._loras:
                 raise ValueError(
@@ -603,6 +623,26 @@ class Engine:
         lora.check_for_model(self.model_dir, spec)
         return spec
 
+    def _fused_default(self, lora):
+        """On a fused engine a request that names no LoRA runs with the fused one."""
+        from raydit.models.lora import normalize_choice
+
+        if self._fused is not None and not normalize_choice(lora):
+            return {self._fused[0]: self._fused[1]}
+        return lora
+
+    @property
+    def fused_lora(self) -> dict[str, float] | None:
+        """{name: scale} of the LoRA fused into the weights (fuse_lora), or None."""
+        return None if self._fused is None else {self._fused[0]: self._fused[1]}
+
+    def _refuse_if_fused(self, what: str) -> None:
+        if self._fused is not None:
+            raise ValueError(
+                f"cannot {what}: LoRA {self._fused[0]!r} is fused into this engine's weights (fuse_lora); "
+                "start an engine without fuse_lora to load and unload adapters"
+            )
+
     def loras(self) -> dict[str, str]:
         """The loaded LoRA adapters: name -> path of the .safetensors file."""
         return {name: spec.path for name, spec in self._loras.items()}
@@ -611,6 +651,7 @@ class Engine:
         """Load a LoRA on every rank of every replica (once; requests then choose it by name
         with `lora=`). `target`: "transformer", "transformer_2" (Wan 2.2 A14B's low-noise
         expert) or "both". Waits for running requests to finish. Returns the name."""
+        self._refuse_if_fused("load a LoRA")
         with self._lora_lock:
             spec = self._lora_spec({"path": path, "target": target}, name)
             self._sync_loras({**self._loras, spec.name: spec})
@@ -618,6 +659,7 @@ class Engine:
 
     def unload_lora(self, name: str) -> None:
         """Unload a LoRA from every rank; later requests cannot name it."""
+        self._refuse_if_fused("unload a LoRA")
         with self._lora_lock:
             if name not in self._loras:
                 raise ValueError(f"LoRA {name!r} is not loaded; loaded: {', '.join(sorted(self._loras)) or 'none'}")
@@ -656,6 +698,9 @@ class Engine:
                         r.pool.reset_group()
                 raise ValueError(classify(exc).message) from None
             self._loras = dict(table)
+            from raydit.models.lora import adapter_bytes
+
+            self.spec = dataclasses.replace(self.spec, adapter_bytes=float(sum(adapter_bytes(s) for s in table.values())))
             for r in self.replicas:
                 r.pool.loras = dict(table)
             self._event("loras", loaded=sorted(table))

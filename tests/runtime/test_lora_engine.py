@@ -6,6 +6,9 @@ float32, as tests/runtime/test_engine.py), a base request after a LoRA request e
 first base request bit for bit, a LoRA loaded later mixes with the first at other scales,
 bad input is refused in one line and the engine keeps serving, and a rank killed mid-request
 is replaced by a fresh actor that loads the adapters before the request resumes.
+A second 2-rank engine fuses LoRA a at 0.5 into its weights (fuse_lora): it equals the unfused
+one-process run of a at 0.5, on its first group and after a rank is replaced, and refuses
+requests for anything else.
 The CLI refuses bad --lora / --lora-scale with one line and status 2 before Ray starts.
 """
 
@@ -46,7 +49,7 @@ def references(lora_dirs):
         lora.load(pipe, family, lora.LoraSpec(name, str(lora.lora_file(lora_dirs[name]))))
     runner = Runner(pipe)
     out = {}
-    for key, choice in (("base", None), ("a", "a"), ("ab", {"a": 0.5, "b": 1.5})):
+    for key, choice in (("base", None), ("a", "a"), ("ab", {"a": 0.5, "b": 1.5}), ("a05", {"a": 0.5})):
         state = runner.prepare(GenerationRequest(prompt=PROMPT, **GEN, lora=choice))
         while not state.done:
             state = runner.step(state)
@@ -138,6 +141,50 @@ def test_a_rank_killed_mid_request_recovers_with_the_adapters(engine, references
     _close(_gen(engine).latents, references["base"])
 
 
+def test_fused_lora_equals_unfused_and_survives_a_replaced_rank(ray_local, references, lora_dirs):
+    """fuse_lora={"a": 0.5}: every rank merges a into its weights (diffusers' fuse_lora) and drops
+    peft's layers; a request naming nothing runs with it. A rank killed mid-request is replaced
+    by a fresh actor, which fuses a when the group forms: a rank without it changes the latents
+    (non-zero B)."""
+    import ray
+
+    from raydit.runtime.engine import Engine
+
+    fused = Engine(model="tiny", workers=2, device="cpu", show_plan=False, loras={"a": lora_dirs["a"]},
+                   fuse_lora={"a": 0.5}, frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"])
+    try:
+        assert fused.fused_lora == {"a": 0.5} and fused.spec.adapter_bytes == 0
+        first = fused.plan
+        assert first.world_size == 2
+        _close(_gen(fused).latents, references["a05"])
+        for bad in ({"a": 1.0}, "b"):  # another scale, another LoRA: one line naming the fused one
+            with pytest.raises(ValueError, match="serves LoRA 'a' fused into its weights at scale 0.5"):
+                _gen(fused, lora=bad)
+        with pytest.raises(ValueError, match="fused into this engine's weights"):
+            fused.load_lora(lora_dirs["b"])
+        with pytest.raises(ValueError, match="fused into this engine's weights"):
+            fused.unload_lora("a")
+
+        victim = fused.group.active[1].actor
+
+        def kill_after_first_step(eng, step, timestep, kwargs):
+            if step == 0:
+                ray.kill(victim, no_restart=True)
+            return kwargs
+
+        result = _gen(fused, lora={"a": 0.5}, callback_on_step_end=kill_after_first_step)
+        assert "regrouped" in [e["event"] for e in result.events]
+        _close(result.latents, references["a05"])
+        old = [m.actor for m in fused.group.members]
+        fused.group.grow_to(first)
+        fused.regroup(ulysses=first.ulysses, ring=first.ring, cfg=first.cfg)
+        assert fused.plan.world_size == 2 and all(m.actor is not victim for m in fused.group.active)
+        assert [m for m in fused.group.active if m.actor not in old] or len(old) == 2
+        _close(_gen(fused).latents, references["a05"])
+    finally:
+        fused.shutdown()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--lora", "/nonexistent/lora"], "does not exist"),
     (["--lora", "{a}", "--lora-scale", "x"], "is not a number"),
@@ -174,3 +221,33 @@ def test_job_config_loras_and_repeated_flags(lora_dirs, tmp_path):
     config.write_text(f"prompt: x\nloras:\n  - {{path: {lora_dirs['a']}, scale: -1}}\n")
     with pytest.raises(ValueError, match=">= 0"):
         resolve_generate_options(parser.parse_args(["--config", str(config)]))
+
+
+def test_fuse_lora_options(lora_dirs, tmp_path):
+    """--fuse-lora / `fuse_lora: true` fuses the one LoRA at its scale; with none or two it is
+    refused in one line before Ray starts; Engine(fuse_lora=...) forms are checked alike."""
+    import argparse
+
+    from raydit.commands import add_generate_arguments, resolve_generate_options
+
+    parser = argparse.ArgumentParser()
+    add_generate_arguments(parser)
+    o = resolve_generate_options(parser.parse_args(
+        ["--prompt", "x", "--lora", lora_dirs["a"], "--lora-scale", "0.5", "--fuse-lora"]))
+    assert o["fuse_lora"] and o["lora_choice"] == {"a": 0.5}
+    config = tmp_path / "job.yaml"
+    config.write_text(f"prompt: x\nfuse_lora: true\nloras:\n  - {lora_dirs['a']}\n  - {lora_dirs['b']}\n")
+    with pytest.raises(ValueError, match="--fuse-lora fuses one LoRA into the weights, but 2 are given"):
+        resolve_generate_options(parser.parse_args(["--config", str(config)]))
+    with pytest.raises(ValueError, match="but 0 are given"):
+        resolve_generate_options(parser.parse_args(["--prompt", "x", "--fuse-lora"]))
+
+    table = {"a": lora.LoraSpec("a", "/a.safetensors")}
+    assert lora.fuse_choice(True, table) == ("a", 1.0) and lora.fuse_choice({"a": 0.5}, table) == ("a", 0.5)
+    assert lora.fuse_choice(None, table) is None and lora.fuse_choice(False, table) is None
+    for fuse, needle in ((True, "exactly one LoRA"), ("b", "not among the engine's LoRAs"),
+                         ({"a": -1}, ">= 0"), ({"a": 1, "b": 1}, "must name one LoRA")):
+        with pytest.raises(ValueError, match=needle):
+            lora.fuse_choice(fuse, {} if fuse is True else table)
+    with pytest.raises(ValueError, match="holds that LoRA alone"):
+        lora.fuse_choice("a", {**table, "b": lora.LoraSpec("b", "/b.safetensors")})
