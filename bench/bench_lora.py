@@ -1,5 +1,7 @@
 """Per-step cost of a LoRA on a CogVideoX-2b-shaped transformer: none, unfused (active),
-loaded but disabled (a base request on an engine holding LoRAs), and fused into the weights.
+loaded but disabled (a base request on an engine holding LoRAs), fused into the weights with
+peft's layers kept (diffusers' `fuse_lora`), and fused with peft's layers removed (what
+`--fuse-lora` / `Engine(fuse_lora=...)` does: `fuse_lora` then `unload_lora_weights`).
 
 The transformer has CogVideoX-2b's width (30 heads x 64, text embedding 4096, time embedding
 512) and its layer structure; `--layers` (default 2 of the 30) and a small video keep a CPU
@@ -91,8 +93,12 @@ def main(argv=None) -> int:
 
     plain, kwargs = build(args.layers, args.latent)
     adapted = add_lora(copy.deepcopy(plain), args.rank)
-    timed(plain, kwargs), timed(adapted, kwargs)  # warm-up
-    times = {"none": [], "unfused": [], "disabled": [], "fused": []}  # (wall, cpu) per round
+    # raydit's --fuse-lora: merged at scale 1.0, then peft's layers removed (plain linear layers).
+    engine_fused = copy.deepcopy(adapted)
+    engine_fused.fuse_lora(lora_scale=1.0, adapter_names=["style"])
+    engine_fused.unload_lora()
+    timed(plain, kwargs), timed(adapted, kwargs), timed(engine_fused, kwargs)  # warm-up
+    times = {"none": [], "unfused": [], "disabled": [], "fused": [], "fused_unloaded": []}  # (wall, cpu) per round
     for _ in range(args.rounds):
         times["none"].append(timed(plain, kwargs))
         adapted.set_adapters(["style"], [1.0])
@@ -104,8 +110,9 @@ def main(argv=None) -> int:
         adapted.fuse_lora(lora_scale=1.0, adapter_names=["style"])
         times["fused"].append(timed(adapted, kwargs))
         adapted.unfuse_lora()
+        times["fused_unloaded"].append(timed(engine_fused, kwargs))
     ratios = {f"{k}_{what}": [v[i] / n[i] for v, n in zip(times[k], times["none"])]
-              for k in ("unfused", "disabled", "fused") for i, what in ((1, "cpu"), (0, "wall"))}
+              for k in ("unfused", "disabled", "fused", "fused_unloaded") for i, what in ((1, "cpu"), (0, "wall"))}
     tokens = (args.latent // 2) ** 2 + 226
     lora_params = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
     result = {
@@ -117,6 +124,10 @@ def main(argv=None) -> int:
         "transformer": {"shape": "CogVideoX-2b width (30 heads x 64, text 4096, time 512)", "layers": args.layers,
                         "tokens": tokens, "lora_rank": args.rank, "lora_targets": "to_q, to_k, to_v, to_out.0",
                         "lora_params": lora_params},
+        "variants": {"none": "no LoRA", "unfused": "peft LoRA active (set_adapters, scale 1.0)",
+                     "disabled": "peft LoRA loaded, disable_lora() (a base request)",
+                     "fused": "diffusers fuse_lora, peft layers kept (merged)",
+                     "fused_unloaded": "fuse_lora then unload_lora (raydit --fuse-lora)"},
         "cpu_seconds_per_forward": {k: summary([c for _, c in v]) for k, v in times.items()},
         "wall_seconds_per_forward": {k: summary([w for w, _ in v]) for k, v in times.items()},
         "ratio_to_none_per_round": {k: summary(v) for k, v in ratios.items()},
@@ -124,7 +135,7 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for k, v in result["ratio_to_none_per_round"].items():
-        print(f"{k:14s} {v['median']:.3f}x of no LoRA (min {v['min']:.3f}, max {v['max']:.3f}, n={v['n']})")
+        print(f"{k:20s} {v['median']:.3f}x of no LoRA (min {v['min']:.3f}, max {v['max']:.3f}, n={v['n']})")
     print(f"wrote {args.out}")
     return 0
 
