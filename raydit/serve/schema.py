@@ -47,6 +47,10 @@ class VideoCreate(BaseModel):
     guidance_scale: float | None = Field(default=None, ge=0, le=100)
     negative_prompt: str | None = Field(default=None, max_length=20_000)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    # Step caching for this video (raydit.models.cache): left out, the server's (--cache);
+    # null, "none" or "off": every step computed.
+    cache: str | None = None
+    cache_threshold: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,25 @@ def resolve(body: VideoCreate, limits: Limits, spec) -> dict:
         "guidance_scale": body.guidance_scale if body.guidance_scale is not None else limits.default_guidance,
         # No seed: a fresh one, reported back in the video object (same prompt, new video).
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
+        **cache_choice(body),
     }
+
+
+def cache_choice(body: VideoCreate) -> dict:
+    """The body's step caching, only the fields it sets (the engine applies its own default for
+    the rest); RequestError naming the field for an unknown method."""
+    from raydit.models.cache import check_cache
+
+    given = {k: getattr(body, k) for k in ("cache", "cache_threshold") if k in body.model_fields_set}
+    if isinstance(given.get("cache"), str) and given["cache"].strip().lower() in ("", "none", "off"):
+        given["cache"] = None
+    if "cache" in given:
+        try:
+            check_cache(given["cache"], given.get("cache_threshold"))
+        except ValueError as exc:
+            param = "cache_threshold" if str(exc).startswith("cache_threshold") else "cache"
+            raise RequestError(f"{param}: {exc}", param=param) from None
+    return given
 
 
 def scheduler_step_limit(model_dir: str) -> int | None:

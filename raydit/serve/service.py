@@ -196,6 +196,7 @@ class VideoService:
             guidance_scale=p["guidance_scale"], seed=p["seed"], progress=False,
             callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step),
         )
+        args.update({k: p[k] for k in ("cache", "cache_threshold") if k in p})  # else the engine's
         if run.job.has_image:
             from PIL import Image
 
