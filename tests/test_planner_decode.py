@@ -56,3 +56,71 @@ def test_plans_carry_their_decode():
     best = plan("cogvideox-5b", gpus=8, gpu_type="H100").best
     d = best.to_dict()["decode"]
     assert d["ranks"] == best.world_size // best.replicas and d["seconds"] > 0 and d["peak_gb"] > 0
+
+
+# -- the decode and the text encoder in the memory per rank and the end-to-end time ----------
+def test_memory_per_rank_adds_the_decode_peak_where_it_is_larger():
+    """cost.memory_gb is the largest rank's: max(weights + activations, transformer weights +
+    the decode's peak on its band) + the text encoder (rank 0 holds it)."""
+    from raydit.planner import cost as costmod
+    from raydit.planner.decode import decode_peak_gb
+
+    spec = BUILTIN_MODELS["cogvideox-5b"]
+    geo = spec.geometry()  # 49 x 480 x 720: 60 latent rows
+    one, eight = (costmod.memory_gb(spec, geo, 1, 8, 2, 0.0, decode_ranks=n) for n in (1, 8))
+    weights_t = spec.params * spec.bytes_per_param / 1e9
+    te = text_encoder_gb(spec)
+    # A whole-video decode on one rank is larger than the transformer's peak on 1/8 of the
+    # sequence; split over 8 ranks it is not, and the denoising peak sets the figure.
+    assert one == pytest.approx(weights_t + decode_peak_gb(spec, geo, 1) + te)
+    assert eight < one and eight == pytest.approx(costmod.memory_gb(spec, geo, 1, 8, 2, 0.0, decode_ranks=16))
+    denoise = eight - te
+    assert denoise > weights_t + decode_peak_gb(spec, geo, 8)
+
+
+def test_memory_per_rank_counts_the_text_encoder_once_on_rank_0():
+    from raydit.planner import cost as costmod
+    from raydit.planner.decode import decode_peak_gb
+
+    spec = BUILTIN_MODELS["wan2.1-t2v-14b"]
+    geo = spec.geometry()
+    largest = costmod.memory_gb(spec, geo, 4, 2, 1, 0.0, decode_ranks=8)
+    # A rank without the encoder: the same peak less the umT5-XXL's 11.4 GB.
+    denoise = largest - text_encoder_gb(spec)
+    others = rank_memory_gb(spec, denoise, decode_peak_gb(spec, geo, 8), "one-rank", holds_text_encoder=False)
+    assert largest - others == pytest.approx(text_encoder_gb(spec))
+    # Feasibility reads the largest rank: a device that holds every other rank but not rank 0
+    # does not take the plan.
+    assert plan("wan2.1-t2v-14b", gpus=8, gpu_type="H100").best.memory_gb_per_gpu >= largest
+
+
+def test_end_to_end_adds_the_split_decode_and_the_embedding_broadcast():
+    from raydit.planner import cost as costmod
+    from raydit.planner.decode import broadcast_seconds
+
+    spec = BUILTIN_MODELS["cogvideox-5b"]
+    geo = spec.geometry()
+    link = costmod.Link(450, 8)
+    flops = H100["flops_per_s"]
+    one = costmod.end_to_end(spec, 2.0, 50, 2, flops, geo=geo)
+    eight = costmod.end_to_end(spec, 0.3, 50, 2, flops, geo=geo, ranks=8, link=link)
+    assert one.decode == pytest.approx(decode_cost(spec, geo, 1, flops, 1.0, 0.0).seconds)
+    assert eight.decode == pytest.approx(decode_cost(spec, geo, 8, **H100).seconds) and eight.decode < one.decode
+    sent = broadcast_seconds(spec, 2, 8, 450, 8)
+    assert sent > 0 and eight.text_encode == pytest.approx(one.text_encode + sent)
+    assert eight.total == pytest.approx(50 * 0.3 + eight.text_encode + eight.decode)
+    # The default request is the model's own; a decode given replaces the estimate.
+    assert costmod.end_to_end(spec, 2.0, 50, 2, flops).decode == pytest.approx(one.decode)
+    assert costmod.end_to_end(spec, 2.0, 50, 2, flops, decode_seconds=7.0).decode == 7.0
+    with pytest.raises(ValueError, match="give its link"):
+        costmod.end_to_end(spec, 2.0, 50, 2, flops, ranks=8)
+
+
+def test_embedding_broadcast_grows_with_prompts_and_is_free_on_one_rank():
+    from raydit.planner.decode import TEXT_HIDDEN, broadcast_seconds
+
+    spec = BUILTIN_MODELS["wan2.1-t2v-14b"]
+    assert broadcast_seconds(spec, 2, 1, 450, 8) == 0.0
+    one, two = broadcast_seconds(spec, 1, 8, 450, 8), broadcast_seconds(spec, 2, 8, 450, 8)
+    payload = spec.text_tokens * TEXT_HIDDEN * spec.bytes_per_param / 450e9
+    assert two - one == pytest.approx(2 * payload)  # two hops

@@ -59,22 +59,27 @@ Step time of one replica:
 
 End to end (`end_to_end`): steps x t_step plus the parts published figures include: the
 text encoding (2 x encoder params x text tokens FLOP per prompt, one prompt per guidance
-branch, on one device) and the VAE decode (its own estimate joins there).
+branch, on the replica's encoding rank, then the embeddings' broadcast to the other ranks)
+and the VAE decode split over the replica's ranks (raydit.planner.decode.decode_cost).
 
 A replica (cfg groups of sp ranks) finishes one step of one request in t_step: CFG = 2
 halves b, so each group does half the work, at the price of the edge exchange. Replicas
 serve separate requests: throughput = sum over replicas of 1 / t_step; latency is not
 changed by them.
 
-Memory per rank (no weight sharding under sequence parallelism: every rank holds the
-whole pipeline):
+Memory of a replica's largest rank, its rank 0 (no weight sharding under sequence
+parallelism: every rank holds the transformers and the VAE; the text encoder lives on rank 0
+alone, which encodes the prompts and broadcasts the embeddings):
 
-    M = W + e b s (10 h + f) + [R > 1] 4 b (S'/R) (h/U) e + reserve
-        W: transformer + text encoder + VAE weights; 10 h: residual, norm output, q, k, v,
-        attention output, two all-to-all buffers and slack; f: the FFN intermediate; the
-        ring term: current and next K/V block. reserve: CUDA context, workspaces,
-        fragmentation (1.5 GB on GPUs, 0.5 GB for a CPU slot). Flash-style attention: no
-        S x S matrix. The VAE decode is assumed tiled (below the transformer peak).
+    M = max(W + A, W_t + M_dec) + W_text + reserve
+    A = e b s (10 h + f) + [R > 1] 4 b (S'/R) (h/U) e
+        W: transformer(s), adapters and VAE weights; W_t: W without the VAE; A: 10 h:
+        residual, norm output, q, k, v, attention output, two all-to-all buffers and slack;
+        f: the FFN intermediate; the ring term: current and next K/V block. M_dec: the VAE
+        weights and the decoder's peak activations on the rank's band of latent rows, the
+        decode split over the replica's C x U x R ranks (raydit.planner.decode). W_text: the
+        text encoder. reserve: CUDA context, workspaces, fragmentation (1.5 GB on GPUs, 0.5 GB
+        for a CPU slot). Flash-style attention: no S x S matrix.
 
 Which published figures set constants (fits) and which only check them:
 bench/bench_costmodel.py lists each anchor with its role. The efficiencies in hardware.py
@@ -88,6 +93,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raydit.planner.decode import broadcast_seconds, decode_cost, decode_peak_gb, rank_memory_gb
 from raydit.planner.model import ModelSpec, VideoGeometry
 
 ACT_BYTES = 2
@@ -135,8 +141,9 @@ def batch_per_group(guidance: bool, cfg: int) -> int:
 
 
 def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
-              reserve_gb: float) -> float:
-    """Peak memory per rank in GB (formula in the module docstring)."""
+              reserve_gb: float, decode_ranks: int | None = None) -> float:
+    """Peak memory of the replica's largest rank in GB (formula in the module docstring);
+    decode_ranks: the ranks the VAE decode is split over (default ulysses x ring; x cfg)."""
     sp = ulysses * ring
     text, video = padded_parts(geo, sp)
     seq = text + video
@@ -145,7 +152,10 @@ def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
     act = ACT_BYTES * batch * s * (10 * h + f)
     if ring > 1:
         act += 4 * batch * (seq // ring) * (h // ulysses) * ACT_BYTES
-    return (spec.weight_bytes + act) / GB + reserve_gb
+    denoise_gb = (spec.weight_bytes - spec.text_encoder_params * spec.bytes_per_param + act) / GB
+    ranks = sp if decode_ranks is None else decode_ranks
+    return rank_memory_gb(spec, denoise_gb, decode_peak_gb(spec, geo, ranks), "one-rank",
+                          holds_text_encoder=True) + reserve_gb
 
 
 @dataclass(frozen=True)
@@ -273,17 +283,33 @@ class EndToEnd:
                 "decode": round(self.decode, 4), "total": round(self.total, 4)}
 
 
-def text_encode_seconds(spec: ModelSpec, prompts: int, flops_per_s: float) -> float:
-    """One forward of the text encoder per prompt (2 FLOP per parameter per token), one device."""
-    return prompts * 2 * spec.text_encoder_params * spec.text_tokens / flops_per_s
+def text_encode_seconds(spec: ModelSpec, prompts: int, flops_per_s: float, ranks: int = 1,
+                        link: Link | None = None) -> float:
+    """One forward of the text encoder per prompt (2 FLOP per parameter per token) on the
+    encoding rank, then (ranks > 1) the embeddings' broadcast to the replica's other ranks."""
+    seconds = prompts * 2 * spec.text_encoder_params * spec.text_tokens / flops_per_s
+    if ranks > 1:
+        if link is None:
+            raise ValueError(f"a replica of {ranks} ranks broadcasts the embeddings: give its link")
+        seconds += broadcast_seconds(spec, prompts, ranks, link.gb_s, link.latency_us)
+    return seconds
 
 
 def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, flops_per_s: float,
-               decode_seconds: float = 0.0) -> EndToEnd:
-    """A video's predicted seconds: `steps` x `step_seconds` plus the end-to-end extras.
-
-    Extras, each in seconds per video: the text encoding here; `decode_seconds` is the VAE
-    decode's estimate (0 where the caller has none), added as given.
-    """
-    return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, branches, flops_per_s),
+               decode_seconds: float | None = None, *, geo: VideoGeometry | None = None, ranks: int = 1,
+               link: Link | None = None) -> EndToEnd:
+    """A video's predicted seconds on a replica of `ranks` ranks: `steps` x `step_seconds`
+    plus the text encoding (with the broadcast of the embeddings) and the VAE decode of `geo`
+    (default: the model's default request) split over the ranks (raydit.planner.decode); a
+    `decode_seconds` given replaces the decode's estimate. `link`: the replica's link, needed
+    for ranks > 1."""
+    if ranks < 1:
+        raise ValueError(f"ranks {ranks} must be >= 1")
+    if ranks > 1 and link is None:
+        raise ValueError(f"a replica of {ranks} ranks exchanges halos and embeddings: give its link")
+    if decode_seconds is None:
+        geo = geo if geo is not None else spec.geometry()
+        gb_s, latency_us = (link.gb_s, link.latency_us) if link is not None else (1.0, 0.0)
+        decode_seconds = decode_cost(spec, geo, ranks, flops_per_s, gb_s, latency_us).seconds
+    return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, branches, flops_per_s, ranks, link),
                     decode_seconds)

@@ -23,9 +23,11 @@ C_top: channels at full resolution, f_call: output frames per decoder call (CogV
 two latent frames; Wan: 4, one latent frame), s: output rows per latent row. Before issue 13
 the decode ran replicated on every rank (n = 1) and was assumed tiled.
 
-Text encoder: encoded once per request on one rank ("one-rank"; the embeddings are
-broadcast), or kept on every rank ("every-rank", raydit before issue 13), or on the host
-("cpu"). `rank_memory_gb` counts it on the ranks that hold it.
+Text encoder: encoded once per request on one rank ("one-rank", raydit since issue 13:
+raydit.models.text_encoding; the embeddings are broadcast), or kept on every rank
+("every-rank", raydit before), or on the host ("cpu"). `rank_memory_gb` counts it on the ranks
+that hold it; the planner's memory per rank (cost.memory_gb) is that of the largest rank,
+the encoding rank.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ VAE_EFFICIENCY = 0.5
 # Live full-resolution activations at the decoder's peak (input, norm output, conv output, residual).
 LIVE = 4
 TEXT_ENCODER_PLACES = ("every-rank", "one-rank", "cpu")
+# Width of the text embeddings broadcast (T5-XXL, umT5-XXL, HunyuanVideo's Llama: 4096).
+TEXT_HIDDEN = 4096
 
 
 @dataclass(frozen=True)
@@ -126,23 +130,49 @@ def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: fl
         halo = (d.exchanges_per_latent_frame + d.norms_per_latent_frame) * calls * a \
             + 2 * geo.frames * geo.width * d.halo_values * e / bw
         gather = a + pixels * 3 * e * (n - 1) / n / bw
+    return DecodeCost(n, compute, halo, gather, decode_peak_gb(spec, geo, ranks))
+
+
+def decode_activations_gb(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> float:
+    """The decoder's live activations at its peak on the largest band (M_dec without weights)."""
+    d = decoder_shape(spec)
+    n = decode_ranks(spec, geo, ranks)
+    rows = geo.latent_height
+    band = -(-rows // n)
     scale = geo.height // rows
-    peak = LIVE * d.top_channels * d.frames_per_call * (band * scale + 2) * geo.width * e
-    return DecodeCost(n, compute, halo, gather, (peak + spec.vae_params * e) / GB)
+    return LIVE * d.top_channels * d.frames_per_call * (band * scale + 2) * geo.width * spec.bytes_per_param / GB
+
+
+def decode_peak_gb(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> float:
+    """M_dec: activations on the largest band plus the VAE weights (module docstring)."""
+    return decode_activations_gb(spec, geo, ranks) + spec.vae_params * spec.bytes_per_param / GB
 
 
 def text_encoder_gb(spec: ModelSpec) -> float:
     return spec.text_encoder_params * spec.bytes_per_param / GB
 
 
-def rank_memory_gb(spec: ModelSpec, transformer_peak_gb: float, decode: DecodeCost, text_encoder: str,
+def rank_memory_gb(spec: ModelSpec, denoise_gb: float, decode: DecodeCost | float, text_encoder: str,
                    holds_text_encoder: bool) -> float:
-    """Peak GB of one rank: the transformer's weights and activations (`transformer_peak_gb`,
-    text encoder and VAE weights excluded), or the decode's peak after it, whichever is
-    larger, plus the text encoder where it lives (module docstring)."""
+    """Peak GB of one rank: the denoising's (`denoise_gb`: every weight but the text encoder's,
+    VAE included, plus the transformer's activations), or the decode's after it (the
+    transformers' and adapters' weights plus M_dec; `decode` a DecodeCost or its peak_gb),
+    whichever is larger, plus the text encoder where it lives (module docstring). The largest
+    rank of a replica is the one holding the text encoder ("one-rank": its rank 0)."""
     if text_encoder not in TEXT_ENCODER_PLACES:
         raise ValueError(f"text_encoder {text_encoder!r} is not one of {', '.join(TEXT_ENCODER_PLACES)}")
+    decode_gb = decode.peak_gb if isinstance(decode, DecodeCost) else float(decode)
     transformer_weights = (spec.params * spec.experts * spec.bytes_per_param + spec.adapter_bytes) / GB
-    peak = max(transformer_peak_gb, transformer_weights + decode.peak_gb)
+    peak = max(denoise_gb, transformer_weights + decode_gb)
     here = text_encoder == "every-rank" or (text_encoder == "one-rank" and holds_text_encoder)
     return peak + (text_encoder_gb(spec) if here else 0.0)
+
+
+def broadcast_seconds(spec: ModelSpec, prompts: int, ranks: int, link_gb_s: float, link_latency_us: float) -> float:
+    """The embeddings of `prompts` prompts ([text_tokens, TEXT_HIDDEN] each) from the encoding
+    rank to the replica's other `ranks - 1`: at most two hops (cfg group, then sp group), each
+    a metadata message and the tensors."""
+    if ranks <= 1:
+        return 0.0
+    nbytes = prompts * spec.text_tokens * TEXT_HIDDEN * spec.bytes_per_param
+    return 2 * (2 * link_latency_us * 1e-6 + nbytes / (link_gb_s * GB))

@@ -3,7 +3,8 @@
 A layout is feasible when
   - ulysses divides the attention heads and fits inside one node (its all-to-alls are the
     most bandwidth-hungry collective: they stay on NVLink/PCIe),
-  - every rank holds the whole pipeline plus its share of activations (`cost.memory_gb`),
+  - the largest rank (rank 0: the transformers, the VAE and the text encoder) holds its share
+    of activations, or of the decode after them (`cost.memory_gb`),
   - the groups fit the devices offered (Ulysses groups packed node by node),
   - sp = ulysses x ring does not exceed the video tokens (every rank holds real video).
 Uneven token counts are never a reason to refuse: text and video are padded to sp.
@@ -150,7 +151,7 @@ class Plan:
     # fit (the inactive expert, the text encoder after encoding); 0: all stay on the device.
     offload_idle_gb: float = 0.0
     # The VAE decode of one video on the replica's ranks (raydit.planner.decode): seconds, ranks
-    # it is split over, peak GB per rank (reported beside memory_gb_per_gpu, not added to it).
+    # it is split over, peak GB per rank (memory_gb_per_gpu counts it: cost.memory_gb).
     decode: DecodeCost | None = None
 
     @property
@@ -410,7 +411,8 @@ class _Layouts:
             return reject("tokens", f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video "
                           "tokens; every rank must hold video tokens: use fewer devices")
         b = costmod.batch_per_group(self.guidance, C)
-        base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0)
+        # The largest rank: rank 0 (text encoder), with the decode split over the replica.
+        base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0, decode_ranks=C * sp)
         resident_gb, offload_gb = base_gb, 0.0
         idle_gb = spec.idle_weight_bytes / 1e9
         if idle_gb > 0:
