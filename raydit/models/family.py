@@ -212,6 +212,16 @@ class Family:
     # True: the two guidance branches run as one batch of 2 (CogVideoX's pipeline does);
     # False: two forward calls, as Wan's pipeline does (the same numbers as diffusers).
     batch_branches: bool = True
+    # True: guidance is embedded in the model and `true_cfg_scale` turns on the cond/uncond pair
+    # (HunyuanVideo); other families refuse a true_cfg_scale other than 1.
+    true_cfg: bool = False
+
+    @staticmethod
+    def round_frames(num_frames: int, vae_temporal: int) -> int:
+        """The frame count the family's diffusers pipeline runs for `num_frames` when (num_frames
+        - 1) is not a multiple of the VAE's temporal factor: CogVideoX, HunyuanVideo and LTX take
+        (num_frames - 1) // t + 1 latent frames, i.e. the count rounded down to t k + 1."""
+        return (num_frames - 1) // vae_temporal * vae_temporal + 1
 
     # -- what the registry and the planner read -------------------------------------------
     def tiny(self) -> dict[str, Callable[[], Path]]:
@@ -293,9 +303,21 @@ class Family:
         around this call by the runner."""
         return pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0], dict(state.carry)
 
+    def decode_video(self, pipe, state: DenoiseState, latents):
+        """Latents -> what the VAE decodes them to, as the pipeline does before post-processing:
+        video [1, 3, frames, height, width] in [-1, 1]. A parallel decode (raydit.models.
+        vae_parallel) runs this on every rank; only the rank whose frames are kept post-processes."""
+        raise NotImplementedError
+
+    def postprocess(self, pipe, state: DenoiseState, video):
+        """The decoded video -> uint8 frames [frames, height, width, 3], with the pipeline's own
+        video processor."""
+        frames = pipe.video_processor.postprocess_video(video=video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
+        return to_uint8_frames(frames)
+
     def decode(self, pipe, state: DenoiseState, latents=None):
         """Latents -> uint8 frames [frames, height, width, 3]."""
-        raise NotImplementedError
+        return self.postprocess(pipe, state, self.decode_video(pipe, state, latents))
 
 
 # -- the scheduler's own state, saved between steps ------------------------------------------

@@ -125,6 +125,11 @@ class Runner:
             raise ValueError(f"request must be a GenerationRequest, got {type(request).__name__}")
         family, pipe = self.family, self.pipe
         family.check_request(pipe, request)
+        if request.true_cfg_scale != 1.0 and not family.true_cfg:
+            raise ValueError(
+                f"true_cfg_scale {request.true_cfg_scale:g} is for pipelines whose guidance is embedded in the model "
+                f"(HunyuanVideo); {type(pipe).__name__} guides with guidance_scale: drop true_cfg_scale"
+            )
         # The request's LoRA adapters (none: every transformer's base layers alone), set
         # before anything runs; adapters stay loaded, so switching costs no reload.
         activate_lora(pipe, family.transformers(pipe), request.lora)
@@ -282,13 +287,14 @@ class Runner:
 
     @torch.no_grad()
     def decode(self, state: DenoiseState | None = None, latents: torch.Tensor | None = None,
-               on_ranks: bool = False) -> np.ndarray:
+               on_ranks: bool = False) -> np.ndarray | None:
         """uint8 frames [frames, height, width, 3] of `state` (default: the last state this
         runner prepared or stepped), optionally with other `latents` of the same request.
 
         on_ranks: a collective call on every rank of the mesh; the VAE decode is split by
-        latent rows over them (raydit.models.vae_parallel, exact) and rank 0's frames are the
-        answer (the other ranks' are placeholders). `self.decode_ranks` says how many decoded."""
+        latent rows over them (raydit.models.vae_parallel, exact), the video is gathered to
+        rank 0 and post-processed there alone: rank 0 returns the frames, the others None.
+        `self.decode_ranks` says how many decoded."""
         state = state if state is not None else self._last_state
         if state is None:
             raise ValueError("nothing to decode: prepare a request first")
@@ -299,8 +305,10 @@ class Runner:
 
             vae = getattr(self.pipe, "vae", None)
             if supports_vae(vae):
-                with decode_on_ranks(vae) as info:
-                    frames = self.family.decode(self.pipe, state, latents)
+                with decode_on_ranks(vae) as info:  # the video lands on group rank 0
+                    video = self.family.decode_video(self.pipe, state, latents)
                 self.decode_ranks = info["ranks"]
-                return frames
+                if dist.get_rank() != 0:
+                    return None  # a placeholder video: nothing to post-process
+                return self.family.postprocess(self.pipe, state, video)
         return self.family.decode(self.pipe, state, latents)

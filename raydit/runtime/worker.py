@@ -89,7 +89,10 @@ class RankWorker:
 
         t0 = time.perf_counter()
         dtype = getattr(torch, self._dtype_name)
-        self._pipe = load_pipeline(self._model_dir, device=self._device(), dtype=dtype)
+        # Loaded in host memory: the runner of each group moves it to the device, after a rank
+        # that does not encode prompts dropped its text encoder (raydit.models.text_encoding),
+        # so that encoder never occupies this rank's device.
+        self._pipe = load_pipeline(self._model_dir, device=None, dtype=dtype)
         self.load_seconds = time.perf_counter() - t0
         return self.load_seconds
 
@@ -177,14 +180,13 @@ class RankWorker:
 
     def leave_group(self) -> None:
         """Undo the parallelization and destroy the process group (safe to call twice)."""
-        import torch.distributed as dist
+        from raydit.parallel.mesh import leave_default_group
 
         if self._runner is not None:
             self._runner.close()
             self._runner = None
         self._state = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_default_group()
         # The store is kept: rank 0 may already have opened the next group's store, and a
         # new group always gets a new store on a new port (reusing one hangs).
 

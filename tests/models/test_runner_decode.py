@@ -2,7 +2,7 @@
 (8 latent rows: bands of 3, 3 and 2) through the family's own decode, against one process.
 
 Tolerance: uint8 frames within one level (the latents of a 3-rank run already differ from one
-process's by float32 rounding); the frames of rank 0 only are the answer.
+process's by float32 rounding); rank 0 alone returns (and post-processes) frames.
 """
 
 import numpy as np
@@ -35,7 +35,7 @@ def decode_worker(rank, world, pipe_dir):
     runner = Runner(cogvideox_pipeline(pipe_dir), mesh=build_mesh(ulysses=1, ring=world, cfg=1, replicas=1))
     state = _run(runner)
     frames = runner.decode(state, on_ranks=True)
-    return {"frames": frames if rank == 0 else None, "ranks": runner.decode_ranks,
+    return {"frames": frames, "ranks": runner.decode_ranks,
             "vae_untouched": "decode" not in runner.pipe.vae.__dict__}
 
 
@@ -49,6 +49,8 @@ def test_runner_decode_on_ranks_equals_one_process():
     reference = single.decode(state)
     results = run_distributed(decode_worker, 3, pipe_dir, timeout=600)
     assert [r["ranks"] for r in results] == [3, 3, 3] and all(r["vae_untouched"] for r in results)
+    # Only rank 0, whose frames are returned, post-processes; the others get None.
+    assert results[1]["frames"] is None and results[2]["frames"] is None
     frames = results[0]["frames"]
     assert frames.shape == reference.shape and frames.dtype == np.uint8 and reference.std() > 5
     diff = np.abs(frames.astype(np.int16) - reference.astype(np.int16)).max()

@@ -21,14 +21,15 @@ from raydit.parallel.testing import run_distributed
 
 MODELS = ("tiny", "tiny-wan")
 PLANS = ((1, 2, 1), (1, 1, 2), (1, 3, 1))  # (ulysses, ring, cfg)
+DECODE_PLAN = (1, 3, 1)
 EMBED_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
 def _request(name):
     from raydit.models import GenerationRequest
 
-    # tiny: 2 x 4 x 4 patches; tiny-wan: 2 x 2 x 3 (small: the suite's time)
-    size = dict(num_frames=5, height=64, width=64) if name == "tiny" else dict(num_frames=5, height=32, width=48)
+    # 8 and 6 latent rows: the decode splits over 3 ranks (bands of 3, 3, 2 and 2, 2, 2)
+    size = dict(num_frames=5, height=64, width=64) if name == "tiny" else dict(num_frames=5, height=48, width=80)
     return GenerationRequest(prompt="a red fox runs", negative_prompt="blurry", num_inference_steps=2,
                              guidance_scale=6.0, seed=7, **size)
 
@@ -60,8 +61,12 @@ def encoding_worker(rank, world, dirs):
             if mesh is not None:
                 runner = Runner(pipe, mesh)
                 gc.collect()
+                state = runner.prepare(request)
                 out[(name, plan)] = {"params": _encoder_params(runner.pipe), "freed": encoder_ref() is None,
-                                     "cfg_rank": mesh.cfg_rank, "branches": _branches(runner, request)}
+                                     "cfg_rank": mesh.cfg_rank, "branches": state.branches}
+                if plan == DECODE_PLAN:  # the initial latents, decoded over the 3 ranks
+                    out[(name, "decode")] = {"frames": runner.decode(state, on_ranks=True),
+                                             "ranks": runner.decode_ranks}
                 runner.close()
             release_mesh(mesh)
         # Recovery: global rank 0 is gone; ranks 1 and 2 form ring 2 and the new rank 0
@@ -85,8 +90,9 @@ def _reference(name):
     request = _request(name)
     runner = Runner(pipe)
     positive, negative = runner.family.encode(pipe, request, torch.device("cpu"), torch.float32)
-    return {"branches": _branches(runner, request), "positive": positive, "negative": negative,
-            "params": _encoder_params(pipe)}
+    state = runner.prepare(request)
+    return {"branches": state.branches, "positive": positive, "negative": negative,
+            "params": _encoder_params(pipe), "frames": runner.decode(state)}
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +143,19 @@ def test_a_recovery_without_rank_0_still_encodes(results, name):
         for mine, theirs in zip(got["branches"], ref["branches"]):
             for key in mine:
                 torch.testing.assert_close(mine[key], theirs[key], **EMBED_TOL)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_only_the_rank_whose_frames_are_kept_postprocesses(results, name):
+    """After the parallel decode rank 0 post-processes the gathered video; the others return
+    None instead of post-processing a placeholder. Frames within one uint8 level of one
+    process (the row-parallel decode sums in another order: tests/models/test_vae_parallel.py)."""
+    import numpy as np
+
+    frames = [results[rank][(name, "decode")] for rank in range(3)]
+    assert [f["ranks"] for f in frames] == [3, 3, 3]
+    assert frames[1]["frames"] is None and frames[2]["frames"] is None
+    reference = _reference(name)["frames"]
+    got = frames[0]["frames"]
+    assert got.dtype == np.uint8 and got.shape == reference.shape
+    assert np.abs(got.astype(np.int16) - reference.astype(np.int16)).max() <= 1

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image, to_uint8_frames
+from raydit.models.family import Family, Prepared, png_to_image
 from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
 
 TEXT, VIDEO = 0, 1  # part indices of the layout: text first, then video (docs/design.md)
@@ -288,11 +288,10 @@ class CogVideoXFamily(Family):
         latents = pipe.scheduler.step(noise, t, state.latents, eta=0.0, generator=generator, return_dict=False)[0]
         return latents, {}
 
-    def decode(self, pipe, state, latents):
+    def decode_video(self, pipe, state, latents):
         latents = latents[:, state.context.get("additional_frames", 0):].to(pipe.vae.device, pipe.vae.dtype)
         video = pipe.decode_latents(latents)
-        frames = pipe.video_processor.postprocess_video(video=video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return to_uint8_frames(frames)
+        return video
 
 
 FAMILY = CogVideoXFamily()

@@ -48,7 +48,7 @@ import json
 from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, to_uint8_frames
+from raydit.models.family import Family, Prepared
 
 VIDEO = 0  # the only part split across the blocks
 TEXT = 1  # the valid text tokens: a second part inside each attention only
@@ -236,6 +236,7 @@ class HunyuanVideoFamily(Family):
     image_pipelines = ()
     adapter = HunyuanVideoAdapter
     batch_branches = False  # true CFG: two calls, as the pipeline makes them
+    true_cfg = True
 
     def tiny(self):
         return {"tiny-hunyuan": tiny_pipeline_dir}
@@ -367,12 +368,11 @@ class HunyuanVideoFamily(Family):
     def guidance_scale(self, pipe, state, t) -> float:
         return state.request.true_cfg_scale
 
-    def decode(self, pipe, state, latents):
+    def decode_video(self, pipe, state, latents):
         vae = pipe.vae
         latents = latents.to(vae.device, vae.dtype) / vae.config.scaling_factor
         video = vae.decode(latents, return_dict=False)[0]
-        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return to_uint8_frames(frames)
+        return video
 
 
 FAMILY = HunyuanVideoFamily()

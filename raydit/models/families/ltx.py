@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, to_uint8_frames
+from raydit.models.family import Family, Prepared
 
 VIDEO = 0  # the layout's only part
 
@@ -254,7 +254,7 @@ class LTXFamily(Family):
             return_dict=False,
         )[0].float()
 
-    def decode(self, pipe, state, latents):
+    def decode_video(self, pipe, state, latents):
         import torch
 
         c, vae = state.context, pipe.vae
@@ -265,8 +265,7 @@ class LTXFamily(Family):
         # The pipeline's defaults: decode_timestep 0 and a noise scale of 0 (the latents as they are).
         timestep = torch.zeros(1, device=latents.device, dtype=latents.dtype) if vae.config.timestep_conditioning else None
         video = vae.decode(latents, timestep, return_dict=False)[0]
-        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return to_uint8_frames(frames)
+        return video
 
 
 FAMILY = LTXFamily()

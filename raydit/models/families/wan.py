@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image, to_uint8_frames
+from raydit.models.family import Family, Prepared, png_to_image
 
 VIDEO = 0  # the layout's only part
 
@@ -146,6 +146,11 @@ class WanFamily(Family):
     adapter = WanAdapter
     batch_branches = False
     max_sequence_length = 512  # the pipelines' default (2.1 I2V's processor assumes 512)
+
+    @staticmethod
+    def round_frames(num_frames: int, vae_temporal: int) -> int:
+        # WanPipeline / WanImageToVideoPipeline: num_frames // t * t + 1 ("Rounding to the nearest number").
+        return max(num_frames // vae_temporal * vae_temporal + 1, 1)
 
     def tiny(self):
         return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
@@ -337,7 +342,7 @@ class WanFamily(Family):
         latents = pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0]
         return self._with_first_frame(latents, state.context), dict(state.carry)
 
-    def decode(self, pipe, state, latents):
+    def decode_video(self, pipe, state, latents):
         import torch
 
         vae = pipe.vae
@@ -346,8 +351,7 @@ class WanFamily(Family):
         mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
         inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
         video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
-        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3] in [0, 1]
-        return to_uint8_frames(frames)
+        return video
 
     def reference_latents(self, pipe, request):
         """diffusers' own pipeline, called with its defaults, the request and the seed."""
