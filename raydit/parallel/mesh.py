@@ -194,6 +194,22 @@ def release_mesh(mesh: ParallelMesh | None) -> None:
         dist.destroy_process_group(group)
 
 
+def leave_default_group() -> None:
+    """Destroy this process's default process group, if any, so that it can join a new one.
+
+    torch names a process group by a per-process counter (`group_count`), and the name
+    prefixes every rendezvous key. The counter goes back to 0 only when a *formed* default
+    group is destroyed; a group whose rendezvous failed (a peer died mid-join) leaves it
+    raised with no group to destroy. That process's next group would then be "1" while a
+    fresh peer's is "0": each waits for keys the other never writes, and every retry makes
+    it worse. So the counter is reset here too (torch has no public call for it)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d._world.group_count = 0
+
+
 def check_layout(mesh: ParallelMesh, layout: SeqLayout) -> None:
     if layout.sp != mesh.sp:
         raise ValueError(

@@ -20,6 +20,10 @@ from raydit.runtime.errors import WorkerFailure, reported
 from raydit.runtime.failures import DEADLINE, LOST, Failure, classify, root_cause
 from raydit.runtime.worker import RankWorker
 
+# How long a rank's second thread may take to answer a ping before it counts as silent
+# (stopped, wedged or gone); generous, since a loaded host answers late.
+PING_S = 5.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -175,6 +179,8 @@ class WorkerPool:
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
         self.settle_s = 60.0
+        # A call past its deadline whose ranks all answer a ping gets this many more.
+        self.max_extensions = 5
 
     @classmethod
     def start(cls, size: int, *, placement=None, **kwargs) -> "WorkerPool":
@@ -310,17 +316,20 @@ class WorkerPool:
         members = self.active if members is None else members
         pending = list(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        extended = False
+        extensions = 0
         while pending:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
-            if not ready and not extended:
-                # Every rank still answers from its second thread: slow (a loaded machine),
-                # not stopped. One more deadline, said in the log, before calling it stuck.
-                extended = True
-                if not _silent([m for m, r in zip(members, refs) if r in pending], timeout_s=2.0):
+            if not ready and extensions < self.max_extensions:
+                # Every rank still answers from its second thread: slow (a loaded machine, a
+                # first call on fresh actors), not stopped; a rank waiting on a dead peer is
+                # freed by the collective's own timeout, which raises. Wait again, said in
+                # the log, up to max_extensions more deadlines before calling it stuck.
+                extensions += 1
+                if not _silent([m for m, r in zip(members, refs) if r in pending], timeout_s=PING_S):
                     logger.warning("raydit: %s is past its %.1f s deadline; every rank answers, waiting "
-                                   "%.1f s more before dropping the stuck ones", where, timeout_s, timeout_s)
+                                   "%.1f s more (%d of %d) before dropping the stuck ones",
+                                   where, timeout_s, timeout_s, extensions, self.max_extensions)
                     deadline = time.monotonic() + timeout_s
                     continue
             if not ready:
@@ -334,6 +343,14 @@ class WorkerPool:
                 lost, outcomes = self._settle(members, refs, settle_s=self.settle_s)
                 self._raise(root_cause(outcomes), lost, where)
         return ray.get(refs)
+
+    def lost_to_dead_nodes(self, failure: WorkerFailure) -> bool:
+        """True when every lost rank of `failure` was on a node Ray declares dead."""
+        lost_nodes = {m.node_id for m in failure.lost}
+        if not lost_nodes:
+            return False
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return not (lost_nodes & alive)
 
     def _raise(self, failure: Failure, lost: list, where: str) -> None:
         if failure.recoverable or lost:
@@ -353,7 +370,7 @@ class WorkerPool:
         instead of that peer waiting out the collective timeout. A member whose call ends
         in an actor error is dead; one still running after `settle_s` is stuck. Both are
         dropped (killed, reservation released). `probe` (a missed deadline): members that
-        do not answer a ping from their second thread within 2 s are stuck (stopped,
+        do not answer a ping from their second thread within PING_S are stuck (stopped,
         wedged) and dropped first, which breaks their peers' collectives. Nodes of the
         dead go into `suspect_nodes`: until Ray notices a node's death it still reports
         that node's devices as free."""
@@ -361,7 +378,7 @@ class WorkerPool:
         rank_of = {id(m): r for r, m in enumerate(members)}
         lost, suspect, outcomes = [], set(), []
         if probe:
-            silent = _silent(list(pending.values()), timeout_s=2.0)
+            silent = _silent(list(pending.values()), timeout_s=PING_S)
             silent_ids = {id(m) for m in silent}
             for ref, m in list(pending.items()):
                 if id(m) in silent_ids:
@@ -373,7 +390,15 @@ class WorkerPool:
         start = time.monotonic()
         deadline = start + settle_s
         aborted = False
+        said = False
         while pending and time.monotonic() < deadline:
+            if not said and time.monotonic() - start > 10.0:
+                # A node that died without closing its connections is declared dead only
+                # after Ray's health checks give up (about 30 s by default): say why we wait.
+                said = True
+                logger.warning("raydit: %s rank(s) have not answered since a peer failed; waiting up to "
+                               "%.0f s more (a lost node is declared dead by Ray's health checks)",
+                               len(pending), max(0.0, deadline - time.monotonic()))
             if not aborted and self.device == "cuda" and time.monotonic() - start > 2.0:
                 # NCCL survivors may hang rather than fail: abort their communicators
                 # from the actor's second thread.

@@ -15,7 +15,8 @@ depends on its class (raydit.runtime.failures):
   devices), re-forms the group on the survivors' warm actors and resumes from the last
   checkpoint, so the result equals an uninterrupted run. When nothing is left it hands
   the request back (`HandBack`) so the queue gives it to another replica. A request that
-  fails the same step twice, on fresh workers each time, is stopped;
+  fails the same step twice, on fresh workers each time, is stopped (a node's death does
+  not count: it is not the request's doing);
 - out of memory re-plans with more sequence parallelism where the devices allow.
 
 Every call has a deadline derived from the plan (`Deadlines`): the predicted, then the
@@ -197,7 +198,10 @@ class Controller:
 
     def on_plan(self, plan) -> None:
         if self.plan is not None and plan is not self.plan:
-            self.deadlines.forget("step")
+            # Every call's time changes with the plan (and fresh actors' first calls are
+            # slower): predict again rather than hold the new plan to the old times.
+            for what in ("prepare", "step", "decode"):
+                self.deadlines.forget(what)
         self.plan = plan
         self._on_plan(plan)
 
@@ -291,7 +295,10 @@ class Controller:
         lost = len(failure.lost)
         kind = failure.failure.kind if failure.failure is not None else "lost"
         self._event("failure", step=job.step_index, lost=lost, kind=kind, cause=str(failure))
-        if counts:
+        # A node's death is the cluster's doing, not the request's: it does not count
+        # toward the repeat rule (two node losses at one step are not a poisoned request).
+        node_died = getattr(self.group, "lost_to_dead_nodes", lambda f: False)(failure)
+        if counts and not node_died:
             job.failures_at_step += 1
             if job.failures_at_step >= 2:
                 reason = (f"the request failed at step {job.step_index} twice, on fresh workers each "
@@ -325,6 +332,7 @@ class Controller:
                     self._event("growth_failed", step=job.step_index, reason=str(exc))
                     use_free = False
         self.on_plan(plan)
+        self.deadlines.forget("prepare")  # the re-prepare runs on a re-formed group
         job.prepared = False  # the next tick re-prepares from job.checkpoint
         seconds = time.perf_counter() - t_fail
         job.timings.setdefault("recovery_seconds", []).append(seconds)

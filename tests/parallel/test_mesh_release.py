@@ -41,3 +41,57 @@ def test_without_release_threads_pile_up():
     """The check above can fail: building without releasing grows by threads per group."""
     for before, after in run_distributed(_build_many, 2, False, timeout=300):
         assert after - before >= 30, (before, after)
+
+
+
+def _rejoin_after_a_failed_join(rank: int, world: int) -> tuple[str, float]:
+    """Rank 1 fails to join a group whose peer never comes (a peer that died mid-join). Then
+    both ranks join a fresh group together, as a regroup does: first without resetting
+    torch's group counter (which the failed join left raised), then with it."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from raydit.parallel.mesh import leave_default_group
+
+    def store(port=0, master=True, seconds=20):
+        return dist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False,
+                             timeout=timedelta(seconds=seconds))
+
+    stores = [store() if rank == 0 else None for _ in range(2)]  # the next groups', on rank 0
+    ports = [s.port if s is not None else None for s in stores]
+    dist.broadcast_object_list(ports, src=0)
+    leave_default_group()
+    if rank == 1:
+        try:
+            dist.init_process_group("gloo", store=store(seconds=2), rank=0, world_size=2,
+                                    timeout=timedelta(seconds=2))
+        except Exception:  # noqa: BLE001 - the expected rendezvous timeout
+            pass
+        else:
+            raise AssertionError("a join without its peer formed a group")
+
+    def join(attempt):
+        mine = stores[attempt] if rank == 0 else store(ports[attempt], master=False)
+        dist.init_process_group("gloo", store=mine, rank=rank, world_size=2, timeout=timedelta(seconds=5))
+
+    try:
+        join(0)
+        first = "joined"
+    except Exception as exc:  # noqa: BLE001 - named groups "0" and "1": each waits for the other
+        first = type(exc).__name__ + ": " + str(exc)[:80]
+    leave_default_group()  # what RankWorker.join_group does first
+    join(1)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    return first, total.item()
+
+
+def test_a_rank_whose_join_failed_joins_the_next_group_after_the_reset():
+    """Without the reset the join after a failed one times out on both ranks (this shows the
+    check can fail); after leave_default_group the same two ranks form a group."""
+    results = run_distributed(_rejoin_after_a_failed_join, 2, timeout=120)
+    for first, total in results:
+        assert "timeout" in first.lower(), first
+        assert total == 3.0

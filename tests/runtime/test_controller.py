@@ -258,6 +258,38 @@ def test_the_same_step_failing_twice_on_fresh_workers_is_stopped_with_that_said(
     assert [e["event"] for e in ctrl.events] == ["failure", "regrouped", "failure", "gave_up"]
 
 
+def test_node_deaths_at_the_same_step_do_not_count_toward_the_repeat_rule():
+    """Two node losses at one step are the cluster's doing: the request goes on (the real
+    pool answers lost_to_dead_nodes from Ray's node table)."""
+    group = DummyGroup(4, free=0)
+    group.fail_at = {("step", 1): 1}
+    group.lost_to_dead_nodes = lambda failure: True
+    ctrl = Controller(group, replan_for)
+    job = Job(Req(3))
+    real_form = group.form
+    refails = [1]
+
+    def form_then_fail_again(plan, timeout_s):
+        real_form(plan, timeout_s)
+        if refails:
+            group.fail_at[("step", 1)] = refails.pop()
+
+    group.form = form_then_fail_again
+    run_ticks(ctrl, job)
+    assert job.done and job.frames == ("frames", (0, 1, 2))
+    assert [e["event"] for e in ctrl.events] == ["failure", "regrouped", "failure", "regrouped"]
+
+
+def test_a_regroup_forgets_the_measured_call_times():
+    """After a regroup the first prepare runs on a re-formed group (maybe fresh actors): it
+    gets the first-call deadline again, not 4 x the last quick prepare."""
+    group = DummyGroup(4, free=0, fail_at={("step", 1): 1})
+    ctrl = Controller(group, replan_for, plan=replan_for(4), deadlines=Deadlines(floor_s=5.0, first_s=60.0))
+    run_ticks(ctrl, Job(Req(3)))
+    prepares = [t for what, t in group.timeouts if what == "prepare"]
+    assert prepares == [60.0, 60.0], group.timeouts
+
+
 def test_failures_at_different_steps_are_all_recovered():
     group = DummyGroup(4, free=0, fail_at={("step", 1): 1, ("step", 2): 1})
     ctrl = Controller(group, replan_for)
