@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -24,6 +25,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guidance-scale", dest="guidance_scale", type=float)
     p.add_argument("--guidance-scale-2", dest="guidance_scale_2", type=float,
                    help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)")
+    p.add_argument("--true-cfg-scale", dest="true_cfg_scale", type=float, metavar="S",
+                   help="true classifier-free guidance where guidance is embedded in the model (HunyuanVideo): "
+                        "> 1 with --negative-prompt runs the cond/uncond pair (default 1: off)")
     p.add_argument("--image", help="image (PNG, JPEG ...) conditioning an image-to-video model")
     p.add_argument("--seed", type=int)
     p.add_argument("--cache", metavar="METHOD",
@@ -59,7 +63,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 # What defines the request: with --resume it comes from the saved run, not the command line.
 REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
-                   "guidance_scale_2", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
+                   "guidance_scale_2", "true_cfg_scale", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
                    "fuse_lora")
 JOB_FILE = "job.json"
 
@@ -104,6 +108,9 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.models.cache import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
+    true_cfg = opts.get("true_cfg_scale")
+    if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
+        raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
     opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
@@ -163,6 +170,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from raydit.runtime.engine import check_steps
 
         check_steps(str(resolve_model_dir(o["model"])), o["steps"])
+        if o.get("frames") is not None:  # a count the VAE cannot take: rounded as diffusers does, said once
+            from raydit import model_spec
+            from raydit.runtime.engine import round_frames
+
+            model_dir = str(resolve_model_dir(o["model"]))
+            o["frames"] = round_frames(model_dir, model_spec(model_dir).vae_temporal, o["frames"])
     if image is not None and not image_model:
         raise ValueError(f"--image {o['image']!r}: model {o['model']!r} is text-to-video and takes no image; "
                          "drop --image or use an image-to-video checkpoint")
@@ -199,6 +212,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             num_inference_steps=o["steps"],
             guidance_scale=o["guidance_scale"],
             guidance_scale_2=o.get("guidance_scale_2"),
+            true_cfg_scale=1.0 if o.get("true_cfg_scale") is None else o["true_cfg_scale"],
             seed=o["seed"],
             progress=not o["json"],
             image=image,

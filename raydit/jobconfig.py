@@ -22,6 +22,7 @@ GENERATE_OPTIONS: dict[str, type] = {
     "steps": int,
     "guidance_scale": float,
     "guidance_scale_2": float,
+    "true_cfg_scale": float,  # HunyuanVideo's true classifier-free guidance
     "image": str,
     "seed": int,
     "cache": str,  # step caching: fbcache or teacache

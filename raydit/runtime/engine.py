@@ -12,6 +12,7 @@ round trip per step, measured by bench/ against a torch.multiprocessing launch.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -124,6 +125,7 @@ class Engine:
         self.model_dir = str(resolve_model_dir(model))
         self.takes_image = takes_image(self.model_dir)
         self.spec = model_spec(self.model_dir)
+        frames = round_frames(self.model_dir, self.spec.vae_temporal, frames)
         self.spec.geometry(frames, height, width)
         self._geometry = (frames, height, width)
         # Step caching for every request (off by default): checked before Ray starts.
@@ -412,6 +414,7 @@ class Engine:
             )
         if image is None and self.takes_image:
             raise ValueError(f"model {self.model!r} is an image-to-video pipeline; give image=PIL.Image or a path")
+        num_frames = round_frames(self.model_dir, self.spec.vae_temporal, num_frames)
         request = GenerationRequest(
             prompt=prompt,
             negative_prompt=negative_prompt or "",
@@ -749,6 +752,25 @@ def check_steps(limit: int | str | None, steps: int) -> None:
             f"num_inference_steps {steps} is more than the {limit} timesteps the model's scheduler "
             f"was trained with; use {limit} steps or fewer"
         )
+
+
+def round_frames(model_dir: str, vae_temporal: int, frames):
+    """A frame count the VAE cannot take as it is ((frames - 1) not a multiple of its temporal
+    factor) -> the count the model's diffusers pipeline runs instead (its family's rule, e.g.
+    Wan rounds 12 to 13, CogVideoX 10 to 9), said in one logged line; others unchanged."""
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1 or (frames - 1) % vae_temporal == 0:
+        return frames
+    from pathlib import Path
+
+    from raydit.models.loading import _pipeline_class
+    from raydit.models.registry import family_for_class
+
+    pipeline = _pipeline_class(Path(model_dir))
+    rounded = family_for_class(pipeline).round_frames(frames, vae_temporal)
+    logging.getLogger("raydit").warning(
+        "raydit: frames %d -> %d: the VAE takes %d k + 1 frames; rounded as diffusers' %s does",
+        frames, rounded, vae_temporal, pipeline)
+    return rounded
 
 
 def _num_train_timesteps(model_dir: str) -> int | None:

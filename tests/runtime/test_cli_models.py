@@ -1,0 +1,121 @@
+"""Request options and the newer families from the command line (issue 18).
+
+- `--true-cfg-scale`: a bad value is one line, status 2, before Ray starts; a family whose
+  guidance is not embedded refuses true_cfg_scale in one line.
+- Frame counts the VAE cannot take as they are: rounded as each family's diffusers pipeline
+  rounds them (proved against diffusers: the pipeline's own latents for the odd count equal
+  those for the rounded count) and said in one logged line.
+- `raydit generate --model tiny-hunyuan | tiny-ltx | tiny-wan` writes a real mp4; the
+  HunyuanVideo run uses true CFG on 2 ranks and its latents equal one process's
+  (rtol 1e-4, atol 1e-4, float32, as tests/runtime/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from raydit.models.family import GenerationRequest
+from raydit.models.loading import load_pipeline, resolve_model_dir
+
+
+def raydit(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "raydit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", "--true-cfg-scale -1.0 must be a finite number >= 0"),
+    ("nan", "--true-cfg-scale nan must be a finite number >= 0"),
+    ("lots", "--true-cfg-scale: invalid float value: 'lots'"),
+])
+def test_bad_true_cfg_scale_is_one_line_and_status_2(value, message, capsys):
+    from raydit.cli import main
+
+    assert main(["generate", "--prompt", "a fox", "--device", "cpu", "--true-cfg-scale", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_true_cfg_scale_on_a_family_without_embedded_guidance_is_refused():
+    from raydit.models.runner import Runner
+
+    runner = Runner(load_pipeline("tiny"))
+    with pytest.raises(ValueError, match="true_cfg_scale 4 is for pipelines whose guidance is embedded") as info:
+        runner.prepare(GenerationRequest(prompt="x", negative_prompt="blur", num_frames=5, height=32, width=32,
+                                         num_inference_steps=1, true_cfg_scale=4.0))
+    assert "\n" not in str(info.value)
+
+
+# model, an odd frame count, what diffusers' pipeline runs instead, height, width
+ROUNDING = [
+    ("tiny", 10, 9, 32, 32),  # CogVideoX: (n - 1) // 4 + 1 latent frames
+    ("tiny-wan", 12, 13, 32, 32),  # Wan: n // 4 * 4 + 1
+    ("tiny-hunyuan", 7, 5, 32, 32),  # HunyuanVideo: (n - 1) // 4 + 1
+    ("tiny-ltx", 12, 9, 32, 32),  # LTX: (n - 1) // 8 + 1
+]
+
+
+@pytest.mark.parametrize("model, frames, rounded, height, width", ROUNDING)
+def test_odd_frame_counts_are_rounded_as_diffusers_does(model, frames, rounded, height, width, caplog):
+    from raydit.models.registry import family_for_pipeline
+    from raydit.planner import model_spec
+    from raydit.runtime.engine import round_frames
+
+    model_dir = str(resolve_model_dir(model))
+    t = model_spec(model_dir).vae_temporal
+    with caplog.at_level(logging.WARNING, logger="raydit"):
+        assert round_frames(model_dir, t, frames) == rounded
+    said = [r.getMessage() for r in caplog.records if r.name == "raydit"]
+    assert len(said) == 1 and f"frames {frames} -> {rounded}" in said[0], said
+    caplog.clear()
+    assert round_frames(model_dir, t, rounded) == rounded and not caplog.records  # valid: unchanged, silent
+    # diffusers' own pipeline, given the odd count, computes exactly what it computes for the rounded one.
+    pipe = load_pipeline(model)
+    family = family_for_pipeline(pipe)
+    request = dict(prompt="a kite", num_frames=frames, height=height, width=width, num_inference_steps=2, seed=3)
+    odd = family.reference_latents(pipe, GenerationRequest(**request))
+    same = family.reference_latents(pipe, GenerationRequest(**{**request, "num_frames": rounded}))
+    assert torch.equal(odd, same)
+
+
+@pytest.fixture(scope="module")
+def address(ray_local):
+    return ray_local.get_runtime_context().gcs_address
+
+
+def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
+    from raydit.models.conformance import run_steps
+    from raydit.models.runner import Runner
+    from raydit.runtime.video import read_mp4
+
+    runs = {
+        # true CFG on 2 ranks; 7 frames are rounded to 5 (said on stderr)
+        "tiny-hunyuan": ["--workers", "2", "--frames", "7", "--height", "32", "--width", "32",
+                         "--negative-prompt", "blur", "--true-cfg-scale", "4"],
+        "tiny-ltx": ["--workers", "1", "--frames", "9", "--height", "32", "--width", "32"],
+        "tiny-wan": ["--workers", "1", "--frames", "5", "--height", "32", "--width", "32"],
+    }
+    for model, extra in runs.items():
+        out, latents = tmp_path / f"{model}.mp4", tmp_path / f"{model}.npy"
+        res = raydit("generate", "--model", model, "--prompt", "a kite over the sea", "--steps", "2", "--seed", "3",
+                     "--device", "cpu", "--address", address, "--json", "--out", str(out),
+                     "--save-latents", str(latents), *extra, cwd=tmp_path)
+        assert res.returncode == 0, f"{model}: {res.stderr[-2000:]}"
+        summary = json.loads(res.stdout.strip().splitlines()[-1])
+        frames = read_mp4(str(out))
+        assert frames.shape[0] == summary["frames"][0] and frames.shape[1:3] == (32, 32), (model, frames.shape)
+        assert np.isfinite(np.load(latents)).all()
+        if model == "tiny-hunyuan":
+            assert summary["plan"]["world_size"] == 2 and summary["frames"][0] == 5
+            assert "frames 7 -> 5" in res.stderr and "HunyuanVideoPipeline" in res.stderr
+            request = GenerationRequest(prompt="a kite over the sea", negative_prompt="blur", num_frames=5,
+                                        height=32, width=32, num_inference_steps=2, seed=3, true_cfg_scale=4.0)
+            expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
