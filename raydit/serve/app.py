@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raydit.serve.auth import TOKEN_ENV, bearer_ok, token_digest
 from raydit.serve.page import PAGE_HTML
-from raydit.serve.schema import Limits, RequestError, parse_body, resolve, scheduler_step_limit
+from raydit.serve.schema import Limits, RequestError, lora_error, parse_body, resolve, scheduler_step_limit
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 app = FastAPI(title="raydit", summary="Video generation on Ray, OpenAI Videos API", docs_url="/docs",
@@ -175,7 +175,10 @@ class VideoAPI:
             replicas=options.get("replicas", 1), frames=options.get("frames"),
             height=options.get("height"), width=options.get("width"),
             cache=options.get("cache"), cache_threshold=options.get("cache_threshold"),
+            loras=options.get("lora_table"),
+            fuse_lora=options.get("lora_choice") if options.get("fuse_lora") else None,
         )
+        self.lora_dir = options.get("lora_dir")
         spec = self.engine.spec
         max_steps, steps_by = options["max_steps"], "--max-steps"
         trained = scheduler_step_limit(self.engine.model_dir)
@@ -234,7 +237,7 @@ class VideoAPI:
         self._auth(request)
         data, image = await _read_body(request)
         body = parse_body(data)
-        params = resolve(body, self.limits, self.engine.spec)
+        params = resolve(body, self.limits, self.engine.spec, loras=self.engine.loras(), fused=self.engine.fused_lora)
         job = self.service.create(params, image_png=image)
         return job.to_object()
 
@@ -277,6 +280,58 @@ class VideoAPI:
         if not self.service.delete(video_id):
             raise RequestError(f"no video with id {video_id!r}", param="video_id", status=404, code="not_found")
         return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+    # -- /v1/loras: LoRA adapters on every rank ----------------------------------------------
+
+    def _lora_object(self, name: str, path: str) -> dict:
+        """A LoRA as the API shows it: its path relative to --lora-dir (None when it was loaded
+        from elsewhere at start: the server's own paths are not shown)."""
+        from pathlib import Path
+
+        shown = None
+        if self.lora_dir and Path(path).resolve().is_relative_to(Path(self.lora_dir).resolve()):
+            shown = str(Path(path).resolve().relative_to(Path(self.lora_dir).resolve()))
+        fused = self.engine.fused_lora or {}
+        return {"object": "lora", "name": name, "path": shown, "fused_scale": fused.get(name)}
+
+    @app.post("/v1/loras")
+    async def load_lora(self, request: Request):
+        """Load a LoRA on every rank of every replica; waits for the requests running now."""
+        from starlette.concurrency import run_in_threadpool
+
+        from raydit.serve.schema import LoraCreate, lora_path
+
+        self._auth(request)
+        data, image = await _read_body(request)
+        if image is not None:
+            raise RequestError("input_reference: not a field of a LoRA", param="input_reference")
+        body = parse_body(data, LoraCreate)
+        file = lora_path(self.lora_dir, body.path)
+        try:
+            name = await run_in_threadpool(self.engine.load_lora, str(file), body.name, body.target)
+        except ValueError as exc:
+            raise lora_error(exc, self.lora_dir) from None
+        return self._lora_object(name, str(file))
+
+    @app.get("/v1/loras")
+    async def list_loras(self, request: Request):
+        self._auth(request)
+        data = [self._lora_object(n, p) for n, p in sorted(self.engine.loras().items())]
+        return {"object": "list", "data": data, "has_more": False}
+
+    @app.delete("/v1/loras/{name}")
+    async def unload_lora(self, request: Request, name: str):
+        from starlette.concurrency import run_in_threadpool
+
+        self._auth(request)
+        if name not in self.engine.loras():
+            raise RequestError(f"no LoRA named {name!r}; loaded: {', '.join(sorted(self.engine.loras())) or 'none'}",
+                               param="name", status=404, code="not_found")
+        try:
+            await run_in_threadpool(self.engine.unload_lora, name)
+        except ValueError as exc:
+            raise lora_error(exc, self.lora_dir) from None
+        return {"name": name, "object": "lora.deleted", "deleted": True}
 
     # -- Serve hooks -------------------------------------------------------------------------
 

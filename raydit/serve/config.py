@@ -35,6 +35,10 @@ SERVE_OPTIONS: dict[str, type] = {
     "fps": int,
     "cache": str,  # step caching for every request: fbcache or teacache (raydit.models.cache)
     "cache_threshold": float,
+    "lora_dir": str,  # POST /v1/loras loads only from under this directory (unset: no HTTP loading)
+    "lora": list,  # LoRAs loaded at start (paths, as --lora repeated)
+    "lora_scale": list,  # their scales (as --lora-scale repeated; used with fuse_lora)
+    "fuse_lora": bool,  # merge the one --lora into the weights (diffusers' fuse_lora)
 }
 
 SERVE_DEFAULTS: dict = {
@@ -83,6 +87,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", metavar="METHOD", help="step caching for every request: fbcache or teacache (default off)")
     p.add_argument("--cache-threshold", dest="cache_threshold", type=float, metavar="X",
                    help="relative change below which a step is served from the cache (default per method)")
+    p.add_argument("--lora-dir", dest="lora_dir", metavar="DIR",
+                   help="POST /v1/loras loads LoRAs from under this directory only (default: no loading over HTTP)")
+    p.add_argument("--lora", action="append", metavar="PATH",
+                   help="a LoRA loaded on every rank at start (requests name it in `lora`); repeatable")
+    p.add_argument("--lora-scale", dest="lora_scale", action="append", metavar="S",
+                   help="scale of each --lora, in the same order (default 1.0; what --fuse-lora fuses at)")
+    p.add_argument("--fuse-lora", dest="fuse_lora", action="store_true", default=None,
+                   help="merge the one --lora into the weights (no per-step cost); every video then uses it "
+                        "and the LoRA routes cannot change it")
 
 
 def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
@@ -129,6 +142,24 @@ def check_serve_options(opts: dict) -> None:
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
     if not opts.get("host"):
         raise ValueError("--host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)")
+    check_lora_options(opts)
+
+
+def check_lora_options(opts: dict) -> None:
+    """--lora-dir must be a directory (kept as an absolute path: the serving replica's working
+    directory is not ours); --lora / --lora-scale as for `raydit generate`, resolved to
+    absolute files in `opts["lora_table"]` / `opts["lora_choice"]`; --fuse-lora needs one --lora."""
+    from raydit.commands import _lora_options
+
+    if opts.get("lora_dir") is not None:
+        path = os.path.abspath(os.path.expanduser(str(opts["lora_dir"])))
+        if not os.path.isdir(path):
+            raise ValueError(f"--lora-dir {opts['lora_dir']!r} is not a directory; create it and put LoRAs there")
+        opts["lora_dir"] = path
+    opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
+    if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
+        raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} --lora "
+                         "are given; give exactly one --lora, or drop --fuse-lora")
 
 
 def token_file_path(opts: dict) -> str | None:

@@ -26,8 +26,14 @@ def check_before_start(opts: dict):
     from raydit.models.loading import resolve_model_dir
     from raydit.planner import model_spec
 
-    spec = model_spec(str(resolve_model_dir(opts["model"])))
+    model_dir = str(resolve_model_dir(opts["model"]))
+    spec = model_spec(model_dir)
     spec.geometry(opts.get("frames"), opts.get("height"), opts.get("width"))
+    if opts.get("lora_table"):  # a LoRA for another model is refused here, before Ray starts
+        from raydit.models.lora import LoraSpec, check_for_model
+
+        for name, entry in opts["lora_table"].items():
+            check_for_model(model_dir, LoraSpec(name, entry["path"], entry.get("target", "transformer")))
     return spec
 
 

@@ -9,6 +9,7 @@ it refuses, an unknown field, and a value beyond the server's limits all become 
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # raydit's own fields, sent by the openai client through `extra_body`.
-RAYDIT_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt", "seed", "num_frames")
+RAYDIT_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt", "seed", "num_frames", "lora")
 
 
 class RequestError(ValueError):
@@ -51,6 +52,19 @@ class VideoCreate(BaseModel):
     # null, "none" or "off": every step computed.
     cache: str | None = None
     cache_threshold: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # None: the base model (on a --fuse-lora server: its LoRA); a name (scale 1.0) or {name: scale};
+    # in a form, the name or that object as JSON text.
+    lora: str | dict[str, Any] | None = None
+
+
+class LoraCreate(BaseModel):
+    """POST /v1/loras: a LoRA under the server's --lora-dir, loaded on every rank."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096, description="relative to the server's --lora-dir")
+    name: str | None = None  # default: the directory's (or file's) name
+    target: str = "transformer"  # Wan 2.2 A14B: "transformer_2" or "both"
 
 
 @dataclass(frozen=True)
@@ -69,18 +83,20 @@ class Limits:
     steps_limited_by: str = "--max-steps"
 
 
-def parse_body(data: dict[str, Any]) -> VideoCreate:
-    """Validate a body (form fields or JSON). Every refused field is named in the message;
-    `param` is the first of them."""
+def parse_body(data: dict[str, Any], model: type[BaseModel] = VideoCreate) -> Any:
+    """Validate a body (form fields or JSON) as `model`. Every refused field is named in the
+    message; `param` is the first of them."""
     try:
-        return VideoCreate.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         parts, first = [], None
         for err in exc.errors():
-            field = ".".join(str(x) for x in err.get("loc", ())) or "body"
+            loc = err.get("loc", ())
+            # str | dict | None fields report the member type tried ("lora.str"): name the field.
+            field = str(loc[0]) if loc else "body"
             first = first or field
             if err.get("type") == "extra_forbidden":
-                known = ", ".join(VideoCreate.model_fields) + ", input_reference"
+                known = ", ".join(model.model_fields) + (", input_reference" if model is VideoCreate else "")
                 parts.append(f"{field}: unknown field; known fields: {known}")
             else:
                 parts.append(f"{field}: {err.get('msg')} (got {err.get('input')!r})")
@@ -110,9 +126,10 @@ def format_seconds(frames: int, fps: int) -> str:
     return f"{frames / fps:g}"
 
 
-def resolve(body: VideoCreate, limits: Limits, spec) -> dict:
-    """The generation parameters of a valid body, checked against `limits` and the model's
-    geometry rules (`spec.geometry`, the planner's). Raises RequestError naming the field."""
+def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | None = None) -> dict:
+    """The generation parameters of a valid body, checked against `limits`, the model's
+    geometry rules (`spec.geometry`, the planner's) and the LoRAs the server holds (`loras`:
+    names; `fused`: a --fuse-lora server's {name: scale}). Raises RequestError naming the field."""
     if body.model is not None and body.model != limits.model:
         raise RequestError(
             f"model {body.model!r} is not served here; this server runs {limits.model!r}", param="model"
@@ -163,7 +180,78 @@ def resolve(body: VideoCreate, limits: Limits, spec) -> dict:
         # No seed: a fresh one, reported back in the video object (same prompt, new video).
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
         **cache_choice(body),
+        "lora": lora_choice(body.lora, loras, fused),
     }
+
+
+def lora_choice(value, loaded, fused: dict | None = None) -> dict[str, float] | None:
+    """The `lora` field of POST /v1/videos -> {name: scale} (None: the base model), checked
+    against the LoRAs the server holds (`loaded`: names) and its fused one (`fused`:
+    {name: scale} or None, on a --fuse-lora server: then every request runs with exactly that).
+    A form sends text: a name, or the object as JSON. RequestError (param "lora") otherwise."""
+    import json
+
+    from raydit.models.lora import normalize_choice
+
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise RequestError(f"lora: {value!r} is not valid JSON; give a name or {{\"name\": scale}}",
+                               param="lora") from None
+    if isinstance(value, str) and not value.strip():
+        value = None
+    try:
+        choice = dict(normalize_choice(value))
+    except ValueError as exc:
+        raise RequestError(f"lora: {exc}", param="lora") from None
+    if fused:
+        if choice and choice != fused:
+            (name, scale), = fused.items()
+            raise RequestError(
+                f"lora: this server serves LoRA {name!r} fused into its weights at scale {scale:g} "
+                f"(--fuse-lora), so every video uses it; leave lora out (or give {{\"{name}\": {scale:g}}})",
+                param="lora",
+            )
+        return dict(fused)
+    for name in choice:
+        if name not in loaded:
+            raise RequestError(
+                f"lora: {name!r} is not loaded; loaded: {', '.join(sorted(loaded)) or 'none'} "
+                "(load it with POST /v1/loras)", param="lora",
+            )
+    return choice or None
+
+
+def lora_path(lora_dir: str | None, path: str):
+    """`path` of POST /v1/loras, relative to the server's --lora-dir -> the LoRA's .safetensors
+    file. Refused (RequestError, param "path") when no --lora-dir was given, when the path is
+    absolute, or when it or the file it selects resolves outside --lora-dir (`..`, symlinks)."""
+    from pathlib import Path
+
+    from raydit.models.lora import lora_file
+
+    if not lora_dir:
+        raise RequestError("this server loads no LoRAs over HTTP: start raydit serve with --lora-dir DIR",
+                           param="path", status=403, code="loras_disabled")
+    root = Path(lora_dir).resolve()
+    given = Path(path)
+    if given.is_absolute() or "\x00" in path:
+        raise RequestError(f"path {path!r} must be relative to the server's --lora-dir", param="path")
+    inside = (root / given).resolve()  # follows every symlink on the way
+    if not inside.is_relative_to(root):
+        raise RequestError(f"path {path!r} leads outside the server's --lora-dir (.. or a symlink); "
+                           "give a path inside it", param="path")
+    try:
+        file = lora_file(inside)
+    except ValueError as exc:
+        raise RequestError(f"path {path!r}: {str(exc).replace(str(inside), path)}", param="path",
+                           status=404 if not inside.exists() else 400,
+                           code="not_found" if not inside.exists() else "invalid_value") from None
+    if not file.resolve().is_relative_to(root):
+        raise RequestError(f"path {path!r}: its .safetensors file is a symlink leading outside the server's "
+                           "--lora-dir; give a path inside it", param="path")
+    return file
 
 
 def cache_choice(body: VideoCreate) -> dict:
@@ -181,6 +269,23 @@ def cache_choice(body: VideoCreate) -> dict:
             param = "cache_threshold" if str(exc).startswith("cache_threshold") else "cache"
             raise RequestError(f"{param}: {exc}", param=param) from None
     return given
+
+
+def lora_error(exc: ValueError, lora_dir: str | None) -> RequestError:
+    """The engine's one-line refusal of a LoRA (checked before anything is loaded, so the
+    engine keeps the adapters it had) as a 4xx naming the field it is about."""
+    message = str(exc)
+    if "fused into this engine" in message:
+        return RequestError(message, param="name", status=409, code="lora_fused")
+    if "already loaded" in message:
+        return RequestError(message, param="name", status=409, code="conflict")
+    if message.startswith("LoRA name"):
+        return RequestError(message, param="name")
+    if message.startswith("LoRA target"):
+        return RequestError(message, param="target")
+    if lora_dir:  # the file: not a LoRA, another model's, unreadable; the server's paths not shown
+        message = message.replace(os.path.realpath(lora_dir), "<lora-dir>")
+    return RequestError(message, param="path")
 
 
 def scheduler_step_limit(model_dir: str) -> int | None:

@@ -68,6 +68,7 @@ class VideoJob:
                 "guidance_scale": self.params["guidance_scale"],
                 "negative_prompt": self.params["negative_prompt"],
                 "seed": self.params["seed"],
+                "lora": self.params.get("lora"),
                 "fps": self.fps,
                 **self.info,
             },

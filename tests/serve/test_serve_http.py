@@ -46,6 +46,8 @@ class Server:
         self.root = root
         self.out = root / "videos"
         self.token_file = root / "secrets" / "api_token"
+        self.lora_dir = root / "loras"
+        self.lora_dir.mkdir(exist_ok=True)
         self.port = _free_port()
         self.proc: subprocess.Popen | None = None
         self.children: dict[int, float] = {}  # pid -> creation time (a reused pid is not ours)
@@ -67,7 +69,8 @@ class Server:
         argv = [sys.executable, "-m", "raydit.cli", "serve", "--model", "tiny", "--workers", "2",
                 "--device", "cpu", "--port", str(self.port), "--output-dir", str(self.out),
                 "--token-file", str(self.token_file), "--max-queue", "7", "--frames", "17",
-                "--height", str(SIZE), "--width", str(SIZE), "--default-steps", "2", "--max-steps", "5000"]
+                "--height", str(SIZE), "--width", str(SIZE), "--default-steps", "2", "--max-steps", "5000",
+                "--lora-dir", str(self.lora_dir)]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root)
         deadline = time.time() + START_TIMEOUT_S
@@ -240,7 +243,8 @@ def test_eight_concurrent_requests_with_the_openai_client(server, tmp_path):
 def test_every_v1_route_needs_the_token(server):
     some = "video_" + "0" * 24
     routes = [("POST", "/v1/videos"), ("GET", "/v1/videos"), ("GET", f"/v1/videos/{some}"),
-              ("GET", f"/v1/videos/{some}/content"), ("DELETE", f"/v1/videos/{some}")]
+              ("GET", f"/v1/videos/{some}/content"), ("DELETE", f"/v1/videos/{some}"),
+              ("POST", "/v1/loras"), ("GET", "/v1/loras"), ("DELETE", "/v1/loras/style")]
     for token in (None, "wrong-token-0123456789"):
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         for method, path in routes:
@@ -306,6 +310,62 @@ def test_example_client_script(server, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "wrote" in out.stdout and "seed 3" in out.stdout, out.stdout
     assert _frames_of((tmp_path / "boat.mp4").read_bytes(), tmp_path, "check").shape == (9, SIZE, SIZE, 3)
+
+
+def test_lora_load_list_video_delete_and_bad_paths(server, tmp_path):
+    """POST /v1/loras loads a LoRA from under --lora-dir on every rank; a video naming it differs
+    from the same seed without it; DELETE unloads it, after which naming it is a 400; a path
+    outside --lora-dir (.., a symlink) or a file that is not a LoRA is a 4xx naming the field,
+    and the server keeps the adapters it had."""
+    from raydit.models import lora
+    from raydit.models.loading import load_pipeline
+
+    lora.write_random_lora(load_pipeline("tiny"), server.lora_dir / "style", seed=31)
+    (server.lora_dir / "broken.safetensors").write_bytes(b"not a safetensors file")
+    (tmp_path / "outside").mkdir()
+    (server.lora_dir / "escape").symlink_to(tmp_path / "outside", target_is_directory=True)
+
+    r = server.http("POST", "/v1/loras", json={"path": "style"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"object": "lora", "name": "style", "path": "style/pytorch_lora_weights.safetensors",
+                        "fused_scale": None}
+    assert [x["name"] for x in server.http("GET", "/v1/loras").json()["data"]] == ["style"]
+
+    client = server.client()
+    common = dict(prompt="a lantern", extra_body={"num_inference_steps": 2, "num_frames": 9, "seed": 11})
+    with_lora = client.videos.create(**{**common, "extra_body": {**common["extra_body"], "lora": '{"style": 1.5}'}})
+    base = client.videos.create(**common)
+    with_lora, base = (client.videos.poll(v.id, poll_interval_ms=100) for v in (with_lora, base))
+    assert with_lora.status == base.status == "completed", (with_lora.error, base.error)
+    assert with_lora.model_extra["raydit"]["lora"] == {"style": 1.5} and base.model_extra["raydit"]["lora"] is None
+    frames = [_frames_of(client.videos.download_content(v.id).read(), tmp_path, v.id).astype(int)
+              for v in (with_lora, base)]
+    assert abs(frames[0] - frames[1]).max() > 8, "the LoRA changed nothing"
+
+    for body, status, param, needle in [
+        ({"path": "../outside"}, 400, "path", "leads outside"),
+        ({"path": "escape"}, 400, "path", "leads outside"),
+        ({"path": "broken.safetensors"}, 400, "path", "not a readable safetensors file"),
+        ({"path": "nope"}, 404, "path", "does not exist"),
+        ({"path": "style"}, 409, "name", "already loaded"),
+        ({"path": "style", "name": "../x"}, 400, "name", "is not valid"),
+    ]:
+        r = server.http("POST", "/v1/loras", json=body)
+        assert r.status_code == status, (body, r.text)
+        error = r.json()["error"]
+        assert error["param"] == param and needle in error["message"], (body, error)
+        assert str(server.root) not in error["message"], error
+    assert [x["name"] for x in server.http("GET", "/v1/loras").json()["data"]] == ["style"]
+
+    r = server.http("POST", "/v1/videos", json={"prompt": "x", "lora": {"style": -1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora", r.text
+    assert server.http("DELETE", "/v1/loras/style").json() == {"name": "style", "object": "lora.deleted",
+                                                                "deleted": True}
+    assert server.http("GET", "/v1/loras").json()["data"] == []
+    r = server.http("POST", "/v1/videos", json={"prompt": "x", "lora": "style"})
+    assert r.status_code == 400 and "not loaded" in r.json()["error"]["message"], r.text
+    r = server.http("DELETE", "/v1/loras/style")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "name", r.text
 
 
 # -- queue limit, cancel ------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def test_form_strings_and_json_values_parse_alike():
     assert form == as_json
     params = resolve(form, LIMITS, TINY)
     assert params == {"prompt": "a fox", "negative_prompt": "", "num_frames": 9, "height": 16, "width": 32,
-                      "num_inference_steps": 3, "guidance_scale": 5.5, "seed": 7}
+                      "num_inference_steps": 3, "guidance_scale": 5.5, "seed": 7, "lora": None}
 
 
 def test_defaults_come_from_the_limits():
@@ -210,3 +210,137 @@ def test_store_round_trip_and_a_missing_mp4(tmp_path):
     assert obj["object"] == "video" and obj["size"] == "32x32" and obj["seconds"] == "1.125"
     store.delete(done.id)
     assert not store.video_path(done.id).exists()
+
+
+# -- LoRAs: the `lora` field, POST /v1/loras paths, serve options --------------------------------
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, None), ("", None), ("style", {"style": 1.0}), ('{"style": "0.5", "detail": 2}', {"style": 0.5, "detail": 2.0}),
+    ({"style": 0.25}, {"style": 0.25}), ({}, None),
+])
+def test_lora_field_parses_from_forms_and_json(value, expected):
+    body = parse_body({"prompt": "x", "lora": value} if value is not None else {"prompt": "x"})
+    assert resolve(body, LIMITS, TINY, loras={"style": "/a", "detail": "/b"})["lora"] == expected
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("nope", "'nope' is not loaded; loaded: detail, style"),
+    ('{"style": -1}', ">= 0"),
+    ('{"style": "lots"}', "is not a number"),
+    ('{"style": 1', "not valid JSON"),
+    ({"style": float("inf")}, "finite number"),
+    ("../etc", "is not valid"),
+    (3, "valid string"),
+])
+def test_bad_lora_field_is_named(value, needle):
+    with pytest.raises(RequestError) as info:
+        resolve(parse_body({"prompt": "x", "lora": value}), LIMITS, TINY, loras={"style": "/a", "detail": "/b"})
+    assert info.value.param == "lora" and info.value.status == 400 and needle in info.value.message, info.value.message
+
+
+def test_a_fused_server_runs_its_lora_and_refuses_others():
+    fused = {"style": 0.5}
+    for value in (None, '{"style": 0.5}'):
+        body = parse_body({"prompt": "x", **({"lora": value} if value else {})})
+        assert resolve(body, LIMITS, TINY, loras={"style": "/a"}, fused=fused)["lora"] == fused
+    for value in ("detail", '{"style": 1}'):
+        with pytest.raises(RequestError, match="fused into its weights at scale 0.5") as info:
+            resolve(parse_body({"prompt": "x", "lora": value}), LIMITS, TINY, loras={"style": "/a"}, fused=fused)
+        assert info.value.param == "lora"
+
+
+@pytest.fixture
+def lora_tree(tmp_path):
+    """--lora-dir with a diffusers-style directory and a single file; beside it, outside, a LoRA
+    that symlinks inside point to."""
+    root, outside = tmp_path / "loras", tmp_path / "outside"
+    (root / "style").mkdir(parents=True)
+    (root / "style" / "pytorch_lora_weights.safetensors").write_bytes(b"x")
+    (root / "detail.safetensors").write_bytes(b"x")
+    outside.mkdir()
+    (outside / "secret.safetensors").write_bytes(b"x")
+    (root / "escape").symlink_to(outside, target_is_directory=True)
+    (root / "link.safetensors").symlink_to(outside / "secret.safetensors")
+    (root / "inner").symlink_to(root / "style", target_is_directory=True)  # inside: allowed
+    (root / "sneaky").mkdir()
+    (root / "sneaky" / "pytorch_lora_weights.safetensors").symlink_to(outside / "secret.safetensors")
+    return root
+
+
+def test_lora_paths_resolve_inside_the_lora_dir(lora_tree):
+    from raydit.serve.schema import lora_path
+
+    assert lora_path(str(lora_tree), "style") == (lora_tree / "style" / "pytorch_lora_weights.safetensors").resolve()
+    assert lora_path(str(lora_tree), "detail.safetensors") == (lora_tree / "detail.safetensors").resolve()
+    assert lora_path(str(lora_tree), "inner").parent.name == "style"
+    assert lora_path(str(lora_tree), "./style/../detail.safetensors").name == "detail.safetensors"
+
+
+@pytest.mark.parametrize("path, status, needle", [
+    ("../outside/secret.safetensors", 400, "leads outside the server's --lora-dir"),
+    ("escape/secret.safetensors", 400, "leads outside"),
+    ("escape", 400, "leads outside"),
+    ("link.safetensors", 400, "leads outside"),
+    ("sneaky", 400, "symlink leading outside"),
+    ("/etc/passwd", 400, "must be relative"),
+    ("missing", 404, "does not exist"),
+    ("style/pytorch_lora_weights.txt", 404, "does not exist"),
+])
+def test_lora_paths_outside_or_missing_are_refused(lora_tree, path, status, needle):
+    from raydit.serve.schema import lora_path
+
+    with pytest.raises(RequestError) as info:
+        lora_path(str(lora_tree), path)
+    assert info.value.param == "path" and info.value.status == status and needle in info.value.message
+    assert str(lora_tree.parent) not in info.value.message  # the server's own paths are not shown
+
+
+def test_no_lora_dir_means_no_loading_over_http():
+    from raydit.serve.schema import lora_path
+
+    with pytest.raises(RequestError, match="--lora-dir") as info:
+        lora_path(None, "style")
+    assert info.value.status == 403
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({}, "path", "Field required"),
+    ({"path": "style", "scale": "2"}, "scale", "unknown field"),
+    ({"path": ["style"]}, "path", "valid string"),
+])
+def test_bad_lora_bodies_are_named(body, param, needle):
+    from raydit.serve.schema import LoraCreate
+
+    with pytest.raises(RequestError) as info:
+        parse_body(body, LoraCreate)
+    assert info.value.param == param and needle in info.value.message
+
+
+def test_lora_errors_name_their_field():
+    from raydit.serve.schema import lora_error
+
+    cases = [("LoRA name '../x' is not valid; use 1 to 64 letters", "name", 400),
+             ("a LoRA named 'style' is already loaded; unload it first", "name", 409),
+             ("cannot load a LoRA: LoRA 'a' is fused into this engine's weights (fuse_lora)", "name", 409),
+             ("LoRA target 'vae' is not one of transformer, transformer_2, both", "target", 400),
+             ("LoRA '/srv/loras/x.safetensors' is not a readable safetensors file", "path", 400)]
+    for message, param, status in cases:
+        error = lora_error(ValueError(message), "/srv/loras")
+        assert (error.param, error.status) == (param, status), message
+    assert "/srv/loras" not in lora_error(ValueError(cases[-1][0]), "/srv/loras").message
+
+
+def test_serve_lora_options(tmp_path):
+    (tmp_path / "loras").mkdir()
+    (tmp_path / "a.safetensors").write_bytes(b"x")
+    opts = resolve_serve_options({"lora_dir": str(tmp_path / "loras"), "lora": [str(tmp_path / "a.safetensors")],
+                                  "lora_scale": ["0.5"], "fuse_lora": True})
+    assert opts["lora_dir"] == str(tmp_path / "loras")
+    assert opts["lora_choice"] == {"a": 0.5} and opts["lora_table"]["a"]["path"] == str(tmp_path / "a.safetensors")
+    with pytest.raises(ValueError, match="--lora-dir .* is not a directory"):
+        resolve_serve_options({"lora_dir": str(tmp_path / "nope")})
+    with pytest.raises(ValueError, match="--fuse-lora fuses one LoRA"):
+        resolve_serve_options({"fuse_lora": True})
+    with pytest.raises(ValueError, match=">= 0"):
+        resolve_serve_options({"lora": [str(tmp_path / "a.safetensors")], "lora_scale": ["-1"]})
