@@ -10,6 +10,7 @@ span a subset `ranks` of the world; the formula then gives the position in `rank
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,8 @@ def mesh_groups(ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1) ->
 
 
 def build_mesh(
-    ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1, ranks: list[int] | None = None
+    ulysses: int, ring: int = 1, cfg: int = 1, replicas: int = 1, ranks: list[int] | None = None,
+    timeout: timedelta | None = None,
 ) -> ParallelMesh | None:
     """Build the mesh on the initialized default process group.
 
@@ -116,6 +118,11 @@ def build_mesh(
     spans `ranks` (ascending global ranks; default: the whole world, whose size must then be
     the product of the degrees); a rank outside `ranks` gets None. With all degrees 1 the
     default group may be uninitialized (single process, no groups).
+
+    `timeout` bounds every collective of the axis groups. Pass the default group's: torch
+    gives a new group its backend's default otherwise (30 minutes for gloo), not the
+    default group's, and a rank blocked on a peer that neither answers nor closes its
+    connection would wait that long.
     """
     for name, value in (("ulysses_degree", ulysses), ("ring_degree", ring), ("cfg_degree", cfg), ("replicas", replicas)):
         _check_degree(name, value)
@@ -149,7 +156,7 @@ def build_mesh(
             continue
         for members in groups:
             global_members = [ranks[m] for m in members]
-            group = dist.new_group(ranks=global_members)
+            group = dist.new_group(ranks=global_members, timeout=timeout)
             if rank in global_members:
                 mine[axis] = group
     if rank not in ranks:

@@ -167,7 +167,8 @@ class RankWorker:
                 device_id=self._device() if backend == "nccl" else None,
             )
             mesh = build_mesh(
-                ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1
+                ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1,
+                timeout=timedelta(seconds=timeout_s),
             )
         self._runner = Runner(
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),

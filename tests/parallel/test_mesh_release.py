@@ -95,3 +95,32 @@ def test_a_rank_whose_join_failed_joins_the_next_group_after_the_reset():
     for first, total in results:
         assert "timeout" in first.lower(), first
         assert total == 3.0
+
+
+def _wait_on_a_silent_peer(rank: int, world: int, seconds) -> str:
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from raydit.parallel.mesh import build_mesh
+
+    mesh = build_mesh(ulysses=2, timeout=None if seconds is None else timedelta(seconds=seconds))
+    if rank == 1:
+        time.sleep(8)  # alive, connected, never joining the collective (a wedged peer)
+        return "silent"
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1), group=mesh.ulysses_group)
+    except Exception as exc:  # noqa: BLE001 - gloo's timeout
+        return f"raised after {time.monotonic() - t0:.1f} s: {type(exc).__name__}"
+    return "completed"
+
+
+def test_axis_groups_take_the_timeout_they_are_given():
+    """build_mesh passes its timeout to every axis group: a collective whose peer never comes
+    raises after it (torch's own default for a new gloo group is 30 minutes)."""
+    waited, silent = run_distributed(_wait_on_a_silent_peer, 2, 2, timeout=120)
+    assert silent == "silent" and waited.startswith("raised after"), waited
+    assert float(waited.split()[2]) < 7.0, waited
