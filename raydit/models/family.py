@@ -280,7 +280,11 @@ class Family:
 
     def encode(self, pipe, request: GenerationRequest, device, dtype) -> tuple[dict, dict | None]:
         """Model inputs of the conditional and (with guidance) the unconditional branch, each
-        a dict of tensors with batch 1: e.g. {"encoder_hidden_states": [1, L, D]}."""
+        a dict of tensors with batch 1: e.g. {"encoder_hidden_states": [1, L, D]}.
+
+        Runs on the replica's rank 0 alone, the only rank holding `encoders(pipe)`; the
+        runner broadcasts what it returns (raydit.models.text_encoding). Whatever needs an
+        encoder belongs here: `init` and `predict` run on every rank, where they are absent."""
         raise NotImplementedError
 
     def init(self, pipe, request: GenerationRequest, generator, device, dtype) -> Prepared:
