@@ -102,11 +102,24 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
         "tiny-ltx": ["--workers", "1", "--frames", "9", "--height", "32", "--width", "32"],
         "tiny-wan": ["--workers", "1", "--frames", "5", "--height", "32", "--width", "32"],
     }
-    for model, extra in runs.items():
+    # The three runs side by side on the session's Ray (4 of its 8 CPU slots): their start-ups overlap.
+    procs = {model: subprocess.Popen(
+        [sys.executable, "-m", "raydit.cli", "generate", "--model", model, "--prompt", "a kite over the sea",
+         "--steps", "2", "--seed", "3", "--device", "cpu", "--address", address, "--json",
+         "--out", str(tmp_path / f"{model}.mp4"), "--save-latents", str(tmp_path / f"{model}.npy"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path) for model, extra in runs.items()}
+    results = {}
+    try:
+        for model, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=600)
+            results[model] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for model, res in results.items():
         out, latents = tmp_path / f"{model}.mp4", tmp_path / f"{model}.npy"
-        res = raydit("generate", "--model", model, "--prompt", "a kite over the sea", "--steps", "2", "--seed", "3",
-                     "--device", "cpu", "--address", address, "--json", "--out", str(out),
-                     "--save-latents", str(latents), *extra, cwd=tmp_path)
         assert res.returncode == 0, f"{model}: {res.stderr[-2000:]}"
         summary = json.loads(res.stdout.strip().splitlines()[-1])
         frames = read_mp4(str(out))
@@ -117,5 +130,9 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             assert "frames 7 -> 5" in res.stderr and "HunyuanVideoPipeline" in res.stderr
             request = GenerationRequest(prompt="a kite over the sea", negative_prompt="blur", num_frames=5,
                                         height=32, width=32, num_inference_steps=2, seed=3, true_cfg_scale=4.0)
-            expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            runner = Runner(load_pipeline(model))
+            expected = run_steps(runner, request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
+            # --true-cfg-scale reached the workers: without it the latents are others.
+            plain = run_steps(runner, GenerationRequest(**{**request.to_dict(), "true_cfg_scale": 1.0}), 2).latents
+            assert not torch.allclose(plain, expected, rtol=1e-2, atol=1e-2)
