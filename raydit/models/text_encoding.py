@@ -55,10 +55,6 @@ def _encoder_names(pipe, family) -> list[str]:
     return [name for name, module in pipe.components.items() if any(module is m for m in held)]
 
 
-def dropped_encoders(pipe) -> list[str]:
-    return sorted(getattr(pipe, _DROPPED, {}))
-
-
 def drop_encoders(pipe, family) -> list[str]:
     """Release the encoders of a rank that does not encode (their weights are freed once the
     pipeline's reference is gone: nothing else holds them). Returns the components dropped."""
@@ -79,14 +75,15 @@ def restore_encoders(pipe, source: str | Path | None = None) -> list[str]:
     dropped = dict(getattr(pipe, _DROPPED, {}))
     if not dropped:
         return []
-    source = Path(source or getattr(pipe, "name_or_path", "") or "")
-    missing = [name for name in dropped if not (source / name).is_dir()]
-    if missing or not str(source):
+    where = str(source or getattr(pipe, "name_or_path", "") or "")
+    missing = [name for name in sorted(dropped) if not where or not (Path(where) / name).is_dir()]
+    if missing:
         raise ValueError(
             f"this rank became its replica's encoding rank but dropped its {', '.join(sorted(dropped))}, and "
-            f"{str(source) or 'the pipeline'!r} has no {', '.join(missing or sorted(dropped))} folder to reload them from; "
+            f"{where or 'the pipeline (built in memory)'!r} has no {', '.join(missing)} folder to reload them from; "
             "load the pipeline with from_pretrained from its directory (raydit.models.loading.load_pipeline)"
         )
+    source = Path(where)
     from raydit.models.tiny import quiet_hub
 
     for name, (cls, dtype) in dropped.items():

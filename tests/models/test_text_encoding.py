@@ -159,3 +159,23 @@ def test_only_the_rank_whose_frames_are_kept_postprocesses(results, name):
     got = frames[0]["frames"]
     assert got.dtype == np.uint8 and got.shape == reference.shape
     assert np.abs(got.astype(np.int16) - reference.astype(np.int16)).max() <= 1
+
+
+def test_drop_and_restore_round_trip_and_a_pipeline_without_a_directory_is_refused():
+    """Single process: restore reloads exactly the weights dropped, from the pipeline's own
+    directory; a pipeline with no directory to reload from gets one clear ValueError."""
+    from raydit.models.loading import load_pipeline
+    from raydit.models.registry import family_for_pipeline
+    from raydit.models.text_encoding import drop_encoders, restore_encoders
+
+    pipe = load_pipeline("tiny")
+    family = family_for_pipeline(pipe)
+    weights = {k: v.clone() for k, v in pipe.text_encoder.state_dict().items()}
+    assert drop_encoders(pipe, family) == ["text_encoder"] and pipe.text_encoder is None
+    assert family.encoders(pipe) == []
+    assert restore_encoders(pipe) == ["text_encoder"] and restore_encoders(pipe) == []
+    restored = pipe.text_encoder.state_dict()
+    assert restored.keys() == weights.keys() and all(torch.equal(restored[k], v) for k, v in weights.items())
+    drop_encoders(pipe, family)
+    with pytest.raises(ValueError, match="'/nonexistent' has no text_encoder folder to reload them from"):
+        restore_encoders(pipe, "/nonexistent")
