@@ -209,11 +209,14 @@ def leave_default_group() -> None:
     group is destroyed; a group whose rendezvous failed (a peer died mid-join) leaves it
     raised with no group to destroy. That process's next group would then be "1" while a
     fresh peer's is "0": each waits for keys the other never writes, and every retry makes
-    it worse. So the counter is reset here too (torch has no public call for it)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    it worse. So the counter is reset here too, with the names a failed join left
+    registered (torch has no public call for either)."""
     from torch.distributed import distributed_c10d
 
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    else:  # what destroying a formed default group would have cleared
+        distributed_c10d._unregister_all_process_groups()
     distributed_c10d._world.group_count = 0
 
 

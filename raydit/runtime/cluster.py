@@ -391,6 +391,7 @@ class WorkerPool:
         deadline = start + settle_s
         aborted = False
         said = False
+        leaving = []  # survivors leaving their broken group (which unblocks their peers)
         while pending and time.monotonic() < deadline:
             if not said and time.monotonic() - start > 10.0:
                 # A node that died without closing its connections is declared dead only
@@ -421,12 +422,14 @@ class WorkerPool:
                     if not killed_by_us:
                         suspect.add(m.node_id)
                     continue
-                m.actor.leave_group.remote()
+                leaving.append(m.actor.leave_group.remote())
         for ref, m in pending.items():
             lost.append(m)
             suspect.add(m.node_id)
             outcomes.append(Failure(DEADLINE, "DeadlineExceeded", f"rank still busy {settle_s:.0f} s after a peer failed",
                                     rank=rank_of.get(id(m))))
+        if leaving:  # done before anything re-forms them (a join must not overlap the leave)
+            ray.wait(leaving, num_returns=len(leaving), timeout=10.0)
         self.suspect_nodes = suspect
         self._drop_and_release(lost)
         return lost, outcomes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -51,6 +52,10 @@ class RankWorker:
         self._store = None
         self._loras: dict = {}  # name -> LoraSpec of the LoRA adapters loaded here
         self.load_seconds = 0.0
+        # The actor runs two calls at once (max_concurrency 2: pings and aborts answer while
+        # a step runs), so a leave_group sent to unblock peers after a failure may overlap
+        # the next join_group: joining and leaving take turns.
+        self._group_lock = threading.RLock()
 
     # -- identity ----------------------------------------------------------------------
 
@@ -141,6 +146,10 @@ class RankWorker:
         timeout_s: float,
     ) -> dict[str, Any]:
         """Join a fresh process group and parallelize the warm pipeline for `degrees`."""
+        with self._group_lock:
+            return self._join_group(rank, world_size, addr, degrees, backend, timeout_s)
+
+    def _join_group(self, rank, world_size, addr, degrees, backend, timeout_s) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
 
@@ -183,11 +192,12 @@ class RankWorker:
         """Undo the parallelization and destroy the process group (safe to call twice)."""
         from raydit.parallel.mesh import leave_default_group
 
-        if self._runner is not None:
-            self._runner.close()
-            self._runner = None
-        self._state = None
-        leave_default_group()
+        with self._group_lock:
+            if self._runner is not None:
+                self._runner.close()
+                self._runner = None
+            self._state = None
+            leave_default_group()
         # The store is kept: rank 0 may already have opened the next group's store, and a
         # new group always gets a new store on a new port (reusing one hangs).
 
