@@ -206,3 +206,37 @@ def test_choices_normalize():
     assert lora.normalize_choice([["a", 2]]) == (("a", 2.0),)
     assert lora.default_name("/x/my_style/pytorch_lora_weights.safetensors") == "my_style"
     assert lora.default_name("/x/detail v2.safetensors") == "detail-v2"
+
+
+def test_adapter_bytes_are_the_tensors_bytes_per_transformer(loras):
+    """What the planner is given (ModelSpec.adapter_bytes): the LoRA's tensor bytes from the
+    safetensors header, once per transformer it loads into, 0 once fused into the weights."""
+    from safetensors.torch import load_file
+
+    path = str(lora.lora_file(loras["tiny"]["a"]))
+    size = sum(t.numel() * t.element_size() for t in load_file(path).values())
+    assert size > 0
+    assert lora.adapter_bytes(lora.LoraSpec("a", path)) == size
+    assert lora.adapter_bytes(lora.LoraSpec("a", path, target="both")) == 2 * size
+    assert lora.adapter_bytes(lora.LoraSpec("a", path, fuse_scale=1.0)) == 0
+
+
+def test_fused_lora_equals_the_unfused_one_and_takes_nothing_else(loras):
+    """One process: `load` with fuse_scale merges the LoRA (diffusers fuse_lora) and drops peft's
+    layers; the result equals the unfused LoRA at that scale; other choices are refused."""
+    request = dict(REQUESTS["tiny-wan"])
+    path = str(lora.lora_file(loras["tiny-wan"]["a"]))
+    unfused = load_pipeline("tiny-wan")
+    family = family_for_pipeline(unfused)
+    lora.load(unfused, family, lora.LoraSpec("a", path))
+    expected = run(unfused, GenerationRequest(**request, lora={"a": 0.7}))
+    fused = load_pipeline("tiny-wan")
+    lora.load(fused, family, lora.LoraSpec("a", path, fuse_scale=0.7))
+    assert lora.fused(fused) == {"a": 0.7} and lora.loaded(fused) == {}
+    assert not any("lora_" in name for name, _ in fused.transformer.named_parameters())
+    torch.testing.assert_close(run(fused, GenerationRequest(**request, lora={"a": 0.7})), expected, rtol=1e-4, atol=1e-5)
+    for choice in (None, {"a": 1.0}):
+        with pytest.raises(ValueError, match="fused into this engine's weights at scale 0.7"):
+            run(fused, GenerationRequest(**request, lora=choice))
+    with pytest.raises(ValueError, match="cannot be unloaded"):
+        lora.unload(fused, "a")
