@@ -77,6 +77,8 @@ def _close(actual, expected):
 
 def test_switching_on_off_on_gives_each_request_its_reference(engine, references, lora_dirs):
     assert engine.loras() == {"a": str(lora.lora_file(lora_dirs["a"]))}
+    size = {n: lora.adapter_bytes(lora.LoraSpec(n, lora_dirs[n])) for n in ("a", "b")}
+    assert engine.spec.adapter_bytes == size["a"] > 0  # what the planner counts per rank
     base = _gen(engine).latents
     _close(base, references["base"])
     with_a = _gen(engine, lora="a").latents
@@ -87,8 +89,10 @@ def test_switching_on_off_on_gives_each_request_its_reference(engine, references
 
     assert engine.load_lora(lora_dirs["b"]) == "b"
     assert sorted(engine.loras()) == ["a", "b"]
+    assert engine.spec.adapter_bytes == size["a"] + size["b"]
     _close(_gen(engine, lora={"a": 0.5, "b": 1.5}).latents, references["ab"])
     engine.unload_lora("b")
+    assert engine.spec.adapter_bytes == size["a"]
     with pytest.raises(ValueError, match="not loaded; loaded: a"):
         _gen(engine, lora={"b": 1.0})
     assert np.array_equal(_gen(engine).latents, base)
