@@ -36,9 +36,14 @@ class SplitInput:
     dim: int = 1  # the sequence dim of the tensor
     ndim: int | None = None  # split only tensors of this many dims (None: always)
     every_block: bool = False
+    # split only tensors at least this long along `dim` (LTX's temb: [B, 1, 6C] per sample, or
+    # [B, L, 6C] with the image-to-video per-token timestep)
+    min_len: int | None = None
 
     def applies_to(self, x) -> bool:
-        return self.ndim is None or getattr(x, "ndim", None) == self.ndim
+        if self.ndim is not None and getattr(x, "ndim", None) != self.ndim:
+            return False
+        return self.min_len is None or (hasattr(x, "shape") and x.shape[self.dim] >= self.min_len)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The LTX-Video family: LTX-Video text-to-video (`LTXPipeline`).
+"""The LTX-Video family: text-to-video (`LTXPipeline`) and image-to-video (`LTXImageToVideoPipeline`).
 
 Adapter. LTX-Video's transformer takes its latents packed as tokens ([B, L, C]: patch 1,
 each latent pixel a token) and runs one list of blocks, each with self-attention over the
@@ -9,13 +9,17 @@ projection). The text reaches the video through cross-attention, so it stays who
 every rank and attn2 keeps diffusers' own processor (each local query attends to the whole
 text, as on one device). attn1 gets `LTXSPAttnProcessor`; the rotary table the model
 computes for all video tokens ([B, L, C]) is cut to this rank's chunk there. The timestep
-embedding is one per sample ([B, 1, 6C]) and stays whole.
+embedding is one per sample ([B, 1, 6C]) and stays whole; image-to-video gives every token its
+timestep (the image's first latent frame at 0), so it is [B, L, 6C] and split with the tokens.
 
 Steps. As `LTXPipeline`: the guidance branches run as one batch [negative, positive];
 FlowMatchEulerDiscreteScheduler on sigmas linspace(1, 1/n) shifted by the video's token
 count (`calculate_shift`); rotary interpolation from the VAE's compression and the frame
 rate (25). The latents stay packed as tokens between steps (what output_type="latent"
-returns); decode unpacks and denormalizes them.
+returns); decode unpacks and denormalizes them. Image-to-video (`LTXImageToVideoPipeline`): the
+first latent frame holds the image's latents (conditioning mask 1), the timestep per token is
+t * (1 - mask), and the scheduler steps the other frames only; FlowMatchEuler's update is
+elementwise, so stepping every token and putting the first frame back gives the same numbers.
 
 Tiny. `tiny-ltx`: 6 heads x 12, 2 blocks, 8 latent channels, a 2-layer T5 and the LTX VAE
 with 32x spatial and 8x temporal compression (8 channels); random weights.
@@ -98,7 +102,7 @@ class LTXAdapter(ModelAdapter):
         blocks="transformer_blocks",
         # LTXVideoTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
         # image_rotary_emb, encoder_attention_mask); temb [B, 1, 6C] is per sample.
-        split_inputs=(SplitInput("hidden_states", VIDEO),),
+        split_inputs=(SplitInput("hidden_states", VIDEO), SplitInput("temb", VIDEO, every_block=True, min_len=2)),
         gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns hidden_states alone
         attention="attn1",
     )
@@ -109,16 +113,16 @@ class LTXAdapter(ModelAdapter):
 
 # -- the family --------------------------------------------------------------------------------
 class LTXFamily(Family):
-    """LTXPipeline's steps (text-to-video)."""
+    """LTXPipeline's and LTXImageToVideoPipeline's steps."""
 
     name = "ltx"
-    pipelines = ("LTXPipeline",)
-    image_pipelines = ()
+    pipelines = ("LTXPipeline", "LTXImageToVideoPipeline")
+    image_pipelines = ("LTXImageToVideoPipeline",)
     adapter = LTXAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
 
     def tiny(self):
-        return {"tiny-ltx": tiny_pipeline_dir}
+        return {"tiny-ltx": tiny_pipeline_dir, "tiny-ltx-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
@@ -159,8 +163,12 @@ class LTXFamily(Family):
     def reference_latents(self, pipe, request):
         import torch
 
+        from raydit.models.family import png_to_image
+
         pipe.set_progress_bar_config(disable=True)
+        image = {} if request.image is None else {"image": png_to_image(request.image)}
         return pipe(
+            **image,
             prompt=request.prompt,
             negative_prompt=request.negative_prompt,
             num_frames=request.num_frames,
@@ -173,7 +181,7 @@ class LTXFamily(Family):
         ).frames
 
     def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx"])}
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx"], base_dirs["tiny-ltx-i2v"])}
 
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
@@ -217,8 +225,20 @@ class LTXFamily(Family):
         import torch
         from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift, retrieve_timesteps
 
-        latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
-                                       request.num_frames, torch.float32, device, generator)  # [1, L, C] packed
+        channels = pipe.transformer.config.in_channels
+        context = {}
+        if request.image is None:
+            latents = pipe.prepare_latents(1, channels, request.height, request.width, request.num_frames,
+                                           torch.float32, device, generator)  # [1, L, C] packed
+        else:
+            from raydit.models.family import png_to_image
+
+            image = pipe.video_processor.preprocess(png_to_image(request.image), height=request.height,
+                                                    width=request.width).to(device=device, dtype=dtype)
+            # [1, L, C] packed, the first latent frame the image's; mask [1, L], 1 on those tokens
+            latents, context["conditioning_mask"] = pipe.prepare_latents(
+                image, 1, channels, request.height, request.width, request.num_frames, torch.float32, device,
+                generator)
         frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
         height = request.height // pipe.vae_spatial_compression_ratio
         width = request.width // pipe.vae_spatial_compression_ratio
@@ -228,11 +248,11 @@ class LTXFamily(Family):
                              config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
                              config.get("max_shift", 1.15))
         timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, None, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
-        context = {
+        context.update({
             "latent_frames": frames, "latent_height": height, "latent_width": width,
             "rope_interpolation_scale": (pipe.vae_temporal_compression_ratio / FRAME_RATE,
                                          pipe.vae_spatial_compression_ratio, pipe.vae_spatial_compression_ratio),
-        }
+        })
         return Prepared(latents=latents, timesteps=timesteps, context=context)
 
     def predict(self, pipe, state, t, branch):
@@ -242,10 +262,13 @@ class LTXFamily(Family):
         b = embeds.shape[0]  # 2 when this rank runs both guidance branches
         x = torch.cat([state.latents] * b) if b > 1 else state.latents
         c = state.context
+        timestep = t.expand(b)
+        if "conditioning_mask" in c:  # image-to-video: [b, L], 0 on the image's tokens
+            timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * b))
         return pipe.transformer(
             hidden_states=x.to(embeds.dtype),
             encoder_hidden_states=embeds,
-            timestep=t.expand(b),
+            timestep=timestep,
             encoder_attention_mask=branch["encoder_attention_mask"],
             num_frames=c["latent_frames"],
             height=c["latent_height"],
@@ -253,6 +276,15 @@ class LTXFamily(Family):
             rope_interpolation_scale=c["rope_interpolation_scale"],
             return_dict=False,
         )[0].float()
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        latents, carry = super().scheduler_step(pipe, state, noise, t, generator)
+        mask = state.context.get("conditioning_mask")
+        if mask is not None:  # the image's first latent frame is kept as it is
+            keep = mask[0].bool()
+            latents = latents.clone()
+            latents[:, keep] = state.latents[:, keep].to(latents.dtype)
+        return latents, carry
 
     def decode_video(self, pipe, state, latents):
         import torch
@@ -322,6 +354,13 @@ def tiny_pipeline():
                        tokenizer=tok, transformer=tiny_transformer(SEED + 10))
 
 
+def tiny_i2v_pipeline():
+    """The tiny LTXImageToVideoPipeline: the text-to-video one's components."""
+    from diffusers import LTXImageToVideoPipeline
+
+    return LTXImageToVideoPipeline(**tiny_pipeline().components)
+
+
 class _WithDefaults:
     """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir reads."""
 
@@ -338,6 +377,14 @@ def tiny_pipeline_dir() -> Path:
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-ltx-{TINY_VERSION}", lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+def tiny_i2v_pipeline_dir() -> Path:
+    """The directory of `tiny-ltx-i2v`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-ltx-i2v-{TINY_VERSION}",
+                          lambda: _WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
 
 
 # -- conformance -------------------------------------------------------------------------------
@@ -388,13 +435,20 @@ def forward_cases() -> list:
     ]
 
 
-def runner_cases(base_dir: str) -> list:
-    """Denoising on the tiny pipeline: 17 frames at 32 x 416 -> 3 x 1 x 13 = 39 tokens."""
+def runner_cases(base_dir: str, i2v_dir: str | None = None) -> list:
+    """Denoising on the tiny pipelines: 17 frames at 32 x 416 -> 3 x 1 x 13 = 39 tokens."""
     from raydit.models.conformance import RunnerCase
 
+    i2v = [] if i2v_dir is None else [
+        # the image's 13 tokens at timestep 0, the other 26 at t: per-token timesteps split with the tokens
+        RunnerCase("ltx-i2v", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(prompt="a kite climbs", negative_prompt="blur", num_frames=17, height=32, width=416,
+                        num_inference_steps=3, guidance_scale=3.0, seed=12),
+                   dict(base_dir=i2v_dir), image="checker", worlds=(2, 3)),
+    ]
     return [
         RunnerCase("ltx-t2v", _BUILD_PIPELINE, TINY_HEADS,
                    dict(prompt="a red fox runs", negative_prompt="blur", num_frames=17, height=32, width=416,
                         num_inference_steps=3, guidance_scale=3.0, seed=11),
                    dict(base_dir=base_dir)),
-    ]
+    ] + i2v
