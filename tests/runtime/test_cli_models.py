@@ -136,3 +136,14 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             # --true-cfg-scale reached the workers: without it the latents are others.
             plain = run_steps(runner, GenerationRequest(**{**request.to_dict(), "true_cfg_scale": 1.0}), 2).latents
             assert not torch.allclose(plain, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_job_config_takes_true_cfg_scale(tmp_path):
+    from raydit.jobconfig import load_job_config
+
+    path = tmp_path / "job.yaml"
+    path.write_text("prompt: a fox\nmodel: tiny-hunyuan\nnegative-prompt: blur\ntrue-cfg-scale: 4\n")
+    assert load_job_config(str(path))["true_cfg_scale"] == 4.0
+    path.write_text("prompt: a fox\ntrue_cfg_scale: strong\n")
+    with pytest.raises(ValueError, match="key 'true_cfg_scale' must be float"):
+        load_job_config(str(path))
