@@ -38,7 +38,7 @@ def _gcs_address(ray_module) -> str:
     [
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--model", "cogvideox-2b"], "has no weights here"),
-        (["--frames", "10"], "frames"),
+        (["--frames", "0"], "frames must be a positive integer, got 0"),  # 10 is rounded, as diffusers does
         (["--height", "60"], "height"),
         (["--workers", "0"], "workers 0"),
         (["--steps", "0"], "--steps 0"),
