@@ -13,8 +13,8 @@ hardware.py), `check` (no constant was set from it; a check is never also a fit)
 Ulysses all-to-all synchronously (xDiT/yunchang, SGLang, LightX2V), so their anchors are
 predicted with one head chunk (no overlap), and with the guidance branches their pipelines
 run (HunyuanVideo: one, embedded). Published end-to-end figures (seconds per video) are
-compared with `cost.end_to_end`: the steps plus the text encoding and the VAE decode; the
-decode term is 0 until the planner has an estimate of it (raydit.planner.decode).
+compared with `cost.end_to_end`: the steps plus the text encoding and the VAE decode of the
+request (raydit.planner.decode), on one GPU as those systems decode.
 
     python bench/bench_costmodel.py [--out docs/benchmarks]
 """
@@ -73,7 +73,10 @@ def anchors() -> list[dict]:
         step, layout, branches, c = published_step(model, gpu_type, gpus, frames, height, width, guidance, forced)
         spec = model_spec(model)
         if unit == "s / video":
-            e2e = costmod.end_to_end(spec, step, steps, branches, device_type(gpu_type).flops_per_second)
+            # The published systems decode on one GPU (serially): the decode of this
+            # request's geometry on one rank, whatever the GPU count.
+            e2e = costmod.end_to_end(spec, step, steps, branches, device_type(gpu_type).flops_per_second,
+                                     geo=spec.geometry(frames, height, width))
             predicted, parts = e2e.total, e2e.to_dict()
         else:
             predicted, parts = step, {}
