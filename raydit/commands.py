@@ -105,7 +105,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
     if opts.get("fps", 1) < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
-    from raydit.models.cache import check_cache
+    from raydit.models.cache_options import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
     true_cfg = opts.get("true_cfg_scale")
@@ -113,42 +113,13 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
-    opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
+    from raydit.models.lora import lora_options
+
+    opts["lora_table"], opts["lora_choice"] = lora_options(opts)
     if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
         raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} are given; "
                          "give exactly one --lora (or one loras: entry), or drop --fuse-lora")
     return opts
-
-
-def _lora_options(o: dict) -> tuple[dict, dict]:
-    """--lora PATH [--lora-scale S] (repeatable) and the config's `loras:` (paths, or mappings
-    {path, scale, name, target}) -> ({name: {"path", "target"}} for the Engine, {name: scale}
-    for the request). Files and scales are checked here; the LoRAs against the model in the
-    Engine, before Ray starts."""
-    from raydit.models import lora
-
-    paths, scales = list(o.get("lora") or []), list(o.get("lora_scale") or [])
-    if len(scales) > len(paths):
-        raise ValueError(f"--lora-scale is given {len(scales)} times but --lora {len(paths)} times; "
-                         "give one scale per --lora, in the same order")
-    entries = [{"path": p, "scale": scales[i] if i < len(scales) else 1.0} for i, p in enumerate(paths)]
-    for entry in o.get("loras") or []:
-        if isinstance(entry, str):
-            entry = {"path": entry}
-        if not isinstance(entry, dict) or "path" not in entry or set(entry) - {"path", "scale", "name", "target"}:
-            raise ValueError(f"loras: entry {entry!r} must be a path or a mapping with path and optionally "
-                             "scale, name, target")
-        entries.append(entry)
-    table, choice = {}, {}
-    for entry in entries:
-        name = lora.check_name(entry.get("name") or lora.default_name(entry["path"]))
-        if name in table:
-            raise ValueError(f"two LoRAs are named {name!r}; give one a name (loras: - {{path: ..., name: ...}})"
-                             if entry.get("name") else f"--lora {entry['path']!r}: a LoRA named {name!r} is "
-                             "already given; rename the file or directory, or name it in a --config loras: entry")
-        table[name] = {"path": str(lora.lora_file(entry["path"])), "target": entry.get("target", "transformer")}
-        choice[name] = lora.check_scale(entry.get("scale", 1.0), name)
-    return table, choice
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -50,34 +50,17 @@ import inspect
 import math
 from dataclasses import dataclass
 
-# method -> default threshold
-METHODS: dict[str, float] = {"fbcache": 0.05, "teacache": 0.1}
+# The request's options (methods, defaults, checks) live in a leaf module: GenerationRequest
+# checks them without importing this one.
+from raydit.models.cache_options import cache_threshold
+
 PREFIX = "cache/"
 CACHED_STEPS = PREFIX + "cached_steps"  # carry key: steps served from the cache so far
 _MODEL = PREFIX + "model"  # which transformer of the pipeline computed the cached residuals
 _ACCUM = PREFIX + "accumulated"  # teacache: relative change accumulated since the last compute
 
 
-def check_cache(method, threshold) -> None:
-    """Raise ValueError (one line naming the value and the fix) for a bad method or threshold."""
-    if method is None:
-        if threshold is not None:
-            raise ValueError(f"cache_threshold {threshold!r} needs a cache method; add --cache "
-                             f"{' or --cache '.join(METHODS)}, or drop the threshold")
-        return
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"cache {method!r} is not a step-cache method; use one of: {', '.join(METHODS)} "
-                         "(or leave it out to run every step)")
-    if threshold is None:
-        return
-    if (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
-            or threshold <= 0):
-        raise ValueError(f"cache_threshold {threshold!r} must be a finite number > 0 (a relative L1 change; "
-                         f"{method}'s default is {METHODS[method]})")
 
-
-def cache_threshold(method: str, threshold: float | None) -> float:
-    return METHODS[method] if threshold is None else float(threshold)
 
 
 def forward_branches(do_cfg: bool, cfg_parallel: bool, cfg_rank: int, batch_branches: bool) -> list[tuple[str, ...]]:

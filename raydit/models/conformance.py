@@ -16,16 +16,12 @@ Each family contributes its cases from its own module (`Family.conformance_cases
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-
-def _resolve(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+from raydit.models.tiny import resolve_builder as _resolve
 
 
 @dataclass(frozen=True)

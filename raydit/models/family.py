@@ -144,7 +144,7 @@ class GenerationRequest:
                 raise ValueError(f"{name} {value!r} must be a finite number >= 0 (1 disables guidance)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed {self.seed!r} must be an integer in [0, 2**63)")
-        from raydit.models.cache import check_cache
+        from raydit.models.cache_options import check_cache
 
         check_cache(self.cache, self.cache_threshold)
         if self.image is not None and not isinstance(self.image, bytes):

@@ -130,3 +130,11 @@ def t5_encoder(vocab_size: int, d_model: int, seed: int = SEED + 1, umt5: bool =
         eos_token_id=1,
     )
     return model_cls(config).eval()
+
+
+def resolve_builder(path: str):
+    """"package.module:function" -> that function (how conformance cases name their builders)."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -129,7 +129,7 @@ class Engine:
         self.spec.geometry(frames, height, width)
         self._geometry = (frames, height, width)
         # Step caching for every request (off by default): checked before Ray starts.
-        from raydit.models.cache import check_cache
+        from raydit.models.cache_options import check_cache
 
         check_cache(cache, cache_threshold)
         self.cache, self.cache_threshold = cache, cache_threshold

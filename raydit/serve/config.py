@@ -137,7 +137,7 @@ def check_serve_options(opts: dict) -> None:
             f"--default-steps {opts['default_steps']} is more than --max-steps {opts['max_steps']}; "
             "raise --max-steps or lower --default-steps"
         )
-    from raydit.models.cache import check_cache
+    from raydit.models.cache_options import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
     if not opts.get("host"):
@@ -149,14 +149,14 @@ def check_lora_options(opts: dict) -> None:
     """--lora-dir must be a directory (kept as an absolute path: the serving replica's working
     directory is not ours); --lora / --lora-scale as for `raydit generate`, resolved to
     absolute files in `opts["lora_table"]` / `opts["lora_choice"]`; --fuse-lora needs one --lora."""
-    from raydit.commands import _lora_options
+    from raydit.models.lora import lora_options
 
     if opts.get("lora_dir") is not None:
         path = os.path.abspath(os.path.expanduser(str(opts["lora_dir"])))
         if not os.path.isdir(path):
             raise ValueError(f"--lora-dir {opts['lora_dir']!r} is not a directory; create it and put LoRAs there")
         opts["lora_dir"] = path
-    opts["lora_table"], opts["lora_choice"] = _lora_options(opts)
+    opts["lora_table"], opts["lora_choice"] = lora_options(opts)
     if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
         raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} --lora "
                          "are given; give exactly one --lora, or drop --fuse-lora")

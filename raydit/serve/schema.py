@@ -257,7 +257,7 @@ def lora_path(lora_dir: str | None, path: str):
 def cache_choice(body: VideoCreate) -> dict:
     """The body's step caching, only the fields it sets (the engine applies its own default for
     the rest); RequestError naming the field for an unknown method."""
-    from raydit.models.cache import check_cache
+    from raydit.models.cache_options import check_cache
 
     given = {k: getattr(body, k) for k in ("cache", "cache_threshold") if k in body.model_fields_set}
     if isinstance(given.get("cache"), str) and given["cache"].strip().lower() in ("", "none", "off"):

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.cache import CACHED_STEPS, check_cache
+from raydit.models.cache import CACHED_STEPS
+from raydit.models.cache_options import check_cache
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
