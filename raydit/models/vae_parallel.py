@@ -6,12 +6,16 @@ Every rank of a group decodes one band of latent rows through the unmodified dif
 decoder (its own frame-batch loop and causal caches); hooks installed for the duration of
 the decode make the band's result equal to the same rows of a one-device decode:
 
-- every convolution with a kernel taller than one row (nn.Conv2d, nn.Conv3d, diffusers'
-  CogVideoXSafeConv3d inside CogVideoXCausalConv3d, WanCausalConv3d) loses its zero padding
-  along rows and gets the neighbours' rows instead (raydit.parallel.halo.halo_exchange),
-  from a forward pre-hook. CogVideoX's and Wan's time caches hold the band's own rows: they
-  are cut from the layer's input before the hook sees it, and Wan's cache passed to a
-  causal convolution gets its halo in the same exchange as the frame;
+- every convolution with a kernel taller than one row gets the neighbours' rows where its
+  zero padding along rows would be (raydit.parallel.halo). nn.Conv2d and nn.Conv3d (diffusers'
+  CogVideoXSafeConv3d inside CogVideoXCausalConv3d included) keep their padding: the exchange
+  is posted before the layer runs and, after it, the band's first and last rows are
+  recomputed from thin slabs with the neighbours' rows (halo.fix_band_edges), so the exchange
+  overlaps the convolution and the band is never copied; WanCausalConv3d loses its row
+  padding and convolves the band with its halo attached (halo.halo_exchange). CogVideoX's
+  and Wan's time caches hold the band's own rows: they are cut from the layer's input before
+  the hook sees it, and Wan's cache passed to a causal convolution gets its halo in the same
+  exchange as the frame;
 - nn.GroupNorm (CogVideoX) computes its statistics over every band (halo.group_norm); Wan's
   RMS norm normalises over channels at each pixel and needs nothing;
 - Wan's attention block (middle block, one head over all pixels of a frame): queries stay on
@@ -37,7 +41,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from raydit.parallel.halo import RowSplit, all_gather_uneven, gather_rows, group_norm, halo_exchange
+from raydit.parallel.halo import (
+    RowSplit,
+    all_gather_uneven,
+    fix_band_edges,
+    gather_rows,
+    group_norm,
+    halo_exchange,
+    start_halo_exchange,
+)
 
 
 def _vae_classes():
@@ -109,12 +121,30 @@ class _Installed:
         self.restore.clear()
 
 
-def _conv_halo_hook(halo: int, group):
-    def hook(module, args):
-        x = halo_exchange(args[0], halo, halo, group)
-        return (x,) + tuple(args[1:])
+def _conv_band_hooks(module, halo: int, group) -> list:
+    """A pre-hook that posts the halo exchange of the layer's input and returns at once, so the
+    layer convolves its band (with its own zero row padding) while the rows travel, and a hook
+    after it that corrects the band's first and last `halo` output rows from the neighbours' rows
+    (raydit.parallel.halo.fix_band_edges). A band thinner than 2 x halo is convolved again with
+    its halo attached."""
+    pending: list = []
+    pad = tuple(module.padding[:-2]) + (0, module.padding[-1])
+    conv = F.conv2d if isinstance(module, nn.Conv2d) else F.conv3d
 
-    return hook
+    def unpadded(slab: Tensor) -> Tensor:  # the layer with no zero rows
+        return conv(slab, module.weight, module.bias, module.stride, pad, module.dilation, module.groups)
+
+    def before(module, args):
+        pending.append(start_halo_exchange(args[0], halo, halo, group))
+
+    def after(module, args, out):
+        x = args[0]
+        top, bottom = pending.pop().wait()
+        if x.shape[-2] < 2 * halo:
+            return unpadded(torch.cat([top, x, bottom], dim=-2))
+        return fix_band_edges(out, x, top, bottom, unpadded)
+
+    return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
 
 def _wan_causal_halo_hook(halo: int, group):
@@ -169,10 +199,7 @@ def _install(vae, group) -> _Installed:
                 _check_row_conv(name, module.kernel_size[-2], pad_h, module.stride[-2], module.dilation[-2])
                 if pad_h == 0:
                     continue
-                old = module.padding
-                module.padding = tuple(old[:-2]) + (0, old[-1])
-                installed.restore.append(functools.partial(setattr, module, "padding", old))
-                installed.hooks.append(module.register_forward_pre_hook(_conv_halo_hook(pad_h, group)))
+                installed.hooks.extend(_conv_band_hooks(module, pad_h, group))
             elif isinstance(module, nn.GroupNorm):
                 module.forward = functools.partial(_group_norm_forward, module, group)
                 installed.restore.append(functools.partial(_drop_instance_forward, module))

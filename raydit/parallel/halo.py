@@ -93,16 +93,28 @@ def _global(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def halo_exchange(x: Tensor, before: int, after: int, group=None, dim: int = ROW_DIM) -> Tensor:
-    """[..., h, W] -> [..., before + h + after, W]: the previous rank's last `before` rows and the
-    next rank's first `after` rows attached, zero rows where there is no neighbour.
+class HaloExchange:
+    """The halo rows of one band, in flight: `start_halo_exchange` posts the sends and receives
+    and returns at once, so the caller can compute meanwhile; `wait()` gives (top, bottom),
+    the previous rank's last `before` rows and the next rank's first `after` rows (zero rows
+    where there is no neighbour)."""
 
-    Every rank of `group` must call it with the same `before` / `after` (collective).
-    """
+    def __init__(self, top: Tensor, bottom: Tensor, requests: list, sends: list) -> None:
+        self.top, self.bottom = top, bottom
+        self._requests = requests
+        self._sends = sends  # keep the sent slices alive until the transfer is done
+
+    def wait(self) -> tuple[Tensor, Tensor]:
+        for request in self._requests:
+            request.wait()
+        self._requests, self._sends = [], []
+        return self.top, self.bottom
+
+
+def start_halo_exchange(x: Tensor, before: int, after: int, group=None, dim: int = ROW_DIM) -> HaloExchange:
+    """Post the exchange of `halo_exchange` without waiting for it (collective, same sizes on every rank)."""
     if before < 0 or after < 0:
         raise ValueError(f"halo sizes before={before}, after={after} must be >= 0")
-    if before == 0 and after == 0:
-        return x
     rank, world = _rank_world(group)
     rows = x.shape[dim]
     if rows < max(before, after):
@@ -116,24 +128,60 @@ def halo_exchange(x: Tensor, before: int, after: int, group=None, dim: int = ROW
     shape_after[dim] = after
     top = torch.zeros(shape_before, dtype=x.dtype, device=x.device)
     bottom = torch.zeros(shape_after, dtype=x.dtype, device=x.device)
-    ops = []
+    ops, sends = [], []
     if rank > 0:
         prev = _global(group, rank - 1)
         # The previous band needs my first `after` rows as its bottom halo; I need its last `before`.
         if after:
-            ops.append(dist.P2POp(dist.isend, x.narrow(dim, 0, after).contiguous(), prev, group))
+            sends.append(x.narrow(dim, 0, after).contiguous())
+            ops.append(dist.P2POp(dist.isend, sends[-1], prev, group))
         if before:
             ops.append(dist.P2POp(dist.irecv, top, prev, group))
     if rank < world - 1:
         nxt = _global(group, rank + 1)
         if before:
-            ops.append(dist.P2POp(dist.isend, x.narrow(dim, rows - before, before).contiguous(), nxt, group))
+            sends.append(x.narrow(dim, rows - before, before).contiguous())
+            ops.append(dist.P2POp(dist.isend, sends[-1], nxt, group))
         if after:
             ops.append(dist.P2POp(dist.irecv, bottom, nxt, group))
-    if ops:
-        for request in dist.batch_isend_irecv(ops):
-            request.wait()
+    requests = dist.batch_isend_irecv(ops) if ops else []
+    return HaloExchange(top, bottom, requests, sends)
+
+
+def halo_exchange(x: Tensor, before: int, after: int, group=None, dim: int = ROW_DIM) -> Tensor:
+    """[..., h, W] -> [..., before + h + after, W]: the previous rank's last `before` rows and the
+    next rank's first `after` rows attached, zero rows where there is no neighbour.
+
+    Every rank of `group` must call it with the same `before` / `after` (collective).
+    """
+    if before < 0 or after < 0:
+        raise ValueError(f"halo sizes before={before}, after={after} must be >= 0")
+    if before == 0 and after == 0:
+        return x
+    top, bottom = start_halo_exchange(x, before, after, group, dim).wait()
     return torch.cat([top, x, bottom], dim=dim)
+
+
+def fix_band_edges(out: Tensor, x: Tensor, top: Tensor, bottom: Tensor, conv) -> Tensor:
+    """Make a zero-padded convolution's band result exact, in place: `out = conv(x)` was computed
+    with the layer's own zero padding of p rows, so only its first and last p rows saw zeros where
+    the neighbours' rows belong. Each is recomputed from a slab of 3p rows (the p halo rows of
+    `top` / `bottom` and the band's 2p rows next to them) with no row padding. This costs two
+    thin convolutions instead of a copy of the whole band with its halo attached, and lets the
+    exchange run while the band is convolved.
+
+    `conv(slab)` must run the layer with its row padding set to 0; `x` needs at least 2p rows."""
+    p = top.shape[ROW_DIM]
+    if p == 0:
+        return out
+    rows = x.shape[ROW_DIM]
+    if rows < 2 * p:
+        raise ValueError(f"a band of {rows} rows is too thin to correct its edges in place (needs {2 * p})")
+    head = conv(torch.cat([top, x.narrow(ROW_DIM, 0, 2 * p)], dim=ROW_DIM))
+    tail = conv(torch.cat([x.narrow(ROW_DIM, rows - 2 * p, 2 * p), bottom], dim=ROW_DIM))
+    out.narrow(ROW_DIM, 0, p).copy_(head)
+    out.narrow(ROW_DIM, out.shape[ROW_DIM] - p, p).copy_(tail)
+    return out
 
 
 def group_norm(
@@ -141,43 +189,56 @@ def group_norm(
 ) -> Tensor:
     """torch.nn.functional.group_norm over the rows of every rank of `group` (x: B C ...).
 
-    Each rank computes its count n_r, mean m_r and sum of squared deviations M2_r per (B, G),
-    then all ranks combine them (Chan et al.):
+    Each rank normalises its band with its own statistics (torch's fused native group norm,
+    which also returns each (B, G)'s mean m_r and 1 / sqrt(var_r + eps)). The ranks then combine
+    count n_r, mean m_r and sum of squared deviations M2_r = n_r var_r (Chan et al.):
         n = sum n_r,  m = sum n_r m_r / n,  M2 = sum (M2_r + n_r (m_r - m)^2),  var = M2 / n
-    which, unlike sum(x^2)/n - m^2, does not cancel when |m| >> std. The combination runs in
-    float64 on B x G numbers; the data pass stays in x's dtype (float32 for half types, as torch does).
+    which, unlike sum(x^2)/n - m^2, does not cancel when |m| >> std; the combination runs in
+    float64 on B x G numbers. The band's result is turned into the global one in the same
+    buffer with one multiply-add per element:
+        y = (x - m) / s * w + b = xhat_r * (w s_r / s) + (w (m_r - m) / s + b),
+    with xhat_r = (x - m_r) / s_r the local normalisation, s = sqrt(var + eps). Half types are
+    normalised in float32, as torch does.
     """
     batch, channels = x.shape[0], x.shape[1]
     if channels % num_groups:
         raise ValueError(f"{channels} channels are not divisible by {num_groups} groups")
-    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    xg = work.reshape(batch, num_groups, -1)
-    n_local = xg.shape[-1]
-    var_local, mean_local = torch.var_mean(xg, dim=-1, correction=0)
-    stats = torch.stack([
-        torch.full_like(mean_local, float(n_local), dtype=torch.float64),
-        mean_local.double(),
-        var_local.double() * n_local,
-    ])  # [3, B, G]
     world = dist.get_world_size(group)
-    if world > 1:
-        gathered = [torch.empty_like(stats) for _ in range(world)]
-        dist.all_gather(gathered, stats, group=group)
-        allstats = torch.stack(gathered)  # [world, 3, B, G]
-    else:
-        allstats = stats[None]
+    if world == 1:
+        return torch.nn.functional.group_norm(x, num_groups, weight, bias, eps)
+    if eps <= 0:
+        raise ValueError(f"row-parallel group norm needs eps > 0, got {eps}")
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    work = work.contiguous()
+    per_channel = work[0, 0].numel()
+    xhat, mean_local, rstd_local = torch.ops.aten.native_group_norm(
+        work, None, None, batch, channels, per_channel, num_groups, eps)
+    n_local = per_channel * (channels // num_groups)
+    rstd64 = rstd_local.double().reshape(batch, num_groups)
+    mean64 = mean_local.double().reshape(batch, num_groups)
+    var_local = (1.0 / rstd64 ** 2 - eps).clamp_min(0.0)
+    stats = torch.stack([torch.full_like(mean64, float(n_local)), mean64, var_local * n_local])  # [3, B, G]
+    gathered = [torch.empty_like(stats) for _ in range(world)]
+    dist.all_gather(gathered, stats, group=group)
+    allstats = torch.stack(gathered)  # [world, 3, B, G]
     n_r, m_r, m2_r = allstats[:, 0], allstats[:, 1], allstats[:, 2]
     n = n_r.sum(0)
     mean = (n_r * m_r).sum(0) / n
     var = (m2_r + n_r * (m_r - mean) ** 2).sum(0) / n
-    inv_std = torch.rsqrt(var + eps)
-    out = (xg - mean.to(work.dtype)[..., None]) * inv_std.to(work.dtype)[..., None]
-    out = out.reshape(x.shape)
-    affine_shape = (1, channels) + (1,) * (x.dim() - 2)
+    inv_std = torch.rsqrt(var + eps)  # [B, G]
+    per_group = channels // num_groups
+    scale = (inv_std / rstd64)[..., None].expand(batch, num_groups, per_group).reshape(batch, channels)
+    shift = ((mean64 - mean) * inv_std)[..., None].expand(batch, num_groups, per_group).reshape(batch, channels)
     if weight is not None:
-        out = out * weight.to(out.dtype).reshape(affine_shape)
+        w = weight.double().reshape(1, channels)
+        scale, shift = scale * w, shift * w
     if bias is not None:
-        out = out + bias.to(out.dtype).reshape(affine_shape)
+        shift = shift + bias.double().reshape(1, channels)
+    affine_shape = (batch, channels) + (1,) * (x.dim() - 2)
+    scale = scale.to(work.dtype).reshape(affine_shape)
+    shift = shift.to(work.dtype).reshape(affine_shape)
+    out = xhat.reshape(work.shape)
+    torch.addcmul(shift, out, scale, out=out)
     return out.to(x.dtype)
 
 
