@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -80,7 +81,12 @@ def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, 
             times.append(time.perf_counter() - t0)
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        results.put(("steps", rank, slowest.tolist()))
+        # What the engine adds on rank 0 after every step, outside the timed steps above: the
+        # checkpoint (a host copy of the latents, scheduler and generator state) serialised for
+        # the driver, as Ray does with the step's return value (pickle protocol 5).
+        c0 = time.perf_counter()
+        blob = pickle.dumps(runner.checkpoint(state), protocol=5) if rank == 0 else b""
+        results.put(("steps", rank, (slowest.tolist(), len(blob), time.perf_counter() - c0)))
     dist.destroy_process_group()
 
 
@@ -114,10 +120,14 @@ class PlainLaunch:
         assert got == kind, (got, kind)
         return payload
 
-    def run(self, steps: int, seed: int) -> list[float]:
+    def run(self, steps: int, seed: int) -> tuple[list[float], int, float]:
+        """Per-step seconds (slowest rank), and rank 0's checkpoint: bytes and seconds to make it."""
         for q in self._commands:
             q.put((steps, seed))
-        return [self._get("steps") for _ in range(self.world)][0]
+        answers = [self._get("steps") for _ in range(self.world)]
+        per_step = answers[0][0]
+        nbytes, seconds = max((a[1], a[2]) for a in answers)
+        return per_step, nbytes, seconds
 
     def close(self) -> None:
         for q in self._commands:
@@ -158,7 +168,8 @@ def compare(model_dir: str, workers: int, ulysses: int, ring: int, cfg: int, ste
                     result = engine.generate(PROMPT, num_inference_steps=steps, seed=rnd, progress=False)
                     per_step = list(result.timings["step_seconds"])
                 else:
-                    per_step = plain.run(steps, seed=rnd)
+                    per_step, ck_bytes, ck_seconds = plain.run(steps, seed=rnd)
+                    row["checkpoint"] = {"bytes": ck_bytes, "seconds": round(ck_seconds, 5)}
                 row[side] = {"step_seconds": [round(s, 5) for s in per_step],
                              "median_step": statistics.median(per_step[1:]),
                              "busy_share": round((benchlib.machine_busy_seconds() - busy0)
@@ -186,6 +197,14 @@ def compare(model_dir: str, workers: int, ulysses: int, ring: int, cfg: int, ste
         "ratio": benchlib.summary(ratios),
         "difference_seconds": benchlib.summary([r["difference"] for r in records], 5),
         "overhead": round(statistics.median(ratios) - 1, 4),
+        # Driver <-> ranks per step: one remote call per rank (method name and a flag) out, and
+        # rank 0's checkpoint back; its bytes and the time to make and serialise it, measured
+        # on the plain side's rank 0 after its timed steps.
+        "driver_bytes_per_step": {
+            "checkpoint_from_rank0": records[0]["checkpoint"]["bytes"],
+            "call_args_per_rank": len(pickle.dumps(("step", True), protocol=5)),
+            "ranks": plan.world_size},
+        "checkpoint_seconds": benchlib.summary([r["checkpoint"]["seconds"] for r in records], 5),
         "rounds": records,
     }
 
@@ -232,6 +251,11 @@ def main(argv=None) -> int:
     print(f"raydit {benchlib.fmt(result['raydit_step_seconds'])}/step, plain "
           f"{benchlib.fmt(result['plain_step_seconds'])}/step, overhead {result['overhead']:+.2%} "
           f"(target <= {TARGET:.0%})")
+    b = result["driver_bytes_per_step"]
+    print(f"driver <-> ranks per step: {b['checkpoint_from_rank0']:,} B of checkpoint from rank 0 and "
+          f"{b['call_args_per_rank']} B of call arguments to each of {b['ranks']} ranks; making and serialising "
+          f"the checkpoint takes {benchlib.fmt(result['checkpoint_seconds'], 's', 4)} "
+          f"({result['checkpoint_seconds']['median'] / result['plain_step_seconds']['median']:.2%} of a step)")
     if "fixed_cost" in result:
         fc = result["fixed_cost"]
         print(f"fixed cost per step (tiny model, raydit - plain): {benchlib.fmt(fc['seconds_per_step'], 's', 4)}"
