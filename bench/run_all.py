@@ -43,6 +43,12 @@ SUITE = {
     "throughput": ("bench_throughput.py", ["--requests", "2", "--steps", "2", "--rounds", "2"],
                    ["--requests", "4", "--steps", "4", "--rounds", "3"]),
     "attention": ("bench_attention.py", None, ["--max-wait", "10"]),
+    # Real 480 x 720 VAEs: about 4 minutes per VAE and round on 2 cores; full mode only.
+    "decode": ("bench_decode.py", None, ["--vaes", "cogvideox", "wan2.1", "wan2.2", "--frames", "1", "--rounds", "3",
+                                         "--max-wait", "10"]),
+    "decode-e2e": ("bench_decode.py", None, ["--end-to-end", "--layers", "2", "--steps", "2", "--rounds", "2",
+                                             "--max-wait", "10"]),
+    "serve": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "1"]),
     "gpu": ("bench_gpu.py", [], []),
 }
 
@@ -195,6 +201,38 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
         for r in tp["rows"]:
             rows.append((f"7. throughput, {r['config']}", _s(r["requests_per_minute"], 2, "req/min"), "", ""))
         rows.append(("7. throughput ratio, 2 replicas / 1", _s(tp["ratio_2_replicas_over_1"], 2, "x"), "", ""))
+    dc = res.get("decode")
+    if dc:
+        target = dc.get("target_speedup", 1.7)
+        for c in dc["cases"]:
+            if "one_rank_seconds" not in c:
+                continue  # a summary assembled from printed lines, not the bench's own record
+            shape = "x".join(str(v) for v in c["video_shape"][2:])
+            judged = c.get("channels_div", 1) == 1
+            rows.append((f"9. VAE decode {c['vae']}, {c['latent_frames']} latent frame(s) -> {shape}, 2 ranks vs 1 "
+                         "(exact, split by rows)",
+                         f"1 rank {_s(c['one_rank_seconds'], 1)}, 2 ranks {_s(c['two_rank_seconds'], 1)}; speedup "
+                         f"{_s(c['speedup'], 2, 'x')}; CPU-time split {c['cpu_speedup']['median']:.2f}x; max abs diff "
+                         f"{c['max_abs_diff']:.1e}", f">= {target}x" if judged else "",
+                         ("yes" if c["speedup"]["median"] >= target else "**no**") if judged else ""))
+            notes.append(f"Decode, {c['vae']} {c['latent_frames']} latent frame(s): figures from {c['figures_from']} "
+                         f"({c['clean_rounds']} of {len(c['rounds'])} rounds clean); median 1-min load "
+                         f"{c['load_1m']['median']}.")
+    de = res.get("decode-e2e")
+    if de:
+        one, two = de["parts"]["1 rank"], de["parts"]["2 ranks"]
+        rows.append((f"9. whole generation, 2 ranks vs 1 (CogVideoX VAE, 2b-shaped transformer with {de['layers']} "
+                     f"layers, {de['height']}x{de['width']}, {de['latent_frames']} latent frame, {de['steps']} steps; "
+                     f"{de['plan_2_ranks']})",
+                     f"1 rank {_s(one['seconds'], 1)} (decode {one['decode']['median']:.1f} s), 2 ranks "
+                     f"{_s(two['seconds'], 1)} (decode {two['decode']['median']:.1f} s on {two['decode_ranks']} ranks); "
+                     f"speedup {_s(de['speedup'], 2, 'x')}; frames within {de['max_level_diff']} level(s)", "", ""))
+    sv = res.get("serve")
+    if sv and "throughput_ratio_http_over_direct" in sv:
+        ratio = sv["throughput_ratio_http_over_direct"]
+        rows.append((f"10. `raydit serve`: requests per minute through HTTP over the Engine called directly "
+                     f"({sv.get('requests_per_burst', '?')} queued requests)",
+                     _s(ratio, 3, "x"), ">= 0.98x", "yes" if ratio["median"] >= 0.98 else "**no**"))
     at = res.get("attention")
     if at:
         notes.append("Attention-only speedups: attention.md beside this table (bench/bench_attention.py).")
