@@ -1,0 +1,714 @@
+"""The HunyuanVideo 1.5 family: `HunyuanVideo15Pipeline` (text-to-video) and
+`HunyuanVideo15ImageToVideoPipeline` (image-to-video).
+
+Adapter. The model runs one kind of block (`transformer_blocks`, 54 dual-stream blocks in
+the released 480p / 720p checkpoints): video and text with their own weights and one joint
+attention over [video ; text]. The "text" the blocks see is built by the model itself from
+three streams, reordered so that the valid tokens come first: [valid image (SigLIP, I2V
+only), valid ByT5 glyph tokens, valid Qwen2.5-VL tokens, then every masked token]; the
+block's mask is [B, Lt] over that text alone (a prefix), and the model's processor masks a
+padded token both as a key and as a query.
+
+Under sequence parallelism only the video is split: the split hook cuts `hidden_states`
+before the first block, the gather hook restores it after the last. The text stays whole
+on every rank (every rank computes its projections, norms and feed-forward: the same
+numbers everywhere). Inside each attention the *valid* text tokens are laid out as a second
+part beside the video, each on exactly one rank (`SeqLayout((video, n_valid), sp)`), so
+that `sp_attention` (Ulysses, ring or both) counts every key once and never sees a masked
+one; the valid text's attention output is all-gathered over the sp group, so every rank
+holds the whole text again. A masked text token's attention output is zero here (a masked
+query has no key in diffusers either); it never reaches a valid token (masked as a key in
+every block, feed-forwards per token, the text dropped after the last block), so the video
+is the same. Samples whose masks differ are attended one after the other. RoPE covers the
+video tokens only; the model's table for all video tokens is cut to this rank's chunk.
+Image-to-video conditions by channels (noisy latents, the image's latents on frame 0 and a
+frame mask are concatenated before the patch embedding, patch 1): that conditioning is part
+of each video token and is split with it.
+
+Steps. Guidance is classifier-free and lives in the pipeline's guider
+(`ClassifierFreeGuidance`): the request's `guidance_scale` is the guider's scale
+(`--guidance-scale` sets it; `reference_latents` runs diffusers' pipeline with a copy of its
+guider at that scale). Two transformer calls per step (conditional, unconditional), as the
+pipeline makes them; cfg = 2 runs them on two rank groups. FlowMatchEulerDiscreteScheduler
+on the pipeline's sigmas (linspace(1, 0)). A guider the runner cannot reproduce (rescaled,
+original formulation, a start/stop window, another guidance method) is refused in one line.
+
+Text. The Qwen2.5-VL encoder (chat template, 108 template tokens cropped, 1000 tokens), the
+ByT5 glyph encoder (quoted text in the prompt; zeros and an empty mask without) and, for
+I2V, the SigLIP image encoder run in `encode`, once per request on the replica's rank 0.
+
+Tiny. `tiny-hunyuan15` / `tiny-hunyuan15-i2v`: 6 heads x 8 (Ulysses 1, 2, 3, 6; 4 and 5
+ranks run ring or hybrid), two blocks, a small Qwen2.5-VL text model with a tokenizer built
+in code whose chat template is 108 tokens before the prompt (as Qwen's), a small T5 over
+ByT5's byte tokenizer, SigLIP for I2V, and the 1.5 VAE (16x spatial, 4x temporal) with 8
+channels; random weights.
+
+Module-level imports stay light (no torch, no diffusers): the planner reads this family
+through the registry without importing torch.
+
+Legend: B batch, S local video tokens (this rank's chunk), Lv all video tokens, Lt text
+tokens (image + ByT5 + Qwen, padded), n valid text tokens, H heads, D head dim, C = H*D.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Family, Prepared, png_to_image
+
+VIDEO = 0  # the only part split across the blocks
+TEXT = 1  # the valid text tokens: a second part inside each attention only
+
+T2V, I2V = "HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"
+# HunyuanVideo15Pipeline.__call__ defaults: 121 frames; the size from the transformer's
+# target_size at 16:9 (480p: 480 x 848, 720p: 720 x 1280). A directory may carry its own
+# request defaults in DEFAULTS_FILE (the tiny built-ins do).
+DEFAULT_FRAMES = 121
+DEFAULTS_FILE = "raydit_defaults.json"
+# The text the blocks attend: Qwen tokens after the template crop, ByT5 tokens, and the
+# image tokens (SigLIP's 729 for I2V; 729 masked zeros for T2V): all padded lengths.
+QWEN_TOKENS, BYT5_TOKENS, IMAGE_TOKENS = 1000, 256, 729
+_MASK_CACHE = "__hunyuanvideo15_text_valid__"
+
+
+# -- adapter -----------------------------------------------------------------------------------
+def valid_text_counts(attention_mask, text_len: int, batch: int) -> list[int]:
+    """Per sample, how many text tokens are valid, from the block's text mask.
+
+    attention_mask: [B, Lt] (bool or 0/1), or None (all valid). The model reorders the text so
+    the valid tokens come first; a mask that is not a prefix is refused (only a prefix can be
+    laid out exactly).
+    """
+    import torch
+
+    if attention_mask is None:
+        return [text_len] * batch
+    mask = attention_mask.reshape(attention_mask.shape[0], -1).bool()
+    if mask.shape[1] != text_len:
+        raise ValueError(f"attention_mask covers {mask.shape[1]} tokens; the text has {text_len}")
+    counts = mask.sum(dim=1)
+    prefix = torch.arange(text_len, device=mask.device).unsqueeze(0) < counts.unsqueeze(1)
+    if not torch.equal(mask, prefix):
+        raise ValueError(
+            "attention_mask must keep a prefix of the text tokens (as HunyuanVideo15Transformer3DModel "
+            "builds it: valid image, ByT5 and Qwen tokens first)"
+        )
+    counts = [int(c) for c in counts.tolist()]
+    return counts * batch if len(counts) == 1 and batch > 1 else counts
+
+
+class HunyuanVideo15SPAttnProcessor:
+    """Sequence-parallel replacement for HunyuanVideo15AttnProcessor2_0.
+
+    hidden_states: [B, S, C], this rank's video chunk; encoder_hidden_states: [B, Lt, C], the
+    whole text; attention_mask: [B, Lt]. Returns (video [B, S, C], text [B, Lt, C]).
+    """
+
+    def __init__(self, context: ForwardContext):
+        self.context = context
+
+    def _counts(self, attention_mask, text_len: int, batch: int) -> list[int]:
+        # The same mask tensor goes to every block of a forward: read it once (one host sync).
+        cache = self.context.split_cache
+        cached = cache.get(_MASK_CACHE)
+        if cached is not None and cached[0] is attention_mask:
+            return cached[1]
+        counts = valid_text_counts(attention_mask, text_len, batch)
+        cache[_MASK_CACHE] = (attention_mask, counts)
+        return counts
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        import torch
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        from raydit.parallel.attention import sp_attention
+        from raydit.parallel.mesh import gather_sequence
+        from raydit.parallel.sharding import SeqLayout
+
+        if encoder_hidden_states is None:
+            raise ValueError("HunyuanVideo15SPAttnProcessor needs the text tokens (encoder_hidden_states)")
+        mesh, layout = self.context.mesh, self.context.layout
+        if layout is None:
+            raise RuntimeError("the split hook did not run before attention")
+        B, S, _ = hidden_states.shape
+        Lv, Lt = layout.part_lengths[VIDEO], encoder_hidden_states.shape[1]
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
+
+        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if image_rotary_emb is not None:
+            cos, sin = image_rotary_emb  # [Lv, D] each -> this rank's rows [S, D]
+            if cos.shape[0] != Lv:
+                raise ValueError(f"rotary table has {cos.shape[0]} rows but the video has {Lv} tokens")
+            freqs = (layout.shard(cos, VIDEO, mesh.sp_index, dim=0), layout.shard(sin, VIDEO, mesh.sp_index, dim=0))
+            q = apply_rotary_emb(q, freqs, sequence_dim=1)
+            k = apply_rotary_emb(k, freqs, sequence_dim=1)
+        text = encoder_hidden_states
+        tq, tk, tv = heads(attn.add_q_proj(text)), heads(attn.add_k_proj(text)), heads(attn.add_v_proj(text))
+        if attn.norm_added_q is not None:
+            tq = attn.norm_added_q(tq)
+        if attn.norm_added_k is not None:
+            tk = attn.norm_added_k(tk)
+
+        counts = self._counts(attention_mask, Lt, B)
+        video_out = q.new_empty(q.shape)  # [B, S, H, D]
+        text_out = tq.new_zeros(tq.shape)  # [B, Lt, H, D]; masked rows stay zero
+        groups: dict[int, list[int]] = {}
+        for b, n in enumerate(counts):
+            groups.setdefault(n, []).append(b)
+        for n, samples in groups.items():
+            rows = slice(samples[0], samples[-1] + 1) if samples == list(range(samples[0], samples[-1] + 1)) else samples
+            joint = SeqLayout((Lv, n), mesh.sp)  # the video chunks are the blocks' own
+
+            def local(video_BSHD, text_BLHD):
+                # [B, S + chunk_n, H, D] -> [B, H, S + chunk_n, D]: my video chunk, my share of the valid text
+                mine = joint.shard(text_BLHD[rows, :n], TEXT, mesh.sp_index, dim=1)
+                return torch.cat([video_BSHD[rows], mine], dim=1).transpose(1, 2)
+
+            out = sp_attention(local(q, tq), local(k, tk), local(v, tv), mesh, joint).transpose(1, 2)
+            video_out[rows] = out[:, :S]
+            text_out[rows, :n] = gather_sequence(out[:, S:], mesh, joint, TEXT, dim=1)
+
+        video_out = video_out.flatten(2, 3).type_as(q)
+        text_out = text_out.flatten(2, 3).type_as(q)
+        video_out = attn.to_out[1](attn.to_out[0](video_out))  # linear, dropout
+        text_out = attn.to_add_out(text_out)
+        return video_out, text_out
+
+
+class HunyuanVideo15Adapter(ModelAdapter):
+    name = "hunyuanvideo15"
+    transformer_classes = ("HunyuanVideo15Transformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="transformer_blocks",
+        # HunyuanVideo15TransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+        # attention_mask, freqs_cis): only the video is split (temb is per sample).
+        split_inputs=(SplitInput("hidden_states", VIDEO),),
+        # the block returns (hidden_states, encoder_hidden_states); the text is whole
+        gather_outputs=(GatherOutput(0, VIDEO),),
+        attention="attn",
+    )
+
+    def validate(self, transformer, mesh) -> None:
+        if not self.plan.block_list(transformer):
+            raise ValueError("the transformer has no blocks to parallelize (num_layers = 0)")
+        super().validate(transformer, mesh)
+
+    def make_processor(self, context: ForwardContext) -> HunyuanVideo15SPAttnProcessor:
+        return HunyuanVideo15SPAttnProcessor(context)
+
+
+# -- the family --------------------------------------------------------------------------------
+def _image_size(pipe, image) -> tuple[int, int]:
+    """(height, width) the I2V pipeline generates for `image`: the bucket of its aspect ratio
+    at the transformer's target_size (HunyuanVideo15ImageToVideoPipeline.__call__)."""
+    return tuple(pipe.video_processor.calculate_default_height_width(
+        height=image.size[1], width=image.size[0], target_size=pipe.target_size))
+
+
+def _request_image(pipe, request):
+    """The request's image resized and cropped as the I2V pipeline does."""
+    image = png_to_image(request.image)
+    height, width = _image_size(pipe, image)
+    return pipe.video_processor.resize(image, height=height, width=width, resize_mode="crop")
+
+
+class HunyuanVideo15Family(Family):
+    """HunyuanVideo15Pipeline / HunyuanVideo15ImageToVideoPipeline steps: classifier-free
+    guidance from the pipeline's guider, two transformer calls per step."""
+
+    name = "hunyuanvideo15"
+    pipelines = (T2V, I2V)
+    image_pipelines = (I2V,)
+    adapter = HunyuanVideo15Adapter
+    batch_branches = False  # the guider's batches: one call per branch, as the pipeline makes them
+
+    def tiny(self):
+        return {"tiny-hunyuan15": tiny_pipeline_dir, "tiny-hunyuan15-i2v": tiny_i2v_pipeline_dir}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
+        absent keys: 16 x 128, 54 layers, patch 1, 16x / 4x VAE, 32 latent channels); request
+        defaults: 121 frames at the 16:9 bucket of the transformer's target_size, unless the
+        directory says otherwise (DEFAULTS_FILE); sizes from the weights' headers."""
+        from raydit.planner.model import ModelSpec, component_params, require
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "HunyuanVideo15Transformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a HunyuanVideo 1.5 pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        layers = int(cfg.get("num_layers", 54))
+        hidden = heads * head_dim
+        ffn = int(hidden * float(cfg.get("mlp_ratio", 4.0)))
+        vae = configs.get("vae", {})
+        spatial = int(vae.get("spatial_compression_ratio", 16))
+        height, width = default_size(int(cfg.get("target_size", 640)), spatial)
+        defaults = {"num_frames": DEFAULT_FRAMES, "height": height, "width": width}
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        # attention 8 h^2 (video and text), two FFNs 4 h ffn, two adaptive norms 12 h^2
+        estimate = float(layers * (20 * hidden * hidden + 4 * hidden * ffn))
+        encoders = sum(component_params(path / c) or 0.0 for c in ("text_encoder", "text_encoder_2", "image_encoder"))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=ffn,
+            patch_size=int(cfg.get("patch_size", 1)), patch_size_t=int(cfg.get("patch_size_t", 1)),
+            text_tokens=QWEN_TOKENS + BYT5_TOKENS, text_in_sequence=True, positional="rotary",
+            in_channels=int(cfg.get("in_channels", 65)),
+            params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
+            vae_params=component_params(path / "vae") or 0.0,
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]), vae_spatial=spatial,
+            vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
+        )
+
+    def reference_latents(self, pipe, request):
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        kwargs = dict(prompt=request.prompt, negative_prompt=request.negative_prompt or None,
+                      num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
+                      generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent")
+        if type(pipe).__name__ == I2V:
+            kwargs["image"] = png_to_image(request.image)  # the pipeline sizes the video from it
+        else:
+            kwargs.update(height=request.height, width=request.width)
+        guider = pipe.guider
+        pipe.guider = guider.new(guidance_scale=request.guidance_scale)  # what --guidance-scale sets
+        try:
+            return pipe(**kwargs).frames
+        finally:
+            pipe.guider = guider
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(),
+                "runner": runner_cases(base_dirs["tiny-hunyuan15"], base_dirs["tiny-hunyuan15-i2v"])}
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def encoders(self, pipe) -> list:
+        return [m for m in (getattr(pipe, n, None) for n in ("text_encoder", "text_encoder_2", "image_encoder"))
+                if m is not None]
+
+    def do_cfg(self, pipe, request) -> bool:
+        # ClassifierFreeGuidance._is_cfg_enabled: on unless disabled or the scale is 1.
+        guider = getattr(pipe, "guider", None)
+        enabled = guider is None or getattr(guider, "_enabled", True)
+        return enabled and not math.isclose(request.guidance_scale, 1.0)
+
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        if request.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); HunyuanVideo 1.5 has one: drop it")
+        guider = getattr(pipe, "guider", None)
+        if guider is not None:
+            name = type(guider).__name__
+            config = getattr(guider, "config", {})
+            if name != "ClassifierFreeGuidance":
+                raise ValueError(f"the pipeline's guider is {name}; raydit runs HunyuanVideo 1.5 with ClassifierFreeGuidance only")
+            odd = {k: config.get(k) for k, plain in (("guidance_rescale", 0.0), ("use_original_formulation", False),
+                                                     ("start", 0.0), ("stop", 1.0)) if config.get(k, plain) != plain}
+            if odd:
+                raise ValueError(f"the pipeline's guider sets {odd}; raydit runs plain classifier-free guidance only "
+                                 "(guidance_rescale 0, start 0, stop 1): save the pipeline with such a guider")
+        temporal = pipe.vae_scale_factor_temporal
+        if (request.num_frames - 1) % temporal:
+            lower = request.num_frames - (request.num_frames - 1) % temporal
+            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        multiple = pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % multiple:
+                lower = value - value % multiple
+                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+                raise ValueError(
+                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_scale_factor_spatial} "
+                    f"x patch {pipe.transformer.config.patch_size}); nearest: {nearest}"
+                )
+        if type(pipe).__name__ == I2V:
+            image = png_to_image(request.image)
+            height, width = _image_size(pipe, image)
+            if (request.height, request.width) != (height, width):
+                raise ValueError(
+                    f"{I2V} sizes the video from the image: a {image.size[0]}x{image.size[1]} image gives "
+                    f"height {height} and width {width} (target size {pipe.target_size}); ask for those"
+                )
+
+    def encode(self, pipe, request, device, dtype):
+        model_dtype = pipe.transformer.dtype
+        image_embeds = None
+        if type(pipe).__name__ == I2V:
+            image_embeds = pipe.encode_image(image=_request_image(pipe, request), batch_size=1, device=device,
+                                             dtype=model_dtype)
+
+        def branch(prompt):
+            embeds, mask, embeds_2, mask_2 = pipe.encode_prompt(prompt=prompt, device=device, dtype=model_dtype)
+            out = {"encoder_hidden_states": embeds, "encoder_attention_mask": mask,
+                   "encoder_hidden_states_2": embeds_2, "encoder_attention_mask_2": mask_2}
+            if image_embeds is not None:
+                out["image_embeds"] = image_embeds
+            return out
+
+        positive = branch(request.prompt)
+        negative = branch(request.negative_prompt or None) if self.do_cfg(pipe, request) else None
+        return positive, negative
+
+    def init(self, pipe, request, generator, device, dtype):
+        import numpy as np
+        import torch
+        from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retrieve_timesteps
+
+        n = request.num_inference_steps
+        sigmas = np.linspace(1.0, 0.0, n + 1)[:-1]  # as the pipeline's default
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, sigmas=sigmas)
+        pipe.scheduler.set_begin_index(0)
+        model_dtype = pipe.transformer.dtype
+        latents = pipe.prepare_latents(1, pipe.num_channels_latents, request.height, request.width,
+                                       request.num_frames, torch.float32, device, generator)
+        context = {}
+        if type(pipe).__name__ == I2V:
+            # The image's latents on frame 0 and a frame mask: channels of every video token.
+            cond, mask = pipe.prepare_cond_latents_and_mask(
+                latents=latents, image=_request_image(pipe, request), batch_size=1, height=request.height,
+                width=request.width, dtype=model_dtype, device=device)
+        else:
+            cond, mask = pipe.prepare_cond_latents_and_mask(latents, model_dtype, device)
+            context["image_embeds"] = torch.zeros(1, pipe.vision_num_semantic_tokens, pipe.vision_states_dim,
+                                                  dtype=model_dtype, device=device)
+        context["condition"] = torch.cat([cond, mask], dim=1)  # [1, C + 1, F, H, W]
+        return Prepared(latents=latents, timesteps=timesteps, context=context)
+
+    def predict(self, pipe, state, t, branch):
+        import torch
+
+        transformer = pipe.transformer
+        b = branch["encoder_hidden_states"].shape[0]
+        latents = state.latents.to(transformer.dtype)
+        model_input = torch.cat([latents, state.context["condition"]], dim=1).expand(b, -1, -1, -1, -1)
+        image_embeds = branch.get("image_embeds", state.context.get("image_embeds"))
+        timestep_r = None
+        if transformer.config.use_meanflow:  # the I2V pipeline's refiner timestep: the next one
+            i = state.step_index
+            nxt = state.timesteps[i + 1] if i + 1 < len(state.timesteps) else torch.tensor(0.0, device=t.device)
+            timestep_r = nxt.expand(b).to(model_input.dtype)
+        return transformer(
+            hidden_states=model_input,
+            image_embeds=image_embeds.expand(b, -1, -1),
+            timestep=t.expand(b).to(model_input.dtype),
+            encoder_hidden_states=branch["encoder_hidden_states"],
+            encoder_attention_mask=branch["encoder_attention_mask"],
+            encoder_hidden_states_2=branch["encoder_hidden_states_2"],
+            encoder_attention_mask_2=branch["encoder_attention_mask_2"],
+            timestep_r=timestep_r,
+            return_dict=False,
+        )[0]
+
+    def guidance_scale(self, pipe, state, t) -> float:
+        return state.request.guidance_scale
+
+    def decode_video(self, pipe, state, latents):
+        vae = pipe.vae
+        latents = latents.to(vae.device, vae.dtype) / vae.config.scaling_factor
+        return vae.decode(latents, return_dict=False)[0]
+
+
+FAMILY = HunyuanVideo15Family()
+
+
+def default_size(target_size: int, vae_spatial: int = 16) -> tuple[int, int]:
+    """(height, width) HunyuanVideo15Pipeline generates without a size: the 16:9 bucket of
+    `target_size` (generate_crop_size_list / get_closest_ratio), in pure Python."""
+    num = round((target_size / vae_spatial) ** 2)
+    buckets, wp, hp = [], num, 1
+    while wp > 0:
+        if max(wp, hp) / min(wp, hp) <= 4.0:
+            buckets.append((wp * vae_spatial, hp * vae_spatial))
+        if (hp + 1) * wp <= num:
+            hp += 1
+        else:
+            wp -= 1
+    aspect = 9 / 16
+    candidates = [(i, round(h / w, 5) - aspect) for i, (h, w) in enumerate(buckets) if round(h / w, 5) - aspect >= 0]
+    best = min(candidates, key=lambda pair: abs(pair[1]))[0]
+    return buckets[best]
+
+
+# -- the tiny pipelines ------------------------------------------------------------------------
+TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
+TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
+TINY_HEAD_DIM = 8
+TINY_ROPE_AXES = (2, 2, 4)  # frames, rows, columns: sums to the head dim
+TINY_TEXT_DIM = 16  # Qwen hidden size == transformer text_embed_dim
+TINY_BYT5_DIM = 24  # T5 d_model == transformer text_embed_2_dim
+TINY_IMAGE_DIM = 12  # SigLIP hidden size == transformer image_embed_dim
+TINY_LATENT_CHANNELS = 4
+TINY_TARGET_SIZE = 64  # the 16:9 bucket (and a 48 x 80 image's) is 48 x 80
+TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}
+TINY_SIGLIP_SIZE = 32  # SigLIP input; 8-pixel patches: 16 image tokens
+
+# Qwen2.5-VL's chat template puts 108 tokens before the prompt, which the pipeline crops.
+# This tokenizer keeps some of the system message's words whole and splits the others into
+# characters, so that its template is 108 tokens too and the crop leaves exactly the prompt.
+_SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_WHOLE_WORDS = (
+    "system user assistant you are a the video by detailing following aspects main content and "
+    "theme of color shape size texture quantity text spatial relationships objects actions events behaviors "
+    "temporal physical movement changes background environment light style atmosphere camera angles movements "
+    "transitions used in"
+).split()
+TEMPLATE_TOKENS = 108
+
+
+def qwen_tokenizer(max_length: int = 2048, whole_words: tuple = tuple(_WHOLE_WORDS)):
+    """A Qwen-like fast tokenizer with a chat template, built in code: `whole_words` are single
+    tokens, any other word is split into characters."""
+    import string
+
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    vocab = {"<|endoftext|>": 0, "<unk>": 1}
+    for word in (*_SPECIAL[:2], *whole_words, *chars, *("##" + c for c in chars)):
+        vocab.setdefault(word, len(vocab))
+    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in _SPECIAL])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", unk_token="<unk>",
+                                  eos_token="<|im_end|>", model_max_length=max_length)
+    tok.chat_template = _CHAT_TEMPLATE
+    return tok
+
+
+def _template_tokenizer():
+    """qwen_tokenizer, checked: its template is TEMPLATE_TOKENS tokens before the prompt
+    ("helpful" and "describe" cost their characters: 95 + 6 + 7)."""
+    tok = qwen_tokenizer()
+    chat = [{"role": "system", "content": _system_message()}, {"role": "user", "content": "x"}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    prefix = len(ids) - 4  # after the prompt "x": <|im_end|> <|im_start|> assistant
+    if prefix != TEMPLATE_TOKENS:
+        raise RuntimeError(f"the tiny Qwen template is {prefix} tokens, not {TEMPLATE_TOKENS}")
+    return tok
+
+
+def _system_message() -> str:
+    """The system message HunyuanVideo15Pipeline puts in its template (the default of its
+    prompt-embedding helper: the same text the pipeline passes)."""
+    import inspect
+
+    from diffusers import HunyuanVideo15Pipeline
+
+    return inspect.signature(HunyuanVideo15Pipeline._get_mllm_prompt_embeds).parameters["system_message"].default
+
+
+def _qwen_encoder(vocab_size: int, seed: int):
+    import torch
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    torch.manual_seed(seed)
+    config = Qwen2_5_VLTextConfig(
+        vocab_size=vocab_size, hidden_size=TINY_TEXT_DIM, intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048, pad_token_id=0, bos_token_id=0, eos_token_id=2,
+        rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}, rope_theta=1e6,
+    )
+    return Qwen2_5_VLTextModel(config).eval()
+
+
+def _byt5_encoder(seed: int):
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=384, d_model=TINY_BYT5_DIM, d_kv=8, d_ff=32, num_layers=2, num_heads=3,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                      feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1)
+    return T5EncoderModel(config).eval()
+
+
+def _siglip(seed: int):
+    import torch
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    torch.manual_seed(seed)
+    config = SiglipVisionConfig(hidden_size=TINY_IMAGE_DIM, intermediate_size=16, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=TINY_SIGLIP_SIZE, patch_size=8)
+    processor = SiglipImageProcessor(size={"height": TINY_SIGLIP_SIZE, "width": TINY_SIGLIP_SIZE})
+    return SiglipVisionModel(config).eval(), processor
+
+
+def tiny_transformer(seed: int, **overrides):
+    """A HunyuanVideo15Transformer3DModel of the tiny geometry (or `overrides`), every
+    parameter drawn from `seed` (zero-initialised gates would make parallel tests trivial)."""
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(
+        in_channels=2 * TINY_LATENT_CHANNELS + 1, out_channels=TINY_LATENT_CHANNELS, num_attention_heads=TINY_HEADS,
+        attention_head_dim=TINY_HEAD_DIM, num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, patch_size=1,
+        patch_size_t=1, text_embed_dim=TINY_TEXT_DIM, text_embed_2_dim=TINY_BYT5_DIM, image_embed_dim=TINY_IMAGE_DIM,
+        rope_axes_dim=TINY_ROPE_AXES, target_size=TINY_TARGET_SIZE, task_type="t2v",
+    )
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(HunyuanVideo15Transformer3DModel(**config), seed)
+
+
+def _tiny_vae(seed: int):
+    import torch
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    torch.manual_seed(seed)
+    return AutoencoderKLHunyuanVideo15(
+        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1,
+        spatial_compression_ratio=16, temporal_compression_ratio=4,
+        downsample_match_channel=False, upsample_match_channel=False,
+    ).eval()
+
+
+def tiny_pipeline(image: bool = False):
+    """The tiny HunyuanVideo15Pipeline (or, `image`, HunyuanVideo15ImageToVideoPipeline),
+    built in memory."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideo15ImageToVideoPipeline,
+        HunyuanVideo15Pipeline,
+    )
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer
+
+    from raydit.models.tiny import SEED
+
+    tok = _template_tokenizer()
+    parts = dict(
+        text_encoder=_qwen_encoder(len(tok), SEED + 1),
+        tokenizer=tok,
+        transformer=tiny_transformer(SEED + 10, task_type="i2v" if image else "t2v"),
+        vae=_tiny_vae(SEED + 2),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        text_encoder_2=_byt5_encoder(SEED + 3),
+        tokenizer_2=ByT5Tokenizer(),
+        guider=ClassifierFreeGuidance(guidance_scale=6.0),
+    )
+    if not image:
+        return HunyuanVideo15Pipeline(**parts)
+    encoder, processor = _siglip(SEED + 4)
+    return HunyuanVideo15ImageToVideoPipeline(**parts, image_encoder=encoder, feature_extractor=processor)
+
+
+class _WithDefaults:
+    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir
+    reads (what write_pipeline calls is save_pretrained)."""
+
+    def __init__(self, pipe, defaults: dict):
+        self.pipe, self.defaults = pipe, defaults
+
+    def save_pretrained(self, directory) -> None:
+        self.pipe.save_pretrained(directory)
+        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
+
+
+def tiny_pipeline_dir() -> Path:
+    """The directory of `tiny-hunyuan15`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-hunyuan15-{TINY_VERSION}",
+                          lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+def tiny_i2v_pipeline_dir() -> Path:
+    """The directory of `tiny-hunyuan15-i2v`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-hunyuan15-i2v-{TINY_VERSION}",
+                          lambda: _WithDefaults(tiny_pipeline(image=True), TINY_DEFAULTS))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.hunyuanvideo15:hunyuan15_forward"
+_BUILD_PIPELINE = "raydit.models.families.hunyuanvideo15:hunyuan15_pipeline"
+
+
+def hunyuan15_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
+                      rope_axes: tuple, valid: tuple, valid_2: tuple, text_len: int = 11, text_len_2: int = 7,
+                      image_tokens: int = 5, layers: int = 2, seed: int = 41):
+    """A tiny-weight HunyuanVideo15Transformer3DModel and the kwargs of one forward call: one
+    sample per entry of `valid` / `valid_2` (unmasked Qwen / ByT5 tokens); image tokens of
+    zeros (text-to-video: the model masks them)."""
+    import torch
+
+    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim,
+                                   rope_axes_dim=tuple(rope_axes), num_layers=layers)
+    g = torch.Generator().manual_seed(7)
+    batch = len(valid)
+
+    def mask(counts, length):
+        return (torch.arange(length).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)).float()
+
+    kwargs = dict(
+        hidden_states=torch.randn(batch, 2 * TINY_LATENT_CHANNELS + 1, latent_frames, latent_height, latent_width,
+                                  generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        encoder_attention_mask=mask(valid, text_len),
+        encoder_hidden_states_2=torch.randn(batch, text_len_2, TINY_BYT5_DIM, generator=g),
+        encoder_attention_mask_2=mask(valid_2, text_len_2),
+        image_embeds=torch.zeros(batch, image_tokens, TINY_IMAGE_DIM),
+    )
+    return transformer, kwargs
+
+
+def hunyuan15_pipeline(base_dir: str):
+    """A tiny HunyuanVideo 1.5 pipeline loaded from its directory (as a real checkpoint is)."""
+    from diffusers import DiffusionPipeline
+
+    from raydit.models.tiny import quiet_hub
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def forward_cases() -> list:
+    """Token counts no world size 2..6 divides, masks that differ per sample (Qwen and ByT5),
+    6 and 5 heads (Ulysses 1, 2, 3, 6 / 1, 5; the rest ring or hybrid)."""
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 3 x 5 = 45 video tokens; two samples: 4 + 0 and 9 + 3 valid text tokens.
+        ForwardCase("hunyuanvideo15-h6-masks", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=3, latent_width=5, heads=6, head_dim=8,
+                         rope_axes=(2, 2, 4), valid=(4, 9), valid_2=(0, 3))),
+        # 1 x 1 x 7 = 7 video tokens and 3 valid text tokens on 5 and 6 ranks.
+        ForwardCase("hunyuanvideo15-h5-7tokens", _BUILD_FORWARD, 5,
+                    dict(latent_frames=1, latent_height=1, latent_width=7, heads=5, head_dim=8,
+                         rope_axes=(2, 2, 4), valid=(2,), valid_2=(1,), layers=1),
+                    worlds=(5, 6)),
+    ]
+
+
+def runner_cases(base_dir: str, i2v_dir: str) -> list:
+    """Denoising on the tiny pipelines: 3 x 3 x 5 = 45 video tokens (3 and 5 divide it, 2, 4, 6
+    and 8 do not); classifier-free guidance (two calls; cfg = 2 runs one on each group), a
+    quoted glyph text for the ByT5 encoder; image-to-video on a few worlds."""
+    from raydit.models.conformance import RunnerCase
+
+    request = dict(prompt='a red fox runs past a sign saying "stop"', negative_prompt="blur", num_frames=9,
+                   height=48, width=80, num_inference_steps=2, guidance_scale=5.0, seed=11)
+    return [
+        RunnerCase("hunyuanvideo15-t2v", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir)),
+        RunnerCase("hunyuanvideo15-i2v", _BUILD_PIPELINE, TINY_HEADS, dict(request, seed=5),
+                   dict(base_dir=i2v_dir), image="checker", worlds=(2, 3)),
+    ]
