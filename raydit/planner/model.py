@@ -28,6 +28,7 @@ _T5_XXL = 4.76e9
 _UMT5_XXL = 5.68e9
 _HUNYUAN_TEXT = 8.03e9 + 0.12e9
 _CLIP_VIT_H = 0.63e9
+_HUNYUAN15_TEXT = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encoder
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,16 @@ def _builtin_specs() -> dict[str, ModelSpec]:
         # Guidance is embedded (a guidance-scale input): one transformer pass per step.
         ModelSpec("hunyuanvideo", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 256, True, "rotary",
                   16, 12.8e9, _HUNYUAN_TEXT, 0.25e9, 129, 720, 1280, cfg_branches=1),
+        # HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel's defaults: 16 heads x 128, 54
+        # dual-stream blocks, patch 1, 65 = 32 noise + 32 image + 1 mask channels, 8.33e9 params
+        # counted on the meta device; AutoencoderKLHunyuanVideo15: 16x / 4x, 32 channels, 1.26e9).
+        # Text joins the attention: 1000 Qwen2.5-VL + 256 ByT5 tokens (padded); encoders: the
+        # Qwen2.5-VL-7B text model 7.07e9 + ByT5-small's encoder 0.22e9. Defaults: 121 frames at
+        # the 16:9 bucket of the transformer's target_size (640: 480 x 848; 960: 720 x 1280).
+        ModelSpec("hunyuanvideo-1.5-480p", "hunyuanvideo15", 16, 128, 54, 8192, 1, 1, 1256, True, "rotary",
+                  65, 8.33e9, _HUNYUAN15_TEXT, 1.26e9, 121, 480, 848, vae_spatial=16),
+        ModelSpec("hunyuanvideo-1.5-720p", "hunyuanvideo15", 16, 128, 54, 8192, 1, 1, 1256, True, "rotary",
+                  65, 8.33e9, _HUNYUAN15_TEXT, 1.26e9, 121, 720, 1280, vae_spatial=16),
         # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
         ModelSpec("ltx-video", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
                   128, 1.9e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
@@ -263,6 +274,11 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
     specs.append(ModelSpec("tiny-hunyuan", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 256, True, "rotary",
                            4, 6.4e5, 4.2e4, 7.1e4, 9, 64, 64, cfg_branches=1))
+    # tiny-hunyuan15 / -i2v: HunyuanVideo 1.5's layout (patch 1, 16x VAE, joint text) at 6 heads x 8.
+    # (4.6e6 parameters: the ByT5 projection's 2048-wide hidden layer is fixed by diffusers.)
+    for name, encoders in (("tiny-hunyuan15", 2.9e4), ("tiny-hunyuan15-i2v", 3.4e4)):
+        specs.append(ModelSpec(name, "hunyuanvideo15", 6, 8, 2, 96, 1, 1, 1256, True, "rotary",
+                               9, 4.6e6, encoders, 1.1e5, 9, 48, 80, vae_spatial=16))
     # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
     specs.append(ModelSpec("tiny-ltx", "ltx", 6, 12, 2, 288, 1, 1, 128, False, "rotary",
                            8, 2.3e5, 2.5e4, 1.1e5, 9, 64, 96, vae_spatial=32, vae_temporal=8))
