@@ -124,3 +124,58 @@ def test_embedding_broadcast_grows_with_prompts_and_is_free_on_one_rank():
     one, two = broadcast_seconds(spec, 1, 8, 450, 8), broadcast_seconds(spec, 2, 8, 450, 8)
     payload = spec.text_tokens * TEXT_HIDDEN * spec.bytes_per_param / 450e9
     assert two - one == pytest.approx(2 * payload)  # two hops
+
+
+def test_hunyuan_decoder_flops_match_diffusers_count():
+    """HUNYUAN's FLOP per output pixel-frame (+ its mid-block attention) against
+    torch.utils.flop_counter on diffusers' AutoencoderKLHunyuanVideo decoder (default config =
+    HunyuanVideo's), built on the meta device: 4 latent frames of 32 x 32 (13 x 256 x 256 out),
+    one decoder call. Edges weigh a little more at this size than at 720p: within 5%."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from raydit.planner.decode import HUNYUAN, decode_flops, decoder_shape
+
+    spec = BUILTIN_MODELS["hunyuanvideo"]
+    assert decoder_shape(spec) is HUNYUAN and not HUNYUAN.parallel
+    with torch.device("meta"):
+        vae = diffusers.AutoencoderKLHunyuanVideo()
+    with FlopCounterMode(display=False) as counter:
+        vae.decoder(torch.empty(1, 16, 4, 32, 32, device="meta"))
+    assert decode_flops(spec, spec.geometry(13, 256, 256)) == pytest.approx(counter.get_total_flops(), rel=0.05)
+
+
+def test_hunyuan_decode_counts_attention_calls_and_tiles():
+    """decode_flops follows diffusers' framewise decode (5 latent frames a call, stride 3) and,
+    tiled, its 32 x 32 latent tiles at stride 24; each call attends over its latent tokens."""
+    from raydit.planner.decode import HUNYUAN, decode_flops
+
+    spec = BUILTIN_MODELS["hunyuanvideo"]
+    m, c = HUNYUAN.flops_per_pixel, HUNYUAN.attention_channels
+    # 3 latent frames x 8 x 32 latent rows/columns: one call, no tiling (32 x 32 is one tile).
+    small = spec.geometry(9, 64, 256)
+    assert decode_flops(spec, small) == pytest.approx(9 * 64 * 256 * m + 4 * (3 * 8 * 32) ** 2 * c)
+    assert decode_flops(spec, small, tiled=True) == decode_flops(spec, small)
+    # 77 x 480 x 848: 20 latent frames -> calls at 0, 3, ..., 18 of 5,5,5,5,5,5,2 frames; tiled, rows
+    # [32, 32, 12] of 60 and columns [32, 32, 32, 32, 10] of 106.
+    geo = spec.geometry(77, 480, 848)
+    calls = [5] * 6 + [2]
+    want = sum((1 + 4 * (t - 1)) * 480 * 848 * m + 4 * (t * 60 * 106) ** 2 * c for t in calls)
+    assert decode_flops(spec, geo) == pytest.approx(want)
+    tiles = [(a, b) for a in (32, 32, 12) for b in (32, 32, 32, 32, 10)]
+    want_tiled = sum((1 + 4 * (t - 1)) * a * 8 * b * 8 * m + 4 * (t * a * b) ** 2 * c
+                     for t in calls for a, b in tiles)
+    assert decode_flops(spec, geo, tiled=True) == pytest.approx(want_tiled)
+
+
+def test_vae_efficiency_is_fit_on_sglang_hunyuan_decode():
+    """VAE_EFFICIENCY reproduces its fit anchor (FIELD.md: SGLang, HunyuanVideo 848 x 480 x 77,
+    5.71 s on one H200 before parallel decode), decoded tiled as SGLang does."""
+    from raydit.planner import device_type
+
+    spec = BUILTIN_MODELS["hunyuanvideo"]
+    h200 = device_type("H200")
+    got = decode_cost(spec, spec.geometry(77, 480, 848), 1, h200.flops_per_second, h200.link_gb_s,
+                      h200.link_latency_us, tiled=True)
+    assert got.seconds == pytest.approx(5.71, rel=0.02)

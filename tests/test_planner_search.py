@@ -77,11 +77,14 @@ def test_cogvideox_2b_every_world_size(n):
 # (H100, 8 to a node). 7: ulysses cannot be 7 (30 heads) but ring 7 uses all 7 (tokens
 # split, 11 pad tokens); 9-12 (a node of 8 plus 1-4): the 8-device plan on one node beats
 # every layout whose ring would cross to the second node; the rest is left out and said so.
+# 12: cfg 2 x ulysses 2 x ring 3 over both nodes, 0.4% faster than the 8-device plan since the
+# cost model counts the tail wave of tiles (8 ranks of 4.4k rows leave more of the last wave
+# empty than 12); the two fall in different 0.5% buckets of the ranking.
 # 8: cfg 2 x ulysses 2 x ring 2 (the pipelined all-to-all hides behind attention on NVLink).
 BEST_2B = {
     1: (1, 1, 1, 1, 1), 2: (2, 1, 1, 1, 2), 3: (1, 3, 1, 1, 3), 4: (2, 2, 1, 1, 4),
     5: (1, 5, 1, 1, 5), 6: (2, 3, 1, 1, 6), 7: (1, 1, 7, 1, 7), 8: (2, 2, 2, 1, 8),
-    9: (2, 2, 2, 1, 8), 12: (2, 2, 2, 1, 8), 16: (2, 2, 4, 1, 16),
+    9: (2, 2, 2, 1, 8), 12: (2, 2, 3, 1, 12), 16: (2, 2, 4, 1, 16),
 }
 
 
@@ -182,13 +185,14 @@ def test_cfg2_halves_the_work_per_group():
     spec = model_spec("cogvideox-2b")
     geo = spec.geometry()
     link = costmod.Link(450, 8)
-    one = costmod.step_cost(spec, geo, 1, 2, 1, 2, 1e14, link, link, link, small_rows=0)
-    two = costmod.step_cost(spec, geo, 1, 2, 2, 1, 1e14, link, link, link, small_rows=0)
+    one = costmod.step_cost(spec, geo, 1, 2, 1, 2, 1e14, link, link, link, small_rows=0, wave_slots=0)
+    two = costmod.step_cost(spec, geo, 1, 2, 2, 1, 1e14, link, link, link, small_rows=0, wave_slots=0)
     assert two.compute == pytest.approx(one.compute / 2)
-    # Kernels lose rate on small shards: half the rows is a bit more than half the time.
+    # Kernels lose rate on small shards (fewer rows, a partly empty last wave of tiles): half
+    # the rows is a bit more than half the time.
     one_gpu = costmod.step_cost(spec, geo, 1, 2, 1, 2, 1e14, link, link, link)
     two_gpu = costmod.step_cost(spec, geo, 1, 2, 2, 1, 1e14, link, link, link)
-    assert one_gpu.compute / 2 < two_gpu.compute < one_gpu.compute / 2 * 1.01
+    assert one_gpu.compute / 2 < two_gpu.compute < one_gpu.compute / 2 * 1.05
 
 
 @pytest.mark.parametrize("gb_s", [1e6, 0.01])
@@ -197,7 +201,7 @@ def test_ring_step_is_max_of_compute_and_comm(gb_s):
     spec, geo = model_spec("cogvideox-2b"), model_spec("cogvideox-2b").geometry()
     U, R, b, flops = 1, 4, 2, 1e14
     ring_link, fast = costmod.Link(gb_s, 5), costmod.Link(1e6, 0)
-    got = costmod.step_cost(spec, geo, U, R, 1, b, flops, fast, ring_link, fast, small_rows=0)
+    got = costmod.step_cost(spec, geo, U, R, 1, b, flops, fast, ring_link, fast, small_rows=0, wave_slots=0)
     text, video = costmod.padded_parts(geo, U * R)
     block = (text + video) // R
     h = spec.hidden
@@ -486,7 +490,7 @@ def test_ulysses_exchange_is_pipelined_by_head_chunks():
     U, b, flops = 2, 1, 1e14
     for gb_s in (1000.0, 0.5):  # hidden behind attention, and not
         link = costmod.Link(gb_s, 5)
-        got = costmod.step_cost(spec, geo, U, 1, 1, b, flops, link, link, link, small_rows=0)
+        got = costmod.step_cost(spec, geo, U, 1, 1, b, flops, link, link, link, small_rows=0, wave_slots=0)
         text, video = costmod.padded_parts(geo, U)
         s, h = (text + video) // U, spec.hidden
         t_x4 = 4 * (5e-6 * (U - 1) + b * s * h * 2 * (U - 1) / U / (gb_s * 1e9))
@@ -496,7 +500,7 @@ def test_ulysses_exchange_is_pipelined_by_head_chunks():
         want = t_x4 / n + max(0.0, hide - t_att) + (costmod.RING_OVERLAP_SLOWDOWN - 1) * min(t_att, hide)
         assert got.all_to_all == pytest.approx(spec.layers * want)
         shm = costmod.step_cost(spec, geo, U, 1, 1, b, flops, costmod.Link(gb_s, 5, "shm"),
-                                link, link, small_rows=0)
+                                link, link, small_rows=0, wave_slots=0)
         assert shm.all_to_all == pytest.approx(spec.layers * t_x4)
 
 
@@ -536,3 +540,35 @@ def test_two_experts_count_in_memory_and_idle_weights_go_to_host_only_when_neede
     assert resident.offload_idle_gb == 0 and not any("host memory" in n for n in resident.notes)
     with pytest.raises(PlanError, match=r"even with the idle ones .* in host memory"):
         raydit.plan("wan2.2-t2v-a14b", gpus=4, gpu_type="L4")
+
+
+def test_tail_wave_of_tiles_slows_small_shards():
+    """Wave quantization (cost docstring): HunyuanVideo at 720p on Ulysses 8: attention runs
+    ceil(119056 / 128) x 3 heads = 2793 tiles on 132 slots (21.2 waves -> 22), each GEMM
+    ceil(b s / 128) x ceil(N / 256) tiles; the step is each kernel's FLOP over the rate times
+    its wave efficiency."""
+    spec = model_spec("hunyuanvideo")
+    geo = spec.geometry()
+    link = costmod.Link(1e6, 0)
+    U, flops, W = 8, 1e14, costmod.WAVE_SLOTS
+    plain = costmod.step_cost(spec, geo, U, 1, 1, 1, flops, link, link, link, small_rows=0, wave_slots=0)
+    waved = costmod.step_cost(spec, geo, U, 1, 1, 1, flops, link, link, link, small_rows=0)
+    text, video = costmod.padded_parts(geo, U)
+    S = text + video
+    s, h, f, L = S // U, spec.hidden, spec.ffn_hidden, spec.layers
+
+    def eff(n):
+        return n / (math.ceil(n / W) * W)
+
+    def gemm(width):
+        return eff(math.ceil(s / 128) * math.ceil(width / 256))
+
+    t_lin = 2 * s * L * (4 * h * h / gemm(h) + h * f / gemm(f) + h * f / gemm(h)) / flops
+    t_att = L * 4 * S * S * (h / U) / (flops * eff(math.ceil(S / 128) * spec.heads // U))
+    assert waved.compute == pytest.approx(t_lin + t_att)
+    assert waved.compute > plain.compute * 1.02  # 8 ranks lose a few % to the last wave
+    one = costmod.step_cost(spec, geo, 1, 1, 1, 1, flops, link, link, link, small_rows=0)
+    one_plain = costmod.step_cost(spec, geo, 1, 1, 1, 1, flops, link, link, link, small_rows=0, wave_slots=0)
+    assert one.compute < one_plain.compute * 1.01  # one GPU: ~170 waves, the tail is <1%
+    assert costmod.wave_efficiency(133, 132) == pytest.approx(133 / 264)
+    assert costmod.wave_efficiency(5, 0) == 1.0

@@ -24,6 +24,18 @@ still go through the kernel):
 Kernel efficiency at small shards: a GEMM or attention kernel with m rows reaches
 m / (m + m0) of its large-size rate (m0 = SMALL_SHARD_ROWS on GPUs, 0 for CPU slots);
 m = b s for the linear layers, m = b (S'/R) (h/U) / head_dim (rows x heads) for attention.
+Wave quantization (GPUs; CPU slots: none): a kernel launches its output tiles as thread
+blocks, at most one wave of W = WAVE_SLOTS at a time (one per SM: 132 on H100/H200 SXM), and
+its last wave runs as long as a full one, so n tiles reach n / (ceil(n / W) W) of the rate:
+
+    attention  n = ceil((S'/R) / 128) x heads / U x b   (FlashAttention-2/3's forward: one
+               block of 128 query rows per head and batch; the keys are looped inside it)
+    linear     n = ceil(b s / 128) x ceil(N / 256)     per GEMM of output width N (q, k, v
+               and the out projection: h each, the FFN: f and h), a 128 x 256 tile (cuBLAS /
+               CUTLASS's large bf16 tile on Hopper)
+
+Sharding shrinks n: HunyuanVideo at 720p on 8 ranks (Ulysses 8: 3 heads, 14.9k rows) loses
+4% of its attention rate to the tail wave against 0.5% on one GPU.
 
 Communication:
 
@@ -84,9 +96,11 @@ alone, which encodes the prompts and broadcasts the embeddings):
 Which published figures set constants (fits) and which only check them:
 bench/bench_costmodel.py lists each anchor with its role. The efficiencies in hardware.py
 are fits on one-GPU CogVideoX figures (A100, H100, L40); PCIE_FULL_RATE_GPUS is a fit on
-xDiT's CogVideoX1.5 8 x L40 speedup; everything else (HunyuanVideo and Open-Sora 2.0 on
-1-8 H100, Wan 2.1 I2V on 1 and 8 H100) checks. The model ranks layouts; absolute times
-are as good as those checks show.
+xDiT's CogVideoX1.5 8 x L40 speedup; decode.VAE_EFFICIENCY is a fit on SGLang's one-H200
+HunyuanVideo decode. WAVE_SLOTS and the tiles are hardware facts, not fits. Everything else
+(HunyuanVideo and Open-Sora 2.0 on 1-8 H100, Wan 2.1 I2V on 1 and 8 H100, TensorRT-LLM's
+Wan 2.2 decode) checks. The model ranks layouts; absolute times are as good as those checks
+show.
 """
 
 from __future__ import annotations
@@ -106,6 +120,11 @@ ULYSSES_HEAD_CHUNKS = 4
 SMALL_SHARD_ROWS = 64
 # Devices of a PCIe node that communicate at the full link rate at once (two per switch).
 PCIE_FULL_RATE_GPUS = 2
+# Thread blocks a GPU runs at once in one wave of a large kernel (one per SM: H100/H200 SXM
+# 132; A100 108 and L40 142 are near it) and the tiles the waves are made of.
+WAVE_SLOTS = 132
+ATTENTION_TILE_ROWS = 128
+GEMM_TILE = (128, 256)
 
 
 def ceil_to(n: int, k: int) -> int:
@@ -202,13 +221,26 @@ def shard_efficiency(rows: float, small_rows: float) -> float:
     return rows / (rows + small_rows) if small_rows > 0 else 1.0
 
 
+def wave_efficiency(tiles: float, slots: int) -> float:
+    """Fraction of its rate a kernel of `tiles` thread blocks reaches on `slots` at once: the
+    last, partial wave takes as long as a full one (module docstring). slots 0: 1.0."""
+    if slots <= 0 or tiles <= 0:
+        return 1.0
+    return tiles / (-(-tiles // slots) * slots)
+
+
+def _gemm_tiles(rows: float, width: float) -> float:
+    return -(-rows // GEMM_TILE[0]) * -(-width // GEMM_TILE[1])
+
+
 def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
               flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link,
-              small_rows: float = SMALL_SHARD_ROWS, head_chunks: int = ULYSSES_HEAD_CHUNKS) -> StepCost:
+              small_rows: float = SMALL_SHARD_ROWS, head_chunks: int = ULYSSES_HEAD_CHUNKS,
+              wave_slots: int = WAVE_SLOTS) -> StepCost:
     """Predicted time of one denoising step on one replica (formula in the module docstring).
 
     head_chunks: the Ulysses pipeline depth (1: no overlap, as in systems whose all-to-all
-    is synchronous).
+    is synchronous). wave_slots: thread blocks per wave (0: no wave quantization, CPU slots).
     """
     sp = ulysses * ring
     active = sp * cfg
@@ -219,15 +251,20 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     h, f, L, X, b = spec.hidden, spec.ffn_hidden, spec.layers, geo.cross_text_tokens, batch
     e = ACT_BYTES
 
-    lin_flops = 2 * b * s * L * (4 * h * h + 2 * h * f)
+    m = b * s
+    # Each GEMM's FLOP over its wave efficiency (q, k, v, out: width h; FFN: f, then h).
+    wave = lambda width: wave_efficiency(_gemm_tiles(m, width), wave_slots)  # noqa: E731
+    lin_time_flops = 2 * m * L * (4 * h * h / wave(h) + h * f / wave(f) + h * f / wave(h))
     if X:
-        lin_flops += 2 * b * s * L * 2 * h * h + 2 * b * X * L * 2 * h * h
-        lin_flops += 4 * b * s * X * h * L
-    t_lin = lin_flops / (flops_per_s * shard_efficiency(b * s, small_rows))
+        lin_time_flops += (2 * m * L * 2 * h * h + 4 * m * X * h * L) / wave(h)
+        lin_time_flops += 2 * b * X * L * 2 * h * h / wave_efficiency(_gemm_tiles(b * X, h), wave_slots)
+    t_lin = lin_time_flops / (flops_per_s * shard_efficiency(m, small_rows))
 
     block = seq // ring
     heads_here = spec.heads / ulysses
-    attn_rate = flops_per_s * shard_efficiency(b * block * heads_here, small_rows)
+    attn_tiles = -(-block // ATTENTION_TILE_ROWS) * max(1, spec.heads // ulysses) * b
+    attn_rate = (flops_per_s * shard_efficiency(b * block * heads_here, small_rows)
+                 * wave_efficiency(attn_tiles, wave_slots))
     t_blk = 4 * b * block * block * (h / ulysses) / attn_rate
     if ring > 1:
         t_kv = ring_link.seconds(2 * b * block * (h / ulysses) * e)

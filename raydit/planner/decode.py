@@ -37,8 +37,14 @@ from dataclasses import dataclass
 from raydit.planner.model import ModelSpec, VideoGeometry
 
 GB = 1e9
-# Fraction of the device's DiT rate a VAE decoder's 3x3(x3) convolutions reach (estimate).
-VAE_EFFICIENCY = 0.5
+# Fraction of the device's DiT rate (DeviceType.flops_per_second) a VAE decoder reaches: a
+# fit on one published decode (bench/bench_costmodel.py, role "fit"): SGLang's HunyuanVideo
+# 77 x 480 x 848 decode, 5.71 s on one H200 before its parallel decode (FIELD.md), decoded
+# framewise and tiled as SGLang's video pipelines do: decode_flops = 1.235e15 FLOP, / 5.71 s
+# / (989e12 x 0.31, H200) = 0.706. Its check, TensorRT-LLM's Wan 2.2 720p decode (2.72 s on
+# one B200), misses at this value (docs/benchmarks/costmodel.json): Wan's decoder reaches
+# a lower share of the GPU than HunyuanVideo's, which one constant cannot hold.
+VAE_EFFICIENCY = 0.71
 # Live full-resolution activations at the decoder's peak (input, norm output, conv output, residual).
 LIVE = 4
 TEXT_ENCODER_PLACES = ("every-rank", "one-rank", "cpu")
@@ -58,6 +64,16 @@ class DecoderShape:
     top_channels: int  # channels of the decoder's full-resolution activations (per output pixel)
     frames_per_call: int  # output frames one decoder call produces
     parallel: bool = True  # raydit decodes this family's VAE by rows
+    # Channels of a self-attention over one decoder call's latent tokens (HunyuanVideo's mid
+    # block: 4 N^2 C FLOP for N tokens); 0: none (its cost is then in flops_per_pixel).
+    attention_channels: int = 0
+    # Latent frames per decoder call and the stride between calls (diffusers' framewise
+    # decode: each call also takes the frame before its stride, its first output frame
+    # dropped), and, for `tiled` decodes, the latent tile side and stride (diffusers' defaults).
+    call_frames: int = 0  # 0: the whole video in one call (or the cost is per pixel only)
+    call_stride: int = 0
+    tile: int = 0
+    tile_stride: int = 0
 
 
 # CogVideoX (AutoencoderKLCogVideoX, 13 latent frames -> 49): 9.30e6 MAC per output pixel-frame,
@@ -72,8 +88,22 @@ DECODERS = {
 # 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
 # channels at half resolution hold as much as 64 at full resolution.
 WAN_16X = DecoderShape(2 * 9.33e6, 8934, 33.0, 0.0, 64, 4)
-# Families whose VAE raydit does not split (decoded replicated, on one rank's time): a
-# Wan-2.1-like cost per pixel stands in for their decoder.
+# HunyuanVideo (AutoencoderKLHunyuanVideo, diffusers' default config = HunyuanVideo's: blocks
+# 128/256/512/512, 2 layers each, mid-block attention), counted with torch.utils.flop_counter
+# on the decoder built on the meta device (a throwaway script: `FlopCounterMode` around
+# `vae.decoder(torch.randn(1, 16, T, h, w, device="meta"))`, T x h x w = 3x8x8, 5x32x32,
+# 9x32x32 latents): 9x32x32 (33 x 256 x 256 out) 3.711e13 FLOP in convolutions + 1.9e10 in
+# linear layers, 1.716e7 FLOP per output pixel-frame (5x32x32: 1.754e7 incl. attention;
+# 3x8x8: 1.808e7, edges weigh more), plus the mid block's one-head attention over the call's
+# latent tokens, 4 N^2 x 512 FLOP (1.74e11 at N = 9216: the bmm count). diffusers decodes it
+# framewise (5 latent frames a call, stride 3) and, with enable_tiling() (the official
+# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit does not
+# split it by rows: decoded on one rank's time.
+HUNYUAN = DecoderShape(1.716e7, 0.0, 0.0, 0.0, 128, 17, parallel=False, attention_channels=512,
+                       call_frames=5, call_stride=3, tile=32, tile_stride=24)
+DECODERS["hunyuanvideo"] = HUNYUAN
+# Families whose VAE raydit does not split and whose decoder is not counted (decoded
+# replicated, on one rank's time): a Wan-2.1-like cost per pixel stands in for their decoder.
 _OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 
 
@@ -112,16 +142,49 @@ def decode_ranks(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> int:
     return ranks
 
 
+def _spans(length: int, size: int, stride: int) -> list[int]:
+    """Lengths of the slices [i, i + size) for i in range(0, length, stride) (diffusers' tiles)."""
+    return [min(size, length - i) for i in range(0, length, stride)]
+
+
+def decode_flops(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> float:
+    """FLOP of one video's decode on one rank: flops_per_pixel per output pixel-frame the
+    decoder calls produce (overlapping tiles and framewise calls counted as decoded), plus
+    4 N^2 C per call where the decoder attends over a call's N latent tokens. `tiled`: the
+    spatial tiling diffusers' enable_tiling() adds (families with a `tile`)."""
+    d = decoder_shape(spec)
+    if not d.attention_channels and not d.call_frames and not (tiled and d.tile):
+        return geo.frames * geo.height * geo.width * d.flops_per_pixel
+    s, t = spec.vae_spatial, spec.vae_temporal
+    lh, lw, lt = geo.latent_height, geo.latent_width, geo.latent_frames
+    if d.call_frames and lt > d.call_frames - 1:
+        calls_t = _spans(lt, d.call_frames, d.call_stride)
+    else:
+        calls_t = [lt]
+    if tiled and d.tile and (lh > d.tile or lw > d.tile):
+        tiles = [(a, b) for a in _spans(lh, d.tile, d.tile_stride) for b in _spans(lw, d.tile, d.tile_stride)]
+    else:
+        tiles = [(lh, lw)]
+    total = 0.0
+    for ft in calls_t:
+        for th, tw in tiles:
+            out_frames = 1 + t * (ft - 1)
+            total += out_frames * th * s * tw * s * d.flops_per_pixel
+            total += 4.0 * (ft * th * tw) ** 2 * d.attention_channels
+    return total
+
+
 def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: float, link_gb_s: float,
-                link_latency_us: float) -> DecodeCost:
-    """Predicted decode of one video on a replica of `ranks` ranks (module docstring)."""
+                link_latency_us: float, *, tiled: bool = False) -> DecodeCost:
+    """Predicted decode of one video on a replica of `ranks` ranks (module docstring);
+    tiled: as diffusers' enable_tiling() decodes (decode_flops)."""
     d = decoder_shape(spec)
     n = decode_ranks(spec, geo, ranks)
     e = spec.bytes_per_param
     rows = geo.latent_height
     band = -(-rows // n)
     pixels = geo.frames * geo.height * geo.width
-    compute = pixels * d.flops_per_pixel / (flops_per_s * VAE_EFFICIENCY) * band / rows
+    compute = decode_flops(spec, geo, tiled) / (flops_per_s * VAE_EFFICIENCY) * band / rows
     a = link_latency_us * 1e-6
     bw = link_gb_s * GB
     halo = gather = 0.0

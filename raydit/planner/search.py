@@ -353,8 +353,10 @@ class _Layouts:
         hit = self._cost_cache.get(key)
         if hit is None:
             # CPU slots (shm) run one thread: no GPU-style tail of small tiles.
-            small = 0.0 if intra.kind == "shm" else costmod.SMALL_SHARD_ROWS
-            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link, small)
+            cpu = intra.kind == "shm"
+            small = 0.0 if cpu else costmod.SMALL_SHARD_ROWS
+            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link, small,
+                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS)
             self._cost_cache[key] = hit
         return hit
 
