@@ -232,8 +232,37 @@ def main(argv=None) -> int:
         print(f"[{r['role']:<7}] {r['anchor']:<70} {r['layout']:<28} published {r['published']:>8.2f} predicted "
               f"{r['predicted']:>8.2f} {r['unit']} ({r['error']:+.0%}) {r['note']}")
     print("implied serial seconds per video:", result["implied_serial_seconds"])
+    judged = [r for r in rows if r["role"] != "context"]
+    result["misses"] = [f"{r['anchor']}: {r['error']:+.0%}" for r in judged if abs(r["error"]) > TARGET]
     print("wrote", benchlib.write_json("costmodel", result, out))
+    print("wrote", write_markdown(result, out / "costmodel.md"))
     return 0
+
+
+def write_markdown(result: dict, path: Path) -> Path:
+    """docs/benchmarks/costmodel.md: the anchors with their roles, the misses, the CPU rows."""
+    lines = ["# Cost model against published figures", "",
+             "`python bench/bench_costmodel.py` (pure Python; the CPU rows below are read from "
+             "docs/benchmarks/scaling.json, measured by bench_scaling.py). Roles: `fit` set a "
+             "constant, `check` set none (a check is never a fit), `context` is not judged. "
+             f"Target: within {TARGET:.0%}.", "",
+             "| role | anchor | layout | published | predicted | unit | error | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["anchors"]:
+        lines.append(f"| {r['role']} | {r['anchor']} | {r['layout']} | {r['published']:g} | {r['predicted']:g} | "
+                     f"{r['unit']} | {r['error']:+.0%} | {r['note']} |")
+    lines += ["", f"Outside {TARGET:.0%} (fits and checks): " + ("; ".join(result["misses"]) or "none") + ".", "",
+              "Serial seconds per video implied by the published 1- and 8-GPU figures if the rest scaled "
+              f"perfectly: {result['implied_serial_seconds']}.", ""]
+    if result["measured"]:
+        lines += ["## This machine (CPU slots, calibrated at plan time)", "",
+                  "| plan | latent frames | measured s | predicted s | error (per round) |", "|---|---|---|---|---|"]
+        for r in result["measured"]:
+            lines.append(f"| {r['plan']} | {r['latent_frames']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
+                         f"{r['error']:+.0%} ({r['error_range']}) |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 if __name__ == "__main__":
