@@ -48,7 +48,7 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     if best.decode is not None:
         d = best.decode
         lines.append(f"        decode {d.seconds:.3f} s per video on {d.ranks} rank{'s' if d.ranks != 1 else ''} "
-                     f"(latent rows split), peak {d.peak_gb:.2f} GB per rank")
+                     f"({'latent rows split' if d.ranks > 1 else 'not split'}), peak {d.peak_gb:.2f} GB per rank")
     shown = result.candidates if limit is None else result.candidates[:limit]
     lines += ["", f"feasible ({len(result.candidates)}, ranked by step time, then throughput):",
               "rank  cfg ulysses ring replicas  gpus     step_s   steps/s  GB/dev  split    pad  kind"]
