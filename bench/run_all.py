@@ -162,8 +162,9 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
         if implied:
             notes.append("Cost model: the published 1- and 8-GPU end-to-end figures imply a part that does not shrink "
                          "with GPUs of " + ", ".join(f"{k} {v} s" for k, v in implied.items() if v is not None) +
-                         " per video ((8 t8 - t1) / 7); the model has no VAE decode term yet (it joins through "
-                         "cost.end_to_end), which is where the 8-GPU misses come from.")
+                         " per video ((8 t8 - t1) / 7); the model's own serial part (text encoding and the tiled "
+                         "VAE decode on one GPU: HunyuanVideo's decoder counted, VAE_EFFICIENCY fit on SGLang's "
+                         "decode) is 23 s and 14 s of it (docs/benchmarks/costmodel.json, end_to_end).")
     pp = res.get("planpick")
     if pp:
         for c in pp["cases"]:
