@@ -42,8 +42,14 @@ GB = 1e9
 # 77 x 480 x 848 decode, 5.71 s on one H200 before its parallel decode (FIELD.md), decoded
 # framewise and tiled as SGLang's video pipelines do: decode_flops = 1.235e15 FLOP, / 5.71 s
 # / (989e12 x 0.31, H200) = 0.706. Its check, TensorRT-LLM's Wan 2.2 720p decode (2.72 s on
-# one B200), misses at this value (docs/benchmarks/costmodel.json): Wan's decoder reaches
-# a lower share of the GPU than HunyuanVideo's, which one constant cannot hold.
+# one B200), misses at this value: -77% (docs/benchmarks/costmodel.json). Not the decoders'
+# shapes: on one CPU thread (fp32, random weights, diffusers' default configs, 3 x 8 x 8
+# latents -> 9 x 64 x 64, FLOP by torch.utils.flop_counter, 2 rounds, load ~4) Wan 2.1's
+# decoder reached 61-62 GFLOP/s against HunyuanVideo's 75-76 (0.81x), far from the 0.23x the
+# check implies. The B200 rate it is predicted at is fit on TensorRT-LLM's own denoising time
+# (0.63 of the BF16 peak against H100's 0.285): if that run used FP8 kernels the rate is
+# overstated about 2x; that, B200's conv kernels, or what the published decode time includes
+# is the miss, and none of them is measurable here.
 VAE_EFFICIENCY = 0.71
 # Live full-resolution activations at the decoder's peak (input, norm output, conv output, residual).
 LIVE = 4
