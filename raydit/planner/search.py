@@ -563,10 +563,29 @@ class _Layouts:
         )
 
 
-def _rank_key(p: Plan):
-    bucket = math.floor(math.log(max(p.predicted_step_seconds, 1e-12)) / math.log1p(TIE_TOLERANCE))
-    return (bucket, -p.throughput_steps_per_second, p.pad_tokens, costmod.SPLIT_ORDER[p.split],
+def _tie_key(p: Plan):
+    """Among plans tied on step time: throughput, then less padding, aligned splits, fewer
+    devices, then published practice (cfg first, then Ulysses, then ring)."""
+    return (-p.throughput_steps_per_second, p.pad_tokens, costmod.SPLIT_ORDER[p.split],
             p.world_size, -p.cfg, -p.ulysses)
+
+
+def _rank(plans) -> list[Plan]:
+    """Plans best first. Step time decides, except between plans within TIE_TOLERANCE of the
+    fastest plan not yet placed: those form one tie group, ordered by `_tie_key`. (Groups are
+    anchored at their fastest member, so two plans 0.1% apart always tie; fixed buckets of
+    log time would split them when a bucket boundary fell between them.)"""
+    by_time = sorted(plans, key=lambda p: p.predicted_step_seconds)
+    ranked: list[Plan] = []
+    i = 0
+    while i < len(by_time):
+        limit = by_time[i].predicted_step_seconds * (1 + TIE_TOLERANCE)
+        j = i + 1
+        while j < len(by_time) and by_time[j].predicted_step_seconds <= limit:
+            j += 1
+        ranked += sorted(by_time[i:j], key=_tie_key)
+        i = j
+    return ranked
 
 
 def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world_size=None,
@@ -604,8 +623,7 @@ def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world
                 # Reasons that hold for every larger ring degree are listed once.
                 if ring is None and out.kind in ("heads", "node", "guidance", "tokens"):
                     break
-    feasible.sort(key=_rank_key)
-    return feasible, rejected
+    return _rank(feasible), rejected
 
 
 def _per_type(spec, geo, cluster, guidance, one_branch_why) -> Plan | None:
@@ -707,7 +725,7 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         combo = _per_type(spec, geo, cl, two, why)
         if combo is not None:
             feasible.append(combo)
-            feasible.sort(key=_rank_key)
+            feasible = _rank(feasible)
     if not feasible:
         what = ("forced layout" if forced else "layout")
         detail = (_summary(rejected)
