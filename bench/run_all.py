@@ -48,6 +48,7 @@ SUITE = {
                                          "--max-wait", "10"]),
     "decode-e2e": ("bench_decode.py", None, ["--end-to-end", "--layers", "2", "--steps", "2", "--rounds", "2",
                                              "--max-wait", "10"]),
+    "families": ("bench_families.py", None, ["--families", "hunyuanvideo", "ltx", "--rounds", "3", "--max-wait", "10"]),
     "serve": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "1"]),
     "gpu": ("bench_gpu.py", [], []),
 }
@@ -228,6 +229,20 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                      f"1 rank {_s(one['seconds'], 1)} (decode {one['decode']['median']:.1f} s), 2 ranks "
                      f"{_s(two['seconds'], 1)} (decode {two['decode']['median']:.1f} s on {two['decode_ranks']} ranks); "
                      f"speedup {_s(de['speedup'], 2, 'x')}; frames within {de['max_level_diff']} level(s)", "", ""))
+    fa = res.get("families")
+    if fa:
+        for c in fa["cases"]:
+            ceil = c["configs"]["both alone"]["ceiling"]["median"]
+            for name in ("ulysses 2", "ring 2"):
+                e = c["configs"][name]
+                rows.append((f"11. {c['family']}-shaped step ({c['layers']} layer(s), {c['latent_frames']} latent "
+                             f"frame(s)), 2 ranks {name}", f"{_s(e['step_seconds'])}; speedup {_s(e['speedup'], 2, 'x')}; "
+                             f"CPU-time split {e['cpu_speedup']['median']:.2f}x; compute-only ceiling {ceil:.2f}x", "", ""))
+        for r in fa["h100"]["hunyuanvideo"]["rows"]:
+            rows.append((f"11. cost model, HunyuanVideo 129x720x1280 on {r['gpus']} H100 vs xDiT (check)",
+                         f"predicted {r['video_seconds']:.0f} s vs published {r['published_xdit']:.0f} s "
+                         f"({_pct(r['error'])}; {r['layout']})", "within 15%",
+                         "yes" if abs(r["error"]) <= 0.15 else "**no**"))
     sv = res.get("serve")
     if sv and "throughput_ratio_http_over_direct" in sv:
         ratio = sv["throughput_ratio_http_over_direct"]
