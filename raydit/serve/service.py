@@ -3,9 +3,13 @@
 Independent of HTTP: the Serve deployment (raydit.serve.app) calls `create`, `get`,
 `list`, `delete`, `metrics_text`; everything here is thread-safe.
 
-The service keeps its own queue and hands the engine at most one request per engine
-replica, so a request is `queued` exactly while it waits here (a DELETE then just drops
-it) and `in_progress` once the engine has it. A running request reports each finished step
+The service keeps its own queue and hands the engine at most two requests per engine
+replica: one running and one waiting in the engine's own queue, so a replica starts its
+next request the moment it finishes one, with no round trip through this service (the
+engine runs requests in submission order, so the oldest `capacity` requests it holds are
+the running ones). A request is `queued` while it waits here or in the engine's queue
+(a DELETE drops it: here, or by cancelling its engine future) and `in_progress` once it
+is one of the requests the engine runs. A running request reports each finished step
 through the engine's `callback_on_step_end` (progress, the step counter); a DELETE flags it
 and the same callback raises at its next step, which ends the request and frees its
 replica. Rank and node loss underneath are the engine's business (it re-plans and resumes
@@ -41,6 +45,7 @@ class _Running:
     job: VideoJob
     stop: str | None = None  # "deleted" | "shutdown"
     submitted: float = 0.0
+    future: object | None = None  # the engine's Future, once submitted
 
 
 class VideoService:
@@ -51,6 +56,8 @@ class VideoService:
         self.limits = limits
         self.max_queue = max_queue
         self.capacity = capacity or max(1, len(getattr(engine, "replicas", []) or [1]))
+        # Requests handed to the engine at once: one running and one waiting per replica.
+        self.depth = 2 * self.capacity
         self._cond = threading.Condition()
         self._jobs: dict[str, VideoJob] = {}
         self._queue: collections.deque[str] = collections.deque()
@@ -97,8 +104,8 @@ class VideoService:
         with self._cond:
             if self._closing:
                 raise RequestError("the server is shutting down", status=503, code="unavailable")
-            waiting = len(self._queue)
-            idle = self.capacity - len(self._running)
+            waiting = self._waiting_locked()
+            idle = self.capacity - self._started_locked()
             # max_queue counts requests that wait; those an idle replica takes at once do not.
             if waiting >= self.max_queue + max(0, idle):
                 self._metrics.rejected.inc()
@@ -141,7 +148,10 @@ class VideoService:
             if job is None:
                 return False
             if video_id in self._running:
-                self._running[video_id].stop = "deleted"
+                run = self._running[video_id]
+                run.stop = "deleted"
+                if run.future is not None and job.status == "queued":
+                    run.future.cancel()  # still in the engine's queue: it never starts
             else:
                 try:
                     self._queue.remove(video_id)
@@ -168,24 +178,43 @@ class VideoService:
 
     # -- running -----------------------------------------------------------------------------
 
+    def _started_locked(self) -> int:
+        """Requests the engine runs now (the oldest `capacity` of those it holds)."""
+        return min(self.capacity, len(self._running))
+
+    def _waiting_locked(self) -> int:
+        """Requests waiting: here, and in the engine's queue behind the running ones."""
+        return len(self._queue) + len(self._running) - self._started_locked()
+
+    def _promote_locked(self) -> None:
+        """Mark in_progress the requests the engine now runs (submission order)."""
+        for run in list(self._running.values())[:self.capacity]:
+            if run.job.status == "queued" and run.stop is None:
+                run.job.status, run.job.progress = "in_progress", 0
+                run.submitted = time.time()  # the request's own run time starts here
+                self.store.save(run.job, durable=False)
+
     def _dispatch_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and (not self._queue or len(self._running) >= self.capacity):
+                while not self._closing and (not self._queue or len(self._running) >= self.depth):
                     self._cond.wait()
                 if self._closing:
                     return
                 job = self._jobs[self._queue.popleft()]
                 run = _Running(job=job, submitted=time.time())
                 self._running[job.id] = run
-                job.status, job.progress = "in_progress", 0
-                self.store.save(job)
             try:
                 future = self.engine.submit(**self._submit_args(run))
             except Exception as exc:  # refused by the engine (e.g. a layout it cannot run)
                 self._release(run)
                 self._writes.put((run, None, exc))
                 continue
+            with self._cond:
+                run.future = future
+                if run.stop == "deleted":
+                    future.cancel()  # deleted while it was being submitted
+                self._promote_locked()
             future.add_done_callback(lambda f, run=run: self._on_done(run, f))
 
     def _submit_args(self, run: _Running) -> dict:
@@ -209,6 +238,8 @@ class VideoService:
         self._metrics.steps.inc()
         if run.stop is not None:
             raise RequestStopped(run.stop)
+        if run.job.status == "queued":  # started before the service promoted it
+            run.job.status = "in_progress"
         total = run.job.params["num_inference_steps"]
         # 100 is kept for when the mp4 is on disk.
         run.job.progress = min(99, int(100 * (step + 1) / total))
@@ -217,6 +248,7 @@ class VideoService:
     def _release(self, run: _Running) -> None:
         with self._cond:
             self._running.pop(run.job.id, None)
+            self._promote_locked()
             self._cond.notify_all()
 
     def _on_done(self, run: _Running, future) -> None:
@@ -288,7 +320,7 @@ class VideoService:
 
     def counts(self) -> dict:
         with self._cond:
-            return {"queued": len(self._queue), "in_progress": len(self._running), "videos": len(self._jobs)}
+            return {"queued": self._waiting_locked(), "in_progress": self._started_locked(), "videos": len(self._jobs)}
 
     def metrics_text(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -304,8 +336,10 @@ class VideoService:
             if self._closing:
                 return
             self._closing = True
-            for run in self._running.values():
+            for run in list(self._running.values()):  # a cancel below releases its run at once
                 run.stop = "shutdown"
+                if run.future is not None and run.job.status == "queued":
+                    run.future.cancel()  # never started: kept as queued for the next start
             self._cond.notify_all()
         deadline = time.time() + timeout_s
         with self._cond:
@@ -323,9 +357,9 @@ class _Metrics:
 
         r = self.registry = CollectorRegistry()
         Gauge("raydit_queue_length", "Requests waiting for a replica", registry=r).set_function(
-            lambda: len(service._queue))
+            service._waiting_locked)
         Gauge("raydit_requests_in_flight", "Requests running on the engine", registry=r).set_function(
-            lambda: len(service._running))
+            service._started_locked)
         Gauge("raydit_replicas", "Engine replicas serving the queue", registry=r).set(service.capacity)
         self.requests = Counter("raydit_requests", "Requests by outcome", ["status"], registry=r)
         self.rejected = self.requests.labels("rejected_queue_full")

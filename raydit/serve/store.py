@@ -106,16 +106,20 @@ class VideoStore:
     def image_path(self, video_id: str) -> Path:
         return self._path(video_id, ".input.png")
 
-    def _atomic_write(self, path: Path, data: bytes) -> None:
+    def _atomic_write(self, path: Path, data: bytes, durable: bool = True) -> None:
         tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def save(self, job: VideoJob) -> None:
-        self._atomic_write(self._path(job.id, ".json"), json.dumps(asdict(job), indent=1).encode())
+    def save(self, job: VideoJob, durable: bool = True) -> None:
+        """Write the job's status atomically. `durable=False` skips the fsync: for a transient
+        status (in_progress), whose loss in a crash only means a restart sees the previous
+        one (queued) and runs the request again, as it would anyway."""
+        self._atomic_write(self._path(job.id, ".json"), json.dumps(asdict(job), indent=1).encode(), durable)
 
     def save_image(self, video_id: str, png: bytes) -> None:
         self._atomic_write(self.image_path(video_id), png)

@@ -1,0 +1,111 @@
+"""The service's hand-off to the engine (raydit.serve.service), without HTTP or Ray: the
+service keeps one request waiting in the engine's queue behind each running one, so a
+replica never idles between requests, while statuses, counts, DELETE and shutdown stay
+exact. The engine here is a stand-in with the Engine's submit/Future contract (requests
+run in submission order, `capacity` at a time); the real engine is exercised by
+test_serve_http.py."""
+
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+
+from raydit.serve.schema import Limits
+from raydit.serve.service import VideoService
+from raydit.serve.store import VideoStore
+
+LIMITS = Limits(model="tiny", max_frames=9, max_height=64, max_width=64, max_steps=8, default_steps=2, fps=8,
+                vae_temporal=4)
+PARAMS = dict(prompt="a fox", negative_prompt="", num_frames=9, height=64, width=64, num_inference_steps=2,
+              guidance_scale=6.0, seed=0)
+
+
+class _Result:
+    def __init__(self):
+        self.frames = np.zeros((9, 64, 64, 3), dtype=np.uint8)
+        self.timings = {"step_seconds": [0.1, 0.1]}
+
+        class _Plan:
+            ulysses = ring = cfg = world_size = 1
+
+        self.plan = _Plan()
+
+
+class StandInEngine:
+    """Engine.submit's contract: a Future per request; requests run in submission order."""
+
+    replicas = [object()]
+    takes_image = False
+
+    def __init__(self):
+        self.submitted: list[tuple[dict, Future]] = []
+        self.lock = threading.Lock()
+
+    def submit(self, **kwargs):
+        f = Future()
+        with self.lock:
+            self.submitted.append((kwargs, f))
+        return f
+
+    def finish(self, index: int) -> None:
+        kwargs, f = self.submitted[index]
+        f.set_running_or_notify_cancel()
+        kwargs["callback_on_step_end"](self, 0, 999, {})
+        f.set_result(_Result())
+
+
+def _wait(cond, timeout=10.0):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_one_request_waits_in_the_engine_behind_each_running_one(tmp_path):
+    engine = StandInEngine()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+    try:
+        jobs = [service.create(dict(PARAMS, seed=i)) for i in range(4)]
+        # capacity 1: the engine holds 2 (one running, one waiting); 2 wait in the service.
+        _wait(lambda: len(engine.submitted) == 2)
+        time.sleep(0.05)
+        assert len(engine.submitted) == 2
+        assert [service.get(j.id).status for j in jobs] == ["in_progress", "queued", "queued", "queued"]
+        assert service.counts() == {"queued": 3, "in_progress": 1, "videos": 4}
+        # The first finishes: the second (already in the engine) runs, the third is handed over.
+        engine.finish(0)
+        _wait(lambda: len(engine.submitted) == 3)
+        _wait(lambda: service.get(jobs[0].id).status == "completed")
+        assert [service.get(j.id).status for j in jobs[1:]] == ["in_progress", "queued", "queued"]
+        # DELETE of a request waiting in the engine's queue cancels it there: it never runs.
+        assert service.delete(jobs[2].id)
+        assert engine.submitted[2][1].cancelled()
+        engine.finish(1)
+        _wait(lambda: len(engine.submitted) == 4)
+        _wait(lambda: service.get(jobs[3].id).status == "in_progress")
+        assert service.counts() == {"queued": 0, "in_progress": 1, "videos": 3}
+    finally:
+        service.close(timeout_s=2)
+
+
+def test_shutdown_keeps_requests_in_the_engine_queue_as_queued(tmp_path):
+    engine = StandInEngine()
+    store = VideoStore(tmp_path)
+    service = VideoService(engine, store, LIMITS, max_queue=8)
+    jobs = [service.create(dict(PARAMS, seed=i)) for i in range(2)]
+    _wait(lambda: len(engine.submitted) == 2)
+    threading.Timer(0.2, lambda: engine.submitted[0][1].set_exception(RuntimeError("stopped"))).start()
+    service.close(timeout_s=5)
+    assert engine.submitted[1][1].cancelled()
+    # Both are stored as queued, and a restarted service hands both to its engine again.
+    import json
+
+    assert [json.loads((tmp_path / f"{j.id}.json").read_text())["status"] for j in jobs] == ["queued", "queued"]
+    engine2 = StandInEngine()
+    again = VideoService(engine2, store, LIMITS, max_queue=8)
+    try:
+        _wait(lambda: len(engine2.submitted) == 2)
+        assert sorted(kw["seed"] for kw, _ in engine2.submitted) == [0, 1]
+    finally:
+        again.close(timeout_s=2)
