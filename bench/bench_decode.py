@@ -302,7 +302,7 @@ def markdown_e2e(res: dict, command: str) -> str:
     lines = [
         "# A whole generation: 1 rank vs 2 ranks (text encoding, denoising, exact parallel decode)",
         "",
-        f"`{command}` on {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}), one thread per process, gloo. "
+        f"`{command}` on {m.get('cpu_count', '?')} CPUs ({m.get('processor', '?')}), one thread per process, gloo. "
         f"CogVideoXPipeline with CogVideoX's VAE, a CogVideoX-2b-shaped transformer cut to {res['layers']} layers, "
         f"{res['height']} x {res['width']}, {res['latent_frames']} latent frame, {res['steps']} steps, guidance 6; "
         f"2 ranks: {res['plan_2_ranks']}.",
@@ -330,7 +330,7 @@ def markdown(res: dict, command: str) -> str:
     lines = [
         "# VAE decode: 1 rank vs 2 ranks (exact row-parallel decode)",
         "",
-        f"`{command}` on {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}), one thread per process, "
+        f"`{command}` on {m.get('cpu_count', '?')} CPUs ({m.get('processor', '?')}), one thread per process, "
         f"gloo; {res['height']} x {res['width']}, random weights, float32. Target: {res['target_speedup']}x.",
         "",
         "| VAE | latent frames | video | 1 rank (s) | 2 ranks (s) | speedup | CPU-time speedup | max abs diff | rounds | load (1 min) |",

@@ -206,7 +206,7 @@ def markdown(res: dict) -> str:
     lines = [
         "# HunyuanVideo- and LTX-shaped steps: 1 rank vs 2 ranks; the cost model on H100",
         "",
-        f"`{res['command']}` on {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}), one thread per process, "
+        f"`{res['command']}` on {m.get('cpu_count', '?')} CPUs ({m.get('processor', '?')}), one thread per process, "
         "gloo, float32, random weights, real layer shapes (bench/bench_families.py says which).",
         "",
         "| family | plan | step (s) | 1 rank (s) | speedup | CPU-time split | ceiling | max abs diff | rounds |",
