@@ -27,6 +27,9 @@ POSITIONAL_KINDS = ("sinusoidal", "rotary", "learned")
 _T5_XXL = 4.76e9
 _UMT5_XXL = 5.68e9
 _HUNYUAN_TEXT = 8.03e9 + 0.12e9
+# HunyuanVideo-I2V's LLaVA-Llama-3-8B with its CLIP ViT-L/14-336 vision tower (0.30e9) and
+# projector (0.02e9), + CLIP-L text.
+_HUNYUAN_I2V_TEXT = 8.03e9 + 0.30e9 + 0.02e9 + 0.12e9
 _CLIP_VIT_H = 0.63e9
 _HUNYUAN15_TEXT = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encoder
 
@@ -241,6 +244,12 @@ def _builtin_specs() -> dict[str, ModelSpec]:
         # Guidance is embedded (a guidance-scale input): one transformer pass per step.
         ModelSpec("hunyuanvideo", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 256, True, "rotary",
                   16, 12.8e9, _HUNYUAN_TEXT, 0.25e9, 129, 720, 1280, cfg_branches=1),
+        # HunyuanVideo-I2V (hunyuanvideo-community/HunyuanVideo-I2V): the same transformer with
+        # token_replace blocks (16 channels; the image's latents replace the first latent frame).
+        # Text: 576 image features of the LLaVA kept 1 in 4 (144) + 252 prompt tokens = 396;
+        # HunyuanVideoImageToVideoPipeline's defaults 129 x 720 x 1280.
+        ModelSpec("hunyuanvideo-i2v", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 396, True, "rotary",
+                  16, 12.8e9, _HUNYUAN_I2V_TEXT, 0.25e9, 129, 720, 1280, cfg_branches=1),
         # HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel's defaults: 16 heads x 128, 54
         # dual-stream blocks, patch 1, 65 = 32 noise + 32 image + 1 mask channels, 8.33e9 params
         # counted on the meta device; AutoencoderKLHunyuanVideo15: 16x / 4x, 32 channels, 1.26e9).
@@ -274,6 +283,9 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
     specs.append(ModelSpec("tiny-hunyuan", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 256, True, "rotary",
                            4, 6.4e5, 4.2e4, 7.1e4, 9, 64, 64, cfg_branches=1))
+    # tiny-hunyuan-i2v: the same with token_replace blocks; a tiny Llava: 144 image + 252 text tokens.
+    specs.append(ModelSpec("tiny-hunyuan-i2v", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 396, True, "rotary",
+                           4, 6.4e5, 6.3e4, 7.1e4, 9, 64, 64, cfg_branches=1))
     # tiny-hunyuan15 / -i2v: HunyuanVideo 1.5's layout (patch 1, 16x VAE, joint text) at 6 heads x 8.
     # (4.6e6 parameters: the ByT5 projection's 2048-wide hidden layer is fixed by diffusers.)
     for name, encoders in (("tiny-hunyuan15", 2.9e4), ("tiny-hunyuan15-i2v", 3.4e4)):

@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 import torch
 
-from raydit.models.family import GenerationRequest
+from raydit.models.conformance import test_image as checker_image
+from raydit.models.family import GenerationRequest, image_to_png
 from raydit.models.families import hunyuanvideo, ltx
 from raydit.models.runner import Runner
 
@@ -21,6 +22,11 @@ from raydit.models.runner import Runner
 @pytest.fixture(scope="module")
 def hunyuan_pipe():
     return hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_pipeline_dir()))
+
+
+@pytest.fixture(scope="module")
+def hunyuan_i2v_pipe():
+    return hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_i2v_pipeline_dir()))
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +98,54 @@ def test_ltx_latents_stay_packed_as_tokens(ltx_pipe):
     state = Runner(ltx_pipe).prepare(dataclasses.replace(REQUEST, num_frames=17, height=32, width=64))
     assert tuple(state.latents.shape) == (1, 3 * 1 * 2, ltx.TINY_LATENT_CHANNELS)
     assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 2  # [neg, pos]
+
+
+# -- image-to-video ------------------------------------------------------------------------------
+I2V_REQUEST = dataclasses.replace(REQUEST, num_frames=9, height=48, width=80,
+                                  image=image_to_png(checker_image(48, 80)))
+
+
+def test_image_for_text_to_video_and_none_for_image_to_video_get_one_line(hunyuan_pipe, hunyuan_i2v_pipe):
+    with pytest.raises(ValueError, match="HunyuanVideoPipeline is a text-to-video pipeline and takes no image") as err:
+        Runner(hunyuan_pipe).prepare(I2V_REQUEST)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="HunyuanVideoImageToVideoPipeline is an image-to-video pipeline; give an "
+                                         "image") as err:
+        Runner(hunyuan_i2v_pipe).prepare(dataclasses.replace(I2V_REQUEST, image=None))
+    assert "\n" not in str(err.value)
+
+
+def test_i2v_text_holds_the_image_and_the_cropped_prompt(hunyuan_i2v_pipe):
+    """The tiny Llava tokenizer's template is 103 tokens with <image> 6th, as Llama-3's: the
+    pipeline's crop leaves 576 / 4 image features, then the prompt; the image reaches the text."""
+    image = hunyuanvideo.png_to_image(I2V_REQUEST.image)
+    black = hunyuanvideo.png_to_image(image_to_png(checker_image(48, 80) * 0))
+    a, _, mask_a = hunyuan_i2v_pipe.encode_prompt(image=image, prompt="a cat", device="cpu", image_embed_interleave=4)
+    b, _, _ = hunyuan_i2v_pipe.encode_prompt(image=image, prompt="a dog", device="cpu", image_embed_interleave=4)
+    c, _, _ = hunyuan_i2v_pipe.encode_prompt(image=black, prompt="a cat", device="cpu", image_embed_interleave=4)
+    assert a.shape == (1, 144 + hunyuanvideo.MAX_SEQUENCE_LENGTH - 4, hunyuanvideo.TINY_TEXT_DIM)
+    assert int(mask_a[0, :144].sum()) == 144 and int(mask_a.sum()) == 144 + 5  # "a", "c", "##a", "##t", <|eot_id|>
+    assert torch.equal(a[:, :144], b[:, :144]) and not torch.equal(a[:, 144:149], b[:, 144:149])
+    assert not torch.equal(a[:, :144], c[:, :144])
+
+
+def test_token_replace_keeps_the_image_on_the_first_frame(hunyuan_i2v_pipe):
+    runner = Runner(hunyuan_i2v_pipe)
+    state = runner.step(runner.prepare(I2V_REQUEST))
+    image_latents = state.context["image_latents"]
+    assert image_latents.shape[2] == 1 and state.context["condition"] == "token_replace"
+    assert torch.equal(state.latents[:, :, :1], image_latents)
+
+
+@pytest.mark.parametrize("sp, first, expected", [
+    (1, 15, [15]),
+    (2, 15, [15, 0]),  # 45 tokens: chunks of 23
+    (3, 15, [15, 0, 0]),  # chunks of 15: exactly rank 0's
+    (4, 15, [12, 3, 0, 0]),  # chunks of 12
+    (8, 15, [6, 6, 3, 0, 0, 0, 0, 0]),  # chunks of 6; the last rank holds 3 video tokens and padding
+])
+def test_first_frame_tokens_are_split_with_the_video(sp, first, expected):
+    from raydit.parallel.sharding import SeqLayout
+
+    layout = SeqLayout((45,), sp)
+    assert [hunyuanvideo.local_first_frame_tokens(layout, first, i) for i in range(sp)] == expected

@@ -1,4 +1,5 @@
-"""The HunyuanVideo family: HunyuanVideo text-to-video (`HunyuanVideoPipeline`).
+"""The HunyuanVideo family: HunyuanVideo text-to-video (`HunyuanVideoPipeline`) and
+image-to-video (`HunyuanVideoImageToVideoPipeline`).
 
 Adapter. The model runs dual-stream blocks (`transformer_blocks`: video and text with their
 own weights, one joint attention) and then single-stream blocks
@@ -24,13 +25,35 @@ dropped after the last block), so the video output is the same. Samples of a bat
 masks differ are attended one after the other. RoPE covers the video tokens only; the
 model's table for all video tokens is cut to this rank's chunk.
 
+Image-to-video. The text encoder is a Llava (Llama-3 + a CLIP vision tower) whose prompt
+template holds an `<image>` token: the image's 576 vision features are expanded into the
+Llama sequence, and the pipeline keeps every 4th (token_replace) or 2nd (latent_concat) of
+their hidden states in front of the cropped prompt (text of 144 + 252 or 288 + 252 tokens,
+whole on every rank as in T2V). The image's VAE latents condition the video by the
+transformer's `image_condition_type`:
+- "token_replace" (HunyuanVideo-I2V, 16 channels): the first latent frame is replaced by the
+  image's latents at every step and never denoised; the transformer gives the first frame's
+  tokens their own modulation (shift, scale, gate from the embedding of timestep 0). Which
+  tokens those are is the int `num_tokens` every block receives (the first H' x W' video
+  tokens, a prefix of the video): under sequence parallelism each rank gets the part of that
+  prefix inside its own video chunk (`local_first_frame_tokens`), so the per-token choice of
+  modulation is split with the tokens exactly.
+- "latent_concat" (HunyuanVideo-I2V-33ch): the image's latents on frame 0 and a frame mask
+  are channels of every video token (split with the tokens by the patch embedding); the
+  pipeline's latent output drops the first frame, its decode the first 4 frames.
+The negative branch of true CFG is encoded, as the pipeline does, with a black image and the
+default interleave 2 (so its text is 540 tokens beside the positive branch's 396).
+
 Steps. Guidance is embedded: `guidance_scale` is an input of the transformer (times 1000)
 and each step is one transformer call. True classifier-free guidance (`true_cfg_scale` > 1
 with a negative prompt) runs the pair as two calls, the pipeline's order and numbers, and
 then cfg = 2 runs them on two rank groups. FlowMatchEulerDiscreteScheduler on the
 pipeline's sigmas (linspace(1, 0)).
 
-Tiny. `tiny-hunyuan`: 6 heads x 16, one dual- and one single-stream block, a small Llama
+Tiny. `tiny-hunyuan-i2v`: the same transformer with token_replace blocks, a Llava of the
+tiny Llama and a 2-layer CLIP vision tower (48 x 48 images in 2-pixel patches: 576 features,
+as CLIP-L/336's) and a tokenizer whose I2V template is 103 tokens with `<image>` 6th, as
+Llama-3's (the pipeline's crop positions are fixed numbers). `tiny-hunyuan`: 6 heads x 16, one dual- and one single-stream block, a small Llama
 and CLIP text encoder with tokenizers built in code (the Llama one takes the pipeline's
 default prompt template: 95 tokens before the prompt, which the pipeline crops), the
 HunyuanVideo VAE (8x spatial, 4x temporal) with 8 channels; random weights.
@@ -48,7 +71,7 @@ import json
 from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared
+from raydit.models.family import Family, Prepared, png_to_image
 
 VIDEO = 0  # the only part split across the blocks
 TEXT = 1  # the valid text tokens: a second part inside each attention only
@@ -59,6 +82,18 @@ PIPELINE_DEFAULTS = {"num_frames": 129, "height": 720, "width": 1280}
 DEFAULTS_FILE = "raydit_defaults.json"
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default text length (Llama tokens after the crop)
 _MASK_CACHE = "__hunyuanvideo_text_valid__"
+I2V = "HunyuanVideoImageToVideoPipeline"
+# The I2V pipeline's default template: 576 image features (CLIP-L/336), kept 1 in `interleave`
+# by image_condition_type (the pipeline's own choice when the call gives none).
+_IMAGE_EMB_LEN = 576
+_INTERLEAVE = {"latent_concat": 2, "token_replace": 4}
+
+
+def _image_condition(pipe) -> str | None:
+    """None for text-to-video; the transformer's image_condition_type for image-to-video."""
+    if type(pipe).__name__ != I2V:
+        return None
+    return pipe.transformer.config.image_condition_type
 
 
 # -- adapter -----------------------------------------------------------------------------------
@@ -212,12 +247,6 @@ class HunyuanVideoAdapter(ModelAdapter):
     )
 
     def validate(self, transformer, mesh) -> None:
-        config = transformer.config
-        if config.image_condition_type == "token_replace":
-            raise ValueError(
-                "HunyuanVideo with image_condition_type 'token_replace' (first-frame tokens with their own "
-                "modulation) is not supported under sequence parallelism; run it on one rank"
-            )
         if not self.plan.block_list(transformer):
             raise ValueError("the transformer has no blocks to parallelize (num_layers + num_single_layers = 0)")
         super().validate(transformer, mesh)
@@ -225,21 +254,64 @@ class HunyuanVideoAdapter(ModelAdapter):
     def make_processor(self, context: ForwardContext) -> HunyuanVideoSPAttnProcessor:
         return HunyuanVideoSPAttnProcessor(context)
 
+    def parallelize(self, transformer, mesh):
+        handle = super().parallelize(transformer, mesh)
+        if transformer.config.image_condition_type == "token_replace":
+            try:
+                apply_first_frame_split(handle, self.plan)
+            except Exception:
+                handle.remove()
+                raise
+        return handle
+
+
+def local_first_frame_tokens(layout, first_frame_tokens: int, sp_index: int) -> int:
+    """How many of the first frame's tokens (the first `first_frame_tokens` video tokens) lie in
+    rank `sp_index`'s video chunk: its chunk is [sp_index * C, sp_index * C + C), so the count is
+    that window's overlap with [0, first_frame_tokens), and they are a prefix of the chunk."""
+    chunk = layout.chunk_lengths[VIDEO]
+    return max(0, min(chunk, first_frame_tokens - sp_index * chunk))
+
+
+def apply_first_frame_split(handle, plan) -> None:
+    """Token-replace blocks take `num_tokens`, the count of first-frame video tokens (a prefix
+    of the video that gets the timestep-0 modulation). The model passes every block the global
+    count; a pre-hook on each block, after the split hook on the first, replaces it with this
+    rank's share (`local_first_frame_tokens`)."""
+    import inspect
+
+    ctx = handle.context
+
+    def hook(module, args, kwargs):
+        if "num_tokens" in kwargs:
+            kwargs["num_tokens"] = local_first_frame_tokens(ctx.layout, int(kwargs["num_tokens"]), ctx.mesh.sp_index)
+            return args, kwargs
+        pos = list(inspect.signature(module.forward).parameters).index("num_tokens")
+        if pos >= len(args):
+            raise ValueError(f"{type(module).__name__} was called without `num_tokens`; cannot split the first frame")
+        args = list(args)
+        args[pos] = local_first_frame_tokens(ctx.layout, int(args[pos]), ctx.mesh.sp_index)
+        return tuple(args), kwargs
+
+    for block in plan.block_list(handle.transformer):
+        handle._hooks.append(block.register_forward_pre_hook(hook, with_kwargs=True))
+
 
 # -- the family --------------------------------------------------------------------------------
 class HunyuanVideoFamily(Family):
-    """HunyuanVideoPipeline's steps: one transformer call per step with the guidance scale
-    embedded, two (negative, positive) for true classifier-free guidance."""
+    """HunyuanVideoPipeline's and HunyuanVideoImageToVideoPipeline's steps: one transformer
+    call per step with the guidance scale embedded, two (negative, positive) for true
+    classifier-free guidance."""
 
     name = "hunyuanvideo"
-    pipelines = ("HunyuanVideoPipeline",)
-    image_pipelines = ()
+    pipelines = ("HunyuanVideoPipeline", I2V)
+    image_pipelines = (I2V,)
     adapter = HunyuanVideoAdapter
     batch_branches = False  # true CFG: two calls, as the pipeline makes them
     true_cfg = True
 
     def tiny(self):
-        return {"tiny-hunyuan": tiny_pipeline_dir}
+        return {"tiny-hunyuan": tiny_pipeline_dir, "tiny-hunyuan-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
@@ -257,6 +329,12 @@ class HunyuanVideoFamily(Family):
         hidden = heads * head_dim
         ffn = int(hidden * float(cfg.get("mlp_ratio", 4.0)))
         vae = configs.get("vae", {})
+        text_tokens = MAX_SEQUENCE_LENGTH
+        if configs.get("", {}).get("_class_name") == I2V:
+            # 576 image features kept 1 in `interleave`, then the prompt less the 4 cropped
+            # assistant-header tokens (the pipeline's default template).
+            interleave = _INTERLEAVE.get(cfg.get("image_condition_type"), 1)
+            text_tokens = _IMAGE_EMB_LEN // interleave + MAX_SEQUENCE_LENGTH - 4
         defaults = dict(PIPELINE_DEFAULTS)
         if (path / DEFAULTS_FILE).is_file():
             defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
@@ -267,7 +345,7 @@ class HunyuanVideoFamily(Family):
         return ModelSpec(
             name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=dual + single, ffn_hidden=ffn,
             patch_size=int(cfg.get("patch_size", 2)), patch_size_t=int(cfg.get("patch_size_t", 1)),
-            text_tokens=MAX_SEQUENCE_LENGTH, text_in_sequence=True, positional="rotary",
+            text_tokens=text_tokens, text_in_sequence=True, positional="rotary",
             in_channels=int(cfg.get("in_channels", 16)),
             params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
             vae_params=component_params(path / "vae") or 0.0,
@@ -279,10 +357,21 @@ class HunyuanVideoFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
+        """For latent_concat the pipeline returns its latents less the first frame: the full
+        latents of its last step are read with its own step callback (the runner keeps them)."""
         import torch
 
         pipe.set_progress_bar_config(disable=True)
-        return pipe(
+        kwargs, seen = {}, {}
+        if _image_condition(pipe) is not None:
+            kwargs["image"] = png_to_image(request.image)
+        if _image_condition(pipe) == "latent_concat":
+            def last_latents(pipe_, i, t, tensors):
+                seen["latents"] = tensors["latents"]
+                return tensors
+            kwargs["callback_on_step_end"] = last_latents
+        frames = pipe(
+            **kwargs,
             prompt=request.prompt,
             negative_prompt=request.negative_prompt or None,
             num_frames=request.num_frames,
@@ -294,9 +383,14 @@ class HunyuanVideoFamily(Family):
             generator=torch.Generator("cpu").manual_seed(request.seed),
             output_type="latent",
         ).frames
+        if "latents" in seen:
+            assert torch.equal(seen["latents"][:, :, 1:], frames)
+            return seen["latents"]
+        return frames
 
     def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-hunyuan"])}
+        return {"forward": forward_cases(),
+                "runner": runner_cases(base_dirs["tiny-hunyuan"], base_dirs["tiny-hunyuan-i2v"])}
 
     # -- hooks ---------------------------------------------------------------------------------
     def do_cfg(self, pipe, request) -> bool:
@@ -311,6 +405,12 @@ class HunyuanVideoFamily(Family):
             )
         if request.guidance_scale_2 is not None:
             raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); HunyuanVideo has one: drop it")
+        condition = pipe.transformer.config.image_condition_type
+        if type(pipe).__name__ == I2V and condition not in _INTERLEAVE:
+            raise ValueError(
+                f"{I2V} needs a transformer with image_condition_type 'token_replace' or 'latent_concat', not "
+                f"{condition!r}; load an image-to-video checkpoint (HunyuanVideo-I2V)"
+            )
         temporal = pipe.vae_scale_factor_temporal
         if (request.num_frames - 1) % temporal:
             lower = request.num_frames - (request.num_frames - 1) % temporal
@@ -326,16 +426,30 @@ class HunyuanVideoFamily(Family):
                 )
 
     def encode(self, pipe, request, device, dtype):
+        """I2V: the Llava encodes the prompt with the image (its features join the text); the
+        negative prompt with a black image of the video's size and the pipeline's default
+        interleave (2), as the pipeline encodes it."""
         model_dtype = pipe.transformer.dtype
+        condition = _image_condition(pipe)
 
-        def branch(prompt):
+        def branch(prompt, **image):
             embeds, pooled, mask = pipe.encode_prompt(prompt=prompt, device=device,
-                                                      max_sequence_length=MAX_SEQUENCE_LENGTH)
+                                                      max_sequence_length=MAX_SEQUENCE_LENGTH, **image)
             return {"encoder_hidden_states": embeds.to(model_dtype), "encoder_attention_mask": mask.to(model_dtype),
                     "pooled_projections": pooled.to(model_dtype)}
 
-        positive = branch(request.prompt)
-        negative = branch(request.negative_prompt) if self.do_cfg(pipe, request) else None
+        if condition is None:
+            positive = branch(request.prompt)
+            negative = branch(request.negative_prompt) if self.do_cfg(pipe, request) else None
+            return positive, negative
+        from PIL import Image
+
+        positive = branch(request.prompt, image=png_to_image(request.image),
+                          image_embed_interleave=_INTERLEAVE.get(condition, 1))
+        negative = None
+        if self.do_cfg(pipe, request):
+            black = Image.new("RGB", (request.width, request.height), 0)
+            negative = branch(request.negative_prompt, image=black)
         return positive, negative
 
     def init(self, pipe, request, generator, device, dtype):
@@ -347,23 +461,60 @@ class HunyuanVideoFamily(Family):
         sigmas = np.linspace(1.0, 0.0, n + 1)[:-1]  # as the pipeline's default
         timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, sigmas=sigmas)
         pipe.scheduler.set_begin_index(0)
-        latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
-                                       request.num_frames, torch.float32, device, generator)
-        guidance = torch.tensor([request.guidance_scale], dtype=pipe.transformer.dtype, device=device) * 1000.0
-        return Prepared(latents=latents, timesteps=timesteps, context={"guidance": guidance})
+        config = pipe.transformer.config
+        condition = _image_condition(pipe)
+        context = {"condition": condition}
+        if condition is None:
+            latents = pipe.prepare_latents(1, config.in_channels, request.height, request.width,
+                                           request.num_frames, torch.float32, device, generator)
+        else:
+            # The image's latents (the VAE's mode: no draw from the generator), then the noise
+            # from the generator, mixed 0.999 : 0.001 by the pipeline.
+            image = pipe.video_processor.preprocess(png_to_image(request.image), request.height, request.width)
+            channels = config.in_channels if condition == "token_replace" else (config.in_channels - 1) // 2
+            latents, image_latents = pipe.prepare_latents(
+                image.to(device, pipe.vae.dtype), 1, channels, request.height, request.width, request.num_frames,
+                torch.float32, device, generator, None, condition)
+            if condition == "latent_concat":
+                image_latents[:, :, 1:] = 0  # [1, C, F, H, W]: the image on frame 0 only
+                mask = image_latents.new_zeros(1, 1, *image_latents.shape[2:])
+                mask[:, :, 0] = 1
+                context["mask"] = mask
+            context["image_latents"] = image_latents  # token_replace: [1, C, 1, H, W]
+        guidance = None
+        if condition is None or config.guidance_embeds:  # the T2V pipeline always passes it
+            guidance = torch.tensor([request.guidance_scale], dtype=pipe.transformer.dtype, device=device) * 1000.0
+        context["guidance"] = guidance
+        return Prepared(latents=latents, timesteps=timesteps, context=context)
 
     def predict(self, pipe, state, t, branch):
-        transformer = pipe.transformer
+        import torch
+
+        transformer, context, latents = pipe.transformer, state.context, state.latents
         b = branch["encoder_hidden_states"].shape[0]
+        if context["condition"] == "token_replace":  # frame 0 is the image's latents, every step
+            latents = torch.cat([context["image_latents"], latents[:, :, 1:]], dim=2)
+        elif context["condition"] == "latent_concat":  # [noise ; image on frame 0 ; mask] channels
+            latents = torch.cat([latents, context["image_latents"], context["mask"]], dim=1)
+        guidance = context["guidance"]
         return transformer(
-            hidden_states=state.latents.to(transformer.dtype).expand(b, *state.latents.shape[1:]),
+            hidden_states=latents.to(transformer.dtype).expand(b, *latents.shape[1:]),
             timestep=t.expand(b).to(state.latents.dtype),
             encoder_hidden_states=branch["encoder_hidden_states"],
             encoder_attention_mask=branch["encoder_attention_mask"],
             pooled_projections=branch["pooled_projections"],
-            guidance=state.context["guidance"].expand(b),
+            guidance=None if guidance is None else guidance.expand(b),
             return_dict=False,
         )[0]
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        """token_replace: only frames 1.. are denoised; frame 0 becomes the image's latents."""
+        import torch
+
+        if state.context["condition"] != "token_replace":
+            return super().scheduler_step(pipe, state, noise, t, generator)
+        rest = pipe.scheduler.step(noise[:, :, 1:], t, state.latents[:, :, 1:], return_dict=False)[0]
+        return torch.cat([state.context["image_latents"], rest], dim=2), dict(state.carry)
 
     def guidance_scale(self, pipe, state, t) -> float:
         return state.request.true_cfg_scale
@@ -372,6 +523,8 @@ class HunyuanVideoFamily(Family):
         vae = pipe.vae
         latents = latents.to(vae.device, vae.dtype) / vae.config.scaling_factor
         video = vae.decode(latents, return_dict=False)[0]
+        if state.context.get("condition") == "latent_concat":
+            video = video[:, :, 4:]  # the image's frame and its 3 temporal neighbours, as the pipeline drops
         return video
 
 
@@ -512,6 +665,94 @@ def tiny_pipeline_dir() -> Path:
                           lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
 
 
+# -- the tiny image-to-video pipeline -----------------------------------------------------------
+TINY_I2V_VERSION = "1"
+TINY_VISION_SIZE = 48  # CLIP vision input; 2-pixel patches: 24 x 24 = 576 features, as CLIP-L/336's
+_IMAGE_TOKEN = "<image>"
+_NEWLINES = "\n\n"  # a token, as in Llama-3: it puts <image> 6th, where the pipeline expects it
+
+# The I2V template's words, each one token except "to" and "by" (in characters): with the
+# special tokens, the template before the prompt is 103 tokens, the pipeline's crop_start.
+_I2V_TEMPLATE_WORDS = (
+    "according actions and angles aspects assistant atmosphere background behaviors camera changes color content "
+    "describe detailing environment events following image in light main movement movements objects of physical "
+    "quantity reference relationships shape size spatial style system temporal text texture the theme transitions "
+    "used user video"
+).split()
+
+
+def llava_tokenizer(max_length: int = 1024):
+    """A Llama-3-like tokenizer for the I2V template (BOS first; header, <image> and blank-line
+    tokens) built in code: its template is 103 tokens with <image> at position 5 and the
+    assistant header 4 tokens, the numbers the pipeline's crop is written for."""
+    import string
+
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    special = (*_SPECIAL, _IMAGE_TOKEN, _NEWLINES)
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    vocab = {"<pad>": 0, "<unk>": 1}
+    for word in (*special, *_I2V_TEMPLATE_WORDS, *chars, *("##" + c for c in chars)):
+        vocab.setdefault(word, len(vocab))
+    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in special])
+    core.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", vocab["<|begin_of_text|>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
+                                   bos_token="<|begin_of_text|>", model_max_length=max_length)
+
+
+def _llava_encoder(tok, seed: int):
+    """LlavaForConditionalGeneration: the tiny Llama and a 2-layer CLIP vision tower (the
+    feature layer is the second to last, CLS dropped: 576 features), random weights."""
+    import torch
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=TINY_TEXT_DIM, intermediate_size=64, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0,
+                       bos_token_id=tok.bos_token_id)
+    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=TINY_VISION_SIZE, patch_size=2, projection_dim=16)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids(_IMAGE_TOKEN),
+                         pad_token_id=0, image_seq_length=_IMAGE_EMB_LEN)
+    return LlavaForConditionalGeneration(config).eval()
+
+
+def tiny_i2v_pipeline():
+    """The tiny HunyuanVideoImageToVideoPipeline (token_replace, as HunyuanVideo-I2V), in memory."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoImageToVideoPipeline
+    from transformers import CLIPImageProcessor
+
+    from raydit.models.tiny import SEED, tokenizer, quiet_hub
+
+    tok, tok_2 = llava_tokenizer(), tokenizer(77)
+    with quiet_hub():  # CLIPImageProcessor warns that it falls back to PIL without torchvision
+        processor = CLIPImageProcessor(size={"shortest_edge": TINY_VISION_SIZE},
+                                       crop_size={"height": TINY_VISION_SIZE, "width": TINY_VISION_SIZE})
+    return HunyuanVideoImageToVideoPipeline(
+        text_encoder=_llava_encoder(tok, SEED + 4),
+        tokenizer=tok,
+        transformer=tiny_transformer(SEED + 11, image_condition_type="token_replace"),
+        vae=_tiny_vae(SEED + 2),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        text_encoder_2=_clip_encoder(len(tok_2), SEED + 3),
+        tokenizer_2=tok_2,
+        image_processor=processor,
+    )
+
+
+def tiny_i2v_pipeline_dir() -> Path:
+    """The directory of `tiny-hunyuan-i2v`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-hunyuan-i2v-{TINY_I2V_VERSION}",
+                          lambda: _WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+
+
 # -- conformance -------------------------------------------------------------------------------
 _BUILD_FORWARD = "raydit.models.families.hunyuanvideo:hunyuan_forward"
 _BUILD_PIPELINE = "raydit.models.families.hunyuanvideo:hunyuan_pipeline"
@@ -519,13 +760,14 @@ _BUILD_PIPELINE = "raydit.models.families.hunyuanvideo:hunyuan_pipeline"
 
 def hunyuan_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
                     rope_axes: tuple, valid: tuple, text_len: int = 13, layers: int = 1, single_layers: int = 1,
-                    seed: int = 31):
+                    seed: int = 31, image_condition_type: str | None = None):
     """A tiny-weight HunyuanVideoTransformer3DModel and the kwargs of one forward call: one
     sample per entry of `valid` (its count of unmasked text tokens out of `text_len`)."""
     import torch
 
     transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim,
-                                   rope_axes_dim=tuple(rope_axes), num_layers=layers, num_single_layers=single_layers)
+                                   rope_axes_dim=tuple(rope_axes), num_layers=layers, num_single_layers=single_layers,
+                                   image_condition_type=image_condition_type)
     g = torch.Generator().manual_seed(7)
     batch = len(valid)
     mask = (torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1)).float()
@@ -568,10 +810,17 @@ def forward_cases() -> list:
                     dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, head_dim=8,
                          rope_axes=(2, 2, 4), valid=(2,), text_len=9, layers=2, single_layers=1),
                     worlds=(5, 6, 8)),  # more ranks than video tokens: the last hold only padding
+        # token_replace (HunyuanVideo-I2V's blocks): the first frame's 15 of 45 tokens get their
+        # own modulation; on 2 ranks rank 0 holds them all, on 3 exactly them, on 4 and 5 they
+        # span ranks 0 and 1, on 6 and 8 ranks 0..1 and 0..1 (chunks of 8 and 6).
+        ForwardCase("hunyuanvideo-token-replace", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
+                         rope_axes=(4, 6, 6), valid=(5, 11), layers=2, single_layers=2,
+                         image_condition_type="token_replace")),
     ]
 
 
-def runner_cases(base_dir: str) -> list:
+def runner_cases(base_dir: str, i2v_dir: str) -> list:
     """Denoising on the tiny pipeline: 3 x 3 x 5 = 45 video tokens (3 and 5 divide it, 2, 4, 6
     and 8 do not); embedded guidance (one call per step, cfg plans run it on both groups) and
     true classifier-free guidance (two calls; cfg = 2 runs one on each group)."""
@@ -584,4 +833,9 @@ def runner_cases(base_dir: str) -> list:
         RunnerCase("hunyuanvideo-true-cfg", _BUILD_PIPELINE, TINY_HEADS,
                    dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=5), dict(base_dir=base_dir),
                    worlds=(2, 3, 4)),  # the embedded case covers every world; cfg 2 runs on 2 and 4
+        # Image-to-video (token_replace) with true CFG: the branches' texts differ in length
+        # (396 / 540 tokens); Ulysses 2 and 3, ring 2 and 3, hybrid and cfg 2 on 2..4 ranks.
+        RunnerCase("hunyuanvideo-i2v", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=7), dict(base_dir=i2v_dir),
+                   image="checker", worlds=(2, 3, 4)),
     ]
