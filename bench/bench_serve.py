@@ -47,10 +47,16 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def _stats(latencies: list[float], wall: float) -> dict:
+def _stats(latencies: list[float], wall: float, busy: list[float]) -> dict:
+    """`busy`: each request's run time on the replica (the engine's timings["total_seconds"]:
+    its start there -> its frames back on the engine's driver). The replica runs one request at
+    a time, so wall - sum(busy) is time the replica spent between requests, plus the tail after
+    the last one (the HTTP side: mp4 write, poll, download)."""
     n = len(latencies)
     return {"seconds": round(wall, 4), "requests_per_minute": round(n / wall * 60, 4),
-            "p50_s": round(_percentile(latencies, 0.5), 4), "p95_s": round(_percentile(latencies, 0.95), 4)}
+            "p50_s": round(_percentile(latencies, 0.5), 4), "p95_s": round(_percentile(latencies, 0.95), 4),
+            "run_seconds_sum": round(sum(busy), 4), "run_seconds_mean": round(sum(busy) / n, 4),
+            "outside_runs_seconds": round(wall - sum(busy), 4)}
 
 
 def burst_direct(engine, n: int, steps: int, seed0: int) -> dict:
@@ -62,15 +68,15 @@ def burst_direct(engine, n: int, steps: int, seed0: int) -> dict:
         f = engine.submit(PROMPT, num_inference_steps=steps, seed=seed0 + i)
         f.add_done_callback(lambda f, i=i: done.__setitem__(i, time.perf_counter()))
         futures.append(f)
-    for f in futures:
-        f.result(timeout=1800)
+    busy = [f.result(timeout=1800).timings["total_seconds"] for f in futures]
     wall = max(done.values()) - t0
-    return _stats([done[i] - starts[i] for i in range(n)], wall)
+    return _stats([done[i] - starts[i] for i in range(n)], wall, busy)
 
 
 def burst_http(client, n: int, steps: int, seed0: int) -> dict:
     starts, ids = [0.0] * n, [None] * n
     finished: dict[str, float] = {}
+    busy: dict[str, float] = {}
     t0 = time.perf_counter()
 
     def create(i):
@@ -96,12 +102,14 @@ def burst_http(client, n: int, steps: int, seed0: int) -> dict:
                     if v.status == "failed":
                         raise RuntimeError(f"{v.id} failed: {v.error}")
                     seen.add(v.id)
+                    extra = (v.model_extra or {}).get("raydit") or {}
+                    busy[v.id] = float(extra["timings"]["total_seconds"])
                     pool.submit(download, v.id)
             time.sleep(0.25)
     if len(finished) < n:
         raise RuntimeError(f"only {len(finished)} of {n} videos finished")
     wall = max(finished.values()) - t0
-    return _stats([finished[ids[i]] - starts[i] for i in range(n)], wall)
+    return _stats([finished[ids[i]] - starts[i] for i in range(n)], wall, list(busy.values()))
 
 
 def _free_port() -> int:
@@ -144,13 +152,16 @@ def run(requests: int, steps: int, rounds: int) -> dict:
         for rnd in range(rounds):
             for side in (("direct", "http") if rnd % 2 == 0 else ("http", "direct")):
                 load, busy0, c0 = benchlib.loadavg(), benchlib.machine_busy_seconds(), time.perf_counter()
+                procs0 = benchlib.cpu_by_process()
                 r = sides[side](1000 * rnd)
                 busy = benchlib.machine_busy_seconds() - busy0
+                r["cpu_seconds_by_process"] = benchlib.cpu_delta_by_name(procs0, benchlib.cpu_by_process())
                 records.append({"round": rnd, "side": side, "load": load,
                                 "machine_busy_fraction": round(busy / (time.perf_counter() - c0) / (os.cpu_count() or 1), 3),
                                 **r})
                 print(f"round {rnd} {side:6s}: {r['requests_per_minute']:7.2f} requests/min, p50 {r['p50_s']:.2f} s, "
-                      f"p95 {r['p95_s']:.2f} s ({requests} in {r['seconds']:.1f} s), load {load[0] if load else '?'}",
+                      f"p95 {r['p95_s']:.2f} s ({requests} in {r['seconds']:.1f} s; runs {r['run_seconds_sum']:.1f} s, "
+                      f"outside runs {r['outside_runs_seconds']:.2f} s), load {load[0] if load else '?'}",
                       flush=True)
     finally:
         try:
@@ -166,7 +177,8 @@ def run(requests: int, steps: int, rounds: int) -> dict:
         "machine": benchlib.machine(), "model": {"dir": model_dir, **benchlib.BENCH_MODEL},
         "engine": ENGINE, "requests_per_burst": requests, "steps": steps,
         "rows": {s: {k: benchlib.summary([r[k] for r in rs], 4)
-                     for k in ("requests_per_minute", "p50_s", "p95_s", "seconds")} for s, rs in by.items()},
+                     for k in ("requests_per_minute", "p50_s", "p95_s", "seconds", "run_seconds_mean",
+                                   "outside_runs_seconds")} for s, rs in by.items()},
         "throughput_ratio_http_over_direct": benchlib.summary(ratios, 4),
         "front_cost_percent": round((1 - benchlib.summary(ratios, 4)["median"]) * 100, 2),
         "target_front_cost_percent_at_most": 2.0,
@@ -189,13 +201,13 @@ def write_md(result: dict, path: Path) -> None:
         f"{result['engine']['workers']} rank (the bench model, {result['steps']} steps each). Figures: median "
         "(min-max, n rounds); sides alternate within a round.",
         "",
-        "| side | requests / min | p50 latency | p95 latency |",
-        "|---|---|---|---|",
+        "| side | requests / min | p50 latency | p95 latency | a request's run on the replica (mean) | burst time outside runs |",
+        "|---|---|---|---|---|---|",
     ]
     for side, label in (("direct", "Engine.submit (direct)"), ("http", "HTTP: openai client -> raydit serve")):
         r = rows[side]
         lines.append(f"| {label} | {benchlib.fmt(r['requests_per_minute'], 'req/min', 2)} | {benchlib.fmt(r['p50_s'])} | "
-                     f"{benchlib.fmt(r['p95_s'])} |")
+                     f"{benchlib.fmt(r['p95_s'])} | {benchlib.fmt(r['run_seconds_mean'])} | {benchlib.fmt(r['outside_runs_seconds'])} |")
     met = "met" if result["front_cost_percent"] <= result["target_front_cost_percent_at_most"] else "**not met**"
     lines += [
         "",

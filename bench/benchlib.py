@@ -116,6 +116,45 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """pid -> (name, CPU seconds used so far, reaped children included) for every process of
+    the machine (Linux /proc; {} elsewhere). The name is Ray's process title where it set one
+    (`ray::RankWorker.step`), else the executable's base name. Two snapshots' difference shows
+    where a measurement's CPU went."""
+    out: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+        title = cmd[0].decode(errors="replace") if cmd and cmd[0] else stat[stat.index("(") + 1:stat.rindex(")")]
+        name = title.split()[0] if title.startswith("ray::") else os.path.basename(title.split()[0] if title else "?")
+        out[pid] = (name.split(".")[0] if name.startswith("ray::") else name, seconds)
+    return out
+
+
+def cpu_delta_by_name(before: dict, after: dict, top: int = 8) -> dict[str, float]:
+    """CPU seconds per process name between two cpu_by_process() snapshots (processes born
+    in between count from zero), the `top` largest."""
+    acc: dict[str, float] = {}
+    for pid, (name, sec) in after.items():
+        prev = before.get(pid)
+        d = sec - (prev[1] if prev and prev[0] == name else 0.0)
+        if d > 0:
+            acc[name] = acc.get(name, 0.0) + d
+    return {k: round(v, 2) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])[:top]}
+
+
 def wait_for_quiet(max_wait_s: float, window_s: float = 0.5, quiet: float = 0.2) -> float:
     """Wait (at most max_wait_s) until the machine's other work uses < `quiet` of a core
     over `window_s`; returns the seconds waited. Call while this benchmark itself is idle."""
