@@ -109,3 +109,51 @@ def test_shutdown_keeps_requests_in_the_engine_queue_as_queued(tmp_path):
         assert sorted(kw["seed"] for kw, _ in engine2.submitted) == [0, 1]
     finally:
         again.close(timeout_s=2)
+
+
+def test_image_to_video_hands_the_uploaded_image_to_the_engine_and_keeps_it_across_a_restart(tmp_path):
+    """input_reference for an image-to-video model: the image the engine receives is the upload,
+    pixel for pixel, also after a restart re-queues the request; a finished request's image file
+    is kept beside its video until the video is deleted."""
+    import io
+
+    from PIL import Image
+
+    from raydit.serve.app import _decode_image
+
+    class ImageEngine(StandInEngine):
+        takes_image = True
+
+    pixels = np.random.default_rng(0).integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+    upload = io.BytesIO()
+    Image.fromarray(pixels).save(upload, format="WEBP", lossless=True)
+    png = _decode_image(upload.getvalue(), "input_reference")  # re-encoded as PNG
+    store = VideoStore(tmp_path)
+    engine = ImageEngine()
+    service = VideoService(engine, store, LIMITS, max_queue=8)
+    job = service.create(dict(PARAMS), png)
+    _wait(lambda: len(engine.submitted) == 1)
+    got = np.asarray(engine.submitted[0][0]["image"])
+    np.testing.assert_array_equal(got, pixels)
+    # No image for an image-to-video model: one error naming the field.
+    try:
+        service.create(dict(PARAMS))
+    except Exception as exc:  # RequestError
+        assert getattr(exc, "param", None) == "input_reference" and "upload the first frame" in str(exc)
+    else:
+        raise AssertionError("an image-to-video request without an image was accepted")
+    threading.Timer(0.2, lambda: engine.submitted[0][1].set_exception(RuntimeError("stopped"))).start()
+    service.close(timeout_s=5)
+    engine2 = ImageEngine()
+    again = VideoService(engine2, store, LIMITS, max_queue=8)
+    try:
+        _wait(lambda: len(engine2.submitted) == 1)
+        kwargs = engine2.submitted[0][0]
+        assert kwargs["seed"] == PARAMS["seed"] and job.id in {j.id for j in again.list(limit=10)[0]}
+        np.testing.assert_array_equal(np.asarray(kwargs["image"]), pixels)
+        engine2.finish(0)
+        _wait(lambda: again.get(job.id).status == "completed")
+        assert store.image_path(job.id).exists()
+        assert again.delete(job.id) and not store.image_path(job.id).exists()
+    finally:
+        again.close(timeout_s=2)
