@@ -149,3 +149,25 @@ def test_first_frame_tokens_are_split_with_the_video(sp, first, expected):
 
     layout = SeqLayout((45,), sp)
     assert [hunyuanvideo.local_first_frame_tokens(layout, first, i) for i in range(sp)] == expected
+
+
+def test_latent_concat_matches_diffusers_pipeline(hunyuan_i2v_pipe):
+    """HunyuanVideo-I2V-33ch's conditioning (image latents on frame 0 and a frame mask as
+    channels; the pipeline returns its latents less frame 0 and decodes 4 frames fewer): one
+    process equals diffusers' own pipeline, whose full latents its step callback reads."""
+    from diffusers import HunyuanVideoImageToVideoPipeline
+
+    from raydit.models.conformance import run_steps
+
+    channels = hunyuanvideo.TINY_LATENT_CHANNELS
+    transformer = hunyuanvideo.tiny_transformer(41, in_channels=2 * channels + 1, out_channels=channels,
+                                                image_condition_type="latent_concat")
+    pipe = HunyuanVideoImageToVideoPipeline(**{**hunyuan_i2v_pipe.components, "transformer": transformer})
+    pipe.set_progress_bar_config(disable=True)
+    request = dataclasses.replace(I2V_REQUEST, true_cfg_scale=3.0)
+    expected = hunyuanvideo.FAMILY.reference_latents(pipe, request)
+    runner = Runner(pipe)
+    state = run_steps(runner, request, request.num_inference_steps)
+    assert [b["encoder_hidden_states"].shape[1] for b in state.branches] == [288 + 252, 288 + 252]
+    torch.testing.assert_close(state.latents, expected, rtol=1e-5, atol=1e-5)
+    assert runner.decode(state).shape == (request.num_frames - 4, request.height, request.width, 3)

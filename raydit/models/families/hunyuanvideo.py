@@ -765,14 +765,16 @@ def hunyuan_forward(latent_frames: int, latent_height: int, latent_width: int, h
     sample per entry of `valid` (its count of unmasked text tokens out of `text_len`)."""
     import torch
 
+    # latent_concat: [noise ; image latents ; mask] channels in, noise channels out
+    channels = 2 * TINY_LATENT_CHANNELS + 1 if image_condition_type == "latent_concat" else TINY_LATENT_CHANNELS
     transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim,
                                    rope_axes_dim=tuple(rope_axes), num_layers=layers, num_single_layers=single_layers,
-                                   image_condition_type=image_condition_type)
+                                   image_condition_type=image_condition_type, in_channels=channels)
     g = torch.Generator().manual_seed(7)
     batch = len(valid)
     mask = (torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1)).float()
     kwargs = dict(
-        hidden_states=torch.randn(batch, TINY_LATENT_CHANNELS, latent_frames, latent_height, latent_width, generator=g),
+        hidden_states=torch.randn(batch, channels, latent_frames, latent_height, latent_width, generator=g),
         timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
         encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
         encoder_attention_mask=mask,
@@ -811,12 +813,16 @@ def forward_cases() -> list:
                          rope_axes=(2, 2, 4), valid=(2,), text_len=9, layers=2, single_layers=1),
                     worlds=(5, 6, 8)),  # more ranks than video tokens: the last hold only padding
         # token_replace (HunyuanVideo-I2V's blocks): the first frame's 15 of 45 tokens get their
-        # own modulation; on 2 ranks rank 0 holds them all, on 3 exactly them, on 4 and 5 they
-        # span ranks 0 and 1, on 6 and 8 ranks 0..1 and 0..1 (chunks of 8 and 6).
+        # own modulation; on 2 ranks rank 0 holds them all, on 3 exactly them, on 4, 5 and 6
+        # they span ranks 0 and 1, on 8 ranks 0..2 (chunks of 6).
         ForwardCase("hunyuanvideo-token-replace", _BUILD_FORWARD, 6,
                     dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
-                         rope_axes=(4, 6, 6), valid=(5, 11), layers=2, single_layers=2,
-                         image_condition_type="token_replace")),
+                         rope_axes=(4, 6, 6), valid=(5, 11), image_condition_type="token_replace")),
+        # latent_concat (HunyuanVideo-I2V-33ch): 2 x 4 + 1 input channels, then T2V's blocks.
+        ForwardCase("hunyuanvideo-latent-concat", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
+                         rope_axes=(4, 6, 6), valid=(7,), image_condition_type="latent_concat"),
+                    worlds=(2, 3)),
     ]
 
 
