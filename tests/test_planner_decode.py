@@ -11,7 +11,8 @@ H100 = dict(flops_per_s=989e12 * 0.35, link_gb_s=450, link_latency_us=8)
 @pytest.mark.parametrize("model, ranks, split", [
     ("cogvideox-5b", 8, 8), ("cogvideox-5b", 1, 1), ("wan2.1-t2v-14b", 8, 8),
     ("wan2.2-ti2v-5b", 8, 8),       # 16x VAE: 44 latent rows at 704 px
-    ("hunyuanvideo", 8, 1),         # its VAE is not split: every rank decodes the whole video
+    ("hunyuanvideo", 8, 8), ("hunyuanvideo-1.5-720p", 8, 8), ("ltx-video-2b", 8, 8),  # issue 18
+    ("mochi-1", 8, 1),              # its VAE is not split: every rank decodes the whole video
     ("tiny", 16, 1),                # 8 latent rows cannot feed 16 ranks
 ])
 def test_decode_ranks(model, ranks, split):
@@ -126,24 +127,29 @@ def test_embedding_broadcast_grows_with_prompts_and_is_free_on_one_rank():
     assert two - one == pytest.approx(2 * payload)  # two hops
 
 
-def test_hunyuan_decoder_flops_match_diffusers_count():
-    """HUNYUAN's FLOP per output pixel-frame (+ its mid-block attention) against
-    torch.utils.flop_counter on diffusers' AutoencoderKLHunyuanVideo decoder (default config =
-    HunyuanVideo's), built on the meta device: 4 latent frames of 32 x 32 (13 x 256 x 256 out),
-    one decoder call. Edges weigh a little more at this size than at 720p: within 5%."""
+@pytest.mark.parametrize("model, vae_class, latents, video", [
+    ("hunyuanvideo", "AutoencoderKLHunyuanVideo", (1, 16, 4, 32, 32), (13, 256, 256)),
+    ("hunyuanvideo-1.5-480p", "AutoencoderKLHunyuanVideo15", (1, 32, 4, 16, 16), (13, 256, 256)),
+    ("ltx-video-2b", "AutoencoderKLLTXVideo", (1, 128, 4, 16, 16), (25, 512, 512)),
+])
+def test_decoder_flops_match_diffusers_count(model, vae_class, latents, video):
+    """The family's decoder FLOP per output pixel-frame (+ its mid-block attention) against
+    torch.utils.flop_counter on diffusers' decoder with its default config (HunyuanVideo's,
+    HunyuanVideo 1.5's, LTX-Video 0.9.0's), built on the meta device, one decoder call. Edges
+    weigh a little more at this size than at 720p: within 5%. Each is split by rows."""
     torch = pytest.importorskip("torch")
     diffusers = pytest.importorskip("diffusers")
     from torch.utils.flop_counter import FlopCounterMode
 
-    from raydit.planner.decode import HUNYUAN, decode_flops, decoder_shape
+    from raydit.planner.decode import DECODERS, decode_flops, decoder_shape
 
-    spec = BUILTIN_MODELS["hunyuanvideo"]
-    assert decoder_shape(spec) is HUNYUAN and not HUNYUAN.parallel
+    spec = BUILTIN_MODELS[model]
+    assert decoder_shape(spec) is DECODERS[spec.family] and decoder_shape(spec).parallel
     with torch.device("meta"):
-        vae = diffusers.AutoencoderKLHunyuanVideo()
+        vae = getattr(diffusers, vae_class)()
     with FlopCounterMode(display=False) as counter:
-        vae.decoder(torch.empty(1, 16, 4, 32, 32, device="meta"))
-    assert decode_flops(spec, spec.geometry(13, 256, 256)) == pytest.approx(counter.get_total_flops(), rel=0.05)
+        vae.decoder(torch.empty(*latents, device="meta"))
+    assert decode_flops(spec, spec.geometry(*video)) == pytest.approx(counter.get_total_flops(), rel=0.05)
 
 
 def test_hunyuan_decode_counts_attention_calls_and_tiles():

@@ -1,4 +1,6 @@
-"""Exact row-parallel decoding for diffusers' AutoencoderKLCogVideoX and AutoencoderKLWan.
+"""Exact row-parallel decoding for diffusers' video VAEs: AutoencoderKLCogVideoX, AutoencoderKLWan
+(2.1's 8x and 2.2's 16x), AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15 and
+AutoencoderKLLTXVideo.
 
 Legend: B batch, C channels, T frames, H rows, W columns; h rows of one rank's band.
 
@@ -12,18 +14,31 @@ the decode make the band's result equal to the same rows of a one-device decode:
   is posted before the layer runs and, after it, the band's first and last rows are
   recomputed from thin slabs with the neighbours' rows (halo.fix_band_edges), so the exchange
   overlaps the convolution and the band is never copied; WanCausalConv3d loses its row
-  padding and convolves the band with its halo attached (halo.halo_exchange). CogVideoX's
+  padding and convolves the band with its halo attached (halo.halo_exchange). HunyuanVideo's
+  (1 and 1.5) causal convolutions pad with F.pad before an unpadded Conv3d, by replicating
+  the edge rows: they lose their row padding too, and get the neighbours' rows inside the
+  frame and a copy of the band's own edge row (replicate; zeros for constant padding) at the
+  frame's top and bottom, which is what F.pad gives the whole frame there. CogVideoX's
   and Wan's time caches hold the band's own rows: they are cut from the layer's input before
   the hook sees it, and Wan's cache passed to a causal convolution gets its halo in the same
   exchange as the frame;
-- nn.GroupNorm (CogVideoX) computes its statistics over every band (halo.group_norm); Wan's
-  RMS norm normalises over channels at each pixel and needs nothing;
-- Wan's attention block (middle block, one head over all pixels of a frame): queries stay on
-  their band, keys and values of every band are gathered around diffusers' call to
-  scaled_dot_product_attention, so each query attends to the whole frame;
-- upsampling is nearest (CogVideoX) / nearest-exact (Wan) by 2 and Wan 2.2's DupUp3D and
-  unpatchify are per pixel: a band of h latent rows becomes a band of h x factor rows, so
-  bands stay aligned at every resolution.
+- nn.GroupNorm (CogVideoX, HunyuanVideo, the group norm inside diffusers' Attention) computes
+  its statistics over every band (halo.group_norm); Wan's, HunyuanVideo 1.5's and LTX's RMS
+  norms normalise over channels at each pixel and need nothing;
+- the middle block's attention (Wan: one head over the pixels of a frame; HunyuanVideo 1 and
+  1.5: one head over every pixel of every frame of the call, with a frame-causal mask): queries
+  stay on their band, keys and values of every band are gathered around diffusers' call to
+  scaled_dot_product_attention, so each query attends to the whole frame. A frame-causal mask
+  (a query of frame f sees every pixel of frames <= f) is rebuilt for the gathered keys from
+  each key's frame, which is read off the band's own mask and gathered with the keys;
+- upsampling is nearest (CogVideoX, HunyuanVideo) / nearest-exact (Wan) by 2, and Wan 2.2's
+  DupUp3D, HunyuanVideo 1.5's and LTX's channel-to-space rearranges and unpatchify are per
+  pixel: a band of h latent rows becomes a band of h x factor rows, so bands stay aligned at
+  every resolution.
+
+Refused (`supports_vae` is False and the runner decodes on one rank): padding modes other
+than zeros on a plain convolution, row strides or dilations, and LTX decoders that inject
+noise drawn per pixel of the whole frame (decoder_inject_noise).
 
 Tiled decoding (a blended approximation) is switched off during a parallel decode.
 """
@@ -32,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -53,22 +69,39 @@ from raydit.parallel.halo import (
 
 
 def _vae_classes():
-    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLWan
+    from diffusers import (
+        AutoencoderKLCogVideoX,
+        AutoencoderKLHunyuanVideo,
+        AutoencoderKLHunyuanVideo15,
+        AutoencoderKLLTXVideo,
+        AutoencoderKLWan,
+    )
 
-    return AutoencoderKLCogVideoX, AutoencoderKLWan
+    return AutoencoderKLCogVideoX, AutoencoderKLWan, (AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15,
+                                                      AutoencoderKLLTXVideo)
 
 
 def spatial_factor(vae) -> int:
     """Output rows per latent row of a supported VAE."""
-    cog, wan = _vae_classes()
+    cog, wan, others = _vae_classes()
     if isinstance(vae, cog):
         return 2 ** (len(vae.config.block_out_channels) - 1)
     if isinstance(vae, wan):
         upsamples = len(vae.config.dim_mult) - 1
         return 2 ** upsamples * (vae.config.patch_size or 1)
+    if isinstance(vae, others):
+        return int(vae.spatial_compression_ratio)
     raise ValueError(
-        f"row-parallel decode supports AutoencoderKLCogVideoX and AutoencoderKLWan, not {type(vae).__name__}"
+        "row-parallel decode supports AutoencoderKLCogVideoX, AutoencoderKLWan, AutoencoderKLHunyuanVideo, "
+        f"AutoencoderKLHunyuanVideo15 and AutoencoderKLLTXVideo, not {type(vae).__name__}"
     )
+
+
+def _is_padded_conv(module) -> bool:
+    """HunyuanVideo's (1 and 1.5) causal convolution: F.pad(x, time_causal_padding, pad_mode)
+    then an unpadded nn.Conv3d `conv`."""
+    return (isinstance(getattr(module, "time_causal_padding", None), tuple) and len(module.time_causal_padding) == 6
+            and isinstance(getattr(module, "conv", None), nn.Conv3d) and hasattr(module, "pad_mode"))
 
 
 def min_band_rows(vae) -> int:
@@ -81,15 +114,43 @@ def min_band_rows(vae) -> int:
     for module in vae.decoder.modules():
         if isinstance(module, WanCausalConv3d):
             halo = max(halo, module._padding[2], module._padding[3])
-        elif isinstance(module, (nn.Conv2d, nn.Conv3d)):
+        elif _is_padded_conv(module):
+            halo = max(halo, module.time_causal_padding[2], module.time_causal_padding[3])
+        elif isinstance(module, (nn.Conv2d, nn.Conv3d)) and not isinstance(module.padding, str):
             halo = max(halo, module.padding[-2])
     return max(1, halo)
 
 
+def _frame_of_each_token(mask: Tensor) -> Tensor:
+    """The frame of each token of a frame-causal attention mask [..., S, S] over tokens in
+    (frame, row, column) order: a query of frame f sees the keys of frames 0..f. float masks are
+    additive (0 or -inf), bool masks True where allowed. Raises ValueError for any other mask."""
+    square = mask.reshape(-1, mask.shape[-2], mask.shape[-1])
+    if square.shape[-1] != square.shape[-2] or not bool((square == square[:1]).all()):
+        raise ValueError("row-parallel VAE attention supports one frame-causal mask shared by the batch and heads")
+    square = square[0]
+    if square.dtype == torch.bool:
+        allowed = square
+    else:
+        allowed = square == 0
+        if not bool((allowed | (square == float("-inf"))).all()):
+            raise ValueError("row-parallel VAE attention supports additive masks of 0 and -inf only")
+    seen = allowed.sum(-1)
+    per_frame = int(seen[0])
+    if per_frame == 0 or seen.shape[0] % per_frame:
+        raise ValueError("row-parallel VAE attention: the mask is not frame-causal")
+    frame = torch.div(seen, per_frame, rounding_mode="floor") - 1
+    if not torch.equal(allowed, frame[None, :] <= frame[:, None]):
+        raise ValueError("row-parallel VAE attention: the mask is not frame-causal")
+    return frame
+
+
 class _GatherKeysValues(TorchFunctionMode):
     """Inside it, scaled_dot_product_attention(q, k, v) attends to the keys and values of every
-    band: k and v ([B', heads, s, D], s = h x W in row-major order) are gathered along s in rank
-    order, which is the row-major order of the whole frame."""
+    band: k and v ([B', heads, s, D], s = h x W in row-major order, or frames x h x W for
+    HunyuanVideo's) are gathered along s in rank order. Without a mask the order of the keys is
+    immaterial; a frame-causal mask (HunyuanVideo's) is rebuilt for the gathered keys from the
+    frame of each key, gathered the same way."""
 
     def __init__(self, group) -> None:
         super().__init__()
@@ -99,8 +160,20 @@ class _GatherKeysValues(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             q, k, v = args[:3]
-            if "attn_mask" in kwargs and kwargs["attn_mask"] is not None or len(args) > 3 or kwargs.get("is_causal"):
-                raise ValueError("row-parallel VAE attention supports unmasked, non-causal attention only")
+            kwargs = dict(kwargs)
+            mask = args[3] if len(args) > 3 else kwargs.pop("attn_mask", None)
+            if len(args) > 4 or kwargs.get("is_causal") or kwargs.get("dropout_p"):
+                raise ValueError("row-parallel VAE attention supports no dropout and no is_causal")
+            if mask is not None:
+                frame = _frame_of_each_token(mask).to(torch.float64)
+                key_frame = all_gather_uneven(frame[:, None], dim=0, group=self.group)[:, 0]
+                allowed = key_frame[None, :] <= frame[:, None]  # [s, keys of every band]
+                if mask.dtype == torch.bool:
+                    mask = allowed
+                else:
+                    mask = torch.zeros(allowed.shape, dtype=mask.dtype, device=mask.device)
+                    mask.masked_fill_(~allowed, float("-inf"))
+                kwargs["attn_mask"] = mask
             k = all_gather_uneven(k, dim=-2, group=self.group)
             v = all_gather_uneven(v, dim=-2, group=self.group)
             return func(q, k, v, **kwargs)
@@ -172,42 +245,116 @@ def _check_row_conv(name: str, kernel_h: int, pad_h: int, stride_h: int, dilatio
         )
 
 
-def _install(vae, group) -> _Installed:
-    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
-    from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
+def _padded_conv_hook(halo: int, group):
+    """HunyuanVideo's causal convolution with its row padding taken out: attach the neighbours'
+    rows, and at the frame's top and bottom (no neighbour) copies of the band's edge row, which is
+    what F.pad(mode="replicate") gives the whole frame there (padding is per dimension, so rows
+    first and then columns and frames gives what one F.pad gives)."""
 
+    def hook(module, args):
+        x = args[0]
+        joined = halo_exchange(x, halo, halo, group)
+        if module.pad_mode == "replicate":
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            if rank == 0:
+                joined[..., :halo, :] = x[..., :1, :]
+            if rank == world - 1:
+                joined[..., -halo:, :] = x[..., -1:, :]
+        return (joined,) + tuple(args[1:])
+
+    return hook
+
+
+def _attention_classes() -> tuple:
+    """Attention blocks of the supported decoders, run with every band's keys and values."""
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
+
+    return WanAttentionBlock, Attention, HunyuanVideo15AttnBlock
+
+
+def _plan(vae, group) -> list:
+    """What a row-parallel decode changes in `vae.decoder`: callables that each install one
+    change into an _Installed. Raises ValueError for a layer it cannot decode exactly by rows."""
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    spatial_factor(vae)  # validates the class
+    attention = _attention_classes()
+    steps, inside_padded = [], set()
+
+    def set_attr(module, attr, value):
+        def step(installed: _Installed):
+            old = getattr(module, attr)
+            setattr(module, attr, value)
+            installed.restore.append(functools.partial(setattr, module, attr, old))
+        return step
+
+    def pre_hook(module, hook):
+        return lambda installed: installed.hooks.append(module.register_forward_pre_hook(hook))
+
+    def own_forward(module, forward):
+        def step(installed: _Installed):
+            module.forward = functools.partial(forward, module, group)
+            installed.restore.append(functools.partial(_drop_instance_forward, module))
+        return step
+
+    for name, module in vae.decoder.named_modules(prefix="decoder"):
+        if id(module) in inside_padded:
+            continue
+        if getattr(module, "per_channel_scale1", None) is not None or getattr(module, "per_channel_scale2", None) is not None:
+            raise ValueError(f"{name}: noise drawn per pixel of the whole frame (decoder_inject_noise) cannot be split by rows")
+        if isinstance(module, CogVideoXCausalConv3d):
+            if module.pad_mode == "replicate" and module.height_pad:
+                raise ValueError(f"{name}: replicate padding along rows is not supported by row-parallel decode")
+            continue  # its time padding is its cache; the rows are padded by the Conv3d inside
+        if isinstance(module, WanCausalConv3d):
+            pads = module._padding  # (w, w, h, h, 2 * t, 0) for F.pad
+            _check_row_conv(name, module.kernel_size[1], pads[2], module.stride[1], module.dilation[1])
+            if pads[2] == 0:
+                continue
+            steps.append(set_attr(module, "_padding", (pads[0], pads[1], 0, 0, pads[4], pads[5])))
+            steps.append(pre_hook(module, _wan_causal_halo_hook(pads[2], group)))
+        elif _is_padded_conv(module):
+            conv, pads = module.conv, module.time_causal_padding  # (w, w, h, h, t, t) for F.pad
+            inside_padded.add(id(conv))
+            if module.pad_mode not in ("replicate", "constant"):
+                raise ValueError(f"{name}: padding mode {module.pad_mode!r} is not supported (replicate or constant)")
+            if conv.padding_mode != "zeros" or isinstance(conv.padding, str) or conv.padding[-2]:
+                raise ValueError(f"{name}: the convolution inside must not pad rows itself")
+            _check_row_conv(name, conv.kernel_size[-2], pads[2], conv.stride[-2], conv.dilation[-2])
+            if pads[2] != pads[3]:
+                raise ValueError(f"{name}: row padding {pads[2]} above and {pads[3]} below is not supported")
+            if pads[2] == 0:
+                continue
+            steps.append(set_attr(module, "time_causal_padding", (pads[0], pads[1], 0, 0, pads[4], pads[5])))
+            steps.append(pre_hook(module, _padded_conv_hook(pads[2], group)))
+        elif isinstance(module, (nn.Conv2d, nn.Conv3d)):
+            if module.padding_mode != "zeros":
+                raise ValueError(f"{name}: padding mode {module.padding_mode!r} is not supported (zeros only)")
+            if isinstance(module.padding, str):
+                raise ValueError(f"{name}: padding {module.padding!r} is not supported (give it in rows)")
+            pad_h = module.padding[-2]
+            _check_row_conv(name, module.kernel_size[-2], pad_h, module.stride[-2], module.dilation[-2])
+            if pad_h == 0:
+                continue
+            steps.append(lambda installed, m=module, h=pad_h: installed.hooks.extend(_conv_band_hooks(m, h, group)))
+        elif isinstance(module, nn.GroupNorm):
+            steps.append(own_forward(module, _group_norm_forward))
+        elif isinstance(module, attention):
+            steps.append(own_forward(module, _attention_forward))
+        elif isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith(("Attention", "AttnBlock")):
+            raise ValueError(f"{name}: {type(module).__name__} is not supported by row-parallel decode")
+    return steps
+
+
+def _install(vae, group) -> _Installed:
+    steps = _plan(vae, group)
     installed = _Installed()
     try:
-        for name, module in vae.decoder.named_modules(prefix="decoder"):
-            if isinstance(module, CogVideoXCausalConv3d) and module.pad_mode == "replicate" and module.height_pad:
-                raise ValueError(f"{name}: replicate padding along rows is not supported by row-parallel decode")
-            if isinstance(module, WanCausalConv3d):
-                pads = module._padding  # (w, w, h, h, 2 * t, 0) for F.pad
-                _check_row_conv(name, module.kernel_size[1], pads[2], module.stride[1], module.dilation[1])
-                if pads[2] == 0:
-                    continue
-                old = module._padding
-                module._padding = (pads[0], pads[1], 0, 0, pads[4], pads[5])
-                installed.restore.append(functools.partial(setattr, module, "_padding", old))
-                installed.hooks.append(module.register_forward_pre_hook(_wan_causal_halo_hook(pads[2], group)))
-            elif isinstance(module, (nn.Conv2d, nn.Conv3d)):
-                if module.padding_mode != "zeros":
-                    raise ValueError(f"{name}: padding mode {module.padding_mode!r} is not supported (zeros only)")
-                if isinstance(module.padding, str):
-                    raise ValueError(f"{name}: padding {module.padding!r} is not supported (give it in rows)")
-                pad_h = module.padding[-2]
-                _check_row_conv(name, module.kernel_size[-2], pad_h, module.stride[-2], module.dilation[-2])
-                if pad_h == 0:
-                    continue
-                installed.hooks.extend(_conv_band_hooks(module, pad_h, group))
-            elif isinstance(module, nn.GroupNorm):
-                module.forward = functools.partial(_group_norm_forward, module, group)
-                installed.restore.append(functools.partial(_drop_instance_forward, module))
-            elif isinstance(module, WanAttentionBlock):
-                module.forward = functools.partial(_attention_forward, module, group)
-                installed.restore.append(functools.partial(_drop_instance_forward, module))
-            elif isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith("Attention"):
-                raise ValueError(f"{name}: {type(module).__name__} is not supported by row-parallel decode")
+        for step in steps:
+            step(installed)
     except BaseException:
         installed.remove()
         raise
@@ -255,30 +402,41 @@ def latent_split(vae, latent_rows: int, ranks: int) -> RowSplit:
     return split
 
 
-def decode_rows(vae, latents: Tensor, group=None, dst: int | None = 0) -> Tensor | None:
+def decode_rows(vae, latents: Tensor, group=None, dst: int | None = 0, **decode_kwargs) -> Tensor | None:
     """Decode `latents` [B C T H W] (the same full tensor on every rank of `group`) with the work
     split by rows over the group; return the decoded video [B 3 T' H' W'] on group rank `dst`
-    (None elsewhere), or on every rank with `dst=None`. Equal to `vae.decode(latents).sample`."""
+    (None elsewhere), or on every rank with `dst=None`. Equal to
+    `vae.decode(latents, **decode_kwargs).sample` (LTX's decoder takes `temb`)."""
     if latents.dim() != 5:
         raise ValueError(f"latents must be [batch, channels, frames, height, width], got shape {tuple(latents.shape)}")
-    out_band, split = _decode_band(vae, latents, group)
+    out_band, split = _decode_band(vae, latents, group, decode_kwargs)
     return gather_rows(out_band, split.scaled(spatial_factor(vae)), group, dst=dst)
 
 
-def _decode_band(vae, latents: Tensor, group) -> tuple[Tensor, RowSplit]:
+def _decode_band(vae, latents: Tensor, group, decode_kwargs: dict) -> tuple[Tensor, RowSplit]:
     """This rank's band of the decoded video, and the latent split."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     split = latent_split(vae, latents.shape[-2], world)
     band = split.shard(latents, rank).contiguous()
     with row_parallel(vae, group):
-        return type(vae).decode(vae, band).sample, split  # the class's own: an instance override may be ours
+        # The class's own decode: an instance override may be ours.
+        return type(vae).decode(vae, band, **decode_kwargs, return_dict=True).sample, split
+
+
+def _decode_arguments(vae, z, args: tuple, kwargs: dict) -> tuple[dict, bool]:
+    """vae.decode(z, *args, **kwargs) -> (its other arguments by name, return_dict)."""
+    bound = inspect.signature(type(vae).decode).bind(vae, z, *args, **kwargs)
+    named = dict(bound.arguments)
+    for own in list(named)[:2]:  # self, z
+        named.pop(own)
+    return named, named.pop("return_dict", True)
 
 
 def supports_vae(vae) -> bool:
-    """Whether `vae` is one this module decodes by rows."""
+    """Whether `vae` is one this module decodes by rows (its class and every layer of its decoder)."""
     try:
-        spatial_factor(vae)
-    except ValueError:
+        _plan(vae, None)
+    except (ValueError, AttributeError):
         return False
     return True
 
@@ -306,18 +464,19 @@ def decode_on_ranks(vae, group=None, dst: int = 0):
     ranks = dist.get_world_size(group)
     info = {"ranks": 1}  # how many ranks the last decode ran on
 
-    def decode(z, return_dict: bool = True):
+    def decode(z, *args, **kwargs):
+        named, return_dict = _decode_arguments(vae, z, args, kwargs)
         info["ranks"] = 1
         if z.dim() == 5 and can_decode_rows(vae, z.shape[-2], ranks):
             info["ranks"] = ranks
-            out_band, split = _decode_band(vae, z, group)
+            out_band, split = _decode_band(vae, z, group, named)
             video = gather_rows(out_band, split.scaled(spatial_factor(vae)), group, dst=dst)
             if video is None:
                 shape = list(out_band.shape)
                 shape[-2] = split.rows * spatial_factor(vae)
                 video = out_band.new_zeros(shape)
         else:
-            video = type(vae).decode(vae, z).sample
+            video = type(vae).decode(vae, z, **named, return_dict=True).sample
         return DecoderOutput(sample=video) if return_dict else (video,)
 
     vae.decode = decode

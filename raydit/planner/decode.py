@@ -68,7 +68,7 @@ class DecoderShape:
     exchanges_per_latent_frame: float
     norms_per_latent_frame: float
     top_channels: int  # channels of the decoder's full-resolution activations (per output pixel)
-    frames_per_call: int  # output frames one decoder call produces
+    frames_per_call: int  # output frames one decoder call produces (0: the whole video)
     parallel: bool = True  # raydit decodes this family's VAE by rows
     # Channels of a self-attention over one decoder call's latent tokens (HunyuanVideo's mid
     # block: 4 N^2 C FLOP for N tokens); 0: none (its cost is then in flops_per_pixel).
@@ -103,13 +103,31 @@ WAN_16X = DecoderShape(2 * 9.33e6, 8934, 33.0, 0.0, 64, 4)
 # 3x8x8: 1.808e7, edges weigh more), plus the mid block's one-head attention over the call's
 # latent tokens, 4 N^2 x 512 FLOP (1.74e11 at N = 9216: the bmm count). diffusers decodes it
 # framewise (5 latent frames a call, stride 3) and, with enable_tiling() (the official
-# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit does not
-# split it by rows: decoded on one rank's time.
-HUNYUAN = DecoderShape(1.716e7, 0.0, 0.0, 0.0, 128, 17, parallel=False, attention_channels=512,
+# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit splits it by
+# rows (issue 18). Halo counts by forward pre-hooks on the same meta-device decoder (5 x 32 x 32
+# latents, one call of 17 frames: 35 convolutions with a 1-row halo, 30 group norms; 2342 halo
+# values per output frame and column): per latent frame of the framewise decode (stride 3,
+# each output frame decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms.
+HUNYUAN = DecoderShape(1.716e7, 3318, 11.7, 10.0, 128, 17, attention_channels=512,
                        call_frames=5, call_stride=3, tile=32, tile_stride=24)
 DECODERS["hunyuanvideo"] = HUNYUAN
+# HunyuanVideo 1.5 (AutoencoderKLHunyuanVideo15, default config: 16x, blocks 128 ... 1024, RMS
+# norms), counted the same way on 5 x 16 x 16 latents (17 x 256 x 256 out): 2.535e7 FLOP per
+# output pixel-frame in convolutions, plus its mid block's one-head attention over every latent
+# token of the video at 1024 channels (6.7e9 = 4 N^2 C, N = 1280); 3370 halo values per output
+# frame and column, 8 exchanges per latent frame, no group norm. diffusers decodes the whole
+# video in one call (no framewise decode).
+HUNYUAN15 = DecoderShape(2.535e7, 3370, 8.0, 0.0, 128, 0, attention_channels=1024)
+DECODERS["hunyuanvideo15"] = HUNYUAN15
+# LTX-Video (AutoencoderKLLTXVideo, default config = 0.9.0's: decoder 512 ... 128 channels,
+# patch 4), 5 x 16 x 16 latents (33 x 512 x 512 out): 8.92e5 FLOP per output pixel-frame
+# (3 x 8 x 8: 9.17e5), 590 halo values per output frame and column, 8.6 exchanges per latent
+# frame, RMS norms only; its 128 channels at a quarter of the resolution hold as much as 8 at
+# full resolution; the whole video in one call.
+LTX = DecoderShape(2 * 4.46e5, 590, 8.6, 0.0, 8, 0)
+DECODERS["ltx"] = LTX
 # Families whose VAE raydit does not split and whose decoder is not counted (decoded
-# replicated, on one rank's time): a Wan-2.1-like cost per pixel stands in for their decoder.
+# replicated, on one rank's time; Mochi): a Wan-2.1-like cost per pixel stands in for their decoder.
 _OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 
 
@@ -153,6 +171,13 @@ def _spans(length: int, size: int, stride: int) -> list[int]:
     return [min(size, length - i) for i in range(0, length, stride)]
 
 
+def _call_latent_frames(d: DecoderShape, latent_frames: int) -> list[int]:
+    """Latent frames of each decoder call (diffusers' framewise decode, or one call)."""
+    if d.call_frames and latent_frames > d.call_frames - 1:
+        return _spans(latent_frames, d.call_frames, d.call_stride)
+    return [latent_frames]
+
+
 def decode_flops(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> float:
     """FLOP of one video's decode on one rank: flops_per_pixel per output pixel-frame the
     decoder calls produce (overlapping tiles and framewise calls counted as decoded), plus
@@ -163,10 +188,7 @@ def decode_flops(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> fl
         return geo.frames * geo.height * geo.width * d.flops_per_pixel
     s, t = spec.vae_spatial, spec.vae_temporal
     lh, lw, lt = geo.latent_height, geo.latent_width, geo.latent_frames
-    if d.call_frames and lt > d.call_frames - 1:
-        calls_t = _spans(lt, d.call_frames, d.call_stride)
-    else:
-        calls_t = [lt]
+    calls_t = _call_latent_frames(d, lt)
     if tiled and d.tile and (lh > d.tile or lw > d.tile):
         tiles = [(a, b) for a in _spans(lh, d.tile, d.tile_stride) for b in _spans(lw, d.tile, d.tile_stride)]
     else:
@@ -198,6 +220,9 @@ def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: fl
         calls = geo.latent_frames
         halo = (d.exchanges_per_latent_frame + d.norms_per_latent_frame) * calls * a \
             + 2 * geo.frames * geo.width * d.halo_values * e / bw
+        # A mid-block attention gathers every band's keys and values (2 C per latent token of each call).
+        halo += 2 * d.attention_channels * sum(_call_latent_frames(d, geo.latent_frames)) \
+            * geo.latent_height * geo.latent_width * e * (n - 1) / n / bw
         gather = a + pixels * 3 * e * (n - 1) / n / bw
     return DecodeCost(n, compute, halo, gather, decode_peak_gb(spec, geo, ranks))
 
@@ -209,7 +234,8 @@ def decode_activations_gb(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> fl
     rows = geo.latent_height
     band = -(-rows // n)
     scale = geo.height // rows
-    return LIVE * d.top_channels * d.frames_per_call * (band * scale + 2) * geo.width * spec.bytes_per_param / GB
+    frames = d.frames_per_call or geo.frames
+    return LIVE * d.top_channels * frames * (band * scale + 2) * geo.width * spec.bytes_per_param / GB
 
 
 def decode_peak_gb(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> float:
