@@ -222,6 +222,17 @@ def markdown(res: dict) -> str:
                          f"({e['speedup']['min']:.2f}-{e['speedup']['max']:.2f}) | {e['cpu_speedup']['median']:.2f}x "
                          f"| {ceil['median']:.2f}x | {c['max_abs_diff'][name]:.1e} | {one['n']} ({c['figures_from']}, "
                          f"load {e['load_1m']['median']}) |")
+    for c in res["cases"]:
+        if c["family"] == "hunyuanvideo":
+            # Text tokens are whole on every rank (never split): each rank's work is V / 2 + T of V + T.
+            v, t = 1590 * c["latent_frames"], 256
+            best = (v + t) / (v / 2 + t)
+            ceil = c["configs"]["both alone"]["ceiling"]["median"]
+            lines += ["", f"HunyuanVideo's {t} text tokens are whole on every rank (its dual-stream blocks' text "
+                      f"stream and the text rows of every single-stream block run on both ranks), so with {v} video "
+                      f"tokens a rank does (V / 2 + T) / (V + T) of the work: the best split is {best:.2f}x, and "
+                      f"{best:.2f}x x the ceiling's {ceil / 2:.2f} = {best * ceil / 2:.2f}x is what 2 ranks can reach "
+                      "here; more video tokens (frames, resolution) bring it toward the ceiling."]
     lines += ["", "Cost model, H100, end to end as published systems run it (decode on one GPU, tiled):", "",
               "| family | request | GPUs | layout | predicted s / video | xDiT published | error |", "|---|---|---|---|---|---|---|"]
     for family, p in res["h100"].items():
