@@ -1,8 +1,8 @@
 """Step caching under every plan up to 4 ranks == one process, same cached steps, resumable.
 
 One spawned group of 4 gloo processes runs every feasible plan of 1..4 ranks (cfg = 2 on 2
-and 4) for a CogVideoX case (guidance branches batched in one call) and a Wan case (two
-calls per step), with fbcache and teacache; the tests compare each plan with the
+and 4) for a CogVideoX case (guidance branches batched in one call), a Wan case (two
+calls per step), a HunyuanVideo case (true CFG) and an LTX-Video case, with fbcache and teacache; the tests compare each plan with the
 single-process run here. The thresholds are chosen so that some steps are cached and no
 step's decision quantity lies within 5% of the threshold (checked below), so a plan's
 rounding cannot flip a decision.
@@ -47,7 +47,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, ltx, wan
 
     cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
@@ -64,6 +64,16 @@ def _cases() -> list[CacheCase]:
                   dict(cog_request, cache="teacache", cache_threshold=1.5)),
         CacheCase("wan-fbcache", "raydit.models.families.wan:wan_pipeline", dict(base_dir=wan_dir), 6,
                   dict(wan_request, cache="fbcache", cache_threshold=1.1)),
+        # HunyuanVideo (issue 18): dual- and single-stream blocks, the masked text whole on every
+        # rank, true CFG (two calls per step); 3 latent frames x 2 x 3 = 18 video tokens.
+        CacheCase("hunyuanvideo-teacache", "raydit.models.families.hunyuanvideo:hunyuan_pipeline",
+                  dict(base_dir=str(hunyuanvideo.tiny_pipeline_dir())), 6,
+                  dict(prompt="a red fox", negative_prompt="blur", true_cfg_scale=4.0, num_frames=9, height=32,
+                       width=48, num_inference_steps=STEPS, seed=4, cache="teacache", cache_threshold=1.5)),
+        # LTX-Video: latents packed as tokens, 2 latent frames x 2 x 3 = 12 tokens (padded on 4 ranks).
+        CacheCase("ltx-fbcache", "raydit.models.families.ltx:ltx_pipeline", dict(base_dir=str(ltx.tiny_pipeline_dir())),
+                  6, dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=64, width=96,
+                          num_inference_steps=STEPS, guidance_scale=3.0, seed=4, cache="fbcache", cache_threshold=1.0)),
     ]
 
 
