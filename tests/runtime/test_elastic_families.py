@@ -1,0 +1,59 @@
+"""The elastic runtime with the other families (issue 18): a rank killed mid-generation on
+tiny-hunyuan (HunyuanVideo, true CFG on cfg 2) and tiny-ltx (LTX-Video, ring 2), and the run
+resumes from the last step's checkpoint and returns the fault-free latents (rtol 1e-4,
+atol 1e-4, the runtime tests' tolerance). The runtime has no family-specific code: the same
+Engine, pool and checkpoints as CogVideoX's (tests/runtime/test_elastic.py, test_faults.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+STEPS = 3
+TOL = dict(rtol=1e-4, atol=1e-4)
+CASES = {
+    # model: (Engine options, generate options)
+    "tiny-hunyuan": (dict(workers=2, cfg=2), dict(negative_prompt="blur", true_cfg_scale=4.0)),
+    "tiny-ltx": (dict(workers=2, ring=2), dict()),
+}
+
+
+def _kill_and_wait(actor, timeout=60):
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=1)
+        except Exception:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the killed actor still answers")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(CASES))
+def test_rank_killed_mid_generation_resumes_with_the_same_latents(ray_local, model):
+    from raydit.runtime.engine import Engine
+
+    options, extra = CASES[model]
+    with Engine(model=model, device="cpu", grow="never", show_plan=False, **options) as engine:
+        request = dict(num_inference_steps=STEPS, seed=7, progress=False, **extra)
+        reference = engine.generate("a paper boat", **request)
+        victim = engine.group.active[0].actor  # rank 0: the holder of the text encoders
+
+        def kill_rank_0(eng, step, timestep, kwargs):
+            if step == 2:
+                _kill_and_wait(victim)
+            return kwargs
+
+        result = engine.generate("a paper boat", callback_on_step_end=kill_rank_0, **request)
+        assert victim not in [m.actor for m in engine.group.members]
+    kinds = [e["event"] for e in result.events]
+    assert "regrouped" in kinds, result.events
+    torch.testing.assert_close(torch.from_numpy(result.latents), torch.from_numpy(reference.latents), **TOL)
+    assert result.frames.shape == reference.frames.shape
