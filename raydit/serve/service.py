@@ -16,7 +16,10 @@ replica. Rank and node loss underneath are the engine's business (it re-plans an
 from the last step); the service only counts the recoveries.
 
 Finished videos are encoded to mp4 on a writer thread, so a replica starts its next
-request while the previous video is still being written.
+request while the previous video is still being written. The encode is background work
+beside the ranks' host threads on the same machine: the writer thread runs at a lower
+scheduling priority (Linux: its own nice value, which the ffmpeg process it starts
+inherits) and ffmpeg encodes on one thread, so a busy core goes to a rank first.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from __future__ import annotations
 import collections
 import io
 import math
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +39,23 @@ from raydit.serve.store import VideoJob, VideoStore, new_id, valid_id
 
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 REQUEST_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+WRITER_NICE = 10  # added to the writer thread's nice value (0 -> 10: about a tenth of a rank's share of a busy core)
+
+
+def lower_thread_priority(increment: int) -> bool:
+    """Raise the calling thread's nice value by `increment` (Linux only, where a thread id
+    names the thread alone; elsewhere the same call would renice a whole process, so it is
+    skipped). Returns whether the priority was lowered. Never raises."""
+    if not sys.platform.startswith("linux") or increment <= 0:
+        return False
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+        return True
+    except OSError:
+        return False
 
 
 class RequestStopped(Exception):
@@ -258,6 +280,7 @@ class VideoService:
         self._writes.put((run, None if exc else future.result(), exc))
 
     def _write_loop(self) -> None:
+        lower_thread_priority(WRITER_NICE)
         while True:
             item = self._writes.get()
             if item is None:
@@ -283,7 +306,7 @@ class VideoService:
             code = "invalid_request" if isinstance(exc, ValueError) else "generation_failed"
             self._fail(job, code, " ".join((str(exc) or type(exc).__name__).split()))
             return
-        self.store.write_video(job.id, result.frames, job.fps)
+        self.store.write_video(job.id, result.frames, job.fps, threads=1)
         timings = result.timings
         recoveries = len(timings.get("recovery_seconds", []) or [])
         for s in timings.get("step_seconds", []):

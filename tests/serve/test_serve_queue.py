@@ -5,11 +5,14 @@ exact. The engine here is a stand-in with the Engine's submit/Future contract (r
 run in submission order, `capacity` at a time); the real engine is exercised by
 test_serve_http.py."""
 
+import os
+import sys
 import threading
 import time
 from concurrent.futures import Future
 
 import numpy as np
+import pytest
 
 from raydit.serve.schema import Limits
 from raydit.serve.service import VideoService
@@ -157,3 +160,48 @@ def test_image_to_video_hands_the_uploaded_image_to_the_engine_and_keeps_it_acro
         assert again.delete(job.id) and not store.image_path(job.id).exists()
     finally:
         again.close(timeout_s=2)
+
+
+def _nice_of(pid_or_tid: int) -> int:
+    # /proc/<id>/stat: "pid (comm) state ..." ; nice is field 19 (1-based), comm may hold spaces.
+    with open(f"/proc/{pid_or_tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_video_writer_runs_below_the_ranks_priority_and_its_ffmpeg_inherits_it(tmp_path):
+    """The mp4 encode is background work: the writer thread lowers its own nice value (only its
+    own: the engine's driver threads in the same process keep theirs), and the ffmpeg process it
+    starts inherits it, so on a busy core a rank's host thread runs first."""
+    import subprocess
+
+    from raydit.runtime.video import read_mp4
+    from raydit.serve.service import WRITER_NICE, lower_thread_priority
+
+    base = _nice_of(os.getpid())
+    engine = StandInEngine()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+    try:
+        job = service.create(dict(PARAMS))
+        _wait(lambda: len(engine.submitted) == 1)
+        engine.finish(0)
+        _wait(lambda: service.get(job.id).status == "completed")
+        assert _nice_of(service._writer.native_id) == min(19, base + WRITER_NICE)
+        assert _nice_of(threading.get_native_id()) == base  # this thread, the process: unchanged
+        assert read_mp4(str(tmp_path / f"{job.id}.mp4")).shape == (9, 64, 64, 3)  # ffmpeg on 1 thread
+    finally:
+        service.close(timeout_s=2)
+
+    # A child started by a lowered thread (as ffmpeg is) starts at the thread's nice value.
+    seen = {}
+
+    def child():
+        assert lower_thread_priority(3)
+        out = subprocess.run(["cat", "/proc/self/stat"], capture_output=True, text=True, check=True).stdout
+        seen["nice"] = int(out.rsplit(")", 1)[1].split()[16])
+
+    t = threading.Thread(target=child)
+    t.start()
+    t.join()
+    assert seen["nice"] == min(19, base + 3)
+    assert _nice_of(os.getpid()) == base
