@@ -222,3 +222,45 @@ def test_tiny_matches_the_tiny_pipeline(tmp_path):
         "_class_name": "CogVideoXTransformer3DModel", **tiny._transformer_config()})))
     assert from_dir.geometry() == spec.geometry()
     assert from_dir.positional == spec.positional == "sinusoidal"
+
+
+# Transformer configs as diffusers writes them for the published checkpoints (the values its
+# conversion scripts use: scripts/convert_ltx_to_diffusers.py, versions 0.9.1 / 0.9.7, and
+# scripts/convert_hunyuan_video_to_diffusers.py, HYVideo-T/2-cfgdistill and HYVideo-T/2-I2V-16ch;
+# nothing can be downloaded here). Each built-in's shape and parameter count must be what
+# diffusers builds from them (on the meta device: no memory, no weights).
+_LTX_COMMON = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, activation_fn="gelu-approximate",
+                   qk_norm="rms_norm_across_heads", norm_elementwise_affine=False, norm_eps=1e-6,
+                   caption_channels=4096, attention_bias=True, attention_out_bias=True)
+_HUNYUAN_COMMON = dict(out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
+                       num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
+                       qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
+                       rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+PUBLISHED_CONFIGS = [
+    ("ltx-video-2b", "LTXVideoTransformer3DModel",
+     dict(_LTX_COMMON, num_attention_heads=32, attention_head_dim=64, cross_attention_dim=2048, num_layers=28)),
+    ("ltx-video-13b", "LTXVideoTransformer3DModel",
+     dict(_LTX_COMMON, num_attention_heads=32, attention_head_dim=128, cross_attention_dim=4096, num_layers=48)),
+    ("hunyuanvideo", "HunyuanVideoTransformer3DModel", dict(_HUNYUAN_COMMON, in_channels=16)),
+    ("hunyuanvideo-i2v", "HunyuanVideoTransformer3DModel",
+     dict(_HUNYUAN_COMMON, in_channels=16, image_condition_type="token_replace")),
+]
+
+
+@pytest.mark.parametrize("name,cls,config", PUBLISHED_CONFIGS, ids=[c[0] for c in PUBLISHED_CONFIGS])
+def test_builtin_matches_the_published_transformer_config(name, cls, config):
+    import diffusers
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = getattr(diffusers, cls)(**config)
+    params = sum(p.numel() for p in model.parameters())
+    blocks = config["num_layers"] + config.get("num_single_layers", 0)
+    spec = model_spec(name)
+    assert (spec.heads, spec.head_dim, spec.layers) == (config["num_attention_heads"], config["attention_head_dim"], blocks)
+    assert spec.in_channels == config["in_channels"]
+    assert (spec.patch_size, spec.patch_size_t) == (config["patch_size"], config["patch_size_t"])
+    # Every block's feed-forward: 4 x hidden in both families.
+    ff = next(m for n, m in model.named_modules() if n.startswith("transformer_blocks.0.") and n.endswith("ff.net.0.proj"))
+    assert spec.ffn_hidden == ff.out_features
+    assert spec.params == pytest.approx(params, rel=0.01), f"{name}: diffusers builds {params:.4e} parameters"

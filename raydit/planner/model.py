@@ -262,13 +262,15 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                   65, 8.33e9, _HUNYUAN15_TEXT, 1.26e9, 121, 720, 1280, vae_spatial=16),
         # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
         ModelSpec("ltx-video", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
-                  128, 1.9e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
+                  128, 1.92e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
         # The same 2B model under its sized name; LTX-Video 13B (0.9.7): 32 heads x 128, 48 layers,
-        # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704).
+        # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704). Shapes and
+        # parameter counts (1.923e9, 13.04e9) are what diffusers builds from the configs its
+        # conversion script writes for those checkpoints (tests/test_planner_model.py).
         ModelSpec("ltx-video-2b", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
-                  128, 1.9e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
+                  128, 1.92e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
         ModelSpec("ltx-video-13b", "ltx", 32, 128, 48, 16384, 1, 1, 128, False, "rotary",
-                  128, 13.1e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
+                  128, 13.04e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
         # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),

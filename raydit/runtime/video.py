@@ -7,10 +7,8 @@ import os
 import numpy as np
 
 
-def write_mp4(path: str, frames: np.ndarray, fps: int = 8, threads: int | None = None) -> None:
-    """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16).
-    `threads`: the encoder's thread count (ffmpeg's default: one per core and more); a
-    background writer passes 1 so the encode does not spread over the cores the ranks use."""
+def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
+    """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16)."""
     import imageio_ffmpeg
 
     frames = np.asarray(frames)
@@ -22,7 +20,6 @@ def write_mp4(path: str, frames: np.ndarray, fps: int = 8, threads: int | None =
     writer = imageio_ffmpeg.write_frames(
         path, (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
         quality=8, ffmpeg_log_level="error",
-        output_params=["-threads", str(int(threads))] if threads else None,
     )
     writer.send(None)
     for frame in frames:

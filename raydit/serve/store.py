@@ -124,12 +124,12 @@ class VideoStore:
     def save_image(self, video_id: str, png: bytes) -> None:
         self._atomic_write(self.image_path(video_id), png)
 
-    def write_video(self, video_id: str, frames, fps: int, threads: int | None = None) -> Path:
+    def write_video(self, video_id: str, frames, fps: int) -> Path:
         from raydit.runtime.video import write_mp4
 
         path = self.video_path(video_id)
         tmp = path.with_name(f"{video_id}.tmp-{os.getpid()}.mp4")
-        write_mp4(str(tmp), frames, fps=fps, threads=threads)
+        write_mp4(str(tmp), frames, fps=fps)
         os.replace(tmp, path)
         return path
 
