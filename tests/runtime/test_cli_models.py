@@ -5,8 +5,10 @@
 - Frame counts the VAE cannot take as they are: rounded as each family's diffusers pipeline
   rounds them (proved against diffusers: the pipeline's own latents for the odd count equal
   those for the rounded count) and said in one logged line.
-- `raydit generate --model tiny-hunyuan | tiny-ltx | tiny-wan` writes a real mp4; the
-  HunyuanVideo run uses true CFG on 2 ranks and its latents equal one process's
+- `raydit generate --model tiny-hunyuan | tiny-hunyuan-i2v | tiny-ltx | tiny-wan` writes a
+  real mp4; the HunyuanVideo run uses true CFG on 2 ranks, the HunyuanVideo image-to-video
+  run (token_replace: the image's latent frame split with the video tokens) sequence
+  parallelism on 2 ranks, and the latents of both equal one process's
   (rtol 1e-4, atol 1e-4, float32, as tests/runtime/test_engine.py).
 """
 
@@ -91,18 +93,26 @@ def address(ray_local):
 
 
 def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
+    from PIL import Image
+
     from raydit.models.conformance import run_steps
+    from raydit.models.family import image_to_png
     from raydit.models.runner import Runner
     from raydit.runtime.video import read_mp4
 
+    png = tmp_path / "first-frame.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(png)
     runs = {
         # true CFG on 2 ranks; 7 frames are rounded to 5 (said on stderr)
         "tiny-hunyuan": ["--workers", "2", "--frames", "7", "--height", "32", "--width", "32",
                          "--negative-prompt", "blur", "--true-cfg-scale", "4"],
+        # image to video on 2 ranks (one guidance branch: sequence parallel)
+        "tiny-hunyuan-i2v": ["--workers", "2", "--frames", "5", "--height", "32", "--width", "32",
+                             "--image", str(png)],
         "tiny-ltx": ["--workers", "1", "--frames", "9", "--height", "32", "--width", "32"],
         "tiny-wan": ["--workers", "1", "--frames", "5", "--height", "32", "--width", "32"],
     }
-    # The three runs side by side on the session's Ray (4 of its 8 CPU slots): their start-ups overlap.
+    # The four runs side by side on the session's Ray (6 of its 8 CPU slots): their start-ups overlap.
     procs = {model: subprocess.Popen(
         [sys.executable, "-m", "raydit.cli", "generate", "--model", model, "--prompt", "a kite over the sea",
          "--steps", "2", "--seed", "3", "--device", "cpu", "--address", address, "--json",
@@ -136,6 +146,12 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             # --true-cfg-scale reached the workers: without it the latents are others.
             plain = run_steps(runner, GenerationRequest(**{**request.to_dict(), "true_cfg_scale": 1.0}), 2).latents
             assert not torch.allclose(plain, expected, rtol=1e-2, atol=1e-2)
+        if model == "tiny-hunyuan-i2v":
+            assert summary["plan"]["world_size"] == 2 and summary["plan"]["cfg"] == 1
+            request = GenerationRequest(prompt="a kite over the sea", num_frames=5, height=32, width=32,
+                                        num_inference_steps=2, seed=3, image=image_to_png(png))
+            expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_job_config_takes_true_cfg_scale(tmp_path):
