@@ -19,7 +19,7 @@ Finished videos are encoded to mp4 on a writer thread, so a replica starts its n
 request while the previous video is still being written. The encode is background work
 beside the ranks' host threads on the same machine: the writer thread runs at a lower
 scheduling priority (Linux: its own nice value, which the ffmpeg process it starts
-inherits) and ffmpeg encodes on one thread, so a busy core goes to a rank first.
+inherits), so a busy core goes to a rank first.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ class VideoService:
             code = "invalid_request" if isinstance(exc, ValueError) else "generation_failed"
             self._fail(job, code, " ".join((str(exc) or type(exc).__name__).split()))
             return
-        self.store.write_video(job.id, result.frames, job.fps, threads=1)
+        self.store.write_video(job.id, result.frames, job.fps)
         timings = result.timings
         recoveries = len(timings.get("recovery_seconds", []) or [])
         for s in timings.get("step_seconds", []):

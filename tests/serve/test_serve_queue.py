@@ -188,7 +188,7 @@ def test_video_writer_runs_below_the_ranks_priority_and_its_ffmpeg_inherits_it(t
         _wait(lambda: service.get(job.id).status == "completed")
         assert _nice_of(service._writer.native_id) == min(19, base + WRITER_NICE)
         assert _nice_of(threading.get_native_id()) == base  # this thread, the process: unchanged
-        assert read_mp4(str(tmp_path / f"{job.id}.mp4")).shape == (9, 64, 64, 3)  # ffmpeg on 1 thread
+        assert read_mp4(str(tmp_path / f"{job.id}.mp4")).shape == (9, 64, 64, 3)
     finally:
         service.close(timeout_s=2)
 
