@@ -5,9 +5,13 @@ its file and its cases, and this suite runs them. One spawned group of 8 process
 every world size 1..6 and 8 on its first ranks (spawning is the slow part on 2 cores); the
 tests then compare each (case, plan) with the single-process reference computed here.
 
-Tolerances (float32): transformer forward rtol 1e-4, atol 1e-5 (outputs are O(1));
-latents after denoising steps rtol 1e-4, atol 1e-4 (latents reach O(30) with random weights,
-so 1e-4 absolute is ~3e-6 of their range).
+Tolerances (float32): transformer forward rtol 1e-4, atol 1e-5 for outputs of O(1) and
+1e-6 of the output's largest magnitude beyond that (HunyuanVideo's tiny transformer gives
+outputs up to ~40: float32 carries ~1.2e-7 of a value, and sums taken in another order
+differ by a few units in the last place of their largest terms, so an element near 0 may
+differ by 1-2e-5 between plans, or between CPUs with other vector units); latents after
+denoising steps rtol 1e-4, atol 1e-4 (latents reach O(30) with random weights, so 1e-4
+absolute is ~3e-6 of their range).
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ from raydit.models.runner import Runner
 
 WORLDS = (1, 2, 3, 4, 5, 6, 8)  # 8: the 480p case xDiT refuses
 CFG_WORLDS = (2, 4)  # cfg = 2 plans are run on these world sizes
-FORWARD_TOL = dict(rtol=1e-4, atol=1e-5)
 LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def forward_tol(ref: torch.Tensor) -> dict:
+    """The forward tolerance for a reference output (module docstring)."""
+    return dict(rtol=1e-4, atol=max(1e-5, 1e-6 * float(ref.abs().max())))
 
 LISTED = harness.family_cases(build=False)  # names, heads and plans, for parametrizing
 FORWARD_CASES = LISTED["forward"]
@@ -82,7 +90,7 @@ def test_forward_matches_single_process(distributed, forward_refs, case_name, pl
     ref = forward_refs[case_name]
     for rank in range(plan.world_size):
         out = distributed[rank]["forward"][(case_name, str(plan))]
-        torch.testing.assert_close(out, ref, **FORWARD_TOL, msg=lambda m: f"rank {rank}: {m}")
+        torch.testing.assert_close(out, ref, **forward_tol(ref), msg=lambda m: f"rank {rank}: {m}")
 
 
 def _runner_params():
