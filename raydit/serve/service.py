@@ -41,7 +41,9 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 REQUEST_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
-WRITER_NICE = 10  # added to the writer thread's nice value (0 -> 10: about a tenth of a rank's share of a busy core)
+# Added to the writer thread's nice value, capped at 19: from 0 to 10 its share of a core it
+# contends for falls to about a tenth; in a Ray worker (started at 15) it goes to 19.
+WRITER_NICE = 10
 
 
 def lower_thread_priority(increment: int) -> bool:

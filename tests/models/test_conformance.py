@@ -32,6 +32,7 @@ def forward_tol(ref: torch.Tensor) -> dict:
     """The forward tolerance for a reference output (module docstring)."""
     return dict(rtol=1e-4, atol=max(1e-5, 1e-6 * float(ref.abs().max())))
 
+
 LISTED = harness.family_cases(build=False)  # names, heads and plans, for parametrizing
 FORWARD_CASES = LISTED["forward"]
 

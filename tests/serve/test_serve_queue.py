@@ -162,10 +162,14 @@ def test_image_to_video_hands_the_uploaded_image_to_the_engine_and_keeps_it_acro
         again.close(timeout_s=2)
 
 
-def _nice_of(pid_or_tid: int) -> int:
+def _stat_nice(stat: str) -> int:
     # /proc/<id>/stat: "pid (comm) state ..." ; nice is field 19 (1-based), comm may hold spaces.
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def _nice_of(pid_or_tid: int) -> int:
     with open(f"/proc/{pid_or_tid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[16])
+        return _stat_nice(f.read())
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
@@ -198,7 +202,7 @@ def test_video_writer_runs_below_the_ranks_priority_and_its_ffmpeg_inherits_it(t
     def child():
         assert lower_thread_priority(3)
         out = subprocess.run(["cat", "/proc/self/stat"], capture_output=True, text=True, check=True).stdout
-        seen["nice"] = int(out.rsplit(")", 1)[1].split()[16])
+        seen["nice"] = _stat_nice(out)
 
     t = threading.Thread(target=child)
     t.start()
