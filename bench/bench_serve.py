@@ -11,6 +11,9 @@ request at once:
     burst's videos every 0.25 s; a video seen completed is downloaded (GET .../content); latency is
     POST -> mp4 downloaded. The front therefore pays HTTP, polling (up to 0.25 s), the mp4
     encode and the download; the direct side pays none of them.
+Both Engines are built alike (the server's options: 1 rank, growth as by default) and both
+are driven at a Ray worker's priority (the direct side's driver thread takes the niceness Ray
+gives its workers, which the Serve replica has).
 Throughput = N / (first submit -> last result) x 60. Target: HTTP >= 98% of direct.
 
     python bench/bench_serve.py [--requests 16] [--steps 2] [--rounds 3] [--name serve]
@@ -141,8 +144,16 @@ def run(requests: int, steps: int, rounds: int) -> dict:
     token, port = secrets.token_urlsafe(24), _free_port()
     records = []
     engine = None
+    # The Serve replica drives its Engine from a Ray worker, at the niceness Ray gives its
+    # workers (15 by default); the direct side's Engine is driven from this process. So that
+    # both drivers, and both sides' callers (the openai client threads, the submitting
+    # thread), run at the same priority, this thread and every thread it starts from here on
+    # (the direct Engine's dispatcher, the client pools) take the workers' niceness. Ray's
+    # own processes (raylet, GCS), started above, keep theirs.
+    worker_nice = ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())  # by value: run_all imports this file
+    os.nice(worker_nice - os.nice(0))
     try:
-        engine = Engine(model=model_dir, device="cpu", show_plan=False, grow="never", **ENGINE)
+        engine = Engine(model=model_dir, device="cpu", show_plan=False, **ENGINE)  # as the server builds it
         engine.generate(PROMPT, num_inference_steps=1, seed=0, progress=False)  # warm-up
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         opts = resolve_serve_options({"model": model_dir, "device": "cpu", "output_dir": out_dir,
@@ -181,6 +192,7 @@ def run(requests: int, steps: int, rounds: int) -> dict:
     return {
         "machine": benchlib.machine(), "model": {"dir": model_dir, **benchlib.BENCH_MODEL},
         "engine": ENGINE, "requests_per_burst": requests, "steps": steps,
+        "driver_niceness": worker_nice,
         "rows": {s: {k: benchlib.summary([r[k] for r in rs], 4)
                      for k in ("requests_per_minute", "p50_s", "p95_s", "seconds", "run_seconds_mean",
                                    "outside_runs_seconds")} for s, rs in by.items()},

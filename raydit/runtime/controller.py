@@ -74,12 +74,22 @@ class ElasticPolicy:
     """Pure decisions. `replan(n_devices)` returns the planner's best plan for a capacity of
     `n_devices` (survivors plus free) or raises ValueError when nothing is feasible."""
 
-    def __init__(self, max_recoveries: int = 8, grow_margin: float = 1.0, always_grow: bool = False):
+    def __init__(self, max_recoveries: int = 8, grow_margin: float = 1.0, always_grow: bool = False,
+                 max_world: int | None = None):
         self.max_recoveries = max_recoveries
         self.grow_margin = grow_margin
         # always_grow: take free devices whenever a larger feasible plan exists, whatever
         # the cost model predicts (for users who know better than the model, and tests).
         self.always_grow = always_grow
+        # max_world: the most ranks a replica may have (the user's `workers`); a replica
+        # that has them has nothing to grow to, so growth is not even considered.
+        self.max_world = max_world
+
+    def may_grow(self, current) -> bool:
+        """False when `current` already has the most ranks allowed: then asking the cluster
+        for free devices and replanning, between every two requests, is wasted work."""
+        world = current.ulysses * current.ring * current.cfg
+        return self.max_world is None or world < self.max_world
 
     def after_failure(self, job: Job, survivors: int, free: int, replan: Callable,
                       regroup_cost_s: float = 0.0) -> Decision:
@@ -377,6 +387,8 @@ class Controller:
         """Between steps or requests: regroup onto free devices when it pays. A member lost
         while regrouping is handled like any failure (recovered for `job`); devices that
         cannot be reserved after all leave the replica as it was."""
+        if not self.policy.may_grow(current_plan):
+            return None
         try:
             with self.capacity_lock:
                 return self._grow(current_plan, remaining_steps)

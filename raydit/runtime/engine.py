@@ -213,6 +213,7 @@ class Engine:
                     max_recoveries=8 if elastic else 0,
                     grow_margin=1.0,
                     always_grow=grow == "always",
+                    max_world=workers,
                 ),
                 events=self.events,
                 on_plan=lambda p, r=r: setattr(r, "plan", p),

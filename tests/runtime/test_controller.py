@@ -224,6 +224,31 @@ def test_maybe_grow_regroups_onto_free_devices_and_reports_it():
     assert ctrl.maybe_grow(plan, remaining_steps=10) is None  # nothing free any more
 
 
+def test_a_replica_at_its_worker_limit_never_asks_for_free_devices():
+    """With `workers` fixed, a replica that has them skips growth before asking the cluster
+    for free devices or the planner for a plan: between every two requests of a server that
+    would be a GCS query and a planner run for nothing. Below the limit it still grows."""
+    asked = []
+
+    class Counting(DummyGroup):
+        def free_slot_count(self):
+            asked.append("free")
+            return super().free_slot_count()
+
+    def counted_replan(capacity, min_sp=None):
+        asked.append("replan")
+        return replan_for(capacity, min_sp)
+
+    at_limit = Controller(Counting(2, free=2), counted_replan, policy=ElasticPolicy(max_world=2),
+                          regroup_cost_s=lambda: 1.0)
+    assert at_limit.maybe_grow(FakePlan(2, 1, 1, 2.0), remaining_steps=10) is None
+    assert asked == []
+    below = Controller(Counting(1, free=2), lambda c, m=None: counted_replan(min(c, 2), m),
+                       policy=ElasticPolicy(max_world=2), regroup_cost_s=lambda: 1.0)
+    assert below.maybe_grow(FakePlan(1, 1, 1, 4.0), remaining_steps=10) == FakePlan(2, 1, 1, 2.0)
+    assert "free" in asked and "replan" in asked
+
+
 # -- failure classes -----------------------------------------------------------------------
 
 
