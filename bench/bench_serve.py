@@ -168,10 +168,13 @@ def run(requests: int, steps: int, rounds: int) -> dict:
         for rnd in range(rounds):
             for side in (("direct", "http") if rnd % 2 == 0 else ("http", "direct")):
                 load, busy0, c0 = benchlib.loadavg(), benchlib.machine_busy_seconds(), time.perf_counter()
-                procs0 = benchlib.cpu_by_process()
+                procs0, waits0 = benchlib.cpu_by_process(), benchlib.runqueue_wait_by_process()
                 r = sides[side](1000 * rnd)
                 busy = benchlib.machine_busy_seconds() - busy0
                 r["cpu_seconds_by_process"] = benchlib.cpu_delta_by_name(procs0, benchlib.cpu_by_process())
+                # Seconds each process's threads were runnable but waited for a CPU.
+                r["runqueue_wait_seconds_by_process"] = benchlib.cpu_delta_by_name(
+                    waits0, benchlib.runqueue_wait_by_process())
                 records.append({"round": rnd, "side": side, "load": load,
                                 "machine_busy_fraction": round(busy / (time.perf_counter() - c0) / (os.cpu_count() or 1), 3),
                                 **r})
@@ -236,6 +239,26 @@ def write_md(result: dict, path: Path) -> None:
         "it is measured: the docstring of `bench/bench_serve.py`.",
         "",
     ]
+    http = [r for r in result["rounds"] if r["side"] == "http"]
+    front = {label: benchlib.summary([sum(v for k, v in r["cpu_seconds_by_process"].items() if k.startswith(prefix))
+                                      / result["requests_per_burst"] * 1e3 for r in http], 1)
+             for label, prefix in (("the Serve replica", "ray::ServeReplica"), ("the HTTP proxy", "ray::ProxyActor"))}
+    lines += [
+        "CPU the front spent per request on the HTTP side (its POST, its share of the polls, its mp4, "
+        "its download, and the replica's Engine driver): "
+        + "; ".join(f"{label} {benchlib.fmt(st, 'ms', 1)}" for label, st in front.items())
+        + ". On these 2 cores it competes with the rank, which uses one core throughout.",
+        "",
+    ]
+    if all("runqueue_wait_seconds_by_process" in r for r in result["rounds"]):
+        wait = {side: benchlib.summary([r["runqueue_wait_seconds_by_process"].get("ray::RankWorker", 0.0)
+                                        for r in result["rounds"] if r["side"] == side], 3)
+                for side in ("direct", "http")}
+        lines += [
+            "Time the rank's threads were runnable but waited for a CPU, per burst (/proc schedstat): "
+            f"direct {benchlib.fmt(wait['direct'])}, HTTP {benchlib.fmt(wait['http'])}.",
+            "",
+        ]
     path.write_text("\n".join(lines))
 
 

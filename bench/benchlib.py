@@ -116,12 +116,14 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_by_process() -> dict[int, tuple[str, float]]:
-    """pid -> (name, CPU seconds used so far, reaped children included) for every process of
-    the machine (Linux /proc; {} elsewhere). The name is Ray's process title where it set one
-    (`ray::RankWorker.step`), else the executable's base name. Two snapshots' difference shows
-    where a measurement's CPU went."""
-    out: dict[int, tuple[str, float]] = {}
+def cpu_by_process() -> dict[int, tuple[str, float, int]]:
+    """pid -> (name, CPU seconds used so far, reaped children included, start time in clock
+    ticks) for every process of the machine (Linux /proc; {} elsewhere). The name is Ray's
+    process title where it set one (`ray::RankWorker.step`), else the executable's base name;
+    kernel threads (no command line) are `kernel:` + their kind (`kernel:kworker`), as a
+    kworker renames itself with each work item it runs. Two snapshots' difference shows where
+    a measurement's CPU went."""
+    out: dict[int, tuple[str, float, int]] = {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     try:
         pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
@@ -137,9 +139,14 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         seconds = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-        title = cmd[0].decode(errors="replace") if cmd and cmd[0] else stat[stat.index("(") + 1:stat.rindex(")")]
+        started = int(fields[19])  # starttime: tells a reused pid from the same process
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        if not (cmd and cmd[0]):
+            out[pid] = ("kernel:" + comm.split("/")[0], seconds, started)
+            continue
+        title = cmd[0].decode(errors="replace")
         name = title.split()[0] if title.startswith("ray::") else os.path.basename(title.split()[0] if title else "?")
-        out[pid] = (name.split(".")[0] if name.startswith("ray::") else name, seconds)
+        out[pid] = (name.split(".")[0] if name.startswith("ray::") else name, seconds, started)
     return out
 
 
@@ -147,12 +154,34 @@ def cpu_delta_by_name(before: dict, after: dict, top: int = 8) -> dict[str, floa
     """CPU seconds per process name between two cpu_by_process() snapshots (processes born
     in between count from zero), the `top` largest."""
     acc: dict[str, float] = {}
-    for pid, (name, sec) in after.items():
+    for pid, (name, sec, started) in after.items():
         prev = before.get(pid)
-        d = sec - (prev[1] if prev and prev[0] == name else 0.0)
+        d = sec - (prev[1] if prev and prev[2] == started else 0.0)
         if d > 0:
             acc[name] = acc.get(name, 0.0) + d
     return {k: round(v, 2) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])[:top]}
+
+
+def runqueue_wait_by_process() -> dict[int, tuple[str, float, int]]:
+    """pid -> (name as in cpu_by_process, seconds its threads have spent runnable but waiting
+    for a CPU, start time) from /proc/PID/task/*/schedstat (its second field); {} where the
+    kernel keeps no schedstat. Threads that ended before a snapshot are not counted."""
+    names = cpu_by_process()
+    out: dict[int, tuple[str, float, int]] = {}
+    for pid, (name, _cpu, started) in names.items():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        wait_ns = 0
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    wait_ns += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+        out[pid] = (name, wait_ns / 1e9, started)
+    return out
 
 
 def wait_for_quiet(max_wait_s: float, window_s: float = 0.5, quiet: float = 0.2) -> float:

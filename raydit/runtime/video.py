@@ -7,8 +7,16 @@ import os
 import numpy as np
 
 
+# x264's `veryfast` preset: measured on a smooth 49 x 480 x 720 clip at the same quality
+# setting, 0.73 CPU-s against 2.47 for the default (`medium`), a 19% smaller file and 0.13 dB
+# less PSNR (40.01 against 40.14 dB); for the 9 x 128 x 128 clips of the tests 27 against 53 ms.
+# Every finished video is encoded, on the server beside the ranks, so the encoder's CPU counts.
+X264_PRESET = "veryfast"
+
+
 def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
-    """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16)."""
+    """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16).
+    H.264 (libx264, preset X264_PRESET, imageio-ffmpeg's quality 8), yuv420p."""
     import imageio_ffmpeg
 
     frames = np.asarray(frames)
@@ -19,7 +27,7 @@ def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
     f, h, w, _ = frames.shape
     writer = imageio_ffmpeg.write_frames(
         path, (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1,
-        quality=8, ffmpeg_log_level="error",
+        quality=8, ffmpeg_log_level="error", output_params=["-preset", X264_PRESET],
     )
     writer.send(None)
     for frame in frames:
