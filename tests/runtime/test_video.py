@@ -55,3 +55,13 @@ def test_mp4_round_trip_keeps_every_frame_and_the_picture(tmp_path):
 def test_mp4_writer_refuses_frames_it_cannot_encode(tmp_path):
     with pytest.raises(ValueError, match="uint8"):
         write_mp4(str(tmp_path / "v.mp4"), np.zeros((2, 16, 16, 3), np.float32))
+
+
+def test_ffmpeg_is_started_without_a_preexec_function():
+    """A preexec_fn makes Python fork() the whole process to start ffmpeg, which crashed a
+    Serve replica's child (gRPC's fork handlers; raydit/runtime/video.py); without one,
+    Python uses vfork. Checked through imageio-ffmpeg's own choice of Popen arguments."""
+    import raydit.runtime.video  # noqa: F401  (sets the switch)
+    from imageio_ffmpeg._utils import _popen_kwargs
+
+    assert _popen_kwargs(prevent_sigint=True)["preexec_fn"] is None
