@@ -26,6 +26,21 @@ def _private_cache(tmp_path_factory):
     yield
 
 
+def pytest_collection_finish(session):
+    """Ray reads its auth settings when it is first imported; the session fixture above sets
+    them up. A test module that imports Ray (or raydit.serve.app) at collection time leaves
+    every later cluster unreachable ("InvalidAuthToken ... RAY_AUTH_MODE is currently
+    'disabled'"), so say which rule was broken instead."""
+    import sys
+
+    if "ray" in sys.modules and "RAY_AUTH_TOKEN_PATH" not in os.environ:
+        raise pytest.UsageError(
+            "a test module imported Ray while being collected, before the session's Ray auth token "
+            "was set up (tests/conftest.py); import Ray, or raydit modules that import it, inside "
+            "the test or a fixture"
+        )
+
+
 _LOCAL = {"up": False}
 
 

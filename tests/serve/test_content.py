@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 
-from raydit.serve.app import VideoFileResponse
-
 
 def _messages(path, headers=()) -> list[dict]:
+    # Imported here, not at collection: raydit.serve.app imports Ray, and Ray read at
+    # collection time would miss the auth token the session fixture sets up (conftest).
+    from raydit.serve.app import VideoFileResponse
+
     sent: list[dict] = []
 
     async def receive():  # the client stays connected until the response ends
