@@ -168,13 +168,15 @@ def run(requests: int, steps: int, rounds: int) -> dict:
         for rnd in range(rounds):
             for side in (("direct", "http") if rnd % 2 == 0 else ("http", "direct")):
                 load, busy0, c0 = benchlib.loadavg(), benchlib.machine_busy_seconds(), time.perf_counter()
-                procs0, waits0 = benchlib.cpu_by_process(), benchlib.runqueue_wait_by_process()
+                procs0 = benchlib.cpu_by_process()
+                waits0 = benchlib.runqueue_wait_by_process(procs0)
                 r = sides[side](1000 * rnd)
                 busy = benchlib.machine_busy_seconds() - busy0
-                r["cpu_seconds_by_process"] = benchlib.cpu_delta_by_name(procs0, benchlib.cpu_by_process())
+                procs1 = benchlib.cpu_by_process()
+                r["cpu_seconds_by_process"] = benchlib.delta_by_name(procs0, procs1)
                 # Seconds each process's threads were runnable but waited for a CPU.
-                r["runqueue_wait_seconds_by_process"] = benchlib.cpu_delta_by_name(
-                    waits0, benchlib.runqueue_wait_by_process())
+                r["runqueue_wait_seconds_by_process"] = benchlib.delta_by_name(
+                    waits0, benchlib.runqueue_wait_by_process(procs1))
                 records.append({"round": rnd, "side": side, "load": load,
                                 "machine_busy_fraction": round(busy / (time.perf_counter() - c0) / (os.cpu_count() or 1), 3),
                                 **r})

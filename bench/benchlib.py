@@ -150,9 +150,10 @@ def cpu_by_process() -> dict[int, tuple[str, float, int]]:
     return out
 
 
-def cpu_delta_by_name(before: dict, after: dict, top: int = 8) -> dict[str, float]:
-    """CPU seconds per process name between two cpu_by_process() snapshots (processes born
-    in between count from zero), the `top` largest."""
+def delta_by_name(before: dict, after: dict, top: int = 8) -> dict[str, float]:
+    """Per process name, how much a per-process counter grew between two snapshots of
+    cpu_by_process() or runqueue_wait_by_process() (processes born in between count from
+    zero), the `top` largest."""
     acc: dict[str, float] = {}
     for pid, (name, sec, started) in after.items():
         prev = before.get(pid)
@@ -162,13 +163,13 @@ def cpu_delta_by_name(before: dict, after: dict, top: int = 8) -> dict[str, floa
     return {k: round(v, 2) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])[:top]}
 
 
-def runqueue_wait_by_process() -> dict[int, tuple[str, float, int]]:
-    """pid -> (name as in cpu_by_process, seconds its threads have spent runnable but waiting
-    for a CPU, start time) from /proc/PID/task/*/schedstat (its second field); {} where the
-    kernel keeps no schedstat. Threads that ended before a snapshot are not counted."""
-    names = cpu_by_process()
+def runqueue_wait_by_process(procs: dict[int, tuple[str, float, int]]) -> dict[int, tuple[str, float, int]]:
+    """For the processes of a cpu_by_process() snapshot: pid -> (name, seconds its threads have
+    spent runnable but waiting for a CPU, start time) from /proc/PID/task/*/schedstat (its
+    second field); {} where the kernel keeps no schedstat. Threads that ended before the
+    snapshot are not counted."""
     out: dict[int, tuple[str, float, int]] = {}
-    for pid, (name, _cpu, started) in names.items():
+    for pid, (name, _cpu, started) in procs.items():
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
