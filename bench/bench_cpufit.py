@@ -6,8 +6,9 @@ Both sides are taken in CPU time of this process (time.process_time), so a share
 loaded machine slows neither: the matmul rate over matrices of bench_scaling's
 CALIBRATION_SIZES (the median size's rate), then one forward of the bench_scaling
 transformer (2 layers, 1 and 3 latent frames). efficiency = the planner's prediction at
-efficiency 1 on the measured rate / the step's CPU time. This is the one figure fitted on
-this machine; bench_scaling.py's wall-clock predictions (calibrated per round) check it.
+efficiency 1 on the measured rate / the step's CPU time. It is the table's `cpu` entry, used
+where nothing was calibrated; a calibrated CPU slot measures its DiT block's rates instead
+(raydit.runtime.calibrate.measure_dit), and bench_scaling.py's predictions use those.
 
     python bench/bench_cpufit.py [--repeats 2] [--out docs/benchmarks]
 """
@@ -46,13 +47,12 @@ def run(frames_list, repeats: int) -> dict:
     import torch
 
     import bench_scaling as bs
-    from raydit.models.families.cogvideox import tiny_transformer
     from raydit.planner import device_type
 
     torch.set_num_threads(1)
     rows = []
     for frames in frames_list:
-        model = tiny_transformer(**bs.transformer_kwargs(2, 4096))
+        model = bs.bench_transformer(2, 4096)
         g = torch.Generator().manual_seed(1)
         inputs = dict(hidden_states=torch.randn(1, frames, bs.LATENT_C, bs.LATENT_H, bs.LATENT_W, generator=g),
                       encoder_hidden_states=torch.randn(1, bs.TEXT_TOKENS, 4096, generator=g),

@@ -2,7 +2,8 @@
 (Ulysses 2 x ring 1, Ulysses 1 x ring 2), one thread per process, and the planner's
 prediction for each of those plans, from a calibration measured in the same round.
 
-The transformer is diffusers' CogVideoXTransformer3DModel with random weights: 30 heads x 64,
+The transformer is diffusers' CogVideoXTransformer3DModel with random weights at the scale of
+an initialised network (`bench_transformer`: why it matters for the GELU): 30 heads x 64,
 `--layers` layers, 16 latent channels, a 480 x 720 latent grid (60 x 90 latents, 30 x 45
 patches) of `--frames` latent frames, 226 text tokens. One forward = one denoising step
 without classifier-free guidance (batch 1; guidance doubles the batch and every figure).
@@ -18,11 +19,13 @@ of the work would take with both cores busy, so 2 x baseline / both-alone is the
 compute-only ceiling of the 2-rank speedup in this round (it includes what two busy cores
 cost each other: shared caches, memory bandwidth, clock).
 
-Calibration at plan time: at the start of every round rank 0 runs the matmul measurement of
-`raydit doctor --calibrate` (raydit.runtime.calibrate.measure_matmul, one thread, matrices
-of CALIBRATION_SIZES) and the
-planner predicts each plan on a `cpu` device calibrated with it (the table's `efficiency`,
-a fit on an earlier run, applied to the measured rate); the prediction error is paired by
+Calibration at plan time: at the start of every round the ranks run what `raydit doctor
+--calibrate` measures (raydit.runtime.calibrate): on rank 0, one thread, the matmul rate
+(matrices of CALIBRATION_SIZES) and a DiT block's linear part and attention kernel timed
+apart; between the two ranks, gloo's all-to-all bandwidth and latency. The planner predicts
+each plan on a `cpu` device calibrated with them (calibrate.apply_entry: each part of the
+step at its measured rate, the Ulysses and ring exchanges over the measured link in float32);
+the prediction error is paired by
 round. The table's fixed `cpu` entry is reported beside it. Before each measurement rank 0
 waits (up to `--max-wait` s) for the rest of the machine to go quiet, and every measurement
 records the CPU seconds other processes used meanwhile (/proc/stat busy time minus our own);
@@ -73,6 +76,30 @@ def transformer_kwargs(layers: int, text_dim: int) -> dict:
     )
 
 
+def bench_transformer(layers: int, text_dim: int, seed: int = 1):
+    """The bench's transformer with weights at the scale of an initialised (and trained)
+    network: each matrix drawn with std 1 / sqrt(fan_in), norm weights near 1, small biases.
+    The tests' tiny models draw every parameter with std 0.2 (raydit.models.tiny.randomize),
+    which at this width puts the FFN's pre-activations near +-9, where the tanh-GELU kernel
+    takes a slow path (4x slower than at +-1: 15% of a 1-rank step, none of it in a real
+    model), so the step would not be CogVideoX-2b's."""
+    import torch
+
+    from raydit.models.families.cogvideox import tiny_transformer
+
+    model = tiny_transformer(**transformer_kwargs(layers, text_dim))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+    return model
+
+
 def _forward(model, inputs):
     return model(**inputs, return_dict=False)[0]
 
@@ -85,12 +112,11 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
 
     import raydit.parallel.attention as sp_attn
     from raydit.models.registry import parallelize
-    from raydit.models.families.cogvideox import tiny_transformer
     from raydit.parallel import build_mesh
-    from raydit.runtime.calibrate import measure_matmul
+    from raydit.runtime.calibrate import CPU_LINK_BYTES, measure_compute, measure_links
 
     assert world == 2 and torch.get_num_threads() == 1
-    model = tiny_transformer(**transformer_kwargs(layers, text_dim))
+    model = bench_transformer(layers, text_dim)
     g = torch.Generator().manual_seed(1)
     inputs = dict(
         hidden_states=torch.randn(1, frames, LATENT_C, LATENT_H, LATENT_W, generator=g),
@@ -105,8 +131,12 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
         k = rnd % len(CONFIGS)
         order = CONFIGS[k:] + CONFIGS[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": list(order)}
+        # What `raydit doctor --calibrate` measures: compute on rank 0, then the link between the two.
+        calibration = measure_compute("cpu", CALIBRATION_SIZES) if rank == 0 else {}
+        dist.barrier()
+        calibration.update(measure_links(rank, "cpu", CPU_LINK_BYTES))
         if rank == 0:
-            row["calibration"] = measure_matmul("cpu", CALIBRATION_SIZES)  # what `raydit doctor --calibrate` measures
+            row["calibration"] = calibration
         dist.barrier()
         reference = None
         for name in order:

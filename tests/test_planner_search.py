@@ -504,6 +504,62 @@ def test_ulysses_exchange_is_pipelined_by_head_chunks():
         assert shm.all_to_all == pytest.approx(spec.layers * t_x4)
 
 
+def test_attention_runs_at_its_own_measured_rate_and_cpu_links_carry_float32():
+    """A device whose calibration timed the attention kernel apart: attention blocks take
+    F_blk / P_a, the linear part F_lin / P; bytes on the links scale with activation_bytes; a
+    ring on a CPU slot's link (shm) adds each transfer to its block instead of hiding it."""
+    spec, geo = model_spec("cogvideox-2b"), model_spec("cogvideox-2b").geometry()
+    link = costmod.Link(1.0, 0.0)
+    kw = dict(small_rows=0, wave_slots=0)
+    same = costmod.step_cost(spec, geo, 2, 1, 1, 1, 1e14, link, link, link, **kw)
+    slow_attn = costmod.step_cost(spec, geo, 2, 1, 1, 1, 1e14, link, link, link, attn_flops_per_s=0.5e14, **kw)
+    t_lin = costmod.step_cost(spec, geo, 2, 1, 1, 1, 1e14, link, link, link, attn_flops_per_s=1e30, **kw).compute
+    assert same.compute > t_lin * 1.05
+    assert slow_attn.compute - t_lin == pytest.approx(2 * (same.compute - t_lin))
+    # float32 activations: twice the bytes of every exchange (no latency here).
+    fp32 = costmod.step_cost(spec, geo, 2, 1, 1, 1, 1e14, costmod.Link(1.0, 0.0, "shm"), link, link, act_bytes=4, **kw)
+    bf16 = costmod.step_cost(spec, geo, 2, 1, 1, 1, 1e14, costmod.Link(1.0, 0.0, "shm"), link, link, **kw)
+    assert fp32.all_to_all == pytest.approx(2 * bf16.all_to_all)
+    # Ring 2 on shm: t_blk + (t_blk + t_kv + o); on an overlapping link: t_blk + max(k t_blk, t_kv) + o.
+    R, b, flops = 2, 1, 1e14
+    for kind in ("shm", "nvlink"):
+        ring = costmod.Link(0.5, 0.0, kind)
+        got = costmod.step_cost(spec, geo, 1, R, 1, b, flops, link, ring, link, **kw)
+        text, video = costmod.padded_parts(geo, R)
+        block, h = (text + video) // R, spec.hidden
+        t_blk = 4 * b * block * block * h / flops
+        t_kv = 2 * b * block * h * 2 / 0.5e9
+        step = t_blk + t_kv if kind == "shm" else max(costmod.RING_OVERLAP_SLOWDOWN * t_blk, t_kv)
+        assert got.ring_exposed == pytest.approx(spec.layers * (step + costmod.RING_STEP_OVERHEAD_S - t_blk))
+    # The planner takes both from the device type: the cpu slot's float32, a measured attention rate.
+    from raydit.planner import device_type
+
+    cpu = device_type("cpu")
+    assert cpu.activation_bytes == 4 and device_type("H100").activation_bytes == 2
+    measured = dataclasses.replace(cpu, attention_efficiency=((64, cpu.efficiency / 2), (128, cpu.efficiency)))
+    assert measured.attention_flops_per_second(64) == pytest.approx(cpu.flops_per_second / 2)
+    assert measured.attention_flops_per_second(96) == measured.attention_flops_per_second(64)  # tie: smaller
+    assert measured.attention_flops_per_second(256) == pytest.approx(cpu.flops_per_second)
+    assert cpu.attention_flops_per_second(64) == cpu.flops_per_second  # nothing measured
+
+    def best(dev):
+        return plan(spec, cluster=ClusterSpec((NodeSpec("n", dev, 2),)), ulysses=2, cfg=1).best
+
+    table, halved = best(cpu), best(measured)
+    attn = table.cost.compute - costmod.step_cost(
+        spec, geo, 2, 1, 1, 2, cpu.flops_per_second, link, link, link, attn_flops_per_s=1e30, **kw).compute
+    assert attn > 0 and halved.cost.compute - table.cost.compute == pytest.approx(attn, rel=1e-6)
+    assert table.cost.all_to_all > 0
+    shm = costmod.Link(cpu.link_gb_s, cpu.link_latency_us, "shm")
+    for act_bytes, same_as_plan in ((4, True), (2, False)):
+        want = costmod.step_cost(spec, geo, 2, 1, 1, 2, cpu.flops_per_second, shm, shm, shm, act_bytes=act_bytes, **kw)
+        assert (table.cost.all_to_all == pytest.approx(want.all_to_all)) is same_as_plan
+    with pytest.raises(ValueError, match="attention efficiency 1.5 at head dim 64 not in"):
+        dataclasses.replace(cpu, attention_efficiency=((64, 1.5),))
+    with pytest.raises(ValueError, match="activation_bytes 3"):
+        dataclasses.replace(cpu, activation_bytes=3)
+
+
 def test_pcie_lanes_are_shared_by_the_devices_communicating():
     link = costmod.Link(24.0, 15, "pcie")
     assert link.shared_by(2) == link

@@ -8,8 +8,12 @@ Notation (all per denoising step, per rank):
     T' = ceil(T / sp) * sp,  V' = ceil(V / sp) * sp,  S' = T' + V'   (docs/design.md padding)
     s  = S' / sp                        local tokens on each rank
     b  = 2 if guidance runs both branches in one group (cfg = 1), else 1
-    h  = heads * head_dim,  f = FFN width,  L = layers,  e = 2 bytes per activation
-    P  = achievable FLOP/s of the slowest device in the group (peak x efficiency)
+    h  = heads * head_dim,  f = FFN width,  L = layers,  e = bytes per activation sent
+         (2: bf16 on GPUs; 4: float32 on CPU slots)
+    P  = achievable FLOP/s of the slowest device in the group (peak x efficiency); P_a: the
+         same for the attention kernel where calibration measured it apart (`raydit doctor
+         --calibrate`: the linear part of a DiT block and the attention kernel, timed
+         separately), else P_a = P
     B, a   link bandwidth (bytes/s, one direction) and latency of the link a collective uses
 
 Compute (padding included: pad queries are computed and dropped, pad keys are masked but
@@ -18,7 +22,8 @@ still go through the kernel):
     linear   F_lin = 2 b s L (4 h^2 + 2 h f)  [+ 2 b s L 2h^2 + 2 b X L 2h^2 with cross-attention]
     attention: after the Ulysses all-to-all a rank holds h/U of the channels of S'/R queries
              and meets the S' keys in R ring steps of S'/R keys each:
-             F_blk = 4 b (S'/R)^2 (h/U)     per ring step and layer (QK^T and PV, 2 FLOP/MAC)
+             F_blk = 4 b (S'/R)^2 (h/U)     per ring step and layer (QK^T and PV, 2 FLOP/MAC),
+             at P_a
     cross    F_x   = 4 b s X h L
 
 Kernel efficiency at small shards: a GEMM or attention kernel with m rows reaches
@@ -61,6 +66,7 @@ Communication:
              Together they are why Ulysses wins inside a fast node when the all-to-all
              is cheap, and ring wins where links are slow.
              B_ring is the network when the ring group spans nodes, else the node's link.
+             On a CPU slot's link (shm) nothing overlaps: each step costs t_blk + t_kv + o.
     Edges:   once per step the split/gather of the transformer input/output across sp
              (b V' c e bytes, c = latent channels x patch volume) and, with cfg = 2, the
              exchange of the noise prediction between the two groups (same size).
@@ -236,9 +242,13 @@ def _gemm_tiles(rows: float, width: float) -> float:
 def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
               flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link,
               small_rows: float = SMALL_SHARD_ROWS, head_chunks: int = ULYSSES_HEAD_CHUNKS,
-              wave_slots: int = WAVE_SLOTS) -> StepCost:
+              wave_slots: int = WAVE_SLOTS, attn_flops_per_s: float | None = None,
+              act_bytes: int = ACT_BYTES) -> StepCost:
     """Predicted time of one denoising step on one replica (formula in the module docstring).
 
+    attn_flops_per_s: the attention kernel's rate where it was measured apart from the rest
+    (DeviceType.attention_flops_per_second); default `flops_per_s`. act_bytes: bytes per
+    activation element on the links (DeviceType.activation_bytes).
     head_chunks: the Ulysses pipeline depth (1: no overlap, as in systems whose all-to-all
     is synchronous). wave_slots: thread blocks per wave (0: no wave quantization, CPU slots).
     """
@@ -249,7 +259,7 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     seq = text + video
     s = seq // sp
     h, f, L, X, b = spec.hidden, spec.ffn_hidden, spec.layers, geo.cross_text_tokens, batch
-    e = ACT_BYTES
+    e = act_bytes
 
     m = b * s
     # Each GEMM's FLOP over its wave efficiency (q, k, v, out: width h; FFN: f, then h).
@@ -263,12 +273,14 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     block = seq // ring
     heads_here = spec.heads / ulysses
     attn_tiles = -(-block // ATTENTION_TILE_ROWS) * max(1, spec.heads // ulysses) * b
-    attn_rate = (flops_per_s * shard_efficiency(b * block * heads_here, small_rows)
+    attn_rate = ((attn_flops_per_s or flops_per_s) * shard_efficiency(b * block * heads_here, small_rows)
                  * wave_efficiency(attn_tiles, wave_slots))
     t_blk = 4 * b * block * block * (h / ulysses) / attn_rate
     if ring > 1:
         t_kv = ring_link.seconds(2 * b * block * (h / ulysses) * e)
-        t_ring = t_blk + (ring - 1) * (max(RING_OVERLAP_SLOWDOWN * t_blk, t_kv) + RING_STEP_OVERHEAD_S)
+        # A CPU slot's link (shm) copies on the rank's own core: the transfer adds to the block.
+        step_kv = max(RING_OVERLAP_SLOWDOWN * t_blk, t_kv) if ring_link.overlaps else t_blk + t_kv
+        t_ring = t_blk + (ring - 1) * (step_kv + RING_STEP_OVERHEAD_S)
     else:
         t_ring = t_blk
     t_attn_compute = ring * t_blk

@@ -23,12 +23,18 @@ class DeviceType:
     memory_gb: device memory in GB (1e9 bytes) a rank can use, before the planner's reserve.
     tflops: dense bf16 tensor-core peak in TFLOP/s (fp16 where the device has no bf16: T4).
     efficiency: the fraction of `tflops` a DiT forward achieves (large GEMMs plus flash
-        attention), 0 < efficiency <= 1.
+        attention), 0 < efficiency <= 1; where `attention_efficiency` is measured, the
+        fraction the rest of the step (linear layers with their norms and activations) reaches.
     link_gb_s: per-GPU bandwidth to the other GPUs of its node, GB/s in one direction
         (NVLink aggregate for SXM parts, PCIe x16 for PCIe parts, memory copies for cpu).
     link_kind: "nvlink", "pcie" or "shm" (CPU slots talking through shared memory).
     link_latency_us: latency of one collective hop inside the node, microseconds.
     per_node: devices to a node for `--gpus N` without `--per-node` (8; 64 CPU slots).
+    activation_bytes: bytes per activation element a rank sends (2: bf16 on GPUs; 4 on a CPU
+        slot, which runs float32).
+    attention_efficiency: ((head_dim, fraction of `tflops`), ...) the attention kernel reaches,
+        measured by `raydit doctor --calibrate` at a few head dims; empty (the table's
+        entries): attention runs at `efficiency` like the rest of the step.
     """
 
     name: str
@@ -39,6 +45,8 @@ class DeviceType:
     link_kind: str
     link_latency_us: float = 10.0
     per_node: int = 8
+    activation_bytes: int = 2
+    attention_efficiency: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
@@ -50,11 +58,25 @@ class DeviceType:
                 f"device type {self.name!r}: link_kind {self.link_kind!r} is not one of "
                 f"{', '.join(LINK_KINDS)}"
             )
+        if self.activation_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"device type {self.name!r}: activation_bytes {self.activation_bytes} is not 1, 2, 4 or 8")
+        for head_dim, fraction in self.attention_efficiency:
+            if head_dim < 1 or not 0 < fraction <= 1:
+                raise ValueError(f"device type {self.name!r}: attention efficiency {fraction} at head dim "
+                                 f"{head_dim} not in (0, 1]")
 
     @property
     def flops_per_second(self) -> float:
         """Achievable FLOP/s: peak times the achievable fraction."""
         return self.tflops * 1e12 * self.efficiency
+
+    def attention_flops_per_second(self, head_dim: int) -> float:
+        """Achievable FLOP/s of the attention kernel at `head_dim`: the measured fraction at
+        the nearest measured head dim (the smaller on a tie), else `flops_per_second`."""
+        if not self.attention_efficiency:
+            return self.flops_per_second
+        _, fraction = min(self.attention_efficiency, key=lambda df: (abs(df[0] - head_dim), df[0]))
+        return self.tflops * 1e12 * fraction
 
 
 # Calibration of `efficiency` (fits: bench/bench_costmodel.py marks these anchors `fit` and
@@ -83,7 +105,7 @@ DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
         # one-thread matmul rate (0.05-0.11 measured on the development machine, which varies:
         # `raydit doctor --calibrate` measures it). efficiency: fit on that machine in CPU time
         # (bench/bench_cpufit.py: a CogVideoX-2b-shaped step reaches ~0.9 of the matmul rate).
-        DeviceType("cpu", 16, 0.1, 0.9, 5, "shm", 50.0, per_node=64),
+        DeviceType("cpu", 16, 0.1, 0.9, 5, "shm", 50.0, per_node=64, activation_bytes=4),
     )
 })  # read-only
 

@@ -323,6 +323,12 @@ class _NodeInfo:
     capacity_gb: float  # memory a rank may use: the device's memory less the reserve
     flops: float
     intra: Link
+    attn_flops: float  # the attention kernel's rate at the model's head dim
+    act_bytes: int  # bytes per activation element sent
+
+    @property
+    def rates(self) -> tuple[float, float, int]:
+        return self.flops, self.attn_flops, self.act_bytes
 
 
 class _Layouts:
@@ -337,26 +343,32 @@ class _Layouts:
         order = sorted(enumerate(cluster.nodes),
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
         self.nodes = [_NodeInfo(n, n.device.memory_gb - _reserve(n.device), n.device.flops_per_second,
-                                Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind)) for _, n in order]
+                                Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind),
+                                n.device.attention_flops_per_second(spec.head_dim), n.device.activation_bytes)
+                      for _, n in order]
         self.max_node = max(n.count for n in cluster.nodes)
         self.network = Link(cluster.network_gb_s, cluster.network_latency_us, "network")
         self.total = cluster.total
         # Nodes that cost the same (device rate and link) share a class id.
         classes: dict = {}
-        self._class = [classes.setdefault((n.flops, n.intra), len(classes)) for n in self.nodes]
+        self._class = [classes.setdefault((n.rates, n.intra), len(classes)) for n in self.nodes]
         self._capacities = sorted({n.capacity_gb for n in self.nodes})
         self._cost_cache: dict = {}
         self._slots_cache: dict = {}
 
-    def _cost(self, U, R, C, b, flops, intra: Link, ring_link: Link, edge_link: Link) -> StepCost:
-        key = (U, R, C, b, flops, intra, ring_link, edge_link)
+    def _cost(self, U, R, C, b, rates: tuple[float, float, int], intra: Link, ring_link: Link,
+              edge_link: Link) -> StepCost:
+        """rates: the pacing node's FLOP/s of the linear part and of the attention kernel, and
+        its bytes per activation."""
+        key = (U, R, C, b, rates, intra, ring_link, edge_link)
         hit = self._cost_cache.get(key)
         if hit is None:
             # CPU slots (shm) run one thread: no GPU-style tail of small tiles.
             cpu = intra.kind == "shm"
             small = 0.0 if cpu else costmod.SMALL_SHARD_ROWS
-            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, flops, intra, ring_link, edge_link, small,
-                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS)
+            hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, rates[0], intra, ring_link, edge_link, small,
+                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=rates[1],
+                                    act_bytes=rates[2])
             self._cost_cache[key] = hit
         return hit
 
@@ -465,7 +477,7 @@ class _Layouts:
         if uniform_runs and slots_per_run % P == 0:
             # Equal nodes, replicas never straddle: every replica is the same.
             node = runs[0][2]
-            c = self._cost(U, R, C, b, node.flops, node.intra, node.intra, node.intra)
+            c = self._cost(U, R, C, b, node.rates, node.intra, node.intra, node.intra)
             steps.extend([c.total] * K)
             fastest_cost = c
             K_done = K
@@ -485,7 +497,7 @@ class _Layouts:
                 m = min(inside, K_walk - k)
                 c = in_node.get(runs[r][3])
                 if c is None:
-                    c = in_node[runs[r][3]] = self._cost(U, R, C, b, info.flops, info.intra, info.intra,
+                    c = in_node[runs[r][3]] = self._cost(U, R, C, b, info.rates, info.intra, info.intra,
                                                          info.intra)
                 steps.extend([c.total] * m)
                 k += m
@@ -504,7 +516,7 @@ class _Layouts:
                     bisect_right(starts, first + g * R) != bisect_right(starts, first + g * R + R - 1)
                     for g in range(C))
                 crosses = crosses or group_crosses
-                c = self._cost(U, R, C, b, slow.flops, intra,
+                c = self._cost(U, R, C, b, slow.rates, intra,
                                self.network if group_crosses else intra, self.network)
                 if info.node.device is not slow.node.device:
                     names = sorted({runs[j][2].node.device.name for j in range(r, r_hi + 1)})

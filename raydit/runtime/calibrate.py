@@ -3,14 +3,23 @@
 What is measured (seconds in all, on Ray actors pinned to one node of the type):
   - matrix-multiply rate: square matmuls of a few sizes (bf16 on CUDA, fp32 on a CPU slot
     with one thread, as the runtime's CPU ranks run), the median of the per-size rates;
+  - a DiT block's two parts, timed apart (`measure_dit`): the linear part (norms,
+    projections, FFN with its GELU, residuals) and the attention kernel the runtime selects,
+    at head dims 64 and 128. A step is not all GEMM: on a CPU slot the GELU and the
+    attention kernel run well below the matmul rate, and how far below changes from run to
+    run with the machine (the matmul rate of the development machine has doubled between two
+    days while the step got 1.9x faster), so one fixed fraction of the matmul rate cannot
+    predict a step;
   - with 2 devices of the type on one node, between 2 actors (NCCL on GPUs, gloo on CPU):
     all-to-all bandwidth (bytes that leave a rank per second, the figure the cost model's
     Ulysses term uses), point-to-point bandwidth (one direction, from a ping-pong) and the
     latency of a tiny all-to-all.
 How the figures replace the table's (`calibrated_device_type`):
-  tflops <- the measured matmul rate. `efficiency` is kept: the table's fraction of peak
-      that a DiT forward reaches is applied to the measured GEMM rate, which is itself
-      below peak, so the calibrated rate is the more conservative of the two.
+  tflops <- the measured matmul rate (or the DiT block's faster part, if one outran it);
+  efficiency <- the DiT block's linear part over tflops, attention_efficiency <- the
+      attention kernel's rate over tflops, per head dim: the planner then predicts each part
+      at its measured rate. An entry without the DiT figures (measured before they existed)
+      keeps the table's `efficiency`;
   link_gb_s <- all-to-all bandwidth; link_latency_us <- tiny all-to-all latency;
   memory_gb <- the device's total memory (GPUs).
 Cache: JSON at `$RAYDIT_CACHE/calibration.json` (default `~/.cache/raydit/`), keyed by
@@ -84,6 +93,15 @@ def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
     fields = {}
     if _positive(m.get("matmul_tflops")):
         fields["tflops"] = float(m["matmul_tflops"])
+        attn = {int(d): float(r) for d, r in (m.get("attention_tflops_by_head_dim") or {}).items() if _positive(r)}
+        if _positive(m.get("dit_linear_tflops")):
+            # The DiT block's parts as fractions of the fastest measured rate (a block's large
+            # GEMMs can outrun the square matmuls), so that each part's rate is the measured one.
+            linear = float(m["dit_linear_tflops"])
+            top = fields["tflops"] = max(fields["tflops"], linear, *attn.values())
+            fields["efficiency"] = linear / top
+            if attn:
+                fields["attention_efficiency"] = tuple(sorted((d, r / top) for d, r in attn.items()))
     if _positive(m.get("all_to_all_gb_s")):
         fields["link_gb_s"] = float(m["all_to_all_gb_s"])
     if _positive(m.get("latency_us")):
@@ -150,6 +168,96 @@ def measure_matmul(device: str = "cpu", sizes: tuple[int, ...] | None = None,
     return {"matmul_tflops": statistics.median(per_size.values()),
             "matmul_dtype": str(dtype).removeprefix("torch."),
             "matmul_tflops_by_size": {str(k): v for k, v in per_size.items()}}
+
+
+# The DiT block the calibration times: (tokens, heads x head_dim = hidden, FFN width). A
+# CogVideoX-2b-wide block on a CPU slot (about half a second of work at 0.2 TFLOP/s); a
+# HunyuanVideo-wide one on a GPU. Attention is timed at each head dim of ATTENTION_HEAD_DIMS
+# with the same hidden width.
+CPU_DIT_BLOCK = (1024, 1920, 7680)
+CUDA_DIT_BLOCK = (8192, 3072, 12288)
+ATTENTION_HEAD_DIMS = (64, 128)
+
+
+def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
+                repeats: int = REPEATS) -> dict:
+    """Rates in TFLOP/s of the two parts of a DiT block, timed apart (median of `repeats`
+    after a warm-up; bf16 on CUDA, float32 on a CPU slot):
+
+      dit_linear_tflops: the block without its attention kernel: adaptive layer norm, the
+          q/k/v projections, q/k norm per head, the heads' transposes, output projection,
+          gated residual, adaptive layer norm, FFN with tanh-GELU, gated residual; counted as
+          the cost model counts it, 2 T (4 h^2 + 2 h f) FLOP (the rest is the elementwise
+          work a real block carries beside its GEMMs);
+      attention_tflops_by_head_dim: the attention kernel the runtime selects for the device
+          (raydit.parallel.kernels), T queries over T keys, h / d heads of head dim d, laid
+          out as a projection's output viewed as heads: 4 T^2 h FLOP.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from raydit.parallel.kernels import select_kernel
+
+    tokens, hidden, ffn = block or (CUDA_DIT_BLOCK if device == "cuda" else CPU_DIT_BLOCK)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device=dev, dtype=dtype, generator=g) * scale)
+
+    x = rand(1, tokens, hidden)
+    mod = rand(6, hidden, scale=0.1)  # adaptive-norm shift, scale, gate of each half
+    w_qkv, w_out = rand(3 * hidden, hidden, scale=hidden ** -0.5), rand(hidden, hidden, scale=hidden ** -0.5)
+    w_up, w_down = rand(ffn, hidden, scale=hidden ** -0.5), rand(hidden, ffn, scale=ffn ** -0.5)
+    head_dim = 64
+    heads = hidden // head_dim
+
+    def linear_part():
+        # A video DiT block as diffusers builds CogVideoX's, Wan's and HunyuanVideo's: adaptive
+        # layer norm, q/k/v, per-head q/k norm, heads moved in front of the tokens for the
+        # kernel and back, output projection, gated residual; the same around the FFN.
+        h = F.layer_norm(x, (hidden,)) * (1 + mod[1]) + mod[0]
+        q, k, v = (t.unflatten(-1, (heads, head_dim)).transpose(1, 2) for t in F.linear(h, w_qkv).chunk(3, dim=-1))
+        q, k = F.layer_norm(q, (head_dim,)), F.layer_norm(k, (head_dim,))
+        o = (q + k + v).transpose(1, 2).flatten(2)  # stands for the attention output
+        y = x + mod[2] * F.linear(o, w_out)
+        h = F.layer_norm(y, (hidden,)) * (1 + mod[4]) + mod[3]
+        return y + mod[5] * F.linear(F.gelu(F.linear(h, w_up), approximate="tanh"), w_down)
+
+    def timed(fn) -> float:
+        with torch.no_grad():
+            fn()
+            _sync(device)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    linear_flop = 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)
+    out = {"dit_linear_tflops": linear_flop / timed(linear_part) / 1e12, "dit_dtype": str(dtype).removeprefix("torch."),
+           "dit_block": {"tokens": tokens, "hidden": hidden, "ffn": ffn}}
+    kernel = select_kernel(dev, dtype)
+    by_dim = {}
+    for head_dim in ATTENTION_HEAD_DIMS:
+        heads = hidden // head_dim
+        # Laid out as a projection's output viewed as heads, (B, T, H, D) -> (B, H, T, D): the
+        # strides diffusers' attention processors hand the kernel (15% slower on a CPU slot
+        # than contiguous heads).
+        q, k, v = (rand(1, tokens, heads, head_dim).transpose(1, 2) for _ in range(3))
+        by_dim[str(head_dim)] = 4 * tokens * tokens * heads * head_dim / timed(lambda: kernel(q, k, v)) / 1e12
+    out["attention_tflops_by_head_dim"] = by_dim
+    out["attention_kernel"] = kernel.name
+    return out
+
+
+def measure_compute(device: str = "cpu", sizes: tuple[int, ...] | None = None) -> dict:
+    """What `raydit doctor --calibrate` measures on one device: the matmul rate and the DiT
+    block's two rates (measure_matmul, measure_dit)."""
+    return {**measure_matmul(device, sizes), **measure_dit(device)}
 
 
 def measure_links(rank: int, device: str, nbytes: int, repeats: int = REPEATS) -> dict:
@@ -219,8 +327,8 @@ class CalibrationWorker:
             out["name"] = props.name
         return out
 
-    def matmul(self, sizes=None) -> dict:
-        return measure_matmul(self.device, tuple(sizes) if sizes else None)
+    def compute(self, sizes=None) -> dict:
+        return measure_compute(self.device, tuple(sizes) if sizes else None)
 
     def open_store(self, timeout_s: float) -> tuple[str, int]:
         import ray
@@ -270,7 +378,7 @@ def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
         if device == "cuda" and not all(i["cuda"] for i in infos):
             raise ValueError(f"cannot calibrate {name} on node {node_id[:12]}: CUDA is not usable "
                              "in a task there (fake GPUs?)")
-        measured = ray.get(actors[0].matmul.remote(sizes), timeout=timeout_s)
+        measured = ray.get(actors[0].compute.remote(sizes), timeout=timeout_s)
         notes = []
         if pair:
             nbytes = link_bytes or (CUDA_LINK_BYTES if device == "cuda" else CPU_LINK_BYTES)
@@ -339,6 +447,11 @@ def describe_calibration(path=None) -> list[str]:
         base = table_device(name)[0]
         parts = [f"matmul {m.get('matmul_tflops', float('nan')):.3g} TFLOP/s {m.get('matmul_dtype', '')} "
                  f"(table {base.tflops:g})"]
+        if "dit_linear_tflops" in m:
+            attn = ", ".join(f"d{d} {r:.3g}" for d, r in sorted((m.get("attention_tflops_by_head_dim") or {}).items(),
+                                                                  key=lambda dr: int(dr[0])))
+            parts.append(f"DiT block linear part {m['dit_linear_tflops']:.3g} TFLOP/s, attention "
+                         f"({m.get('attention_kernel', '?')}) {attn}")
         if "all_to_all_gb_s" in m:
             parts.append(f"all-to-all {m['all_to_all_gb_s']:.3g} GB/s (table {base.link_gb_s:g}), "
                          f"p2p {m.get('p2p_gb_s', float('nan')):.3g} GB/s, "
@@ -351,4 +464,5 @@ def describe_calibration(path=None) -> list[str]:
 
 __all__ = ["CalibrationWorker", "apply_entry", "cache_path", "calibrate_cluster", "calibrate_type",
            "calibrated_device_type", "calibrated_device_types", "describe_calibration",
-           "load_calibration", "measure_links", "measure_matmul", "save_calibration"]
+           "load_calibration", "measure_compute", "measure_dit", "measure_links", "measure_matmul",
+           "save_calibration"]

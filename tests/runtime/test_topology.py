@@ -8,6 +8,7 @@ runs for real on CPU slots (gloo between two actors).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from raydit.planner import ClusterSpec, NodeSpec, plan
+from raydit.planner import ClusterSpec, NodeSpec, device_type, plan
 from raydit.runtime import topology
 from raydit.runtime.topology import build_live_cluster, live_cluster_spec, read_live_cluster
 
@@ -259,7 +260,6 @@ def test_plan_cli_on_the_live_cluster_via_ray_address(fake_cluster):
 
 def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_path, monkeypatch):
     from raydit.doctor import format_report
-    from raydit.planner import device_type
     from raydit.runtime import calibrate
 
     _, ids = fake_cluster
@@ -268,9 +268,12 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     assert calibrate.calibrate_cluster("cpu") == []
     entries = json.loads((tmp_path / "calibration.json").read_text())["devices"]
     m = entries["cpu"]["measured"]
-    for key in ("matmul_tflops", "all_to_all_gb_s", "p2p_gb_s", "latency_us"):
+    for key in ("matmul_tflops", "dit_linear_tflops", "all_to_all_gb_s", "p2p_gb_s", "latency_us"):
         assert math.isfinite(m[key]) and m[key] > 0, (key, m)
     assert m["matmul_dtype"] == "float32" and len(m["matmul_tflops_by_size"]) == 3
+    assert m["dit_dtype"] == "float32" and m["attention_kernel"] == "torch-cpu"
+    assert set(m["attention_tflops_by_head_dim"]) == {"64", "128"}
+    assert all(math.isfinite(r) and r > 0 for r in m["attention_tflops_by_head_dim"].values())
     assert entries["cpu"]["node_id"] == ids["A100"]  # the node with the most CPU slots
     # Cached: a second call measures nothing (the entry is the same, time stamp included).
     assert calibrate.calibrate_cluster("cpu") == []
@@ -278,8 +281,12 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
 
     cal = calibrate.calibrated_device_type("cpu")
     table = device_type("cpu")
-    assert cal.tflops == m["matmul_tflops"] and cal.link_gb_s == m["all_to_all_gb_s"]
-    assert cal.link_latency_us == m["latency_us"] and cal.efficiency == table.efficiency
+    # Each part of the step at its measured rate: the linear part, the attention kernel.
+    top = max(m["matmul_tflops"], m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values())
+    assert cal.tflops == top and cal.flops_per_second == pytest.approx(m["dit_linear_tflops"] * 1e12)
+    for head_dim, rate in m["attention_tflops_by_head_dim"].items():
+        assert cal.attention_flops_per_second(int(head_dim)) == pytest.approx(rate * 1e12)
+    assert cal.link_gb_s == m["all_to_all_gb_s"] and cal.link_latency_us == m["latency_us"]
     # The live spec picks the cache up by itself.
     live = read_live_cluster("cpu")
     assert all(n.source == "calibrated" and n.device == cal for n in live.nodes)
@@ -290,14 +297,15 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     with pytest.raises(ValueError, match="calibration 'yes' must be None"):
         read_live_cluster("cpu", calibration="yes")
 
-    # The planner uses the measured rate: compute time scales with 1 / FLOP/s exactly, and
-    # the Ulysses all-to-all follows the measured link.
+    # The planner uses the measured rate: compute time scales with 1 / FLOP/s exactly (with
+    # attention at the same rate), and the Ulysses all-to-all follows the measured link.
     def best(dev):
         return plan(MODEL, cluster=ClusterSpec((NodeSpec("n", dev, 2),)), ulysses=2, cfg=1).best
 
-    p_cal, p_table = best(cal), best(table)
+    p_cal, p_table = best(dataclasses.replace(cal, attention_efficiency=())), best(table)
     assert p_cal.cost.compute * cal.flops_per_second == pytest.approx(
         p_table.cost.compute * table.flops_per_second, rel=1e-9)
+    assert best(cal).cost.compute != pytest.approx(p_cal.cost.compute, rel=1e-6)  # attention apart
     assert p_cal.cost.compute != pytest.approx(p_table.cost.compute, rel=1e-3)
     assert (p_cal.cost.all_to_all < p_table.cost.all_to_all) == (cal.link_gb_s > table.link_gb_s)
     assert (p_cal.predicted_step_seconds < p_table.predicted_step_seconds) == \
@@ -306,6 +314,7 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     report = format_report(_doctor_info())
     assert f"calibration   {tmp_path / 'calibration.json'}" in report
     assert "cpu: matmul" in report and "all-to-all" in report
+    assert "DiT block linear part" in report and "attention (torch-cpu) d64 " in report
 
 
 def _doctor_info():
@@ -327,6 +336,25 @@ def test_gpu_calibration_on_fake_gpus_says_why_and_caches_nothing(fake_cluster, 
     assert not Path(tmp_path / "calibration.json").exists()
 
 
+def test_dit_block_measure_times_its_two_parts_apart():
+    """measure_dit: the linear part and the runtime's attention kernel at head dims 64 and 128
+    of a small block, in one thread; rates finite and positive, the block's shape recorded."""
+    import torch
+
+    from raydit.runtime.calibrate import measure_dit
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = measure_dit("cpu", block=(128, 256, 1024), repeats=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert m["dit_block"] == {"tokens": 128, "hidden": 256, "ffn": 1024} and m["dit_dtype"] == "float32"
+    assert m["attention_kernel"] == "torch-cpu" and set(m["attention_tflops_by_head_dim"]) == {"64", "128"}
+    for rate in (m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values()):
+        assert math.isfinite(rate) and 0 < rate < 10  # TFLOP/s of one CPU thread
+
+
 def test_cache_round_trip_and_bad_cache(tmp_path):
     from raydit.runtime import calibrate
 
@@ -340,6 +368,15 @@ def test_cache_round_trip_and_bad_cache(tmp_path):
     assert (dev.tflops, dev.link_gb_s, dev.link_latency_us, dev.memory_gb) == (200.0, 20.0, 12.0, 47.7)
     t4 = calibrate.calibrated_device_type("t4", path)
     assert t4.tflops == 40.0 and t4.link_gb_s == 8  # only what was measured is replaced
+    assert t4.efficiency == device_type("T4").efficiency and t4.attention_efficiency == ()
+    # With the DiT block's figures: each part's rate is the measured one, over the fastest.
+    dit = {"matmul_tflops": 40.0, "dit_linear_tflops": 30.0,
+           "attention_tflops_by_head_dim": {"64": 20.0, "128": 50.0}}
+    calibrate.save_calibration({"T4": {"name": "T4", "measured": dit}}, path)
+    t4 = calibrate.calibrated_device_type("T4", path)
+    assert t4.tflops == 50.0 and t4.flops_per_second == pytest.approx(30e12)
+    assert t4.attention_efficiency == ((64, 0.4), (128, 1.0))
+    assert t4.attention_flops_per_second(64) == pytest.approx(20e12)
     path.write_text("{not json")
     with pytest.raises(ValueError, match="calibration cache .* is unreadable.*delete it"):
         calibrate.load_calibration(path)
