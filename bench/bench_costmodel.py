@@ -8,7 +8,8 @@
    runs anywhere in well under a second.
 
 Every anchor has a role: `fit` (the figure set a constant of the model: the efficiencies in
-hardware.py), `check` (no constant was set from it; a check is never also a fit) or
+hardware.py; on Hopper, head-dim-128 attention runs at FlashAttention-2's published ratio to
+head dim 64, hardware.HOPPER_HEAD_DIM_128_SPEEDUP, a kernel figure and no fit), `check` (no constant was set from it; a check is never also a fit) or
 `context` (not comparable as published: shown, never judged). Published systems run their
 Ulysses all-to-all synchronously (xDiT/yunchang, SGLang, LightX2V), so their anchors are
 predicted with one head chunk (no overlap), and with the guidance branches their pipelines
@@ -65,7 +66,9 @@ def published_step(model, gpu_type: str, gpus: int, frames: int, height: int, wi
     link = costmod.Link(dev.link_gb_s, dev.link_latency_us, dev.link_kind)
     b = costmod.batch_per_group(result.branches == 2, best.cfg)
     c = costmod.step_cost(spec, result.geometry, best.ulysses, best.ring, best.cfg, b, dev.flops_per_second,
-                          link, link, link, head_chunks=1)
+                          link, link, link, head_chunks=1,
+                          attn_flops_per_s=dev.attention_flops_per_second(spec.head_dim),
+                          act_bytes=dev.activation_bytes)
     return c.total, f"cfg {best.cfg} x ulysses {best.ulysses} x ring {best.ring}", result.branches, c
 
 

@@ -252,13 +252,25 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--max-wait", type=float, default=10.0)
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    ap.add_argument("--predictions-only", action="store_true",
+                    help="recompute the H100 cost-model rows of the existing families.json (pure Python), "
+                         "keep its measured CPU rows, and rewrite families.md")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.predictions_only:
+        res = benchlib.read_json("families", out)
+        if res is None:
+            raise SystemExit(f"--predictions-only: no families.json in {out}; run the bench first")
+        res["h100"] = predictions()
+        benchlib.write_json("families", res, out)
+        (out / "families.md").write_text(markdown(res))
+        print(f"wrote {out / 'families.json'} and {out / 'families.md'} (H100 rows recomputed)")
+        return 0
     if args.layers < 1 or args.frames < 1 or args.rounds < 1:
         raise SystemExit("--layers, --frames and --rounds must be at least 1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     res = run(args.families, args.layers, args.frames, args.rounds, args.warmup, args.max_wait)
     res["command"] = "python bench/bench_families.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = Path(args.out)
     benchlib.write_json("families", res, out)
     (out / "families.md").write_text(markdown(res))
     print(f"wrote {out / 'families.json'} and {out / 'families.md'}")

@@ -92,3 +92,23 @@ def test_every_script_parses_help(script):
     proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout
+
+
+def test_families_predictions_only_rewrites_the_h100_rows_and_keeps_the_measured_ones(tmp_path):
+    import json
+
+    import bench_families
+
+    measured = {"machine": {"cpu_count": 2}, "command": "python bench/bench_families.py", "cases": [],
+                "h100": {"hunyuanvideo": {"request": "stale", "rows": [{"gpus": 1, "video_seconds": 1.0,
+                                                                         "layout": "x"}]}}}
+    (tmp_path / "families.json").write_text(json.dumps(measured))
+    assert bench_families.main(["--predictions-only", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "families.json").read_text())
+    assert res["cases"] == [] and res["command"] == measured["command"]
+    assert res["h100"] == json.loads(json.dumps(bench_families.predictions()))
+    hv = {r["gpus"]: r for r in res["h100"]["hunyuanvideo"]["rows"]}
+    assert set(hv) == {1, 2, 4, 8} and all(r["role"] == "check" for r in hv.values())
+    assert "| hunyuanvideo | 129 x 720 x 1280, 50 steps | 8 |" in (tmp_path / "families.md").read_text()
+    with pytest.raises(SystemExit, match="no families.json"):
+        bench_families.main(["--predictions-only", "--out", str(tmp_path / "empty")])

@@ -560,6 +560,36 @@ def test_attention_runs_at_its_own_measured_rate_and_cpu_links_carry_float32():
         dataclasses.replace(cpu, activation_bytes=3)
 
 
+def test_hopper_attention_at_head_dim_128_runs_at_flashattention_2s_published_ratio():
+    """H100 / H200: attention at head dim 128 at 370 / 299 of the head-dim-64 rate (the FA3
+    paper's FA2 figures); head dim 64 (CogVideoX, on which the efficiency was fit) and the
+    linear part keep the fitted rate, and GPUs without a published ratio keep one rate."""
+    from raydit.planner import device_type
+    from raydit.planner.hardware import HOPPER_HEAD_DIM_128_SPEEDUP
+
+    assert HOPPER_HEAD_DIM_128_SPEEDUP == pytest.approx(370 / 299)
+    for name in ("H100", "H200"):
+        dev = device_type(name)
+        assert dev.attention_flops_per_second(64) == pytest.approx(dev.flops_per_second)
+        assert dev.attention_flops_per_second(128) == pytest.approx(dev.flops_per_second * 370 / 299)
+    a100 = device_type("A100-80GB")
+    assert a100.attention_flops_per_second(128) == a100.flops_per_second
+
+    # HunyuanVideo (24 x 128) spends most of its step in attention: faster on an H100 than
+    # the same device type with one rate; CogVideoX-2b (30 x 64) is unchanged.
+    plain_h100 = dataclasses.replace(device_type("H100"), attention_efficiency=())
+    spec = model_spec("hunyuanvideo")
+
+    def on(dev):
+        return plan(spec, cluster=ClusterSpec((NodeSpec("n", dev, 1),))).best.cost
+
+    fast, plain = on(device_type("H100")), on(plain_h100)
+    assert fast.compute < 0.85 * plain.compute
+    cog = model_spec("cogvideox-2b")
+    assert plan(cog, cluster=ClusterSpec((NodeSpec("n", device_type("H100"), 1),))).best.cost.compute == \
+        pytest.approx(plan(cog, cluster=ClusterSpec((NodeSpec("n", plain_h100, 1),))).best.cost.compute)
+
+
 def test_pcie_lanes_are_shared_by_the_devices_communicating():
     link = costmod.Link(24.0, 15, "pcie")
     assert link.shared_by(2) == link

@@ -103,7 +103,9 @@ Which published figures set constants (fits) and which only check them:
 bench/bench_costmodel.py lists each anchor with its role. The efficiencies in hardware.py
 are fits on one-GPU CogVideoX figures (A100, H100, L40); PCIE_FULL_RATE_GPUS is a fit on
 xDiT's CogVideoX1.5 8 x L40 speedup; decode.VAE_EFFICIENCY is a fit on SGLang's one-H200
-HunyuanVideo decode. WAVE_SLOTS and the tiles are hardware facts, not fits. Everything else
+HunyuanVideo decode. WAVE_SLOTS and the tiles are hardware facts, not fits; so is the
+head-dim-128 attention rate on Hopper (hardware.HOPPER_HEAD_DIM_128_SPEEDUP: FlashAttention-2's
+published 370 / 299 TFLOP/s at head dim 128 / 64 on an H100). Everything else
 (HunyuanVideo and Open-Sora 2.0 on 1-8 H100, Wan 2.1 I2V on 1 and 8 H100, TensorRT-LLM's
 Wan 2.2 decode) checks. The model ranks layouts; absolute times are as good as those checks
 show.

@@ -85,11 +85,26 @@ class DeviceType:
 # text encoding and tail-wave terms joined the model: 0.35 predicted 36.7 s, -18%; H200, by
 # analogy, keeps its ~8% over H100: 0.31); A100 ~90 s -> ~0.45;
 # xDiT's L40 figure (2.1 s/step on one GPU) -> ~0.6. Others are set by analogy.
+#
+# Attention at head dim 128 on Hopper (H100, H200): FlashAttention-2, the kernel torch's SDPA
+# and flash-attn run in bf16 there, reaches 370 TFLOP/s at head dim 128 against 299 at head
+# dim 64 (FlashAttention-3 paper, forward, non-causal, 16k tokens, H100 SXM5; FA3 itself: 648
+# against 473). The efficiencies above were fit on CogVideoX-2b, whose heads are 64 wide, so
+# they are the head-dim-64 attention rate; head dim 128 gets 370 / 299 of it. A published
+# kernel figure, not a fit. Other GPUs: no published ratio at hand, one rate for both.
+HOPPER_HEAD_DIM_128_SPEEDUP = 370 / 299
+
+
+def _hopper(name: str, memory_gb: float, efficiency: float) -> DeviceType:
+    return DeviceType(name, memory_gb, 989, efficiency, 450, "nvlink", 8.0, attention_efficiency=(
+        (64, efficiency), (128, min(1.0, efficiency * HOPPER_HEAD_DIM_128_SPEEDUP))))
+
+
 DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
     d.name: d
     for d in (
-        DeviceType("H100", 80, 989, 0.285, 450, "nvlink", 8.0),
-        DeviceType("H200", 141, 989, 0.31, 450, "nvlink", 8.0),
+        _hopper("H100", 80, 0.285),
+        _hopper("H200", 141, 0.31),
         DeviceType("A100-80GB", 80, 312, 0.45, 300, "nvlink", 8.0),
         DeviceType("A100-40GB", 40, 312, 0.45, 300, "nvlink", 8.0),
         DeviceType("L40S", 48, 362, 0.45, 25, "pcie", 15.0),
