@@ -558,6 +558,11 @@ def test_attention_runs_at_its_own_measured_rate_and_cpu_links_carry_float32():
         dataclasses.replace(cpu, attention_efficiency=((64, 1.5),))
     with pytest.raises(ValueError, match="activation_bytes 3"):
         dataclasses.replace(cpu, activation_bytes=3)
+    # As a cluster file gives it: lists become hashable pairs; a bad shape is named.
+    listed = dataclasses.replace(cpu, attention_efficiency=[[128, "0.5"], [64, 0.25]])
+    assert listed.attention_efficiency == ((128, 0.5), (64, 0.25)) and hash(listed)
+    with pytest.raises(ValueError, match=r"attention_efficiency \[0.5\] must be a list of \[head_dim, fraction\]"):
+        dataclasses.replace(cpu, attention_efficiency=[0.5])
 
 
 def test_hopper_attention_at_head_dim_128_runs_at_flashattention_2s_published_ratio():

@@ -60,7 +60,13 @@ class DeviceType:
             )
         if self.activation_bytes not in (1, 2, 4, 8):
             raise ValueError(f"device type {self.name!r}: activation_bytes {self.activation_bytes} is not 1, 2, 4 or 8")
-        for head_dim, fraction in self.attention_efficiency:
+        try:  # a cluster file gives lists: store hashable (head_dim, fraction) pairs
+            pairs = tuple((int(d), float(f)) for d, f in self.attention_efficiency)
+        except (TypeError, ValueError):
+            raise ValueError(f"device type {self.name!r}: attention_efficiency {self.attention_efficiency!r} "
+                             "must be a list of [head_dim, fraction] pairs") from None
+        object.__setattr__(self, "attention_efficiency", pairs)
+        for head_dim, fraction in pairs:
             if head_dim < 1 or not 0 < fraction <= 1:
                 raise ValueError(f"device type {self.name!r}: attention efficiency {fraction} at head dim "
                                  f"{head_dim} not in (0, 1]")
