@@ -123,9 +123,10 @@ DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
         # Turing has no bf16: the figure is fp16 with fp32 accumulate; PCIe gen3.
         DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0),
         # One Ray CPU slot (one thread): memory shared with the host; tflops: a typical fp32
-        # one-thread matmul rate (0.05-0.11 measured on the development machine, which varies:
-        # `raydit doctor --calibrate` measures it). efficiency: fit on that machine in CPU time
-        # (bench/bench_cpufit.py: a CogVideoX-2b-shaped step reaches ~0.9 of the matmul rate).
+        # one-thread matmul rate (0.05-0.21 measured on the development machine, which varies
+        # from day to day: `raydit doctor --calibrate` measures it, with the DiT block's parts).
+        # efficiency: fit on that machine in CPU time (bench/bench_cpufit.py: a CogVideoX-2b-
+        # shaped step reached ~0.9 of the matmul rate). Float32 activations.
         DeviceType("cpu", 16, 0.1, 0.9, 5, "shm", 50.0, per_node=64, activation_bytes=4),
     )
 })  # read-only
