@@ -3,8 +3,8 @@ ranks on this machine, one denoising step of a CogVideoX-2b-shaped transformer w
 classifier-free guidance (two branches: batch 2 in one group, or one branch per group with
 cfg 2).
 
-The transformer is diffusers' CogVideoXTransformer3DModel with random weights (30 heads x
-64, `--layers` layers, 480 x 720 latent grid, `--frames` latent frames, 226 text tokens).
+The transformer is diffusers' CogVideoXTransformer3DModel with random weights at an
+initialised network's scale (bench_scaling.bench_transformer) (30 heads x 64, `--layers` layers, 480 x 720 latent grid, `--frames` latent frames, 226 text tokens).
 For each world size the ranks are spawned once (raydit.parallel.testing.run_distributed,
 gloo, one thread each) and every plan of exactly that many ranks that the planner finds
 feasible (cfg x ulysses x ring, one replica) runs in every round, in an order that rotates
@@ -13,9 +13,9 @@ group, then the cfg groups exchange their noise predictions (all_gather), as the
 does; its time is the slowest rank's. Each plan's output is checked against a 1-rank
 forward of both branches (torch.testing.assert_close, rtol = atol = 1e-3, float32).
 
-The planner's pick: `raydit.plan` on a node of N `cpu` slots calibrated at plan time (the
-matmul rate `raydit doctor --calibrate` measures, taken by rank 0 at the start of each
-round), guidance on, exactly N ranks. The figure is the pick's median step over the
+The planner's pick: `raydit.plan` on a node of N `cpu` slots calibrated at plan time (what
+`raydit doctor --calibrate` measures, taken at the start of each round: matmul and DiT block
+rates on rank 0, and with 2 ranks the gloo link between them), guidance on, exactly N ranks. The figure is the pick's median step over the
 fastest plan's median step (target: within 5%). 4 ranks on this 2-core machine share the
 cores two to one: the comparison still ranks plans on this machine, but the planner's
 `cpu` slot assumes a core each, so its absolute predictions at 4 ranks are not checked.
@@ -36,7 +36,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
 from bench_scaling import CALIBRATION_SIZES, LATENT_C, LATENT_H, LATENT_W, TEXT_TOKENS, _bench_spec, calibrated_cpu  # noqa: E402,E501
-from bench_scaling import transformer_kwargs  # noqa: E402
+from bench_scaling import bench_transformer, transformer_kwargs  # noqa: E402
 
 TARGET = 0.05
 TOL = dict(rtol=1e-3, atol=1e-3)
@@ -65,12 +65,11 @@ def planpick_worker(rank: int, world: int, plans: list, frames: int, layers: int
     import torch
     import torch.distributed as dist
 
-    from raydit.models.families.cogvideox import tiny_transformer
     from raydit.models.registry import parallelize
     from raydit.parallel import build_mesh
-    from raydit.runtime.calibrate import measure_matmul
+    from raydit.runtime.calibrate import CPU_LINK_BYTES, measure_compute, measure_links
 
-    model = tiny_transformer(**transformer_kwargs(layers, text_dim))
+    model = bench_transformer(layers, text_dim)
     g = torch.Generator().manual_seed(1)
     latents = torch.randn(1, frames, LATENT_C, LATENT_H, LATENT_W, generator=g)
     text = torch.randn(2, TEXT_TOKENS, text_dim, generator=g)  # [uncond, cond]
@@ -87,8 +86,14 @@ def planpick_worker(rank: int, world: int, plans: list, frames: int, layers: int
         k = rnd % len(plans)
         order = plans[k:] + plans[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": [name_of(p) for p in order]}
+        # What `raydit doctor --calibrate` measures: compute on rank 0; the link between two
+        # ranks (the doctor measures a pair: with 4 ranks, ranks 0 and 1 in their own group).
+        calibration = measure_compute("cpu", CALIBRATION_SIZES) if rank == 0 else {}
+        if world == 2:
+            calibration.update(measure_links(rank, "cpu", CPU_LINK_BYTES))
         if rank == 0:
-            row["calibration"] = measure_matmul("cpu", CALIBRATION_SIZES)
+            row["calibration"] = calibration
+        dist.barrier()
         for p in order:
             mesh = meshes[p]
             if mesh.cfg == 2:  # this group's branch only

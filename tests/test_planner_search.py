@@ -679,3 +679,21 @@ def test_plans_within_the_tolerance_always_tie():
     # Beyond the tolerance, time decides.
     slower = dataclasses.replace(cfg_first, predicted_step_seconds=t * 1.006)
     assert _rank([slower, ring]) == [ring, slower]
+
+
+def test_one_replica_plans_tied_on_time_are_tied_on_throughput_too():
+    """A replica's throughput is 1 / its step: two plans 0.03% apart (as cfg 2 x ring 2 and
+    cfg 2 x ulysses 2 on 4 CPU slots) were ranked by that 0.03% through their throughputs,
+    and practice never decided. Throughput within the tolerance counts as equal; a plan with
+    clearly more throughput (more replicas) still wins the tie."""
+    best = plan("cogvideox-2b", gpus=4).best
+
+    def at(step, replicas=1, **degrees):
+        return dataclasses.replace(best, predicted_step_seconds=step, throughput_steps_per_second=replicas / step,
+                                   pad_tokens=0, split="rows", replicas=replicas, **degrees)
+
+    ring = at(0.9418, cfg=2, ulysses=1, ring=2)
+    ulysses = at(0.9421, cfg=2, ulysses=2, ring=1)
+    assert _rank([ring, ulysses]) == [ulysses, ring]
+    two_replicas = at(0.9425, replicas=2, cfg=1, ulysses=1, ring=2)
+    assert _rank([ring, ulysses, two_replicas])[0] is two_replicas

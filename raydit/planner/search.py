@@ -575,10 +575,14 @@ class _Layouts:
         )
 
 
-def _tie_key(p: Plan):
-    """Among plans tied on step time: throughput, then less padding, aligned splits, fewer
+def _tie_key(p: Plan, best_throughput: float):
+    """Among plans tied on step time: throughput (within TIE_TOLERANCE of the group's best
+    counts as the best: one replica's throughput is 1 / its step time, so comparing it
+    exactly would break every tie by time again), then less padding, aligned splits, fewer
     devices, then published practice (cfg first, then Ulysses, then ring)."""
-    return (-p.throughput_steps_per_second, p.pad_tokens, costmod.SPLIT_ORDER[p.split],
+    tp = p.throughput_steps_per_second
+    behind = tp * (1 + TIE_TOLERANCE) < best_throughput
+    return (behind, -tp if behind else 0.0, p.pad_tokens, costmod.SPLIT_ORDER[p.split],
             p.world_size, -p.cfg, -p.ulysses)
 
 
@@ -595,7 +599,8 @@ def _rank(plans) -> list[Plan]:
         j = i + 1
         while j < len(by_time) and by_time[j].predicted_step_seconds <= limit:
             j += 1
-        ranked += sorted(by_time[i:j], key=_tie_key)
+        best_tp = max(p.throughput_steps_per_second for p in by_time[i:j])
+        ranked += sorted(by_time[i:j], key=lambda p: _tie_key(p, best_tp))
         i = j
     return ranked
 
