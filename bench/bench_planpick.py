@@ -14,8 +14,9 @@ does; its time is the slowest rank's. Each plan's output is checked against a 1-
 forward of both branches (torch.testing.assert_close, rtol = atol = 1e-3, float32).
 
 The planner's pick: `raydit.plan` on a node of N `cpu` slots calibrated at plan time (what
-`raydit doctor --calibrate` measures, taken at the start of each round: matmul and DiT block
-rates on rank 0, and with 2 ranks the gloo link between them), guidance on, exactly N ranks. The figure is the pick's median step over the
+`raydit doctor --calibrate` measures, taken at the start of each round by
+bench_scaling.round_calibration: matmul and DiT block rates on rank 0, and with 2 ranks the
+gloo link between them; with 4 the table's link), guidance on, exactly N ranks. The figure is the pick's median step over the
 fastest plan's median step (target: within 5%). 4 ranks on this 2-core machine share the
 cores two to one: the comparison still ranks plans on this machine, but the planner's
 `cpu` slot assumes a core each, so its absolute predictions at 4 ranks are not checked.
@@ -35,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
-from bench_scaling import CALIBRATION_SIZES, LATENT_C, LATENT_H, LATENT_W, TEXT_TOKENS, _bench_spec, calibrated_cpu  # noqa: E402,E501
-from bench_scaling import bench_transformer, transformer_kwargs  # noqa: E402
+from bench_scaling import LATENT_C, LATENT_H, LATENT_W, TEXT_TOKENS, _bench_spec, calibrated_cpu  # noqa: E402,E501
+from bench_scaling import bench_transformer, round_calibration, transformer_kwargs  # noqa: E402
 
 TARGET = 0.05
 TOL = dict(rtol=1e-3, atol=1e-3)
@@ -67,7 +68,6 @@ def planpick_worker(rank: int, world: int, plans: list, frames: int, layers: int
 
     from raydit.models.registry import parallelize
     from raydit.parallel import build_mesh
-    from raydit.runtime.calibrate import CPU_LINK_BYTES, measure_compute, measure_links
 
     model = bench_transformer(layers, text_dim)
     g = torch.Generator().manual_seed(1)
@@ -86,14 +86,9 @@ def planpick_worker(rank: int, world: int, plans: list, frames: int, layers: int
         k = rnd % len(plans)
         order = plans[k:] + plans[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": [name_of(p) for p in order]}
-        # What `raydit doctor --calibrate` measures: compute on rank 0; the link between two
-        # ranks (the doctor measures a pair: with 4 ranks, ranks 0 and 1 in their own group).
-        calibration = measure_compute("cpu", CALIBRATION_SIZES) if rank == 0 else {}
-        if world == 2:
-            calibration.update(measure_links(rank, "cpu", CPU_LINK_BYTES))
+        calibration = round_calibration(rank, world)  # with 4 ranks: compute only, the table's link
         if rank == 0:
             row["calibration"] = calibration
-        dist.barrier()
         for p in order:
             mesh = meshes[p]
             if mesh.cfg == 2:  # this group's branch only

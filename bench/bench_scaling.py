@@ -104,6 +104,21 @@ def _forward(model, inputs):
     return model(**inputs, return_dict=False)[0]
 
 
+def round_calibration(rank: int, world: int) -> dict:
+    """What `raydit doctor --calibrate` measures, at the start of a round: the compute rates on
+    rank 0 (one thread, matrices of CALIBRATION_SIZES) and, with 2 ranks, the gloo link
+    between them (the doctor measures a pair). Collective; rank 0's figures, {} elsewhere."""
+    import torch.distributed as dist
+
+    from raydit.runtime.calibrate import CPU_LINK_BYTES, measure_compute, measure_links
+
+    calibration = measure_compute("cpu", CALIBRATION_SIZES) if rank == 0 else {}
+    if world == 2:
+        calibration.update(measure_links(rank, "cpu", CPU_LINK_BYTES))
+    dist.barrier()
+    return calibration
+
+
 def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: int, rounds: int,
                    warmup: int, max_wait_s: float) -> dict:
     """Runs on each of 2 gloo ranks; rank 0 returns the timings of every round."""
@@ -113,7 +128,6 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
     import raydit.parallel.attention as sp_attn
     from raydit.models.registry import parallelize
     from raydit.parallel import build_mesh
-    from raydit.runtime.calibrate import CPU_LINK_BYTES, measure_compute, measure_links
 
     assert world == 2 and torch.get_num_threads() == 1
     model = bench_transformer(layers, text_dim)
@@ -131,13 +145,9 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
         k = rnd % len(CONFIGS)
         order = CONFIGS[k:] + CONFIGS[:k]
         row = {"round": rnd - warmup, "warmup": rnd < warmup, "order": list(order)}
-        # What `raydit doctor --calibrate` measures: compute on rank 0, then the link between the two.
-        calibration = measure_compute("cpu", CALIBRATION_SIZES) if rank == 0 else {}
-        dist.barrier()
-        calibration.update(measure_links(rank, "cpu", CPU_LINK_BYTES))
+        calibration = round_calibration(rank, world)
         if rank == 0:
             row["calibration"] = calibration
-        dist.barrier()
         reference = None
         for name in order:
             handle = parallelize(model, meshes[name]) if name in meshes else None

@@ -143,6 +143,22 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _median_seconds(fn, device: str, repeats: int, after_warmup=None) -> float:
+    """Median wall time of `repeats` calls of `fn` after one warm-up call, the device synced
+    around each (`after_warmup`: called once between, e.g. a barrier for a collective)."""
+    fn()
+    _sync(device)
+    if after_warmup is not None:
+        after_warmup()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def measure_matmul(device: str = "cpu", sizes: tuple[int, ...] | None = None,
                    repeats: int = REPEATS) -> dict:
     """Matmul rate in TFLOP/s: per size the median of `repeats` timed runs after one warm-up,
@@ -156,15 +172,7 @@ def measure_matmul(device: str = "cpu", sizes: tuple[int, ...] | None = None,
     for n in sizes:
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)
-        torch.matmul(a, b)
-        _sync(device)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.matmul(a, b)
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        per_size[n] = 2 * n**3 / statistics.median(times) / 1e12
+        per_size[n] = 2 * n**3 / _median_seconds(lambda: torch.matmul(a, b), device, repeats) / 1e12
     return {"matmul_tflops": statistics.median(per_size.values()),
             "matmul_dtype": str(dtype).removeprefix("torch."),
             "matmul_tflops_by_size": {str(k): v for k, v in per_size.items()}}
@@ -210,16 +218,16 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
     mod = rand(6, hidden, scale=0.1)  # adaptive-norm shift, scale, gate of each half
     w_qkv, w_out = rand(3 * hidden, hidden, scale=hidden ** -0.5), rand(hidden, hidden, scale=hidden ** -0.5)
     w_up, w_down = rand(ffn, hidden, scale=hidden ** -0.5), rand(hidden, ffn, scale=ffn ** -0.5)
-    head_dim = 64
-    heads = hidden // head_dim
+    qk_dim = 64  # the q/k norm's width; the attention kernel is timed at each head dim below
+    qk_heads = hidden // qk_dim
 
     def linear_part():
         # A video DiT block as diffusers builds CogVideoX's, Wan's and HunyuanVideo's: adaptive
         # layer norm, q/k/v, per-head q/k norm, heads moved in front of the tokens for the
         # kernel and back, output projection, gated residual; the same around the FFN.
         h = F.layer_norm(x, (hidden,)) * (1 + mod[1]) + mod[0]
-        q, k, v = (t.unflatten(-1, (heads, head_dim)).transpose(1, 2) for t in F.linear(h, w_qkv).chunk(3, dim=-1))
-        q, k = F.layer_norm(q, (head_dim,)), F.layer_norm(k, (head_dim,))
+        q, k, v = (t.unflatten(-1, (qk_heads, qk_dim)).transpose(1, 2) for t in F.linear(h, w_qkv).chunk(3, dim=-1))
+        q, k = F.layer_norm(q, (qk_dim,)), F.layer_norm(k, (qk_dim,))
         o = (q + k + v).transpose(1, 2).flatten(2)  # stands for the attention output
         y = x + mod[2] * F.linear(o, w_out)
         h = F.layer_norm(y, (hidden,)) * (1 + mod[4]) + mod[3]
@@ -227,15 +235,7 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
 
     def timed(fn) -> float:
         with torch.no_grad():
-            fn()
-            _sync(device)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                _sync(device)
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+            return _median_seconds(fn, device, repeats)
 
     linear_flop = 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)
     out = {"dit_linear_tflops": linear_flop / timed(linear_part) / 1e12, "dit_dtype": str(dtype).removeprefix("torch."),
@@ -276,16 +276,7 @@ def measure_links(rank: int, device: str, nbytes: int, repeats: int = REPEATS) -
     tiny_x, tiny_y = torch.ones(world * 2, device=dev), torch.empty(world * 2, device=dev)
 
     def timed(fn) -> float:
-        fn()
-        _sync(device)
-        dist.barrier()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return _median_seconds(fn, device, repeats, after_warmup=dist.barrier)
 
     t_a2a = timed(lambda: dist.all_to_all_single(y, x))
     t_tiny = timed(lambda: dist.all_to_all_single(tiny_y, tiny_x))
