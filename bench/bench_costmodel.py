@@ -223,13 +223,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     rows = anchors()
     result = {"machine": benchlib.machine(), "target_error": TARGET,
-              "measured": measured_rows(benchlib.read_json("scaling", out)),
+              "measured": (measured_rows(benchlib.read_json("scaling", out))
+                           + measured_rows(benchlib.read_json("scaling-30l", out))),
               "anchors": rows,
               "implied_serial_seconds": {
                   "HunyuanVideo (xDiT)": serial_part_implied(rows, "xDiT HunyuanVideo"),
                   "Open-Sora 2.0": serial_part_implied([r for r in rows if r["guidance"]], "Open-Sora 2.0")}}
     for r in result["measured"]:
-        print(f"cpu {r['plan']:<21} {r['latent_frames']} frames: measured {r['measured']:.3f} s, predicted "
+        print(f"cpu {r['plan']:<21} {r['latent_frames']} frames, {r['layers']} layers: measured {r['measured']:.3f} s, predicted "
               f"{r['predicted']:.3f} s ({r['error']:+.0%} per round, {r['error_range']}); table cpu {r['table_error']:+.0%}")
     for r in result["anchors"]:
         print(f"[{r['role']:<7}] {r['anchor']:<70} {r['layout']:<28} published {r['published']:>8.2f} predicted "
@@ -246,7 +247,7 @@ def write_markdown(result: dict, path: Path) -> Path:
     """docs/benchmarks/costmodel.md: the anchors with their roles, the misses, the CPU rows."""
     lines = ["# Cost model against published figures", "",
              "`python bench/bench_costmodel.py` (pure Python; the CPU rows below are read from "
-             "docs/benchmarks/scaling.json, measured by bench_scaling.py). Roles: `fit` set a "
+             "docs/benchmarks/scaling.json and scaling-30l.json, measured by bench_scaling.py). Roles: `fit` set a "
              "constant, `check` set none (a check is never a fit), `context` is not judged. "
              f"Target: within {TARGET:.0%}.", "",
              "| role | anchor | layout | published | predicted | unit | error | note |",
@@ -259,9 +260,10 @@ def write_markdown(result: dict, path: Path) -> Path:
               f"perfectly: {result['implied_serial_seconds']}.", ""]
     if result["measured"]:
         lines += ["## This machine (CPU slots, calibrated at plan time)", "",
-                  "| plan | latent frames | measured s | predicted s | error (per round) |", "|---|---|---|---|---|"]
+                  "| plan | latent frames | layers | measured s | predicted s | error (per round) |",
+                  "|---|---|---|---|---|---|"]
         for r in result["measured"]:
-            lines.append(f"| {r['plan']} | {r['latent_frames']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
+            lines.append(f"| {r['plan']} | {r['latent_frames']} | {r['layers']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
                          f"{r['error']:+.0%} ({r['error_range']}) |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

@@ -38,6 +38,13 @@ against the same round's 1-rank output with torch.testing.assert_close (rtol 1e-
 float32, different summation order).
 
     python bench/bench_scaling.py [--frames 1 3] [--layers 2] [--rounds 5] [--warmup 1] [--max-wait 10]
+    python bench/bench_scaling.py --frames 1 --layers 30 --rounds 3 --name scaling-30l   # CogVideoX-2b's 30 layers
+
+The bench runs 2 layers by default (a 30-layer step at 1 latent frame takes about a minute
+on one core here). Each step also has work outside the blocks that is not split (the
+embeddings and the text projection before them, the gather and the final projection after):
+its share falls with the layer count, so the 2-layer step understates the speedup of
+CogVideoX-2b's 30. Every record keeps the three parts of each rank's step apart.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ PARALLEL = ("ulysses 2", "ulysses 2 no overlap", "ring 2")
 DEGREES = {"1 rank": (1, 1), "ulysses 2": (2, 1), "ring 2": (1, 2)}
 HEAD_CHUNKS = {"ulysses 2 no overlap": 1}  # others: the default pipeline depth
 TOL = dict(rtol=1e-3, atol=1e-3)
+# A step's three parts, seconds per rank (scaling_worker): before the first block, the blocks,
+# after the last block.
+PARTS = ("before blocks", "blocks", "after blocks")
 # A measurement is clean when the rest of the machine used at most this fraction of one core.
 CLEAN = 0.15
 # The doctor's matmul measurement with larger matrices: about half a second of work, a
@@ -131,6 +141,15 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
 
     assert world == 2 and torch.get_num_threads() == 1
     model = bench_transformer(layers, text_dim)
+    # Where a step's time goes: before the first block (time and patch embeddings, the text
+    # projection: every rank does them whole), the blocks (the split, the exchanges inside),
+    # and after the last block (the gather, the final norm and projection: whole again).
+    # Registered ahead of parallelize's split and gather hooks, so the split counts in the
+    # blocks and the gather after them.
+    marks: dict[str, float] = {}
+    blocks = model.transformer_blocks
+    blocks[0].register_forward_pre_hook(lambda m, a: marks.__setitem__("in", time.perf_counter()), prepend=True)
+    blocks[-1].register_forward_hook(lambda m, a, o: marks.__setitem__("out", time.perf_counter()), prepend=True)
     g = torch.Generator().manual_seed(1)
     inputs = dict(
         hidden_states=torch.randn(1, frames, LATENT_C, LATENT_H, LATENT_W, generator=g),
@@ -157,22 +176,27 @@ def scaling_worker(rank: int, world: int, frames: int, layers: int, text_dim: in
             dist.broadcast(waited, 0)
             load = benchlib.loadavg()
             busy0 = benchlib.machine_busy_seconds()
+            marks.clear()
             t0, c0 = time.perf_counter(), time.process_time()
             with torch.no_grad():
                 run_here = handle is not None or rank == 0 or name == "both alone"
                 out = _forward(model, inputs) if run_here else None
+            t1 = time.perf_counter()
             if name == "1 rank":
                 dist.barrier()  # rank 1 waits here while rank 0 runs the baseline alone
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            parts = ([marks["in"] - t0, marks["out"] - marks["in"], t1 - marks["out"]] if run_here
+                     else [0.0, 0.0, 0.0])
             # A step ends when its slowest rank ends.
-            both = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
-            dist.all_gather(both, torch.tensor([wall, cpu], dtype=torch.float64))
+            both = [torch.zeros(5, dtype=torch.float64) for _ in range(world)]
+            dist.all_gather(both, torch.tensor([wall, cpu, *parts], dtype=torch.float64))
             busy = benchlib.machine_busy_seconds() - busy0
             if handle is not None:
                 handle.remove()
             foreign = max(0.0, busy - sum(float(b[1]) for b in both))
             seconds = max(float(b[0]) for b in both)
             row[name] = {"seconds": seconds, "cpu_seconds": [round(float(b[1]), 4) for b in both],
+                         "parts": {part: [round(float(b[2 + i]), 4) for b in both] for i, part in enumerate(PARTS)},
                          "foreign_cpu_seconds": round(foreign, 3), "waited_s": float(waited),
                          "clean": foreign <= CLEAN * seconds, "load": load}
             if rank == 0:
@@ -219,6 +243,15 @@ def calibrated_cpu(calibration: dict):
     return apply_entry(device_type("cpu"), {"measured": calibration})
 
 
+def _part(row: dict, config: str, part: str) -> float:
+    """One part of one configuration's step in one round: the slower rank's seconds."""
+    return max(row[config]["parts"][part])
+
+
+def _outside(row: dict, config: str) -> float:
+    return _part(row, config, "before blocks") + _part(row, config, "after blocks")
+
+
 def run(frames_list: list[int], layers: int, rounds: int, warmup: int, text_dim: int = 4096,
         max_wait_s: float = 10.0) -> dict:
     from raydit.parallel.testing import run_distributed
@@ -229,81 +262,112 @@ def run(frames_list: list[int], layers: int, rounds: int, warmup: int, text_dim:
         records = run_distributed(scaling_worker, 2, frames, layers, text_dim, rounds, warmup, max_wait_s,
                                   threads=1, timeout=3600)[0]["records"]
         measured = [r for r in records if not r["warmup"]]
-        # Figures over the rounds in which every configuration ran clean, where there are
-        # at least 3 of them; otherwise over all rounds (and the record says so).
-        clean = [r for r in measured if all(r[n]["clean"] for n in CONFIGS)]
-        used = clean if len(clean) >= 3 else measured
-        table = predictions(frames, layers)
-        for r in measured:  # plan-time prediction of each round, from that round's calibration
-            r["predicted"] = {n: v["predicted_step_seconds"] for n, v in
-                              predictions(frames, layers, calibrated_cpu(r["calibration"])).items()}
-        case = {"latent_frames": frames, "layers": layers, "tokens": TEXT_TOKENS + frames * 30 * 45,
-                "clean_rounds": len(clean), "figures_from": "clean rounds" if used is clean else "all rounds",
-                "rounds": measured, "wall_seconds": round(time.perf_counter() - t0, 1), "configs": {},
-                "calibrated_matmul_tflops": benchlib.summary([r["calibration"]["matmul_tflops"] for r in used], 5)}
-        base = [r["1 rank"]["seconds"] for r in used]
-        for name in CONFIGS:
-            secs = [r[name]["seconds"] for r in used]
-            entry = {"step_seconds": benchlib.summary(secs),
-                     # The busiest rank's CPU time: the step as it would be with no other load.
-                     "cpu_seconds": benchlib.summary([max(r[name]["cpu_seconds"]) if name != "1 rank"
-                                                      else r[name]["cpu_seconds"][0] for r in used]),
-                     "load_1m": benchlib.summary([r[name]["load"][0] for r in used], 2),
-                     "foreign_cpu_seconds": benchlib.summary([r[name]["foreign_cpu_seconds"] for r in used], 3)}
-            plan_name = "ulysses 2" if name == "ulysses 2 no overlap" else name
-            if plan_name in DEGREES:
-                entry.update(table[plan_name])
-                entry["table_prediction_error"] = round(
-                    table[plan_name]["predicted_step_seconds"] / entry["step_seconds"]["median"] - 1, 3)
-                # Plan-time calibration: the same round's prediction over the same round's step.
-                errs = [r["predicted"][plan_name] / r[name]["seconds"] - 1 for r in used]
-                entry["calibrated_predicted_step_seconds"] = benchlib.summary(
-                    [r["predicted"][plan_name] for r in used])
-                entry["calibrated_prediction_error"] = benchlib.summary(errs, 3)
-                entry["prediction_error"] = entry["calibrated_prediction_error"]["median"]
-                entry["predicted_step_seconds"] = entry["calibrated_predicted_step_seconds"]["median"]
-            if name in PARALLEL:
-                entry["speedup"] = benchlib.summary([b / s for b, s in zip(base, secs)], 3)
-                # The work split alone: baseline CPU time over the busiest rank's CPU time.
-                # It leaves out time a rank spends descheduled by other processes, and also
-                # time it blocks in gloo (blocking costs no CPU: the idle baseline rank shows
-                # ~0 s), so it is an upper bound of the speedup on an otherwise idle machine.
-                entry["cpu_speedup"] = benchlib.summary(
-                    [r["1 rank"]["cpu_seconds"][0] / max(r[name]["cpu_seconds"]) for r in used], 3)
-            elif name == "1 rank":
-                entry["idle_rank_cpu_seconds"] = benchlib.summary([r[name]["cpu_seconds"][1] for r in used], 3)
-            else:  # both alone: the compute-only ceiling of a 2-rank split, paired by round
-                entry["ceiling"] = benchlib.summary([2 * b / s for b, s in zip(base, secs)], 3)
-            case["configs"][name] = entry
+        case = summarize(frames, layers, measured)
+        case["wall_seconds"] = round(time.perf_counter() - t0, 1)
         cases.append(case)
         ceiling = case["configs"]["both alone"]["ceiling"]["median"]
         for name, e in case["configs"].items():
             extra = (f"  speedup {benchlib.fmt(e['speedup'], 'x', 2)} (CPU-time {e['cpu_speedup']['median']:.2f}x, "
-                     f"ceiling {ceiling:.2f}x)" if "speedup" in e else "")
+                     f"ceiling {ceiling:.2f}x; blocks alone {e['blocks_speedup']['median']:.2f}x; outside the "
+                     f"blocks {e['outside_blocks_seconds']['median']:.3f} s, 1 rank "
+                     f"{case['configs']['1 rank']['outside_blocks_seconds']['median']:.3f} s)" if "speedup" in e else "")
             pred = (f"  predicted {e['predicted_step_seconds']:.3f} s ({e['prediction_error']:+.0%}; table cpu "
                     f"{e['table_prediction_error']:+.0%})" if "prediction_error" in e else "")
             print(f"frames {frames} {name:<21} step {benchlib.fmt(e['step_seconds'])}{pred}{extra}  "
-                  f"[{case['figures_from']}, {len(clean)}/{len(measured)} clean]", flush=True)
+                  f"[{case['figures_from']}, {case['clean_rounds']}/{len(measured)} clean]", flush=True)
     return {"machine": benchlib.machine(), "target_speedup": 1.9, "target_prediction_error": 0.15,
             "clean_fraction": CLEAN, "transformer": transformer_kwargs(layers, text_dim), "cases": cases}
+
+
+def summarize(frames: int, layers: int, measured: list[dict]) -> dict:
+    """One frame count's figures from its measured rounds (run; `--resummarize` redoes it
+    from a result file's stored rounds)."""
+    # Figures over the rounds in which every configuration ran clean, where there are
+    # at least 3 of them; otherwise over all rounds (and the record says so).
+    clean = [r for r in measured if all(r[n]["clean"] for n in CONFIGS)]
+    used = clean if len(clean) >= 3 else measured
+    table = predictions(frames, layers)
+    for r in measured:  # plan-time prediction of each round, from that round's calibration
+        r["predicted"] = {n: v["predicted_step_seconds"] for n, v in
+                          predictions(frames, layers, calibrated_cpu(r["calibration"])).items()}
+    case = {"latent_frames": frames, "layers": layers, "tokens": TEXT_TOKENS + frames * 30 * 45,
+            "clean_rounds": len(clean), "figures_from": "clean rounds" if used is clean else "all rounds",
+            "rounds": measured, "configs": {},
+            "calibrated_matmul_tflops": benchlib.summary([r["calibration"]["matmul_tflops"] for r in used], 5)}
+    base = [r["1 rank"]["seconds"] for r in used]
+    for name in CONFIGS:
+        secs = [r[name]["seconds"] for r in used]
+        entry = {"step_seconds": benchlib.summary(secs),
+                 # The busiest rank's CPU time: the step as it would be with no other load.
+                 "cpu_seconds": benchlib.summary([max(r[name]["cpu_seconds"]) if name != "1 rank"
+                                                  else r[name]["cpu_seconds"][0] for r in used]),
+                 "load_1m": benchlib.summary([r[name]["load"][0] for r in used], 2),
+                 "foreign_cpu_seconds": benchlib.summary([r[name]["foreign_cpu_seconds"] for r in used], 3)}
+        entry["parts_seconds"] = {part: benchlib.summary([_part(r, name, part) for r in used])
+                                  for part in PARTS}
+        # The work outside the blocks, which is not split (every rank does it whole).
+        entry["outside_blocks_seconds"] = benchlib.summary([_outside(r, name) for r in used])
+        plan_name = "ulysses 2" if name == "ulysses 2 no overlap" else name
+        if plan_name in DEGREES:
+            entry.update(table[plan_name])
+            entry["table_prediction_error"] = round(
+                table[plan_name]["predicted_step_seconds"] / entry["step_seconds"]["median"] - 1, 3)
+            # Plan-time calibration: the same round's prediction over the same round's step.
+            errs = [r["predicted"][plan_name] / r[name]["seconds"] - 1 for r in used]
+            entry["calibrated_predicted_step_seconds"] = benchlib.summary(
+                [r["predicted"][plan_name] for r in used])
+            entry["calibrated_prediction_error"] = benchlib.summary(errs, 3)
+            entry["prediction_error"] = entry["calibrated_prediction_error"]["median"]
+            entry["predicted_step_seconds"] = entry["calibrated_predicted_step_seconds"]["median"]
+        if name in PARALLEL:
+            entry["speedup"] = benchlib.summary([b / s for b, s in zip(base, secs)], 3)
+            # The work split alone: baseline CPU time over the busiest rank's CPU time.
+            # It leaves out time a rank spends descheduled by other processes, and also
+            # time it blocks in gloo (blocking costs no CPU: the idle baseline rank shows
+            # ~0 s), so it is an upper bound of the speedup on an otherwise idle machine.
+            entry["cpu_speedup"] = benchlib.summary(
+                [r["1 rank"]["cpu_seconds"][0] / max(r[name]["cpu_seconds"]) for r in used], 3)
+            # The blocks alone, 1 rank over 2: the part of the step that is split.
+            entry["blocks_speedup"] = benchlib.summary(
+                [_part(r, "1 rank", "blocks") / _part(r, name, "blocks") for r in used], 3)
+        elif name == "1 rank":
+            entry["idle_rank_cpu_seconds"] = benchlib.summary([r[name]["cpu_seconds"][1] for r in used], 3)
+        else:  # both alone: the compute-only ceiling of a 2-rank split, paired by round
+            entry["ceiling"] = benchlib.summary([2 * b / s for b, s in zip(base, secs)], 3)
+        case["configs"][name] = entry
+    return case
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, nargs="+", default=[1, 3], help="latent frames (1 to 3)")
-    ap.add_argument("--layers", type=int, default=2, choices=(2, 3))
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers (CogVideoX-2b has 30)")
     ap.add_argument("--text-dim", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--max-wait", type=float, default=10.0, help="seconds to wait per measurement for a quiet machine")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    ap.add_argument("--name", default="scaling", help="result file NAME.json (scaling-30l: the 30-layer run)")
+    ap.add_argument("--resummarize", action="store_true",
+                    help="measure nothing: redo the figures of OUT/scaling.json from its stored rounds")
     args = ap.parse_args(argv)
+    if args.resummarize:
+        result = benchlib.read_json(args.name, Path(args.out))
+        if not result:
+            raise SystemExit(f"--resummarize: no {args.name}.json in {args.out}")
+        for i, case in enumerate(result["cases"]):
+            again = summarize(case["latent_frames"], case["layers"], case["rounds"])
+            result["cases"][i] = {**again, "wall_seconds": case.get("wall_seconds")}
+        print("wrote", benchlib.write_json(args.name, result, Path(args.out)))
+        return 0
+    if not 1 <= args.layers <= 30:
+        raise SystemExit(f"--layers {args.layers}: use 1 to 30 (CogVideoX-2b has 30)")
     for f in args.frames:
         if not 1 <= f <= 3:
             raise SystemExit(f"--frames {f}: use 1 to 3 latent frames")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = run(args.frames, args.layers, args.rounds, args.warmup, args.text_dim, args.max_wait)
-    print("wrote", benchlib.write_json("scaling", result, Path(args.out)))
+    print("wrote", benchlib.write_json(args.name, result, Path(args.out)))
     return 0
 
 

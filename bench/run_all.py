@@ -31,6 +31,9 @@ REPO = BENCH.parent
 SUITE = {
     "scaling": ("bench_scaling.py", ["--frames", "1", "--rounds", "3", "--warmup", "0", "--max-wait", "1"],
                 ["--frames", "1", "3", "--rounds", "5", "--warmup", "1", "--max-wait", "10"]),
+    # CogVideoX-2b's 30 layers at 1 latent frame (about 15 minutes); full mode only.
+    "scaling-30l": ("bench_scaling.py", None, ["--frames", "1", "--layers", "30", "--rounds", "3", "--warmup", "1",
+                                               "--max-wait", "10", "--name", "scaling-30l"]),
     "costmodel": ("bench_costmodel.py", [], []),
     "planpick": ("bench_planpick.py", ["--worlds", "2", "4", "--rounds", "3", "--layers", "1", "--max-wait", "1"],
                  ["--worlds", "2", "4", "--rounds", "5", "--layers", "2", "--max-wait", "10"]),
@@ -89,11 +92,14 @@ def _s(stat: dict | None, digits: int = 2, unit: str = "s") -> str:
 def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
     """(rows of (measure, result, target, met), notes)."""
     rows, notes = [], []
-    sc = res.get("scaling")
-    if sc:
+    for sc in (res.get("scaling"), res.get("scaling-30l")):
+        if not sc:
+            continue
         target = sc.get("target_speedup", 1.85)
         for case in sc["cases"]:
             tag = f"{case['latent_frames']} latent frame{'s' if case['latent_frames'] > 1 else ''}, {case['tokens']} tokens"
+            if case.get("layers"):
+                tag += f", {case['layers']} layers"
             base = case["configs"]["1 rank"]
             ceiling = case["configs"].get("both alone", {}).get("ceiling")
             rows.append((f"1. step, 1 rank ({tag})", _s(base["step_seconds"]), "", ""))
@@ -110,6 +116,18 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                              f"CPU-time split {e['cpu_speedup']['median']:.2f}x",
                              f">= {target}x" if judged else "",
                              ("yes" if e["speedup"]["median"] >= target else "**no**") if judged else ""))
+            for name in ("ulysses 2", "ring 2"):
+                e = case["configs"].get(name, {})
+                if "blocks_speedup" in e and "outside_blocks_seconds" in base:
+                    out = e["outside_blocks_seconds"]
+                    notes.append(
+                        f"Scaling, {tag}, {name}: the blocks alone speed up {_s(e['blocks_speedup'], 2, 'x')} "
+                        "(1 rank's over this plan's, paired by round). The work outside them is not split: "
+                        "before the blocks the time and patch embeddings and the text projection, after them "
+                        "the gather (where a rank also waits for the slower one) and the final norm and "
+                        f"projection; {_s(base['outside_blocks_seconds'], 3)} "
+                        f"on 1 rank, {_s(out, 3)} on each of 2 ranks here, "
+                        f"{out['median'] / e['step_seconds']['median']:.1%} of this plan's step.")
             notes.append(f"Scaling, {tag}: figures from {case['figures_from']} ({case['clean_rounds']} of "
                          f"{len(case['rounds'])} rounds clean: other processes used < 15% of a core); median 1-min "
                          f"load {base['load_1m']['median']} (range {base['load_1m']['min']}-{base['load_1m']['max']})"
@@ -150,7 +168,8 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                           f"{_pct(r['table_error'])}")
             else:  # results of an older bench_costmodel
                 result = f"predicted {r['predicted']:.2f} s vs measured {r['measured']:.2f} s ({_pct(r['error'])})"
-            rows.append((f"3. cost model, cpu {r['plan']}, {r['latent_frames']} latent frame(s)", result,
+            layers = f", {r['layers']} layers" if r.get("layers") else ""
+            rows.append((f"3. cost model, cpu {r['plan']}, {r['latent_frames']} latent frame(s){layers}", result,
                          "within 15%", "yes" if r["within_target"] else "**no**"))
         for r in cm["anchors"]:
             if r["role"] in ("approximation", "check") and r["model"].startswith("open-sora") and not r["guidance"]:
@@ -270,15 +289,20 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
 def _measured_when(res: dict, status: dict) -> str:
     """Which results this run measured and when the others on disk were (a table may mix them)."""
     parts = []
+    machines = {name: r["machine"] for name, r in res.items() if r and isinstance(r.get("machine"), dict)}
+    # The development machine is not always the same CPU: where the results ran on more
+    # than one, each says which.
+    mixed = len({m.get("processor") for m in machines.values()}) > 1
     for name, r in res.items():
         if not r:
             continue
-        m = r.get("machine") if isinstance(r.get("machine"), dict) else {}
+        m = machines.get(name, {})
         when = m.get("date_utc")
         load = (m.get("load_average") or [None])[0]
         ran = status.get(name, {}).get("ran")
         tag = "this run" if ran else "on disk"
-        parts.append(f"{name} {tag}" + (f" ({when} UTC, 1-min load {load})" if when else ""))
+        where = f", {m.get('processor') or 'processor not recorded'}" if mixed else ""
+        parts.append(f"{name} {tag}" + (f" ({when} UTC, 1-min load {load}{where})" if when else ""))
     return "Results: " + "; ".join(parts) + "." if parts else ""
 
 

@@ -74,6 +74,30 @@ def test_summary_table_judges_the_target_it_names_and_shows_the_ceiling():
     assert any(r[0].startswith("1. compute-only ceiling") and "1.90 x" in r[1] for r in rows)
 
 
+def test_scaling_notes_give_the_blocks_speedup_and_the_work_outside_them():
+    sc = _scaling(1.8)
+    case = sc["cases"][0]
+    stat = lambda v: benchlib.summary([v])  # noqa: E731
+    case["configs"]["1 rank"]["outside_blocks_seconds"] = stat(0.1)
+    case["configs"]["ulysses 2"].update(blocks_speedup=stat(1.95), outside_blocks_seconds=stat(0.125))
+    _, notes = run_all.summary_rows({"scaling": sc})
+    [note] = [n for n in notes if ", ulysses 2: the blocks alone" in n]
+    assert "speed up 1.95 x (1.95-1.95, n=1)" in note
+    assert "0.100 s (0.100-0.100, n=1) on 1 rank, 0.125 s (0.125-0.125, n=1) on each of 2 ranks" in note
+    assert "11.3% of this plan's step" in note  # 0.125 / (2.0 / 1.8)
+    assert not any(", ring 2: the blocks alone" in n for n in notes)  # measured before the parts were
+
+
+def test_results_from_different_processors_each_name_theirs():
+    m = lambda cpu: {"machine": {"date_utc": "2026-11-25 12:00", "load_average": [1.0], "processor": cpu}}  # noqa: E731
+    mixed = run_all._measured_when({"scaling": m("AMD EPYC"), "serve": m("Intel Xeon"), "gpu": None}, {})
+    assert "scaling on disk (2026-11-25 12:00 UTC, 1-min load 1.0, AMD EPYC)" in mixed
+    assert "serve on disk (2026-11-25 12:00 UTC, 1-min load 1.0, Intel Xeon)" in mixed
+    same = run_all._measured_when({"scaling": m("AMD EPYC"), "serve": m("AMD EPYC")}, {"serve": {"ran": True}})
+    assert same == ("Results: scaling on disk (2026-11-25 12:00 UTC, 1-min load 1.0); "
+                    "serve this run (2026-11-25 12:00 UTC, 1-min load 1.0).")
+
+
 def test_cost_model_rows_judge_fits_and_checks_never_context():
     anchor = lambda role, err: {"anchor": f"a {role}", "role": role, "model": "m", "guidance": True,  # noqa: E731
                                 "predicted": 1.0, "published": 1.0, "unit": "s / step", "error": err, "layout": "l"}

@@ -247,7 +247,7 @@ class VideoAPI:
         body = parse_body(data)
         params = resolve(body, self.limits, self.engine.spec, loras=self.engine.loras(), fused=self.engine.fused_lora)
         job = self.service.create(params, image_png=image)
-        return job.to_object()
+        return self._video_response(job)
 
     @app.get("/v1/videos")
     async def list_videos(self, request: Request, after: str | None = None, limit: int = 20, order: str = "desc"):
@@ -266,7 +266,13 @@ class VideoAPI:
     @app.get("/v1/videos/{video_id}")
     async def retrieve(self, request: Request, video_id: str):
         self._auth(request)
-        return self._job(video_id).to_object()
+        return self._video_response(self._job(video_id))
+
+    def _video_response(self, job) -> JSONResponse:
+        """A video object; while it is unfinished, with the poll interval the server advises
+        (OpenAI's `openai-poll-after-ms`, which the openai client follows)."""
+        ms = self.service.poll_after_ms(job)
+        return JSONResponse(job.to_object(), headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
 
     @app.get("/v1/videos/{video_id}/content")
     async def content(self, request: Request, video_id: str, variant: str = "video"):

@@ -72,13 +72,16 @@ $("form").addEventListener("submit", async (event) => {
     for (const [id, key] of [["steps", "num_inference_steps"], ["frames", "num_frames"], ["seed", "seed"]]) {
       if ($(id).value !== "") body[key] = Number($(id).value);
     }
-    let video = await (await api("/v1/videos", {
+    let response = await api("/v1/videos", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    })).json();
+    });
+    let video = await response.json();
     show(video);
     while (video.status === "queued" || video.status === "in_progress") {
-      await sleep(400);
-      video = await (await api("/v1/videos/" + video.id)).json();
+      // The server advises when to ask again (a step while it runs); 400 ms before it knows.
+      await sleep(Number(response.headers.get("openai-poll-after-ms")) || 400);
+      response = await api("/v1/videos/" + video.id);
+      video = await response.json();
       show(video);
     }
     if (video.status !== "completed") throw new Error(video.error ? video.error.message : video.status);

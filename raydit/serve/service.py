@@ -41,6 +41,23 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 REQUEST_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
+# Bounds of the poll interval advised to clients (`poll_interval_ms`).
+POLL_MIN_MS, POLL_MAX_MS = 250, 10_000
+
+
+def poll_interval_ms(status: str, step_s: float | None, wait_s: float | None = None) -> int | None:
+    """How long a client should wait before asking about a video again, sent as OpenAI's
+    `openai-poll-after-ms` header (the openai client's videos.poll / create_and_poll follow it
+    and otherwise ask every second): one denoising step while the video runs (its progress
+    changes once a step), a tenth of its expected wait while it is queued but never less than
+    a step; within POLL_MIN_MS..POLL_MAX_MS. None once it is finished, or while no step has
+    been timed yet (the client's own default then applies)."""
+    if status not in ("queued", "in_progress") or step_s is None:
+        return None
+    seconds = step_s if status == "in_progress" else max(step_s, (wait_s or 0.0) / 10)
+    return int(min(POLL_MAX_MS, max(POLL_MIN_MS, round(seconds * 1000))))
+
+
 # Added to the writer thread's nice value, capped at 19: from 0 to 10 its share of a core it
 # contends for falls to about a tenth; in a Ray worker (started at 15) it goes to 19.
 WRITER_NICE = 10
@@ -70,6 +87,7 @@ class _Running:
     stop: str | None = None  # "deleted" | "shutdown"
     submitted: float = 0.0
     future: object | None = None  # the engine's Future, once submitted
+    last_step: float | None = None  # time.monotonic() of its last finished step
 
 
 class VideoService:
@@ -88,6 +106,7 @@ class VideoService:
         self._running: dict[str, _Running] = {}
         self._closing = False
         self._mean_request_s: float | None = None
+        self._step_s: float | None = None  # running mean of a denoising step's seconds
         self._accepts_image = bool(getattr(engine, "takes_image", False))
         self._metrics = _Metrics(self)
         self.notes: list[str] = []
@@ -191,6 +210,21 @@ class VideoService:
             return None, None
         return job, self.store.video_path(video_id)
 
+    def poll_after_ms(self, job: VideoJob) -> int | None:
+        """The poll interval to advise for `job` (poll_interval_ms), from the running mean
+        of a step and, while it waits, the requests ahead of it."""
+        with self._cond:
+            wait = None
+            if job.status == "queued" and self._mean_request_s is not None:
+                waiting = list(self._running)[self._started_locked():] + list(self._queue)
+                ahead = waiting.index(job.id) if job.id in waiting else 0
+                # The running requests finish first, then those ahead, `capacity` at a time.
+                wait = self._mean_request_s * (ahead // self.capacity + 1)
+            return poll_interval_ms(job.status, self._step_s, wait)
+
+    def _note_step_seconds(self, seconds: float) -> None:
+        self._step_s = seconds if self._step_s is None else 0.8 * self._step_s + 0.2 * seconds
+
     def retry_after(self) -> int:
         with self._cond:
             return self._retry_after_locked()
@@ -260,6 +294,10 @@ class VideoService:
     def _on_step(self, run: _Running, step: int) -> None:
         """Runs on the driver after every finished step (diffusers' callback convention)."""
         self._metrics.steps.inc()
+        now = time.monotonic()
+        if run.last_step is not None:  # the first step's time includes the request's start
+            self._note_step_seconds(now - run.last_step)
+        run.last_step = now
         if run.stop is not None:
             raise RequestStopped(run.stop)
         if run.job.status == "queued":  # started before the service promoted it
@@ -313,6 +351,8 @@ class VideoService:
         recoveries = len(timings.get("recovery_seconds", []) or [])
         for s in timings.get("step_seconds", []):
             self._metrics.step_seconds.observe(s)
+        if self._step_s is None and timings.get("step_seconds"):  # 1-step requests time no step apart
+            self._note_step_seconds(sum(timings["step_seconds"]) / len(timings["step_seconds"]))
         self._metrics.recoveries.inc(recoveries)
         with self._cond:
             if job.id not in self._jobs:  # deleted while its mp4 was being written

@@ -244,6 +244,30 @@ def test_eight_concurrent_requests_with_the_openai_client(server, tmp_path):
     assert created == sorted(created, reverse=True)
 
 
+def test_unfinished_videos_advise_a_poll_interval_that_the_openai_client_follows(server):
+    """Once a step has been timed, a queued or running video's object carries OpenAI's
+    `openai-poll-after-ms` header (videos.poll follows it); a finished one does not."""
+    client = server.client()
+    first = client.videos.create_and_poll(prompt="a kite", extra_body={"num_inference_steps": 2, "num_frames": 9},
+                                          poll_interval_ms=100)  # 2 steps: one timed apart
+    assert first.status == "completed", first.error
+    done = client.videos.with_raw_response.retrieve(first.id)
+    assert "openai-poll-after-ms" not in done.headers
+
+    created = client.videos.with_raw_response.create(prompt="a kite",
+                                                     extra_body={"num_inference_steps": 3, "num_frames": 9})
+    video = created.parse()
+    advised = [created.headers.get("openai-poll-after-ms")]
+    while video.status in ("queued", "in_progress"):
+        raw = client.videos.with_raw_response.retrieve(video.id)
+        video = raw.parse()
+        advised.append(raw.headers.get("openai-poll-after-ms"))
+        time.sleep(0.05)
+    assert video.status == "completed", video.error
+    assert advised[-1] is None and advised[0] is not None, advised
+    assert all(250 <= int(a) <= 10_000 for a in advised[:-1]), advised
+
+
 def test_every_v1_route_needs_the_token(server):
     some = "video_" + "0" * 24
     routes = [("POST", "/v1/videos"), ("GET", "/v1/videos"), ("GET", f"/v1/videos/{some}"),

@@ -344,3 +344,15 @@ def test_serve_lora_options(tmp_path):
         resolve_serve_options({"fuse_lora": True})
     with pytest.raises(ValueError, match=">= 0"):
         resolve_serve_options({"lora": [str(tmp_path / "a.safetensors")], "lora_scale": ["-1"]})
+
+
+def test_poll_interval_is_a_step_while_running_and_a_tenth_of_the_wait_while_queued():
+    from raydit.serve.service import poll_interval_ms
+
+    assert poll_interval_ms("in_progress", 0.5) == 500
+    assert poll_interval_ms("in_progress", 0.01) == 250 and poll_interval_ms("in_progress", 60.0) == 10_000
+    assert poll_interval_ms("queued", 0.5, wait_s=30.0) == 3000
+    assert poll_interval_ms("queued", 2.0, wait_s=10.0) == 2000  # never under a step
+    assert poll_interval_ms("queued", 0.5) == 500  # no request finished yet: no wait known
+    assert poll_interval_ms("in_progress", None) is None  # no step timed yet: the client's default
+    assert poll_interval_ms("completed", 0.5) is None and poll_interval_ms("failed", 0.5) is None
