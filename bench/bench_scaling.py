@@ -357,7 +357,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"--resummarize: no {args.name}.json in {args.out}")
         for i, case in enumerate(result["cases"]):
             again = summarize(case["latent_frames"], case["layers"], case["rounds"])
-            result["cases"][i] = {**again, "wall_seconds": case.get("wall_seconds")}
+            result["cases"][i] = {**again, **{k: case[k] for k in ("wall_seconds", "command") if k in case}}
         print("wrote", benchlib.write_json(args.name, result, Path(args.out)))
         return 0
     if not 1 <= args.layers <= 30:
@@ -367,6 +367,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"--frames {f}: use 1 to 3 latent frames")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = run(args.frames, args.layers, args.rounds, args.warmup, args.text_dim, args.max_wait)
+    for case in result["cases"]:  # each case keeps its own command line (a file may gather cases of several runs)
+        case["command"] = " ".join(["python bench/bench_scaling.py", *(sys.argv[1:] if argv is None else argv)])
     print("wrote", benchlib.write_json(args.name, result, Path(args.out)))
     return 0
 

@@ -31,8 +31,8 @@ REPO = BENCH.parent
 SUITE = {
     "scaling": ("bench_scaling.py", ["--frames", "1", "--rounds", "3", "--warmup", "0", "--max-wait", "1"],
                 ["--frames", "1", "3", "--rounds", "5", "--warmup", "1", "--max-wait", "10"]),
-    # CogVideoX-2b's 30 layers at 1 latent frame (about 15 minutes); full mode only.
-    "scaling-30l": ("bench_scaling.py", None, ["--frames", "1", "--layers", "30", "--rounds", "3", "--warmup", "1",
+    # CogVideoX-2b's 30 layers at 1 and 3 latent frames (about 17 and 55 minutes); full mode only.
+    "scaling-30l": ("bench_scaling.py", None, ["--frames", "1", "3", "--layers", "30", "--rounds", "3", "--warmup", "1",
                                                "--max-wait", "10", "--name", "scaling-30l"]),
     "costmodel": ("bench_costmodel.py", [], []),
     "planpick": ("bench_planpick.py", ["--worlds", "2", "4", "--rounds", "3", "--layers", "1", "--max-wait", "1"],
@@ -92,11 +92,15 @@ def _s(stat: dict | None, digits: int = 2, unit: str = "s") -> str:
 def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
     """(rows of (measure, result, target, met), notes)."""
     rows, notes = [], []
+    # The target names a CogVideoX-2b-shaped step: where the 30-layer run measured a frame
+    # count, it judges it and the 2-layer step of that frame count is shown as a stand-in.
+    full_shape = {c["latent_frames"] for c in (res.get("scaling-30l") or {}).get("cases", []) if c.get("layers") == 30}
     for sc in (res.get("scaling"), res.get("scaling-30l")):
         if not sc:
             continue
         target = sc.get("target_speedup", 1.85)
         for case in sc["cases"]:
+            stand_in = case.get("layers", 30) != 30 and case["latent_frames"] in full_shape
             tag = f"{case['latent_frames']} latent frame{'s' if case['latent_frames'] > 1 else ''}, {case['tokens']} tokens"
             if case.get("layers"):
                 tag += f", {case['layers']} layers"
@@ -110,11 +114,12 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                 e = case["configs"].get(name)
                 if e is None:
                     continue
-                judged = name != "ulysses 2 no overlap"
+                judged = name != "ulysses 2 no overlap" and not stand_in
                 rows.append((f"1. step, 2 ranks {name} ({tag})",
                              f"{_s(e['step_seconds'])}; speedup {_s(e['speedup'], 2, 'x')}; "
                              f"CPU-time split {e['cpu_speedup']['median']:.2f}x",
-                             f">= {target}x" if judged else "",
+                             f">= {target}x" if judged else
+                             ("stand-in for the 30-layer row" if stand_in and name != "ulysses 2 no overlap" else ""),
                              ("yes" if e["speedup"]["median"] >= target else "**no**") if judged else ""))
             for name in ("ulysses 2", "ring 2"):
                 e = case["configs"].get(name, {})
@@ -128,6 +133,13 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                         f"projection; {_s(base['outside_blocks_seconds'], 3)} "
                         f"on 1 rank, {_s(out, 3)} on each of 2 ranks here, "
                         f"{out['median'] / e['step_seconds']['median']:.1%} of this plan's step.")
+            beaten = [n for n in ("ulysses 2", "ring 2")
+                      if ceiling and n in case["configs"] and case["configs"][n]["speedup"]["median"] > ceiling["median"]]
+            if beaten:
+                notes.append(f"Scaling, {tag}: {' and '.join(beaten)} beat the compute-only ceiling "
+                             f"({ceiling['median']:.2f}x): two ranks each running the whole step slow each other "
+                             "more (memory traffic, the shared L3 cache) than two ranks each running half of it, "
+                             "so on this machine the ceiling is no upper bound.")
             notes.append(f"Scaling, {tag}: figures from {case['figures_from']} ({case['clean_rounds']} of "
                          f"{len(case['rounds'])} rounds clean: other processes used < 15% of a core); median 1-min "
                          f"load {base['load_1m']['median']} (range {base['load_1m']['min']}-{base['load_1m']['max']})"
@@ -435,7 +447,8 @@ def write_plot(res: dict, out: Path) -> Path | None:
 
 HOW_TO_READ = (
     "`python bench/run_all.py --quick` measures everything below in about 5 minutes on 2 cores; "
-    "`python bench/run_all.py` (about 25 minutes) adds 3 latent frames, more rounds and the "
+    "`python bench/run_all.py` (about three hours) adds 3 latent frames, more rounds, CogVideoX-2b's 30 "
+    "layers, the real VAEs' decode, the other families, `raydit serve` and the "
     "attention-only benchmark (docs/benchmarks/attention.md). The development machine has 2 cores shared "
     "with other engineers' test runs, so every result records the load average (and, for the scaling runs, "
     "the CPU time other processes took meanwhile); compared runs are interleaved in one process and ratios "

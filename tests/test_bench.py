@@ -88,6 +88,19 @@ def test_scaling_notes_give_the_blocks_speedup_and_the_work_outside_them():
     assert not any(", ring 2: the blocks alone" in n for n in notes)  # measured before the parts were
 
 
+def test_the_30_layer_step_judges_its_frame_count_and_the_2_layer_one_stands_in():
+    short, full = _scaling(1.8), _scaling(1.93)
+    short["cases"][0]["layers"], full["cases"][0]["layers"] = 2, 30
+    rows, _ = run_all.summary_rows({"scaling": short, "scaling-30l": full})
+    by_name = {r[0]: r for r in rows}
+    assert by_name["1. step, 2 ranks ulysses 2 (1 latent frame, 1576 tokens, 30 layers)"][2:] == (">= 1.85x", "yes")
+    assert by_name["1. step, 2 ranks ulysses 2 (1 latent frame, 1576 tokens, 2 layers)"][2:] == (
+        "stand-in for the 30-layer row", "")
+    short["cases"][0]["latent_frames"] = 3  # a frame count the 30-layer run did not measure: judged
+    rows, _ = run_all.summary_rows({"scaling": short, "scaling-30l": full})
+    assert {r[0]: r for r in rows}["1. step, 2 ranks ulysses 2 (3 latent frames, 1576 tokens, 2 layers)"][3] == "**no**"
+
+
 def test_results_from_different_processors_each_name_theirs():
     m = lambda cpu: {"machine": {"date_utc": "2026-11-25 12:00", "load_average": [1.0], "processor": cpu}}  # noqa: E731
     mixed = run_all._measured_when({"scaling": m("AMD EPYC"), "serve": m("Intel Xeon"), "gpu": None}, {})
