@@ -41,6 +41,12 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 REQUEST_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
+def running_mean(mean: float | None, x: float) -> float:
+    """The service's running means (a request's run, a denoising step): recent values weigh
+    a fifth each."""
+    return x if mean is None else 0.8 * mean + 0.2 * x
+
+
 # Bounds of the poll interval advised to clients (`poll_interval_ms`).
 POLL_MIN_MS, POLL_MAX_MS = 250, 10_000
 
@@ -222,9 +228,6 @@ class VideoService:
                 wait = self._mean_request_s * (ahead // self.capacity + 1)
             return poll_interval_ms(job.status, self._step_s, wait)
 
-    def _note_step_seconds(self, seconds: float) -> None:
-        self._step_s = seconds if self._step_s is None else 0.8 * self._step_s + 0.2 * seconds
-
     def retry_after(self) -> int:
         with self._cond:
             return self._retry_after_locked()
@@ -296,7 +299,7 @@ class VideoService:
         self._metrics.steps.inc()
         now = time.monotonic()
         if run.last_step is not None:  # the first step's time includes the request's start
-            self._note_step_seconds(now - run.last_step)
+            self._step_s = running_mean(self._step_s, now - run.last_step)
         run.last_step = now
         if run.stop is not None:
             raise RequestStopped(run.stop)
@@ -352,7 +355,7 @@ class VideoService:
         for s in timings.get("step_seconds", []):
             self._metrics.step_seconds.observe(s)
         if self._step_s is None and timings.get("step_seconds"):  # 1-step requests time no step apart
-            self._note_step_seconds(sum(timings["step_seconds"]) / len(timings["step_seconds"]))
+            self._step_s = sum(timings["step_seconds"]) / len(timings["step_seconds"])
         self._metrics.recoveries.inc(recoveries)
         with self._cond:
             if job.id not in self._jobs:  # deleted while its mp4 was being written
@@ -369,7 +372,7 @@ class VideoService:
             job.status, job.progress, job.completed_at = "completed", 100, time.time()
             self.store.save(job)
             seconds = job.completed_at - run.submitted
-            self._mean_request_s = seconds if self._mean_request_s is None else 0.8 * self._mean_request_s + 0.2 * seconds
+            self._mean_request_s = running_mean(self._mean_request_s, seconds)
         self._metrics.requests.labels("completed").inc()
         self._metrics.request_seconds.observe(job.completed_at - job.created_at)
 
