@@ -7,18 +7,20 @@ bench model of benchlib: ~0.5 s a step) and stay warm; rounds alternate which si
 a burst (the idle side sleeps), so both see the same machine. A burst submits every
 request at once:
   - direct: `engine.submit(...)` x N; a request's latency is submit -> its future done;
-  - HTTP: N threads each POST /v1/videos with the openai client; one poller lists the
-    burst's videos every 0.25 s; a video seen completed is downloaded (GET .../content); latency is
-    POST -> mp4 downloaded. The front therefore pays HTTP, polling (up to 0.25 s), the mp4
-    encode and the download; the direct side pays none of them.
+  - HTTP: N threads each POST /v1/videos with the openai client, then (`--client wait`, the
+    default) ask for their video with GET /v1/videos/{id}?wait=60, raydit's long poll, which
+    answers when the video is done, and download it (GET .../content); or (`--client poll`)
+    one poller lists the burst's videos every 0.25 s and a video seen completed is downloaded.
+    Latency is POST -> mp4 downloaded. The front therefore pays HTTP, the wait or the polls
+    (up to 0.25 s late), the mp4 encode and the download; the direct side pays none of them.
 Both Engines are built alike (the server's options: 1 rank, growth as by default) and both
 are driven at a Ray worker's priority (the direct side's driver thread takes the niceness Ray
 gives its workers, which the Serve replica has).
 Throughput = N / (first submit -> last result) x 60. Target: HTTP >= 98% of direct.
 
-    python bench/bench_serve.py [--requests 16] [--steps 2] [--rounds 3] [--name serve]
+    python bench/bench_serve.py [--requests 16] [--steps 2] [--rounds 3] [--client wait|poll] [--name serve]
 
-The front's cost per request is about fixed (the mp4, the poll, the download, the hand-offs on
+The front's cost per request is about fixed (the mp4, the polls, the download, the hand-offs on
 the Serve replica), so its share falls as requests get longer: run_all measures 4-step
 requests (about 4 s each on this machine; the target) and 1-step ones (about 1.5 s: the
 worst case, `--name serve-short`).
@@ -81,7 +83,11 @@ def burst_direct(engine, n: int, steps: int, seed0: int) -> dict:
     return _stats([done[i] - starts[i] for i in range(n)], wall, busy)
 
 
-def burst_http(client, n: int, steps: int, seed0: int) -> dict:
+def burst_http(client, n: int, steps: int, seed0: int, how: str = "wait") -> dict:
+    """`how`: "wait": each of n client threads POSTs its request, then asks for it with
+    GET /v1/videos/{id}?wait=60 (raydit's long poll: answered when the video is done) and
+    downloads it; "poll": after the POSTs, one poller lists the burst's videos every 0.25 s
+    and downloads each one seen completed."""
     starts, ids = [0.0] * n, [None] * n
     finished: dict[str, float] = {}
     busy: dict[str, float] = {}
@@ -91,29 +97,44 @@ def burst_http(client, n: int, steps: int, seed0: int) -> dict:
         starts[i] = time.perf_counter()
         v = client.videos.create(prompt=PROMPT, extra_body={"num_inference_steps": steps, "seed": seed0 + i})
         ids[i] = v.id
+        return v
 
-    with cf.ThreadPoolExecutor(n) as pool:
-        list(pool.map(create, range(n)))
-    mine = set(ids)
+    def done(v):
+        if v.status == "failed":
+            raise RuntimeError(f"{v.id} failed: {v.error}")
+        extra = (v.model_extra or {}).get("raydit") or {}
+        busy[v.id] = float(extra["timings"]["total_seconds"])
 
     def download(video_id):
         client.videos.download_content(video_id).read()
         finished[video_id] = time.perf_counter()
 
-    with cf.ThreadPoolExecutor(4) as pool:
-        seen: set[str] = set()
-        deadline = time.time() + 1800
-        while len(seen) < n and time.time() < deadline:
-            page = client.videos.list(limit=n)  # newest first: this burst's videos
-            for v in page.data:
-                if v.id in mine and v.id not in seen and v.status in ("completed", "failed"):
-                    if v.status == "failed":
-                        raise RuntimeError(f"{v.id} failed: {v.error}")
-                    seen.add(v.id)
-                    extra = (v.model_extra or {}).get("raydit") or {}
-                    busy[v.id] = float(extra["timings"]["total_seconds"])
-                    pool.submit(download, v.id)
-            time.sleep(0.25)
+    if how == "wait":
+        def one(i):
+            v = create(i)
+            deadline = time.time() + 1800
+            while v.status in ("queued", "in_progress") and time.time() < deadline:
+                v = client.videos.retrieve(v.id, extra_query={"wait": 60})
+            done(v)
+            download(v.id)
+
+        with cf.ThreadPoolExecutor(n) as pool:
+            list(pool.map(one, range(n)))
+    else:
+        with cf.ThreadPoolExecutor(n) as pool:
+            list(pool.map(create, range(n)))
+        mine = set(ids)
+        with cf.ThreadPoolExecutor(4) as pool:
+            seen: set[str] = set()
+            deadline = time.time() + 1800
+            while len(seen) < n and time.time() < deadline:
+                page = client.videos.list(limit=n)  # newest first: this burst's videos
+                for v in page.data:
+                    if v.id in mine and v.id not in seen and v.status in ("completed", "failed"):
+                        done(v)
+                        seen.add(v.id)
+                        pool.submit(download, v.id)
+                time.sleep(0.25)
     if len(finished) < n:
         raise RuntimeError(f"only {len(finished)} of {n} videos finished")
     wall = max(finished.values()) - t0
@@ -126,7 +147,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(requests: int, steps: int, rounds: int) -> dict:
+def run(requests: int, steps: int, rounds: int, how: str = "wait") -> dict:
     import openai
     import ray
     from ray import serve
@@ -164,7 +185,7 @@ def run(requests: int, steps: int, rounds: int) -> dict:
         client.videos.create_and_poll(prompt=PROMPT, extra_body={"num_inference_steps": 1},
                                       poll_interval_ms=100)  # warm-up
         sides = {"direct": lambda s: burst_direct(engine, requests, steps, s),
-                 "http": lambda s: burst_http(client, requests, steps, s)}
+                 "http": lambda s: burst_http(client, requests, steps, s, how)}
         for rnd in range(rounds):
             for side in (("direct", "http") if rnd % 2 == 0 else ("http", "direct")):
                 load, busy0, c0 = benchlib.loadavg(), benchlib.machine_busy_seconds(), time.perf_counter()
@@ -173,7 +194,7 @@ def run(requests: int, steps: int, rounds: int) -> dict:
                 r = sides[side](1000 * rnd)
                 busy = benchlib.machine_busy_seconds() - busy0
                 procs1 = benchlib.cpu_by_process()
-                r["cpu_seconds_by_process"] = benchlib.delta_by_name(procs0, procs1)
+                r["cpu_seconds_by_process"] = benchlib.delta_by_name(procs0, procs1, top=40)
                 # Seconds each process's threads were runnable but waited for a CPU.
                 r["runqueue_wait_seconds_by_process"] = benchlib.delta_by_name(
                     waits0, benchlib.runqueue_wait_by_process(procs1))
@@ -196,7 +217,7 @@ def run(requests: int, steps: int, rounds: int) -> dict:
               for d, h in zip(by["direct"], by["http"])]
     return {
         "machine": benchlib.machine(), "model": {"dir": model_dir, **benchlib.BENCH_MODEL},
-        "engine": ENGINE, "requests_per_burst": requests, "steps": steps,
+        "engine": ENGINE, "requests_per_burst": requests, "steps": steps, "client": how,
         "driver_niceness": worker_nice,
         "rows": {s: {k: benchlib.summary([r[k] for r in rs], 4)
                      for k in ("requests_per_minute", "p50_s", "p95_s", "seconds", "run_seconds_mean",
@@ -208,6 +229,34 @@ def run(requests: int, steps: int, rounds: int) -> dict:
     }
 
 
+FRONT = (("the Serve replica", "ray::ServeReplica"), ("the HTTP proxy", "ray::ProxyActor"))
+
+
+def front_cpu_ms(result: dict) -> tuple[dict, dict]:
+    """CPU milliseconds per request of the Serve replica and the HTTP proxy during the HTTP
+    side's bursts, and the same net of what those processes spent during the direct side's
+    burst of the same round (where they only idle), each a summary over rounds."""
+    n = result["requests_per_burst"]
+
+    def ms(r, prefix):
+        return sum(v for k, v in r["cpu_seconds_by_process"].items() if k.startswith(prefix)) / n * 1e3
+
+    by_round: dict[int, dict] = {}
+    for r in result["rounds"]:
+        by_round.setdefault(r["round"], {})[r["side"]] = r
+    pairs = [p for p in by_round.values() if "http" in p and "direct" in p]
+    gross = {label: benchlib.summary([ms(p["http"], prefix) for p in pairs], 1) for label, prefix in FRONT}
+    # A process missing from a burst's record was below its top entries, not idle at zero:
+    # such rounds are left out of the net figure.
+    net = {}
+    for label, prefix in FRONT:
+        values = [ms(p["http"], prefix) - ms(p["direct"], prefix) for p in pairs
+                  if any(k.startswith(prefix) for k in p["direct"]["cpu_seconds_by_process"])]
+        if values:
+            net[label] = benchlib.summary(values, 1)
+    return gross, net
+
+
 def write_md(result: dict, path: Path) -> None:
     rows, ratio = result["rows"], result["throughput_ratio_http_over_direct"]
     m = result["machine"]
@@ -215,7 +264,9 @@ def write_md(result: dict, path: Path) -> None:
         "# raydit serve: the HTTP front against the Engine called directly",
         "",
         f"Command: `python bench/bench_serve.py --requests {result['requests_per_burst']} --steps {result['steps']} "
-        f"--rounds {ratio['n']}` ({m['date_utc']} UTC). Machine: {m['processor']}, {m['cpu_count']} cores, no GPU, "
+        f"--rounds {ratio['n']} --client {result.get('client', 'poll')}"
+        + ("" if result.get("name", "serve") == "serve" else f" --name {result['name']}")
+        + f"` ({m['date_utc']} UTC). Machine: {m['processor']}, {m['cpu_count']} cores, no GPU, "
         f"torch {m['torch']}, Ray {m.get('ray')}; shared with other engineers' runs (1-min load "
         f"{', '.join(str(r['load'][0]) for r in result['rounds'])} at the start of each burst).",
         "",
@@ -236,19 +287,21 @@ def write_md(result: dict, path: Path) -> None:
         f"Throughput through HTTP / direct, per round: {benchlib.fmt(ratio, 'x', 4)}; the front costs "
         f"{result['front_cost_percent']}% of throughput (target at most 2%: {met}).",
         "",
-        "The HTTP side also pays what the direct side does not: the mp4 encode and write, polling "
-        "(one list call every 0.25 s) and the download of every video. Raw values: `serve.json`; how "
+        "The HTTP side also pays what the direct side does not: the mp4 encode and write, "
+        + ("one long poll per video (GET /v1/videos/{id}?wait=60, answered when it is done)"
+           if result.get("client") == "wait" else "polling (one list call every 0.25 s)")
+        + " and the download of every video. Raw values: `" + result.get("name", "serve") + ".json`; how "
         "it is measured: the docstring of `bench/bench_serve.py`.",
         "",
     ]
-    http = [r for r in result["rounds"] if r["side"] == "http"]
-    front = {label: benchlib.summary([sum(v for k, v in r["cpu_seconds_by_process"].items() if k.startswith(prefix))
-                                      / result["requests_per_burst"] * 1e3 for r in http], 1)
-             for label, prefix in (("the Serve replica", "ray::ServeReplica"), ("the HTTP proxy", "ray::ProxyActor"))}
+    front, net = front_cpu_ms(result)
     lines += [
-        "CPU the front spent per request on the HTTP side (its POST, its share of the polls, its mp4, "
+        "CPU the front spent per request on the HTTP side (its POST, its wait or its share of the polls, its mp4, "
         "its download, and the replica's Engine driver): "
         + "; ".join(f"{label} {benchlib.fmt(st, 'ms', 1)}" for label, st in front.items())
+        + ((". Less what the same processes spend while the direct side runs its burst of the round (idle: "
+            "health checks, metrics): " + "; ".join(f"{label} {benchlib.fmt(st, 'ms', 1)}" for label, st in net.items()))
+           if net else "")
         + ". On these 2 cores it competes with the rank, which uses one core throughout.",
         "",
     ]
@@ -261,6 +314,17 @@ def write_md(result: dict, path: Path) -> None:
             f"direct {benchlib.fmt(wait['direct'])}, HTTP {benchlib.fmt(wait['http'])}.",
             "",
         ]
+    rank_cpu = {side: [r["cpu_seconds_by_process"].get("ray::RankWorker") for r in result["rounds"]
+                       if r["side"] == side] for side in ("direct", "http")}
+    if all(v is not None for vs in rank_cpu.values() for v in vs):
+        st = {side: benchlib.summary(vs, 2) for side, vs in rank_cpu.items()}
+        lines += [
+            "The rank's own CPU seconds per burst, the same requests on both sides: direct "
+            f"{benchlib.fmt(st['direct'])}, HTTP {benchlib.fmt(st['http'])}. Where the HTTP side's is "
+            "higher, the rank computed slower while the front ran on the other core (the cores share "
+            "the L3 cache and memory), on top of the time it waited for a CPU.",
+            "",
+        ]
     path.write_text("\n".join(lines))
 
 
@@ -270,11 +334,25 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    ap.add_argument("--client", choices=("wait", "poll"), default="wait",
+                    help="how the HTTP side learns a video is done: wait (one long poll per video, "
+                         "GET ?wait=60) or poll (one list call every 0.25 s)")
     ap.add_argument("--name", default="serve", help="result files NAME.json / NAME.md (serve-short: 1-step requests)")
+    ap.add_argument("--rewrite-md", action="store_true",
+                    help="measure nothing: write NAME.md again from the rounds stored in NAME.json")
     args = ap.parse_args(argv)
-    os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
-    result = run(args.requests, args.steps, args.rounds)
     out = Path(args.out)
+    if args.rewrite_md:
+        import json
+
+        result = json.loads((out / f"{args.name}.json").read_text())
+        result.setdefault("name", args.name)
+        write_md(result, out / f"{args.name}.md")
+        print("wrote", out / f"{args.name}.md")
+        return 0
+    os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    result = run(args.requests, args.steps, args.rounds, args.client)
+    result["name"] = args.name
     print("wrote", benchlib.write_json(args.name, result, out))
     write_md(result, out / f"{args.name}.md")
     print("wrote", out / f"{args.name}.md")

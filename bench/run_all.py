@@ -281,8 +281,10 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
             ratio = sv["throughput_ratio_http_over_direct"]
             run_s = sv.get("rows", {}).get("direct", {}).get("run_seconds_mean", {}).get("median")
             length = f"{sv.get('steps', '?')}-step requests" + (f" of {run_s:.1f} s" if run_s else "")
+            how = ("each waits with GET ?wait=60" if sv.get("client") == "wait"
+                   else "one list call every 0.25 s")
             rows.append((f"10. `raydit serve`: requests per minute through HTTP over the Engine called directly "
-                         f"({sv.get('requests_per_burst', '?')} queued {length})",
+                         f"({sv.get('requests_per_burst', '?')} queued {length}; {how})",
                          _s(ratio, 3, "x"), ">= 0.98x", "yes" if ratio["median"] >= 0.98 else "**no**"))
     at = res.get("attention")
     if at:

@@ -37,7 +37,10 @@ def main() -> None:
     kwargs = {k: v for k, v in (("seconds", args.seconds), ("size", args.size)) if v is not None}
     video = client.videos.create(prompt=args.prompt, extra_body=extra, **kwargs)
     print(f"{video.id}: {video.status}")
-    video = client.videos.poll(video.id, poll_interval_ms=500)  # queued -> in_progress -> completed
+    # queued -> in_progress -> completed. A client that needs no progress can instead ask once:
+    # client.videos.retrieve(video.id, extra_query={"wait": 60}) answers when the video is done
+    # (or after 60 s; ask again while it is unfinished).
+    video = client.videos.poll(video.id, poll_interval_ms=500)
     if video.status != "completed":
         raise SystemExit(f"{video.id} {video.status}: {video.error}")
     client.videos.download_content(video.id).write_to_file(args.out)

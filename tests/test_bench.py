@@ -149,3 +149,26 @@ def test_families_predictions_only_rewrites_the_h100_rows_and_keeps_the_measured
     assert "| hunyuanvideo | 129 x 720 x 1280, 50 steps | 8 |" in (tmp_path / "families.md").read_text()
     with pytest.raises(SystemExit, match="no families.json"):
         bench_families.main(["--predictions-only", "--out", str(tmp_path / "empty")])
+
+
+def test_serve_front_cpu_is_net_of_the_idle_front_and_skips_rounds_that_did_not_record_it():
+    """bench_serve: the front's CPU per request, gross and less what the same processes spent
+    during the direct side's burst of the round; a round whose direct record lacks a process
+    (it was below the recorded top entries, not at zero) is left out of that process's net."""
+    import bench_serve
+
+    def rec(rnd, side, replica, proxy):
+        cpu = {"ray::RankWorker": 30.0, "ray::ProxyActor": proxy}
+        if replica is not None:
+            cpu["ray::ServeReplica:raydit:VideoAPI"] = replica
+        return {"round": rnd, "side": side, "cpu_seconds_by_process": cpu}
+
+    result = {"requests_per_burst": 10, "rounds": [
+        rec(0, "direct", 0.3, 0.2), rec(0, "http", 1.3, 0.6),
+        rec(1, "http", 1.5, 0.7), rec(1, "direct", None, 0.3),
+        rec(2, "direct", 0.5, 0.2), rec(2, "http", 1.4, 0.5),
+    ]}
+    gross, net = bench_serve.front_cpu_ms(result)
+    assert sorted(gross["the Serve replica"]["values"]) == [130.0, 140.0, 150.0]
+    assert sorted(net["the Serve replica"]["values"]) == [90.0, 100.0] and net["the Serve replica"]["n"] == 2
+    assert sorted(net["the HTTP proxy"]["values"]) == [30.0, 40.0, 40.0]

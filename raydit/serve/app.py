@@ -3,7 +3,8 @@
     POST   /v1/videos                 create (multipart/form-data as the openai client sends
                                       it, or JSON); raydit's fields as extra form fields
     GET    /v1/videos                 list, newest first (`after`, `limit`, `order`)
-    GET    /v1/videos/{id}            the video object (status, progress, error)
+    GET    /v1/videos/{id}            the video object (status, progress, error);
+                                      `?wait=S` holds it until the video finishes (<= S s)
     GET    /v1/videos/{id}/content    video/mp4 once completed
     DELETE /v1/videos/{id}            queued: removed; running: stops at its next step
     GET    /healthz, /metrics (Prometheus text), /  (a small page: prompt, progress, player)
@@ -264,9 +265,20 @@ class VideoAPI:
         }
 
     @app.get("/v1/videos/{video_id}")
-    async def retrieve(self, request: Request, video_id: str):
+    async def retrieve(self, request: Request, video_id: str, wait: float = 0.0):
+        """`wait` (raydit's own, seconds): hold the answer until the video is finished, at
+        most that long: a long poll (the openai client sends it as extra_query)."""
+        from raydit.serve.service import MAX_WAIT_S
+
         self._auth(request)
-        return self._video_response(self._job(video_id))
+        if not 0 <= wait <= MAX_WAIT_S:
+            raise RequestError(f"wait {wait:g} must be between 0 and {MAX_WAIT_S:g} seconds "
+                               "(ask again after a wait ends)", param="wait")
+        job = self._job(video_id)
+        if wait > 0:
+            await self.service.wait_finished(video_id, wait)
+            job = self._job(video_id)  # 404 if it was deleted meanwhile
+        return self._video_response(job)
 
     def _video_response(self, job) -> JSONResponse:
         """A video object; while it is unfinished, with the poll interval the server advises
@@ -348,6 +360,15 @@ class VideoAPI:
         return {"name": name, "object": "lora.deleted", "deleted": True}
 
     # -- Serve hooks -------------------------------------------------------------------------
+
+    async def close_service(self) -> None:
+        """Called through a handle by `raydit serve` before it deletes the application: stop
+        taking requests, keep running ones as queued, and answer the long polls now (Serve
+        drains the open HTTP requests before it calls __del__, and a long poll would hold
+        that drain for its whole wait)."""
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(self.service.close)
 
     def check_health(self):
         if not self.engine.replicas:

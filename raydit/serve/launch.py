@@ -67,6 +67,7 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
     workers, replicas = opts.get("workers"), opts.get("replicas", 1)
     cluster = RayCluster.connect(opts.get("address"), want_workers=None if workers is None else workers * replicas)
     stop = stop or threading.Event()
+    deployed = False
     signalled: list[int] = []
     if threading.current_thread() is threading.main_thread():
         # A signal during start-up is kept and acted on once Serve is up, so that every
@@ -93,6 +94,7 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
             serve.run(deployment.bind(opts, token_digest(token)), name=APP_NAME, route_prefix="/")
         except Exception as exc:  # the deployment's constructor failed (e.g. no room for the plan)
             raise _deploy_error(exc) from None
+        deployed = True
         where = f"token file {token_path}" + (" (created, mode 0600)" if created else "") if token_path \
             else "token from $RAYDIT_API_TOKEN"
         _say(f"ready at http://{opts['host']}:{opts['port']}/  (API: /v1/videos, {where})")
@@ -101,6 +103,11 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
         _say("stopping (running requests are kept as queued and run again on the next start)")
         return 0
     finally:
+        if deployed:
+            try:  # the service first: running requests kept as queued, long polls answered
+                serve.get_app_handle(APP_NAME).close_service.remote().result(timeout_s=90)
+            except Exception as exc:
+                _say(f"stopping the video service: {exc}")
         try:
             if opts.get("address") or os.environ.get("RAY_ADDRESS"):
                 serve.delete(APP_NAME)  # a shared cluster: leave its other Serve apps running

@@ -24,6 +24,7 @@ inherits), so a busy core goes to a rank first.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import io
 import math
@@ -49,6 +50,9 @@ def running_mean(mean: float | None, x: float) -> float:
 
 # Bounds of the poll interval advised to clients (`poll_interval_ms`).
 POLL_MIN_MS, POLL_MAX_MS = 250, 10_000
+# The longest a GET may hold its answer until the video finishes (`wait_finished`).
+MAX_WAIT_S = 60.0
+FINISHED = ("completed", "failed")
 
 
 def poll_interval_ms(status: str, step_s: float | None, wait_s: float | None = None) -> int | None:
@@ -108,6 +112,8 @@ class VideoService:
         self.depth = 2 * self.capacity
         self._cond = threading.Condition()
         self._jobs: dict[str, VideoJob] = {}
+        # Long-polling GETs, by video id: (their event loop, the event that wakes them).
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._queue: collections.deque[str] = collections.deque()
         self._running: dict[str, _Running] = {}
         self._closing = False
@@ -208,6 +214,7 @@ class VideoService:
                     pass
             self._metrics.requests.labels("deleted").inc()
             self.store.delete(video_id)
+            self._wake_locked(video_id)
         return True
 
     def content_path(self, video_id: str):
@@ -215,6 +222,41 @@ class VideoService:
         if job is None:
             return None, None
         return job, self.store.video_path(video_id)
+
+    async def wait_finished(self, video_id: str, timeout_s: float) -> None:
+        """Return once the video is finished (completed or failed), deleted, or the server
+        is closing, or after `timeout_s`: a long poll, so that a client learns of the end at
+        once and asks once instead of every poll interval. Runs on the caller's event loop;
+        the writer and request threads wake it."""
+        if timeout_s <= 0:
+            return
+        loop, event = asyncio.get_running_loop(), asyncio.Event()
+        with self._cond:
+            job = self._jobs.get(video_id)
+            if job is None or job.status in FINISHED or self._closing:
+                return
+            self._waiters.setdefault(video_id, []).append((loop, event))
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._cond:
+                waiting = self._waiters.get(video_id, [])
+                if (loop, event) in waiting:
+                    waiting.remove((loop, event))
+                if not waiting:
+                    self._waiters.pop(video_id, None)
+
+    def _wake_locked(self, video_id: str | None = None) -> None:
+        """Wake the long polls on `video_id` (all of them when None)."""
+        ids = list(self._waiters) if video_id is None else [video_id]
+        for vid in ids:
+            for loop, event in self._waiters.pop(vid, []):
+                try:
+                    loop.call_soon_threadsafe(event.set)
+                except RuntimeError:  # that loop is closed: nobody waits there any more
+                    pass
 
     def poll_after_ms(self, job: VideoJob) -> int | None:
         """The poll interval to advise for `job` (poll_interval_ms), from the running mean
@@ -371,6 +413,7 @@ class VideoService:
             }
             job.status, job.progress, job.completed_at = "completed", 100, time.time()
             self.store.save(job)
+            self._wake_locked(job.id)
             seconds = job.completed_at - run.submitted
             self._mean_request_s = running_mean(self._mean_request_s, seconds)
         self._metrics.requests.labels("completed").inc()
@@ -381,6 +424,7 @@ class VideoService:
             job.status, job.error, job.completed_at = "failed", {"code": code, "message": message}, time.time()
             if job.id in self._jobs:
                 self.store.save(job)
+            self._wake_locked(job.id)
         self._metrics.failures.inc()
         self._metrics.requests.labels("failed").inc()
 
@@ -399,7 +443,8 @@ class VideoService:
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop taking requests; running ones stop at their next step and are kept as queued
-        (a restarted server runs them again); then the writer drains."""
+        (a restarted server runs them again); then the writer drains and the long polls
+        (wait_finished) are answered."""
         with self._cond:
             if self._closing:
                 return
@@ -415,6 +460,8 @@ class VideoService:
                 self._cond.wait(timeout=0.5)
         self._writes.put(None)
         self._writer.join(timeout=max(1.0, deadline - time.time()))
+        with self._cond:  # the long polls see each video as it is kept (stopped ones: queued)
+            self._wake_locked()
 
 
 class _Metrics:

@@ -268,6 +268,45 @@ def test_unfinished_videos_advise_a_poll_interval_that_the_openai_client_follows
     assert all(250 <= int(a) <= 10_000 for a in advised[:-1]), advised
 
 
+def test_a_long_poll_answers_when_the_video_is_done(server):
+    """GET /v1/videos/{id}?wait=S (the openai client's extra_query) holds the answer until the
+    video finishes: one call from a queued video to its completed object. A short wait
+    returns the video as it is; a wait out of range is a 400 naming it."""
+    client = server.client()
+    video = client.videos.create(prompt="a kite", extra_body={"num_inference_steps": 12, "num_frames": 9})
+    short = client.videos.retrieve(video.id, extra_query={"wait": 0.2})
+    assert short.status in ("queued", "in_progress"), short.status  # 12 steps take longer
+    done = client.videos.retrieve(video.id, extra_query={"wait": 60})
+    assert done.status == "completed" and done.progress == 100, (done.status, done.error)
+    for bad in ("61", "-1", "soon"):
+        r = server.http("GET", f"/v1/videos/{video.id}", params={"wait": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "wait", r.text
+
+
+def test_stopping_the_server_answers_its_long_polls_with_the_video_kept_queued(server):
+    """SIGTERM while a client long-polls a running video: `raydit serve` closes the service
+    before Serve drains its open requests, so the poll is answered at once with the video
+    as it is kept (queued, to run again on the next start) and the server exits 0; the
+    restarted server has the video queued (deleted here: it asks for 1000 steps)."""
+    client = server.client()
+    video = client.videos.create(prompt="held", extra_body={"num_inference_steps": 1000, "num_frames": 9})
+    _wait(client, video.id, lambda v: v.progress >= 1)
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(client.videos.retrieve, video.id, extra_query={"wait": 50})
+            time.sleep(1.0)
+            assert not poll.done(), poll.result()
+            code = server.stop()
+            answer = poll.result(timeout=30)
+        assert code == 0, server.tail()
+        assert answer.status == "queued" and answer.progress == 0, (answer.status, answer.progress)
+    finally:
+        if server.proc is None:  # the module's other tests use it
+            server.start()
+    assert client.videos.retrieve(video.id).status in ("queued", "in_progress")
+    assert client.videos.delete(video.id).deleted
+
+
 def test_every_v1_route_needs_the_token(server):
     some = "video_" + "0" * 24
     routes = [("POST", "/v1/videos"), ("GET", "/v1/videos"), ("GET", f"/v1/videos/{some}"),

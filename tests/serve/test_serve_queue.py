@@ -162,6 +162,51 @@ def test_image_to_video_hands_the_uploaded_image_to_the_engine_and_keeps_it_acro
         again.close(timeout_s=2)
 
 
+def test_a_long_poll_returns_when_its_video_finishes_is_deleted_or_the_server_closes(tmp_path):
+    """wait_finished (GET /v1/videos/{id}?wait=S) holds a poll until the video's end: woken by
+    the writer when the mp4 is stored, by a failure, by a DELETE and by shutdown; otherwise
+    it returns after its own timeout with the video unfinished. Every wait below that should
+    be woken has 60 s to run and the test gives it 10: a poll that is not woken fails."""
+    import asyncio
+
+    engine = StandInEngine()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+
+    async def woken(video_id, action):
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(service.wait_finished(video_id, 60.0))
+        await asyncio.sleep(0.2)
+        assert not task.done(), "the poll returned before its video finished"
+        await loop.run_in_executor(None, action)
+        await asyncio.wait_for(task, 10.0)
+
+    try:
+        jobs = [service.create(dict(PARAMS, seed=i)) for i in range(4)]
+        _wait(lambda: len(engine.submitted) == 2)
+        # Not woken: returns after its own timeout, the video still running.
+        asyncio.run(service.wait_finished(jobs[0].id, 0.3))
+        assert service.get(jobs[0].id).status == "in_progress"
+        # Completed: returns once the mp4 is stored, with the video completed.
+        asyncio.run(woken(jobs[0].id, lambda: engine.finish(0)))
+        assert service.get(jobs[0].id).status == "completed"
+        # A finished video: returns at once.
+        asyncio.run(asyncio.wait_for(service.wait_finished(jobs[0].id, 60.0), 1.0))
+        # Failed.
+        _wait(lambda: len(engine.submitted) == 3)
+        asyncio.run(woken(jobs[1].id, lambda: engine.submitted[1][1].set_exception(RuntimeError("boom"))))
+        assert service.get(jobs[1].id).status == "failed"
+        # Deleted while queued.
+        asyncio.run(woken(jobs[3].id, lambda: service.delete(jobs[3].id)))
+        assert service.get(jobs[3].id) is None
+        # Shutdown wakes the polls still waiting (the running request ends meanwhile).
+        threading.Timer(0.5, lambda: engine.submitted[2][1].set_exception(RuntimeError("stopped"))).start()
+        asyncio.run(woken(jobs[2].id, lambda: service.close(timeout_s=5)))
+        assert service.get(jobs[2].id).status == "queued"  # answered as it is kept
+        assert not service._waiters
+    finally:
+        service.close(timeout_s=2)
+
+
 def _stat_nice(stat: str) -> int:
     # /proc/<id>/stat: "pid (comm) state ..." ; nice is field 19 (1-based), comm may hold spaces.
     return int(stat.rsplit(")", 1)[1].split()[16])
