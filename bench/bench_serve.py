@@ -320,9 +320,9 @@ def write_md(result: dict, path: Path) -> None:
         st = {side: benchlib.summary(vs, 2) for side, vs in rank_cpu.items()}
         lines += [
             "The rank's own CPU seconds per burst, the same requests on both sides: direct "
-            f"{benchlib.fmt(st['direct'])}, HTTP {benchlib.fmt(st['http'])}. Where the HTTP side's is "
-            "higher, the rank computed slower while the front ran on the other core (the cores share "
-            "the L3 cache and memory), on top of the time it waited for a CPU.",
+            f"{benchlib.fmt(st['direct'])}, HTTP {benchlib.fmt(st['http'])}: a difference is the rank "
+            "computing slower or faster for the same work (on this shared machine it varies by a few "
+            "percent from burst to burst, either way).",
             "",
         ]
     path.write_text("\n".join(lines))

@@ -53,7 +53,10 @@ SUITE = {
                                              "--max-wait", "10"]),
     "families": ("bench_families.py", None, ["--families", "hunyuanvideo", "ltx", "--rounds", "3", "--max-wait", "10"]),
     "serve": ("bench_serve.py", None, ["--requests", "16", "--steps", "4", "--rounds", "3"]),
-    "serve-short": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "6", "--name", "serve-short"]),
+    "serve-short": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "10", "--name", "serve-short"]),
+    # The same with the client that lists the burst every 0.25 s instead of long-polling.
+    "serve-short-poll": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "6", "--client", "poll",
+                                                  "--name", "serve-short-poll"]),
     "gpu": ("bench_gpu.py", [], []),
 }
 
@@ -275,7 +278,7 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                          f"predicted {r['video_seconds']:.0f} s vs published {r['published_xdit']:.0f} s "
                          f"({_pct(r['error'])}; {r['layout']})", "within 15%",
                          "yes" if abs(r["error"]) <= 0.15 else "**no**"))
-    for key in ("serve", "serve-short"):
+    for key in ("serve", "serve-short", "serve-short-poll"):
         sv = res.get(key)
         if sv and "throughput_ratio_http_over_direct" in sv:
             ratio = sv["throughput_ratio_http_over_direct"]
