@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from raydit.serve.schema import Limits, RequestError
-from raydit.serve.store import VideoJob, VideoStore, new_id, valid_id
+from raydit.serve.store import FINISHED, VideoJob, VideoStore, new_id, valid_id
 
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 REQUEST_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -52,7 +52,6 @@ def running_mean(mean: float | None, x: float) -> float:
 POLL_MIN_MS, POLL_MAX_MS = 250, 10_000
 # The longest a GET may hold its answer until the video finishes (`wait_finished`).
 MAX_WAIT_S = 60.0
-FINISHED = ("completed", "failed")
 
 
 def poll_interval_ms(status: str, step_s: float | None, wait_s: float | None = None) -> int | None:
@@ -62,7 +61,7 @@ def poll_interval_ms(status: str, step_s: float | None, wait_s: float | None = N
     changes once a step), a tenth of its expected wait while it is queued but never less than
     a step; within POLL_MIN_MS..POLL_MAX_MS. None once it is finished, or while no step has
     been timed yet (the client's own default then applies)."""
-    if status not in ("queued", "in_progress") or step_s is None:
+    if status in FINISHED or step_s is None:
         return None
     seconds = step_s if status == "in_progress" else max(step_s, (wait_s or 0.0) / 10)
     return int(min(POLL_MAX_MS, max(POLL_MIN_MS, round(seconds * 1000))))
@@ -216,12 +215,6 @@ class VideoService:
             self.store.delete(video_id)
             self._wake_locked(video_id)
         return True
-
-    def content_path(self, video_id: str):
-        job = self.get(video_id)
-        if job is None:
-            return None, None
-        return job, self.store.video_path(video_id)
 
     async def wait_finished(self, video_id: str, timeout_s: float) -> None:
         """Return once the video is finished (completed or failed), deleted, or the server

@@ -19,6 +19,7 @@ from pathlib import Path
 
 ID_PATTERN = re.compile(r"^video_[0-9a-f]{24}$")
 STATUSES = ("queued", "in_progress", "completed", "failed")
+FINISHED = ("completed", "failed")  # a video in these states changes no more
 
 
 @dataclass
