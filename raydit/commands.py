@@ -105,6 +105,12 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
     if opts.get("fps", 1) < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
+    from raydit.runtime.video import check_output_path
+
+    # Where the results go is checked before the run, not found unwritable after it.
+    check_output_path(opts["out"], "--out")
+    if opts.get("save_latents"):
+        check_output_path(opts["save_latents"], "--save-latents", ".npy")
     from raydit.models.cache_options import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
@@ -283,10 +289,9 @@ def _calibrate(address: str | None, device: str) -> None:
 
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        from raydit.runtime.topology import check_reachable
+        from raydit.runtime.topology import reachable_address
 
-        check_reachable(address)
-        ray.init(address=address, logging_level="ERROR")
+        ray.init(address=reachable_address(address), logging_level="ERROR")
     else:
         ray.init(address="local", include_dashboard=False, logging_level="ERROR",
                  num_cpus=max(2, os.cpu_count() or 1), object_store_memory=128 * 1024 * 1024)

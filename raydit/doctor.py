@@ -53,6 +53,9 @@ def _cluster(address: str | None) -> dict:
     if not address:
         return {"status": "no cluster given (generate starts a local Ray)"}
     try:
+        from raydit.runtime.topology import reachable_address
+
+        address = reachable_address(address)
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except Exception as exc:
         return {"status": f"cannot connect to {address}: {type(exc).__name__}: {exc}"}

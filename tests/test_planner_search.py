@@ -303,6 +303,19 @@ def test_big_model_on_t4_is_rejected_for_memory():
     assert "at best:" in msg
 
 
+def test_an_unplannable_request_names_only_the_reasons_that_stopped_it():
+    # Nothing fits 100000 x 100000 pixels. Ulysses 5 (or 7...) not dividing the 12 heads is
+    # true but stopped nothing, since ulysses 1 was judged too: only memory is named, unless
+    # the user forced that Ulysses degree.
+    with pytest.raises(PlanError) as info:
+        plan("wan2.1-t2v-1.3b", 81, 100000, 100000, gpus=8)
+    msg = str(info.value)
+    assert "GB per device" in msg and "raise ring or ulysses" in msg
+    assert "does not divide" not in msg and "exceeds the largest node" not in msg
+    with pytest.raises(PlanError, match="ulysses 5 does not divide the 12 attention heads"):
+        plan("wan2.1-t2v-1.3b", 81, 100000, 100000, gpus=8, ulysses=5)
+
+
 def test_activations_memory_rejection_names_the_fix():
     # cogvideox-2b now fits a T4 with its text encoder in host memory; 5b does not on one.
     result = plan("cogvideox-5b", gpus=4, gpu_type="T4")

@@ -40,6 +40,11 @@ class RayCluster:
             return cls(owns_connection=False)
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
+            # A dead or mistyped address answers in seconds, as one line, instead of
+            # ray.init retrying for minutes.
+            from raydit.runtime.topology import reachable_address
+
+            address = reachable_address(address)
             ray.init(address=address, logging_level="WARNING", log_to_driver=True)
             return cls(owns_connection=True)
         # No cluster named: start a private local one. Declare at least as many CPU slots

@@ -278,6 +278,16 @@ def check_reachable(address: str, timeout_s: float = 3.0) -> None:
                          f"within {timeout_s:g} s); check the address or start the cluster") from None
 
 
+def reachable_address(address: str, timeout_s: float = 3.0) -> str:
+    """The address to give ray.init: `local` as is, `auto` resolved, and anything else only
+    once a TCP connect to it succeeds (ValueError in one line otherwise)."""
+    if address == "local":
+        return address
+    resolved = resolve_address(address)
+    check_reachable(resolved, timeout_s)
+    return resolved
+
+
 @contextmanager
 def attached(address: str, timeout_s: float = 3.0):
     """Connect to the Ray cluster at `address` (`auto` allowed) for the block, then
@@ -287,8 +297,7 @@ def attached(address: str, timeout_s: float = 3.0):
     if ray.is_initialized():
         yield
         return
-    resolved = resolve_address(address)
-    check_reachable(resolved, timeout_s)
+    resolved = reachable_address(address, timeout_s)
     try:
         ray.init(address=resolved, logging_level="ERROR", log_to_driver=False)
     except Exception as exc:  # auth, version mismatch: say it in one line
@@ -302,4 +311,4 @@ def attached(address: str, timeout_s: float = 3.0):
 
 __all__ = ["LiveCluster", "LiveNode", "accelerator_type", "attached", "build_live_cluster",
            "check_reachable", "describe_live_cluster", "live_cluster_spec", "probe_gpu_memory",
-           "read_live_cluster", "resolve_address", "resolve_device", "table_device"]
+           "reachable_address", "read_live_cluster", "resolve_address", "resolve_device", "table_device"]

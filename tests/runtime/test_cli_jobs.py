@@ -268,3 +268,38 @@ def test_image_to_video_from_the_command_line_equals_one_process(ray_local, tmp_
                                 num_inference_steps=2, seed=3, image=image_to_png(png))
     expected = run_steps(Runner(load_pipeline("tiny-i2v")), request, 2).latents
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "i2v.npy")), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(tmp_path):
+    """--out and --save-latents are checked before Ray starts (a video is not computed to be
+    lost at the end): a name ffmpeg cannot write as mp4, a directory, a folder that is a file."""
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "clips.mp4").mkdir()
+    cases = [
+        (["--out", "video.txt"], "--out 'video.txt' must end in .mp4"),
+        (["--out", "clips.mp4"], "--out 'clips.mp4' is a directory"),
+        (["--out", "taken/v.mp4"], "is not a writable directory"),
+        (["--save-latents", "taken/lat.npy"], "--save-latents 'taken/lat.npy' cannot be written"),
+        (["--save-latents", "lat"], "--save-latents 'lat' must end in .npy"),
+    ]
+    for args, needle in cases:
+        # No Ray listens at that address: an answer naming the path came before any connection.
+        out = raydit("generate", "--prompt", "x", "--device", "cpu", "--address", "127.0.0.1:9", *args,
+                     cwd=tmp_path, timeout=120)
+        assert out.returncode == 2, (args, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips.mp4", "taken"]
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line_and_status_2_in_seconds(tmp_path):
+    """ray.init on a dead address retries for minutes (measured: no answer after 200 s);
+    generate and doctor connect only once a TCP connect to it succeeds."""
+    out = raydit("generate", "--prompt", "x", "--device", "cpu", "--address", "127.0.0.1:9",
+                 cwd=tmp_path, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach a Ray cluster at 127.0.0.1:9" in lines[0], out.stderr
+    out = raydit("doctor", "--address", "127.0.0.1:9", "--json", cwd=tmp_path, timeout=60)
+    assert "cannot reach a Ray cluster at 127.0.0.1:9" in out.stdout, (out.stdout, out.stderr)
+    assert not list(tmp_path.iterdir())

@@ -65,3 +65,41 @@ def test_ffmpeg_is_started_without_a_preexec_function():
     from imageio_ffmpeg._utils import _popen_kwargs
 
     assert _popen_kwargs(prevent_sigint=True)["preexec_fn"] is None
+
+
+def test_a_video_ffmpeg_cannot_write_is_an_error_and_leaves_no_file(tmp_path):
+    """ffmpeg's own failure reaches the caller (imageio-ffmpeg's writer returned silently), and
+    the name asked for is never left holding a partial or an earlier video."""
+    clip = _smooth_clip(frames=3)
+    path = tmp_path / "v.mp4"
+    write_mp4(str(path), clip)
+    before = path.read_bytes()
+    # 2 x 3 pixels: libx264 refuses yuv420p at an odd size, after ffmpeg has started.
+    with pytest.raises(OSError, match=r"ffmpeg could not write .*v\.mp4.*exit status [1-9]\d*: width not divisible by 2"):
+        write_mp4(str(path), np.zeros((2, 3, 3, 3), np.uint8))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.mp4"]
+
+
+@pytest.mark.parametrize("name,message", [
+    ("v.txt", r"must end in \.mp4 .* e\.g\. .*v\.mp4$"),
+    ("", r"must end in \.mp4"),
+    ("folder", r"is a directory; give a file name in it"),
+    ("file/v.mp4", r"cannot be written: .*file' is not a writable directory"),
+])
+def test_an_output_path_that_cannot_be_filled_is_refused_before_any_work(tmp_path, name, message):
+    from raydit.runtime.video import check_output_path
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder.mp4").mkdir()
+    (tmp_path / "file").write_text("x")
+    target = str(tmp_path / name) if name else ""
+    if name == "folder":
+        target = str(tmp_path / "folder.mp4")
+    with pytest.raises(ValueError, match=message):
+        check_output_path(target, "--out")
+    with pytest.raises(ValueError, match=message):
+        write_mp4(target, _smooth_clip(frames=1))
+    check_output_path(str(tmp_path / "new" / "deeper" / "v.MP4"), "--out")  # created on write
+    with pytest.raises(ValueError, match=r"--save-latents .*must end in \.npy"):
+        check_output_path(str(tmp_path / "lat"), "--save-latents", ".npy")
