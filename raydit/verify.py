@@ -7,6 +7,8 @@ same warm actors, and reports the largest difference of the final latents from o
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -41,6 +43,13 @@ def verify(
 
     if workers < 1:
         raise ValueError(f"workers {workers} must be at least 1")
+    # Checked before Ray starts: a tolerance that is negative or NaN would call every plan wrong.
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps {steps!r} must be a positive integer")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} {value!r} must be a finite number >= 0 (the pass bound is "
+                             "|diff| <= atol + rtol * |reference|)")
     rows: list[dict] = []
     with Engine(
         model=model, workers=workers, device=device, address=address, show_plan=False,

@@ -37,6 +37,43 @@ def check_before_start(opts: dict):
     return spec
 
 
+def check_listen(host: str, port: int) -> None:
+    """Where Ray is started here, Serve's HTTP proxy listens on this machine: bind the address
+    once, now, so that a host that is not this machine's or a port in use is one line before
+    Ray starts instead of Serve's proxy traceback after it."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ValueError(f"--host {host!r} is not an address ({exc.strerror or exc}); give an IP address of "
+                         "this machine, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    family, _, _, _, addr = infos[0]
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # As uvicorn binds: SO_REUSEADDR, so a port left in TIME_WAIT is not taken for busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(addr)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(f"--port {port} is in use on {host}; stop what listens there or pick a free "
+                             "port") from None
+        raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); give an address of this "
+                         "machine (127.0.0.1, 0.0.0.0) and a free port") from None
+    finally:
+        probe.close()
+
+
+def _proxy_error(exc: Exception, host: str, port: int) -> Exception:
+    """Serve's proxy that could not bind (a cluster elsewhere: not checked before Ray started)."""
+    text = " ".join(str(exc).split())
+    if "Failed to bind" in text:
+        return ValueError(f"Serve's HTTP proxy could not listen on {host}:{port} on the cluster's head node; "
+                          "give an address of that node (or 0.0.0.0) and a free --port")
+    return exc
+
+
 def _deploy_error(exc: Exception) -> Exception:
     """Serve reports a failed constructor with its whole traceback: keep the user's line."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -53,6 +90,8 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
     from raydit.serve.store import VideoStore
 
     spec = check_before_start(opts)
+    if not (opts.get("address") or os.environ.get("RAY_ADDRESS")):
+        check_listen(opts["host"], opts["port"])
     token_path = token_file_path(opts)
     token, created = load_or_create_token(token_path)
     store = VideoStore(opts["output_dir"])
@@ -82,7 +121,10 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
         cluster.plan(spec, frames=opts.get("frames"), height=opts.get("height"), width=opts.get("width"),
                      device=device, workers=workers, ulysses=opts.get("ulysses"), ring=opts.get("ring"),
                      cfg=opts.get("cfg"))
-        serve.start(http_options={"host": opts["host"], "port": opts["port"]})
+        try:
+            serve.start(http_options={"host": opts["host"], "port": opts["port"]})
+        except Exception as exc:
+            raise _proxy_error(exc, opts["host"], opts["port"]) from None
         env = {k: os.environ[k] for k in PASS_ENV if os.environ.get(k)}
         # The replica writes --output-dir and reads the token file here: keep it on this node.
         node = f"node:{ray.util.get_node_ip_address()}"

@@ -87,7 +87,13 @@ def valid_id(video_id: str) -> bool:
 class VideoStore:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"--output-dir {str(self.root)!r} is a file; give a directory (new or existing)")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--output-dir {str(self.root)!r} cannot be a directory of videos "
+                             f"({exc.strerror}); give a new or existing directory") from None
         probe = self.root / f".write-test-{os.getpid()}"
         try:
             probe.write_text("")

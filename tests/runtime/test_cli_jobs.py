@@ -219,6 +219,20 @@ def test_verify_checks_every_plan_against_one_rank(ray_local):
     assert all(r["max_abs_diff"] < 1e-3 for r in rows)
 
 
+def test_verify_refuses_a_tolerance_or_step_count_before_ray_starts(tmp_path):
+    """A negative or NaN tolerance ran every plan and called them all out of tolerance (exit 1);
+    --steps 0 was refused only after Ray had started. With a dead --address, an answer naming
+    the value came before any connection."""
+    cases = [(["--rtol", "-1"], "rtol -1.0 must be a finite number >= 0"),
+             (["--atol", "nan"], "atol nan must be a finite number >= 0"),
+             (["--steps", "0"], "steps 0 must be a positive integer")]
+    for args, needle in cases:
+        out = raydit("verify", "--device", "cpu", "--address", "127.0.0.1:9", *args, cwd=tmp_path, timeout=60)
+        assert out.returncode == 2, (args, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+
+
 def _write_png(path, height=64, width=64):
     from PIL import Image
 

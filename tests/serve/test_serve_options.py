@@ -81,6 +81,37 @@ def test_bad_command_line_is_one_line_and_status_2(tmp_path, args, needle):
     assert needle in lines[0]
 
 
+def test_where_the_server_cannot_listen_or_keep_videos_is_one_line_before_ray_starts(tmp_path):
+    """A port in use, a host that is not this machine's (198.51.100.7: a documentation address,
+    bound locally, no packet sent) and an --output-dir that is a file: before these checks the
+    first two were Serve's proxy traceback after Ray had started (exit 1), the third Errno 17."""
+    import socket
+
+    (tmp_path / "afile").write_text("x")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDIT_API_TOKEN")}
+    cases = [
+        (["--port", str(port)], f"--port {port} is in use on 127.0.0.1"),
+        (["--host", "198.51.100.7"], "cannot listen on 198.51.100.7:8000"),
+        (["--output-dir", str(tmp_path / "afile")], "is a file; give a directory"),
+    ]
+    try:
+        for args, needle in cases:
+            out = subprocess.run(
+                [sys.executable, "-m", "raydit.cli", "serve", "--device", "cpu", "--token-file",
+                 str(tmp_path / "tok"), "--output-dir", str(tmp_path / "out"), *args],
+                capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+            )
+            assert out.returncode == 2, (args, out.stderr)
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+    finally:
+        busy.close()
+
+
 # -- token ---------------------------------------------------------------------------------------
 
 
