@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,14 @@ PING_S = 5.0
 logger = logging.getLogger(__name__)
 
 
+# The Ray connection raydit opened in this process is shared by every RayCluster made while it
+# is open (several Engines in one notebook): it is closed when the last of them closes, not
+# when the first does, which killed the other engines' actors. A connection the user opened
+# (ray.init before raydit) is never counted and never closed by raydit.
+_SHARED = {"holders": 0}
+_SHARED_LOCK = threading.Lock()
+
+
 class RayCluster:
     """A driver connection to a Ray cluster, started locally when none is given."""
 
@@ -36,8 +45,19 @@ class RayCluster:
 
     @classmethod
     def connect(cls, address: str | None = None, want_workers: int | None = None) -> "RayCluster":
-        if ray.is_initialized():
-            return cls(owns_connection=False)
+        with _SHARED_LOCK:
+            if ray.is_initialized():
+                if _SHARED["holders"] > 0:  # opened by raydit: one more holder
+                    _SHARED["holders"] += 1
+                    return cls(owns_connection=True)
+                return cls(owns_connection=False)
+            _SHARED["holders"] = 0  # whatever was counted was shut down behind our back
+            cluster = cls._open(address, want_workers)
+            _SHARED["holders"] = 1
+            return cluster
+
+    @classmethod
+    def _open(cls, address: str | None, want_workers: int | None) -> "RayCluster":
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
             # A dead or mistyped address answers in seconds, as one line, instead of
@@ -60,9 +80,13 @@ class RayCluster:
         return cls(owns_connection=True)
 
     def close(self) -> None:
-        if self.owns_connection and ray.is_initialized():
-            ray.shutdown()
+        if not self.owns_connection:
+            return
         self.owns_connection = False
+        with _SHARED_LOCK:
+            _SHARED["holders"] = max(_SHARED["holders"] - 1, 0)
+            if _SHARED["holders"] == 0 and ray.is_initialized():
+                ray.shutdown()
 
     # -- what the cluster holds ------------------------------------------------------------
 

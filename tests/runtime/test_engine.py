@@ -244,3 +244,45 @@ def test_two_replicas_serve_a_queue_concurrently(ray_local, engine4):
     # intervals overlap.
     a, b = spans[21], spans[22]
     assert min(b) < max(a) and min(a) < max(b)
+
+
+_TWO_ENGINES = r"""
+import json, sys
+import ray
+from raydit.runtime.engine import Engine
+
+kw = dict(num_inference_steps=2, guidance_scale=6.0, seed=7, progress=False)
+first = Engine(model="tiny", workers=1, device="cpu", show_plan=False)   # starts a local Ray
+second = Engine(model="tiny", workers=1, device="cpu", show_plan=False)  # shares it
+before = second.generate("a fox", **kw).latents
+first.shutdown()
+after = second.generate("a fox", **kw).latents
+up_with_second = ray.is_initialized()
+second.shutdown()
+out = {"same": bool((before == after).all()), "up_with_second": up_with_second,
+       "up_after_both": ray.is_initialized()}
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")  # the user's own
+third = Engine(model="tiny", workers=1, device="cpu", show_plan=False)
+third.shutdown()
+out["user_connection_kept"] = ray.is_initialized()
+ray.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_engines_sharing_one_process_keep_ray_until_the_last_closes(tmp_path):
+    """Two Engines in one notebook: closing the first (which started the local Ray) shut Ray
+    down under the second, whose next call died on a lost actor and whose shutdown waited 60 s
+    for the GCS before the process was terminated. Now the connection raydit opened closes with
+    the last engine, and a connection the user opened is never closed by raydit. A fresh
+    process: the test session's own Ray would make every engine here a guest."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _TWO_ENGINES], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"same": True, "up_with_second": True, "up_after_both": False,
+                   "user_connection_kept": True}, got
