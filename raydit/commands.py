@@ -119,6 +119,8 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
+    if opts.get("cfg") not in (None, 1, 2):  # the command line's choices; a --config file skips them
+        raise ValueError(f"--cfg {opts['cfg']} must be 1 or 2")
     from raydit.models.lora import lora_options
 
     opts["lora_table"], opts["lora_choice"] = lora_options(opts)
