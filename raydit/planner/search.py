@@ -677,16 +677,12 @@ def _per_type(spec, geo, cluster, guidance, one_branch_why) -> Plan | None:
     )
 
 
-def _summary(rejected: list[Rejection], forced_ulysses: bool = False, forced_cfg: bool = False) -> str:
-    """One reason per kind of rejection; for memory, the layout that needs the least. Where the
-    degree was not forced, a Ulysses degree that does not divide the heads or fit a node, or cfg 2
-    without guidance, never stopped every layout (ulysses 1 and cfg 1 were judged too): those
-    reasons are left out unless nothing else was said."""
-    ignorable = set()
-    if not forced_ulysses:
-        ignorable |= {"heads", "node"}
-    if not forced_cfg:
-        ignorable.add("guidance")
+def _summary(rejected: list[Rejection], forced_ulysses: bool = False) -> str:
+    """One reason per kind of rejection; for memory, the layout that needs the least. Where
+    Ulysses was not forced, a degree that does not divide the heads or fit a node never stopped
+    every layout (ulysses 1 was judged too): those reasons are left out unless nothing else was
+    said."""
+    ignorable = set() if forced_ulysses else {"heads", "node"}
     if any(r.kind not in ignorable for r in rejected):
         rejected = [r for r in rejected if r.kind not in ignorable]
     picked: dict[str, Rejection] = {}
@@ -755,7 +751,7 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
             feasible = _rank(feasible)
     if not feasible:
         what = ("forced layout" if forced else "layout")
-        detail = (_summary(rejected, ulysses is not None, cfg is not None)
+        detail = (_summary(rejected, ulysses is not None)
                   or f"no layout of exactly {world_size} devices matches the forced degrees")
         raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
                         f"on {cl.total} device{'s' if cl.total != 1 else ''}: {detail}")

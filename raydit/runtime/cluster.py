@@ -36,6 +36,28 @@ _SHARED = {"holders": 0}
 _SHARED_LOCK = threading.Lock()
 
 
+def _open(address: str | None, want_workers: int | None) -> None:
+    """ray.init: the cluster at `address` or RAY_ADDRESS, else a private local one."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        # A dead or mistyped address answers in seconds, as one line, instead of
+        # ray.init retrying for minutes.
+        from raydit.runtime.topology import reachable_address
+
+        ray.init(address=reachable_address(address), logging_level="WARNING", log_to_driver=True)
+        return
+    # No cluster named: start a private local one. Declare at least as many CPU slots
+    # as workers were asked for; oversubscribing cores is the user's explicit choice.
+    cpus = max(os.cpu_count() or 1, want_workers or 0)
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        logging_level="WARNING",
+        object_store_memory=256 * 1024 * 1024,
+    )
+
+
 class RayCluster:
     """A driver connection to a Ray cluster, started locally when none is given."""
 
@@ -51,33 +73,9 @@ class RayCluster:
                     _SHARED["holders"] += 1
                     return cls(owns_connection=True)
                 return cls(owns_connection=False)
-            _SHARED["holders"] = 0  # whatever was counted was shut down behind our back
-            cluster = cls._open(address, want_workers)
-            _SHARED["holders"] = 1
-            return cluster
-
-    @classmethod
-    def _open(cls, address: str | None, want_workers: int | None) -> "RayCluster":
-        address = address or os.environ.get("RAY_ADDRESS")
-        if address:
-            # A dead or mistyped address answers in seconds, as one line, instead of
-            # ray.init retrying for minutes.
-            from raydit.runtime.topology import reachable_address
-
-            address = reachable_address(address)
-            ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+            _open(address, want_workers)
+            _SHARED["holders"] = 1  # a count left by a connection shut down behind us is reset
             return cls(owns_connection=True)
-        # No cluster named: start a private local one. Declare at least as many CPU slots
-        # as workers were asked for; oversubscribing cores is the user's explicit choice.
-        cpus = max(os.cpu_count() or 1, want_workers or 0)
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=False,
-            logging_level="WARNING",
-            object_store_memory=256 * 1024 * 1024,
-        )
-        return cls(owns_connection=True)
 
     def close(self) -> None:
         if not self.owns_connection:

@@ -59,6 +59,7 @@ def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
     video goes to a temporary name beside `path` and replaces `path` only when ffmpeg succeeded,
     so a failed write never leaves a truncated or stale file under the name asked for."""
     import subprocess
+    import threading
 
     import imageio_ffmpeg
 
@@ -68,7 +69,10 @@ def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
     check_output_path(path, "video path")
     full = os.path.abspath(path)
     os.makedirs(os.path.dirname(full), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(full), f".{os.path.basename(full)}.tmp-{os.getpid()}.mp4")
+    # Unique per thread (two saves to one name must not share it); ffmpeg creates it, so the
+    # mp4 gets the mode the umask gives, as a direct write would.
+    tmp = os.path.join(os.path.dirname(full),
+                       f".{os.path.basename(full)}.tmp-{os.getpid()}-{threading.get_ident()}.mp4")
     _, h, w, _ = frames.shape
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error",
            "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt", "rgb24", "-r", str(fps),
