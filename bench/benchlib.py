@@ -213,3 +213,48 @@ def bench_model_dir() -> str:
 
     name = f"bench-cogvideox-30x64-2l-128px-t{TINY_VERSION}-b{BENCH_MODEL_VERSION}"
     return str(build_tiny_pipeline(cache_root() / name, **BENCH_MODEL))
+
+
+# Wan 2.1 1.3B's transformer shape (12 heads x 128, FFN 8960, 30 layers) with random weights,
+# behind the tiny Wan pipeline's tokenizer, umT5 and VAE: what bench_gpu runs at 81 x 480 x 832
+# and bench_engine_step runs on the CPU with fewer layers. No weights are downloaded.
+WAN_1_3B = dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, freq_dim=256, num_layers=30)
+WAN_BENCH_VERSION = "1"
+
+
+def wan_bench_dir(layers: int = 30, dtype: str = "bfloat16", defaults: dict | None = None,
+                  root: str | os.PathLike | None = None) -> str:
+    """Build (once, cached under `root` or raydit's cache) and return a Wan pipeline directory
+    with a Wan-1.3B-shaped transformer of `layers` layers stored in `dtype`; `defaults`: the
+    request defaults (frames, height, width) the directory carries for the planner."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from raydit.models.families.wan import DEFAULTS_FILE, TINY_TEXT_DIM, tiny_pipeline
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    defaults = defaults or {"num_frames": 81, "height": 480, "width": 832}
+    name = (f"bench-wan-1.3b-{layers}l-{dtype}-{defaults['num_frames']}x{defaults['height']}x{defaults['width']}"
+            f"-w{WAN_BENCH_VERSION}")
+
+    class _Bench:
+        def save_pretrained(self, directory) -> None:
+            pipe = tiny_pipeline("tiny-wan")
+            config = dict(WAN_1_3B, num_layers=layers)
+            torch.manual_seed(0)
+            transformer = WanTransformer3DModel(
+                patch_size=(1, 2, 2), in_channels=pipe.vae.config.z_dim, out_channels=pipe.vae.config.z_dim,
+                text_dim=TINY_TEXT_DIM, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+                rope_max_seq_len=1024, **config)
+            generator = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in transformer.parameters():
+                    # 0.02: an initialised network's scale, so 30 layers stay finite in bf16
+                    # (diffusers zero-initialises some gates; every weight is drawn here).
+                    p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+            pipe.transformer = transformer.to(getattr(torch, dtype))
+            pipe.register_to_config(transformer=("diffusers", "WanTransformer3DModel"))
+            pipe.save_pretrained(directory)
+            (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(defaults, indent=1) + "\n")
+
+    return str(write_pipeline(Path(root or cache_root()) / name, _Bench))

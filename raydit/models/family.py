@@ -338,6 +338,8 @@ def _pack(value):
         return (_TENSOR, value.detach().to("cpu").clone(), str(value.device))
     if isinstance(value, list):
         return [_pack(v) for v in value]
+    if _is_packed(value):
+        return value  # packed already (a state that was loaded from a checkpoint)
     if isinstance(value, tuple):
         return tuple(_pack(v) for v in value)
     if isinstance(value, dict):
@@ -346,7 +348,7 @@ def _pack(value):
 
 
 def _unpack(value, device=None):
-    if isinstance(value, tuple) and len(value) == 3 and value[0] == _TENSOR:
+    if _is_packed(value):
         _, tensor, saved_device = value
         # A tensor the scheduler kept on the CPU (sigmas) stays there; device tensors go to
         # this rank's device, which may differ from the saver's.
@@ -359,6 +361,10 @@ def _unpack(value, device=None):
     if isinstance(value, dict):
         return {k: _unpack(v, device) for k, v in value.items()}
     return value
+
+
+def _is_packed(value) -> bool:
+    return isinstance(value, tuple) and len(value) == 3 and value[0] == _TENSOR
 
 
 def _is_data(value) -> bool:
@@ -378,6 +384,30 @@ def scheduler_state(scheduler) -> dict:
     lower_order_nums, last_sample, this_order, _step_index; DPM-Solver's the same kind). The
     frozen config is left out: it belongs to the pipeline, not to the request."""
     return {k: _pack(v) for k, v in vars(scheduler).items() if k != "_internal_dict" and _is_data(v)}
+
+
+def live_scheduler_state(scheduler) -> dict:
+    """The same attributes as `scheduler_state`, without copying them off the device: tensors
+    by reference, containers copied (a scheduler rebinds its tensors and edits its own lists,
+    e.g. UniPC's model_outputs, in place: a copied list keeps this snapshot intact; no
+    diffusers scheduler writes into a tensor of its state after set_timesteps). What the
+    runner keeps between steps: copying the state to the host every step costs a device
+    synchronization and tens of MB of copies (UniPC's history is a few latents). Pack it with
+    `pack_scheduler_state` to checkpoint it."""
+    return {k: _shallow(v) for k, v in vars(scheduler).items() if k != "_internal_dict" and _is_data(v)}
+
+
+def pack_scheduler_state(state: Mapping[str, Any]) -> dict:
+    """A live (or packed) scheduler state -> plain CPU data, as `scheduler_state` gives."""
+    return {k: _pack(v) for k, v in state.items()}
+
+
+def _shallow(value):
+    if isinstance(value, list):
+        return [_shallow(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _shallow(v) for k, v in value.items()}
+    return value
 
 
 def load_scheduler_state(scheduler, state: Mapping[str, Any], device=None) -> None:

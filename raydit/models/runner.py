@@ -27,8 +27,9 @@ from raydit.models.family import (
     UNCOND,
     DenoiseState,
     GenerationRequest,
+    live_scheduler_state,
     load_scheduler_state,
-    scheduler_state,
+    pack_scheduler_state,
 )
 from raydit.models.lora import activate as activate_lora
 from raydit.models.text_encoding import (
@@ -145,7 +146,7 @@ class Runner:
             timesteps=prepared.timesteps,
             branches=self._branches(request, positive, negative),
             context=prepared.context,
-            scheduler_state=scheduler_state(pipe.scheduler),
+            scheduler_state=live_scheduler_state(pipe.scheduler),
             carry=prepared.carry,
             generator_state=generator.get_state(),
         )
@@ -254,7 +255,7 @@ class Runner:
             state,
             latents=latents.to(state.latents.dtype),
             step_index=state.step_index + 1,
-            scheduler_state=scheduler_state(pipe.scheduler),
+            scheduler_state=live_scheduler_state(pipe.scheduler),
             carry=carry,
             generator_state=generator.get_state(),
         )
@@ -279,7 +280,7 @@ class Runner:
             "latents": state.latents.detach().to("cpu").clone(),
             "step_index": state.step_index,
             "num_steps": state.num_steps,
-            "scheduler_state": state.scheduler_state,
+            "scheduler_state": pack_scheduler_state(state.scheduler_state),
             "carry": {k: (v.detach().to("cpu").clone() if isinstance(v, torch.Tensor) else v)
                       for k, v in state.carry.items()},
             "generator_state": state.generator_state.clone(),

@@ -197,6 +197,7 @@ class WorkerPool:
         self.active: list[Member] = []
         self.plan = None
         self.kernel = None
+        self.last_step_seconds: float | None = None
         self.timings: dict[str, float] = {}
         self.suspect_nodes: set[str] = set()
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
@@ -483,8 +484,13 @@ class WorkerPool:
         return self._call_all(refs, timeout_s, where="prepare")[0]
 
     def step(self, timeout_s: float | None = None) -> dict:
+        """The finished step's checkpoint, in its wire form (raydit.runtime.wire: tensors as
+        NumPy buffers, read back with from_wire where the driver needs tensors);
+        `last_step_seconds`: the step as rank 0 measured it, without Ray's round trip."""
         refs = [m.actor.step.remote(rank == 0) for rank, m in enumerate(self.active)]
-        return self._call_all(refs, timeout_s, where="step")[0]
+        answer = self._call_all(refs, timeout_s, where="step")[0]
+        self.last_step_seconds = answer["seconds"]
+        return answer["checkpoint"]
 
     def decode(self, timeout_s: float | None = None):
         # Every rank decodes its band of latent rows (raydit.models.vae_parallel); rank 0's

@@ -62,6 +62,8 @@ class Job:
     done: bool = False
     recoveries: int = 0
     step_seconds: list = field(default_factory=list)
+    # The same steps as rank 0 timed them (no Ray round trip), where the group reports it.
+    rank_step_seconds: list = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     # Recoverable failures at the step in flight since the last finished step.
     failures_at_step: int = 0
@@ -248,6 +250,9 @@ class Controller:
                 seconds = time.perf_counter() - t0
                 self.deadlines.observe("step", seconds)
                 job.step_seconds.append(seconds)
+                rank_seconds = getattr(self.group, "last_step_seconds", None)
+                if rank_seconds is not None:
+                    job.rank_step_seconds.append(rank_seconds)
                 job.step_index += 1
                 job.failures_at_step = 0
                 return "stepped"

@@ -26,6 +26,7 @@ from raydit.runtime.cluster import RayCluster, WorkerPool
 from raydit.runtime.controller import Controller, ElasticPolicy, Job
 from raydit.runtime.errors import HandBack
 from raydit.runtime.queue import Dispatcher, Item, load_progress, save_progress
+from raydit.runtime.wire import from_wire, to_wire
 
 DEVICES = ("auto", "cuda", "cpu")
 # `generate(cache=...)` left out: the Engine's step caching (None is a choice: caching off).
@@ -545,7 +546,7 @@ class Engine:
             if item.callback is not None:
                 self._run_callback(item.callback, job)
             if item.checkpoint_dir is not None:
-                save_progress(item.checkpoint_dir, request, job.checkpoint)
+                save_progress(item.checkpoint_dir, request, from_wire(job.checkpoint))
 
         try:
             replica.controller.run(job, on_step=on_step)
@@ -554,6 +555,9 @@ class Engine:
                 bar.close()
         timings = dict(job.timings)
         timings["step_seconds"] = list(job.step_seconds)
+        # Rank 0's own time of each step: step_seconds less these is what Ray's round trip
+        # and the checkpoint's travel cost per step.
+        timings["rank_step_seconds"] = list(job.rank_step_seconds)
         timings["denoise_seconds"] = float(sum(job.step_seconds))
         timings["cached_steps"] = _cached_steps(job)
         timings["total_seconds"] = time.perf_counter() - item.t_start
@@ -565,7 +569,7 @@ class Engine:
         timings["decode_ranks"] = int(job.timings.get("decode_ranks", 1))
         return GenerationResult(
             frames=job.frames,
-            latents=_to_numpy(job.checkpoint["latents"]),
+            latents=_to_numpy(from_wire(job.checkpoint["latents"])),
             plan=replica.plan,
             timings=timings,
             request=request,
@@ -593,13 +597,13 @@ class Engine:
         A callback may return new latents; they reach the workers through the same resume
         path a regrouping uses, so every rank continues from them."""
         step = job.step_index - 1
-        latents = job.checkpoint["latents"]
+        latents = from_wire(job.checkpoint["latents"])
         out = callback(self, step, job.timesteps[step], {"latents": latents})
         if isinstance(out, dict) and "latents" in out and out["latents"] is not latents:
             import torch
 
             checkpoint = dict(job.checkpoint)
-            checkpoint["latents"] = torch.as_tensor(out["latents"]).to(latents.dtype)
+            checkpoint["latents"] = to_wire(torch.as_tensor(out["latents"]).to(latents.dtype))
             job.checkpoint = checkpoint
             job.prepared = False
 
@@ -800,7 +804,7 @@ def _cached_steps(job: Job) -> int:
     from raydit.models.cache import CACHED_STEPS
 
     carry = (job.checkpoint or {}).get("carry") or {}
-    return int(carry.get(CACHED_STEPS, 0))
+    return int(from_wire(carry.get(CACHED_STEPS, 0)))
 
 
 def _to_numpy(t) -> np.ndarray:

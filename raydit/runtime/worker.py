@@ -219,8 +219,10 @@ class RankWorker:
 
     @_reported("prepare")
     def prepare(self, request, checkpoint: dict | None = None) -> dict[str, Any]:
+        from raydit.runtime.wire import from_wire
+
         t0 = time.perf_counter()
-        self._state = self._runner.prepare(request, checkpoint=checkpoint)
+        self._state = self._runner.prepare(request, checkpoint=from_wire(checkpoint))
         return {
             "seconds": time.perf_counter() - t0,
             "num_steps": int(self._state.num_steps),
@@ -231,11 +233,18 @@ class RankWorker:
     @_reported("step")
     def step(self, want_checkpoint: bool) -> dict | None:
         """One denoising step, collective across the group. Rank 0 returns the checkpoint
-        so the driver always holds the last finished step where no worker can lose it."""
+        so the driver always holds the last finished step where no worker can lose it:
+        {"checkpoint": its wire form (raydit.runtime.wire), "seconds": the step here, up to
+        the checkpoint on the host}. The host copy waits for the step's device work, so those
+        seconds are the rank's own step; the driver's round trip adds Ray's part to them."""
+        from raydit.runtime.wire import to_wire
+
+        t0 = time.perf_counter()
         self._state = self._runner.step(self._state)
-        if want_checkpoint:
-            return self._runner.checkpoint(self._state)
-        return None
+        if not want_checkpoint:
+            return None
+        checkpoint = to_wire(self._runner.checkpoint(self._state))
+        return {"checkpoint": checkpoint, "seconds": time.perf_counter() - t0}
 
     @_reported("decode")
     def decode(self, all_ranks: bool = False):
