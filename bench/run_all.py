@@ -58,6 +58,8 @@ SUITE = {
     "serve-short-poll": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "6", "--client", "poll",
                                                   "--name", "serve-short-poll"]),
     "gpu": ("bench_gpu.py", [], []),
+    "engine-step": ("bench_engine_step.py", ["--rounds", "2", "--steps", "4", "--max-wait", "1"],
+                    ["--rounds", "6", "--steps", "6", "--max-wait", "10"]),
 }
 
 
@@ -296,11 +298,37 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
     if gpu and gpu.get("skipped"):
         notes.append(f"GPU-only measurements (bench/bench_gpu.py): skipped, {gpu['skipped']}.")
     elif gpu:
-        for r in gpu["attention"]:
-            rows.append((f"GPU attention: {r['kernel']}", f"{r['tflops']:.1f} TFLOP/s", "", ""))
-        s = gpu["step"]
-        rows.append(("GPU step, raydit runner vs diffusers pipeline", f"ratio {s['ratio']:.3f}", "", ""))
+        rows.extend(gpu_rows(gpu))
+    es = res.get("engine-step")
+    if es:
+        ratio = es["engine_over_diffusers"]
+        rows.append((f"Engine (1 Ray worker) / diffusers per step, Wan-1.3B-shaped {es['model']['transformer']['num_layers']}"
+                     f" layers, CPU, 1 thread (rank 0 alone: {es['engine_rank_step_s']['median']:.3f} s, Ray's part "
+                     f"{es['ray_part_s']['median'] * 1e3:.1f} ms)", _s(ratio, 4, "x"), "<= 1.02x",
+                     "yes" if ratio["median"] <= 1.02 else "**no**"))
     return rows, notes
+
+
+def gpu_rows(gpu: dict) -> list[tuple]:
+    """bench_gpu's figures: the kernels at each shape, the step of every side against
+    diffusers', the planner's prediction against the Engine."""
+    rows = []
+    parts = gpu.get("parts", {})
+    where = gpu.get("device", "GPU")
+    for r in (parts.get("kernels") or {}).get("rows", []):
+        if "tflops" in r:
+            rows.append((f"{where} attention {tuple(r['shape'])}: {r['kernel']}", f"{r['tflops']:.0f} TFLOP/s", "", ""))
+    for key, ratio in (gpu.get("ratios") or {}).items():
+        side = key.removesuffix("_over_diffusers").replace("_", " --")
+        target = "<= 1.02x" if side == "engine" else ""
+        met = ("yes" if ratio <= 1.02 else "**no**") if target else ""
+        rows.append((f"{where} step, {side} / diffusers (Wan-1.3B-shaped, 81x480x832, bf16)", f"{ratio:.4f}x", target, met))
+    pred = parts.get("prediction") or {}
+    if "calibrated" in pred and "step_error" in pred["calibrated"]:
+        err = pred["calibrated"]["step_error"]
+        rows.append((f"{where} 1-GPU step predicted with its calibration vs the Engine", _pct(err), "within 10%",
+                     "yes" if abs(err) <= 0.10 else "**no**"))
+    return rows
 
 
 def _measured_when(res: dict, status: dict) -> str:

@@ -172,3 +172,27 @@ def test_serve_front_cpu_is_net_of_the_idle_front_and_skips_rounds_that_did_not_
     assert sorted(gross["the Serve replica"]["values"]) == [130.0, 140.0, 150.0]
     assert sorted(net["the Serve replica"]["values"]) == [90.0, 100.0] and net["the Serve replica"]["n"] == 2
     assert sorted(net["the HTTP proxy"]["values"]) == [30.0, 40.0, 40.0]
+
+
+def test_bench_gpu_smoke_runs_every_part_on_the_cpu(tmp_path):
+    """bench/bench_gpu.py --smoke: the GPU script's own code on the CPU with tiny shapes. Every
+    part runs (none skipped, none failed) and writes its figures; the Engine's steps carry
+    rank 0's own time beside the driver's."""
+    import json
+    import os
+
+    env = dict(os.environ, RAYDIT_NO_PROGRESS="1")
+    done = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--smoke", "--steps", "3", "--iters", "2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "gpu.json").read_text())
+    parts = result["parts"]
+    for name, part in parts.items():
+        assert "skipped" not in part and "error" not in part, (name, part, done.stdout[-3000:])
+    assert {row["kernel"] for row in parts["kernels"]["rows"]} >= {"torch SDPA (default, no LSE)", "torch-cpu"}
+    for side in ("diffusers", "runner", "engine", "engine_compile"):
+        assert parts[side]["step_seconds"]["n"] == 2, side
+    assert parts["engine"]["rank_step_seconds"]["median"] <= parts["engine"]["step_seconds"]["median"]
+    assert parts["engine_compile"]["compile_seconds"] > 0
+    assert set(result["ratios"]) == {"runner_over_diffusers", "engine_over_diffusers", "engine_compile_over_diffusers"}
+    assert parts["prediction"]["calibrated"]["step_seconds"] > 0

@@ -74,6 +74,20 @@ class RankWorker:
     def ping(self) -> int:
         return os.getpid()
 
+    def device_memory(self, reset: bool = False) -> dict[str, float]:
+        """This rank's device memory in GB: the peak torch allocated since the last reset and
+        what its allocator holds now (zeros on a CPU rank). reset: start a new peak."""
+        import torch
+
+        if self._device_kind != "cuda" or not torch.cuda.is_initialized():
+            return {"peak_gb": 0.0, "reserved_gb": 0.0}
+        device = self._device()
+        out = {"peak_gb": torch.cuda.max_memory_allocated(device) / 1e9,
+               "reserved_gb": torch.cuda.memory_reserved(device) / 1e9}
+        if reset:
+            torch.cuda.reset_peak_memory_stats(device)
+        return out
+
     # -- model -------------------------------------------------------------------------
 
     def _device(self):
