@@ -180,6 +180,7 @@ KERNELS: dict[str, KernelFn] = {
     "reference": _reference,
 }
 
+
 @functools.lru_cache(maxsize=None)
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
@@ -250,7 +251,7 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:160] if text else ''}".rstrip(": ")
 
 
-def _compare(name: str, dtype: torch.dtype, out: Tensor, lse: Tensor, ref_out: Tensor, ref_lse: Tensor) -> str | None:
+def _compare(dtype: torch.dtype, out: Tensor, lse: Tensor, ref_out: Tensor, ref_lse: Tensor) -> str | None:
     """Why (out, lse) is not the float64 result, or None."""
     if out.shape != ref_out.shape or out.dtype != dtype:
         return f"output {tuple(out.shape)} {out.dtype}, expected {tuple(ref_out.shape)} {dtype}"
@@ -288,7 +289,7 @@ def check_kernel(name: str, device: torch.device | str, dtype: torch.dtype, head
         try:
             q, k, v, scale = _check_inputs(torch.device(device), dtype, int(head_dim))
             out, lse = AttentionKernel(name, KERNELS[name])(q, k, v, scale)
-            why = _compare(name, dtype, out, lse, *_exact(q.cpu(), k.cpu(), v.cpu(), scale))
+            why = _compare(dtype, out, lse, *_exact(q.cpu(), k.cpu(), v.cpu(), scale))
         except Exception as exc:  # unsupported dtype / head dim / GPU, missing symbol: all drop it
             why = _short(exc)
         if why is not None:
@@ -554,7 +555,7 @@ def plain_kernel(device: torch.device | str, dtype: torch.dtype, head_dim: int) 
                 q, k, v, scale = _check_inputs(torch.device(device), dtype, int(head_dim))
                 ref_out, ref_lse = _exact(q.cpu(), k.cpu(), v.cpu(), scale)
                 # The output alone is checked: the reference's lse stands in for the missing one.
-                why = _compare("sdpa", dtype, _sdpa(q, k, v, scale), ref_lse.float(), ref_out, ref_lse)
+                why = _compare(dtype, _sdpa(q, k, v, scale), ref_lse.float(), ref_out, ref_lse)
             except Exception as exc:
                 why = _short(exc)
             if why is not None:

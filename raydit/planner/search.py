@@ -368,8 +368,10 @@ class _Layouts:
             # CPU slots (shm) run one thread: no GPU-style tail of small tiles.
             cpu = intra.kind == "shm"
             small = 0.0 if cpu else costmod.SMALL_SHARD_ROWS
+            # A ring merges partial results by their lse; ring 1 runs the kernel without one.
+            attn = rates[1] if R > 1 else rates[3]
             hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, rates[0], intra, ring_link, edge_link, small,
-                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=rates[1] if R > 1 else rates[3],
+                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=attn,
                                     act_bytes=rates[2])
             self._cost_cache[key] = hit
         return hit

@@ -461,7 +461,8 @@ def describe_attention(m: dict) -> list[str]:
         table = (m.get("attention_rates_by_head_dim") or {}).get(d) or {}
         why = []
         if len(table) > 1:
-            why.append("fastest of " + ", ".join(f"{n} {r:.3g}" for n, r in sorted(table.items(), key=lambda kv: -kv[1])))
+            ranked = sorted(table.items(), key=lambda kv: -kv[1])
+            why.append("fastest of " + ", ".join(f"{n} {r:.3g}" for n, r in ranked))
         elif table:
             why.append("the only candidate")
         plain = (m.get("attention_plain_tflops_by_head_dim") or {}).get(d)
