@@ -111,9 +111,9 @@ def format_report(info: dict) -> str:
 
 
 def _kernel_line(k: dict) -> str:
-    """Per device and head dim the LSE kernel that runs and why, e.g.
-    'cuda bf16 d64: torch-cudnn (probe: torch-cudnn 540, torch-flash 300 TFLOP/s); ...;
-    cpu float32 d64: torch-cpu (only candidate); ...'. Ring 1 runs torch's SDPA instead."""
+    """Per device and head dim, one line each, the LSE kernel that runs and why, e.g.
+    'cuda bfloat16 d64: torch-cudnn (probe: torch-cudnn 540, torch-flash 300 TFLOP/s)' or
+    'cpu float32 d64: torch-cpu (only candidate)'. Ring 1 runs torch's SDPA instead."""
     parts = []
     for key in ("cuda", "cpu"):
         entry = k.get(key)
