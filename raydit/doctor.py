@@ -15,7 +15,11 @@ def collect(address: str | None = None) -> dict:
     import torch.distributed as dist
 
     from raydit.parallel.kernels import describe_kernels
+    from raydit.runtime.calibrate import seed_kernel_choices
 
+    # A calibration of this GPU's type decides its kernels (as in a worker); else doctor
+    # probes them, as a worker would.
+    seed_kernel_choices()
     info: dict = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -107,10 +111,18 @@ def format_report(info: dict) -> str:
 
 
 def _kernel_line(k: dict) -> str:
-    """'cpu: torch-cpu (of torch-cpu, reference); cuda: flash-attn (of ...)'."""
+    """Per device and head dim, one line each, the LSE kernel that runs and why, e.g.
+    'cuda bfloat16 d64: torch-cudnn (probe: torch-cudnn 540, torch-flash 300 TFLOP/s)' or
+    'cpu float32 d64: torch-cpu (only candidate)'. Ring 1 runs torch's SDPA instead."""
     parts = []
     for key in ("cuda", "cpu"):
         entry = k.get(key)
-        if isinstance(entry, dict) and entry.get("selected"):
+        if not isinstance(entry, dict):
+            continue
+        by_dim = entry.get("by_head_dim") or {}
+        for d in sorted(by_dim, key=int):
+            c = by_dim[d]
+            parts.append(f"{key} {entry.get('dtype', '')} d{d}: {c.get('text') or c.get('kernel')}")
+        if not by_dim and entry.get("selected"):
             parts.append(f"{key}: {entry['selected']} (of {', '.join(entry.get('available', []))})")
-    return "; ".join(parts) if parts else "no attention kernel found"
+    return "\n              ".join(parts) if parts else "no attention kernel found"

@@ -578,6 +578,33 @@ def test_attention_runs_at_its_own_measured_rate_and_cpu_links_carry_float32():
         dataclasses.replace(cpu, attention_efficiency=[0.5])
 
 
+def test_ring_1_plans_use_the_plain_kernels_rate_and_rings_the_lse_kernels():
+    """With ring degree 1 no lse is merged and torch's SDPA runs; calibration times it apart
+    (plain_attention_efficiency). A ring-1 layout is costed at that rate, a ring layout at
+    the LSE kernel's; without a plain figure both use the LSE kernel's."""
+    from raydit.planner import device_type
+
+    spec = model_spec("cogvideox-2b")
+    cpu = device_type("cpu")
+    half = cpu.efficiency / 2
+    lse_only = dataclasses.replace(cpu, attention_efficiency=((64, half), (128, half)))
+    both = dataclasses.replace(lse_only, plain_attention_efficiency=((64, cpu.efficiency), (128, cpu.efficiency)))
+    assert both.attention_flops_per_second(64, lse=False) == pytest.approx(cpu.flops_per_second)
+    assert both.attention_flops_per_second(64) == lse_only.attention_flops_per_second(64, lse=False)
+    assert lse_only.attention_flops_per_second(64, lse=False) == pytest.approx(cpu.flops_per_second / 2)
+
+    def best(dev, **degrees):
+        return plan(spec, cluster=ClusterSpec((NodeSpec("n", dev, 2),)), cfg=1, **degrees).best
+
+    ulysses = {name: best(dev, ulysses=2, ring=1) for name, dev in (("table", cpu), ("lse", lse_only), ("both", both))}
+    assert ulysses["both"].cost.compute == pytest.approx(ulysses["table"].cost.compute, rel=1e-9)
+    assert ulysses["lse"].cost.compute > ulysses["both"].cost.compute * 1.05
+    ring = {name: best(dev, ulysses=1, ring=2) for name, dev in (("lse", lse_only), ("both", both))}
+    assert ring["both"].cost.compute == pytest.approx(ring["lse"].cost.compute, rel=1e-9)
+    with pytest.raises(ValueError, match="plain attention efficiency 2.0 at head dim 64 not in"):
+        dataclasses.replace(cpu, plain_attention_efficiency=((64, 2.0),))
+
+
 def test_hopper_attention_at_head_dim_128_runs_at_flashattention_2s_published_ratio():
     """H100 / H200: attention at head dim 128 at 370 / 299 of the head-dim-64 rate (the FA3
     paper's FA2 figures); head dim 64 (CogVideoX, on which the efficiency was fit) and the

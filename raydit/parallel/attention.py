@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from raydit.parallel.kernels import AttentionKernel, default_kernel
+from raydit.parallel.kernels import AttentionKernel, default_kernel, plain_kernel
 from raydit.parallel.mesh import ParallelMesh, check_layout
 from raydit.parallel.sharding import SeqLayout, select_ranges
 
@@ -247,6 +247,9 @@ def sp_attention(
     Returns (B, H, S, D) in q's dtype; rows of pad queries are defined but meaningless.
     head_chunks: how many chunks the Ulysses exchange is pipelined in (module docstring;
     default DEFAULT_HEAD_CHUNKS, at most h = H / ulysses; 1 = no overlap).
+    kernel: the LSE kernel for every layout; None: the fastest that passed the float64 check
+    on (device, dtype, D) (raydit.parallel.kernels), and with ring degree 1, where no lse is
+    merged, torch's scaled_dot_product_attention.
     """
     check_layout(mesh, layout)
     if q_BHSD.dim() != 4 or k_BHSD.shape != q_BHSD.shape or v_BHSD.shape != q_BHSD.shape:
@@ -272,15 +275,21 @@ def sp_attention(
         raise ValueError(f"head_chunks {head_chunks!r} must be an integer >= 1 (1: no overlap)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    # Ring 1 needs no lse: unless a kernel is forced, torch's SDPA runs there (it may pick a
+    # backend that cannot return the lse, cuDNN on Hopper, faster than every LSE kernel).
+    plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D) if kernel is None and mesh.ring == 1 else None
     if kernel is None:
-        kernel = default_kernel(q_BHSD.device.type, q_BHSD.dtype)
+        kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D)
 
     block_ranges = ring_block_ranges(layout, U, mesh.ring)
 
     def attend(q_BcTD: Tensor, k_BcTD: Tensor, v_BcTD: Tensor) -> Tensor:
         if mesh.ring == 1:
             ranges = block_ranges[0]
-            return kernel(q_BcTD, select_ranges(k_BcTD, ranges, 2), select_ranges(v_BcTD, ranges, 2), scale)[0]
+            k_real, v_real = select_ranges(k_BcTD, ranges, 2), select_ranges(v_BcTD, ranges, 2)
+            if plain is not None and q_BcTD.size(2) and k_real.size(2):
+                return plain(q_BcTD, k_real, v_real, scale)
+            return kernel(q_BcTD, k_real, v_real, scale)[0]
         return ring_attention(q_BcTD, k_BcTD, v_BcTD, mesh, block_ranges, scale, kernel)
 
     if U == 1:

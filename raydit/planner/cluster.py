@@ -8,7 +8,8 @@ live cluster (`ClusterSpec(nodes=[NodeSpec(...)])`). YAML layout (see cluster/*.
     gpu_types:                               # optional: types not in the built-in table
       - {name: MI300X, memory_gb: 192, tflops: 1307, efficiency: 0.3, link_gb_s: 448, link_kind: nvlink}
         # optional per type (hardware.DeviceType): activation_bytes: 2, per_node: 8,
-        # attention_efficiency: [[64, 0.25], [128, 0.3]]  (head dim, fraction of tflops)
+        # attention_efficiency: [[64, 0.25], [128, 0.3]]  (head dim, fraction of tflops; the
+        # LSE kernel of ring > 1), plain_attention_efficiency: the same for ring 1
     nodes:
       - {name: a, gpu_type: H100, count: 8}
       - {name: b, gpu_type: L40S, count: 4, link_gb_s: 25}   # link overrides the type's

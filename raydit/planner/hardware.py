@@ -32,9 +32,13 @@ class DeviceType:
     per_node: devices to a node for `--gpus N` without `--per-node` (8; 64 CPU slots).
     activation_bytes: bytes per activation element a rank sends (2: bf16 on GPUs; 4 on a CPU
         slot, which runs float32).
-    attention_efficiency: ((head_dim, fraction of `tflops`), ...) the attention kernel reaches,
-        measured by `raydit doctor --calibrate` at a few head dims; empty (the table's
-        entries): attention runs at `efficiency` like the rest of the step.
+    attention_efficiency: ((head_dim, fraction of `tflops`), ...) the LSE attention kernel
+        reaches (the one a ring merges; calibration times every kernel and keeps the fastest
+        that passes the float64 check), measured by `raydit doctor --calibrate` at a few head
+        dims; empty (the table's entries): attention runs at `efficiency` like the rest.
+    plain_attention_efficiency: the same for torch's scaled_dot_product_attention, which
+        runs where the ring degree is 1 (no lse to merge; on Hopper it picks cuDNN); empty:
+        the LSE kernel's figures.
     """
 
     name: str
@@ -47,6 +51,7 @@ class DeviceType:
     per_node: int = 8
     activation_bytes: int = 2
     attention_efficiency: tuple[tuple[int, float], ...] = ()
+    plain_attention_efficiency: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
@@ -60,28 +65,34 @@ class DeviceType:
             )
         if self.activation_bytes not in (1, 2, 4, 8):
             raise ValueError(f"device type {self.name!r}: activation_bytes {self.activation_bytes} is not 1, 2, 4 or 8")
-        try:  # a cluster file gives lists: store hashable (head_dim, fraction) pairs
-            pairs = tuple((int(d), float(f)) for d, f in self.attention_efficiency)
-        except (TypeError, ValueError):
-            raise ValueError(f"device type {self.name!r}: attention_efficiency {self.attention_efficiency!r} "
-                             "must be a list of [head_dim, fraction] pairs") from None
-        object.__setattr__(self, "attention_efficiency", pairs)
-        for head_dim, fraction in pairs:
-            if head_dim < 1 or not 0 < fraction <= 1:
-                raise ValueError(f"device type {self.name!r}: attention efficiency {fraction} at head dim "
-                                 f"{head_dim} not in (0, 1]")
+        for attr in ("attention_efficiency", "plain_attention_efficiency"):
+            given = getattr(self, attr)
+            try:  # a cluster file gives lists: store hashable (head_dim, fraction) pairs
+                pairs = tuple((int(d), float(f)) for d, f in given)
+            except (TypeError, ValueError):
+                raise ValueError(f"device type {self.name!r}: {attr} {given!r} "
+                                 "must be a list of [head_dim, fraction] pairs") from None
+            object.__setattr__(self, attr, pairs)
+            for head_dim, fraction in pairs:
+                if head_dim < 1 or not 0 < fraction <= 1:
+                    raise ValueError(f"device type {self.name!r}: {attr.replace('_', ' ')} {fraction} at "
+                                     f"head dim {head_dim} not in (0, 1]")
 
     @property
     def flops_per_second(self) -> float:
         """Achievable FLOP/s: peak times the achievable fraction."""
         return self.tflops * 1e12 * self.efficiency
 
-    def attention_flops_per_second(self, head_dim: int) -> float:
+    def attention_flops_per_second(self, head_dim: int, lse: bool = True) -> float:
         """Achievable FLOP/s of the attention kernel at `head_dim`: the measured fraction at
-        the nearest measured head dim (the smaller on a tie), else `flops_per_second`."""
-        if not self.attention_efficiency:
+        the nearest measured head dim (the smaller on a tie), else `flops_per_second`.
+        lse False: the kernel of ring degree 1 (`plain_attention_efficiency`, where measured)."""
+        table = self.attention_efficiency
+        if not lse and self.plain_attention_efficiency:
+            table = self.plain_attention_efficiency
+        if not table:
             return self.flops_per_second
-        _, fraction = min(self.attention_efficiency, key=lambda df: (abs(df[0] - head_dim), df[0]))
+        _, fraction = min(table, key=lambda df: (abs(df[0] - head_dim), df[0]))
         return self.tflops * 1e12 * fraction
 
 

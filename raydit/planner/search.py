@@ -323,12 +323,13 @@ class _NodeInfo:
     capacity_gb: float  # memory a rank may use: the device's memory less the reserve
     flops: float
     intra: Link
-    attn_flops: float  # the attention kernel's rate at the model's head dim
+    attn_flops: float  # the LSE attention kernel's rate at the model's head dim (ring > 1)
     act_bytes: int  # bytes per activation element sent
+    plain_attn_flops: float  # the rate of the kernel that runs with ring 1 (no lse)
 
     @property
-    def rates(self) -> tuple[float, float, int]:
-        return self.flops, self.attn_flops, self.act_bytes
+    def rates(self) -> tuple[float, float, int, float]:
+        return self.flops, self.attn_flops, self.act_bytes, self.plain_attn_flops
 
 
 class _Layouts:
@@ -344,7 +345,8 @@ class _Layouts:
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
         self.nodes = [_NodeInfo(n, n.device.memory_gb - _reserve(n.device), n.device.flops_per_second,
                                 Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind),
-                                n.device.attention_flops_per_second(spec.head_dim), n.device.activation_bytes)
+                                n.device.attention_flops_per_second(spec.head_dim), n.device.activation_bytes,
+                                n.device.attention_flops_per_second(spec.head_dim, lse=False))
                       for _, n in order]
         self.max_node = max(n.count for n in cluster.nodes)
         self.network = Link(cluster.network_gb_s, cluster.network_latency_us, "network")
@@ -356,18 +358,20 @@ class _Layouts:
         self._cost_cache: dict = {}
         self._slots_cache: dict = {}
 
-    def _cost(self, U, R, C, b, rates: tuple[float, float, int], intra: Link, ring_link: Link,
+    def _cost(self, U, R, C, b, rates: tuple[float, float, int, float], intra: Link, ring_link: Link,
               edge_link: Link) -> StepCost:
-        """rates: the pacing node's FLOP/s of the linear part and of the attention kernel, and
-        its bytes per activation."""
+        """rates: the pacing node's FLOP/s of the linear part and of the LSE attention kernel,
+        its bytes per activation, and the FLOP/s of the ring-1 (no lse) attention kernel."""
         key = (U, R, C, b, rates, intra, ring_link, edge_link)
         hit = self._cost_cache.get(key)
         if hit is None:
             # CPU slots (shm) run one thread: no GPU-style tail of small tiles.
             cpu = intra.kind == "shm"
             small = 0.0 if cpu else costmod.SMALL_SHARD_ROWS
+            # A ring merges partial results by their lse; ring 1 runs the kernel without one.
+            attn = rates[1] if R > 1 else rates[3]
             hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, rates[0], intra, ring_link, edge_link, small,
-                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=rates[1],
+                                    wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=attn,
                                     act_bytes=rates[2])
             self._cost_cache[key] = hit
         return hit

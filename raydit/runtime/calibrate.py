@@ -93,15 +93,18 @@ def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
     fields = {}
     if _positive(m.get("matmul_tflops")):
         fields["tflops"] = float(m["matmul_tflops"])
-        attn = {int(d): float(r) for d, r in (m.get("attention_tflops_by_head_dim") or {}).items() if _positive(r)}
+        attn = _rates_by_dim(m.get("attention_tflops_by_head_dim"))
+        plain = _rates_by_dim(m.get("attention_plain_tflops_by_head_dim"))
         if _positive(m.get("dit_linear_tflops")):
             # The DiT block's parts as fractions of the fastest measured rate (a block's large
             # GEMMs can outrun the square matmuls), so that each part's rate is the measured one.
             linear = float(m["dit_linear_tflops"])
-            top = fields["tflops"] = max(fields["tflops"], linear, *attn.values())
+            top = fields["tflops"] = max(fields["tflops"], linear, *attn.values(), *plain.values())
             fields["efficiency"] = linear / top
             if attn:
                 fields["attention_efficiency"] = tuple(sorted((d, r / top) for d, r in attn.items()))
+            if plain:
+                fields["plain_attention_efficiency"] = tuple(sorted((d, r / top) for d, r in plain.items()))
     if _positive(m.get("all_to_all_gb_s")):
         fields["link_gb_s"] = float(m["all_to_all_gb_s"])
     if _positive(m.get("latency_us")):
@@ -131,6 +134,10 @@ def calibrated_device_types(path: str | os.PathLike | None = None) -> dict[str, 
 
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _rates_by_dim(table) -> dict[int, float]:
+    return {int(d): float(r) for d, r in (table or {}).items() if _positive(r)}
 
 
 # -- measurements (run inside an actor, or in-process) ---------------------------------------
@@ -197,14 +204,19 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
           gated residual, adaptive layer norm, FFN with tanh-GELU, gated residual; counted as
           the cost model counts it, 2 T (4 h^2 + 2 h f) FLOP (the rest is the elementwise
           work a real block carries beside its GEMMs);
-      attention_tflops_by_head_dim: the attention kernel the runtime selects for the device
-          (raydit.parallel.kernels), T queries over T keys, h / d heads of head dim d, laid
-          out as a projection's output viewed as heads: 4 T^2 h FLOP.
+      attention per head dim d (T queries over T keys, h / d heads, laid out as a
+          projection's output viewed as heads: 4 T^2 h FLOP): every LSE kernel that passes
+          the float64 check (raydit.parallel.kernels.measure_kernels) is timed;
+          attention_kernel_by_head_dim names the fastest, attention_tflops_by_head_dim is its
+          rate (the planner's), attention_rates_by_head_dim every kernel's,
+          attention_dropped_by_head_dim why a kernel was dropped, and
+          attention_plain_tflops_by_head_dim torch's scaled_dot_product_attention, the kernel
+          that runs where the ring degree is 1 (no lse needed).
     """
     import torch
     import torch.nn.functional as F
 
-    from raydit.parallel.kernels import select_kernel
+    from raydit.parallel.kernels import measure_kernels
 
     tokens, hidden, ffn = block or (CUDA_DIT_BLOCK if device == "cuda" else CPU_DIT_BLOCK)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -240,17 +252,28 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
     linear_flop = 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)
     out = {"dit_linear_tflops": linear_flop / timed(linear_part) / 1e12, "dit_dtype": str(dtype).removeprefix("torch."),
            "dit_block": {"tokens": tokens, "hidden": hidden, "ffn": ffn}}
-    kernel = select_kernel(dev, dtype)
-    by_dim = {}
+    chosen, rates, plain, dropped = {}, {}, {}, {}
     for head_dim in ATTENTION_HEAD_DIMS:
-        heads = hidden // head_dim
-        # Laid out as a projection's output viewed as heads, (B, T, H, D) -> (B, H, T, D): the
-        # strides diffusers' attention processors hand the kernel (15% slower on a CPU slot
-        # than contiguous heads).
-        q, k, v = (rand(1, tokens, heads, head_dim).transpose(1, 2) for _ in range(3))
-        by_dim[str(head_dim)] = 4 * tokens * tokens * heads * head_dim / timed(lambda: kernel(q, k, v)) / 1e12
-    out["attention_tflops_by_head_dim"] = by_dim
-    out["attention_kernel"] = kernel.name
+        # time_kernels lays q, k, v out as a projection's output viewed as heads, (B, T, H, D)
+        # -> (B, H, T, D): the strides diffusers' attention processors hand the kernel (15%
+        # slower on a CPU slot than contiguous heads).
+        choice = measure_kernels(dev, dtype, head_dim, tokens=tokens, heads=hidden // head_dim,
+                                 warmup=1, iters=repeats, plain=True)
+        d = str(head_dim)
+        chosen[d] = choice.name
+        rates[d] = dict(choice.rates)
+        if choice.plain_rate:
+            plain[d] = choice.plain_rate
+        if choice.dropped:
+            dropped[d] = dict(choice.dropped)
+    out["attention_kernel_by_head_dim"] = chosen
+    # The planner's attention rate: the kernel that will run (a 'reference' fallback was not timed).
+    out["attention_tflops_by_head_dim"] = {d: rates[d][k] for d, k in chosen.items() if k in rates[d]}
+    out["attention_rates_by_head_dim"] = rates
+    out["attention_plain_tflops_by_head_dim"] = plain
+    out["attention_dropped_by_head_dim"] = dropped
+    # One name where every head dim runs the same kernel (what entries before the split held).
+    out["attention_kernel"] = ", ".join(dict.fromkeys(chosen.values()))
     return out
 
 
@@ -424,6 +447,63 @@ def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s:
     return notes
 
 
+def describe_attention(m: dict) -> list[str]:
+    """Per head dim, the attention kernel a calibration chose and why: 'attention d64
+    torch-cudnn 585 TFLOP/s (fastest of torch-cudnn 585, torch-flash 352; ring 1: sdpa 590;
+    fa3 dropped: ...)'. Entries measured before every kernel was timed name one kernel."""
+    chosen = m.get("attention_kernel_by_head_dim") or {}
+    rates = m.get("attention_tflops_by_head_dim") or {}
+    if not chosen:
+        attn = ", ".join(f"d{d} {r:.3g}" for d, r in sorted(rates.items(), key=lambda dr: int(dr[0])))
+        return [f"attention ({m.get('attention_kernel', '?')}) {attn}"]
+    lines = []
+    for d in sorted(chosen, key=int):
+        table = (m.get("attention_rates_by_head_dim") or {}).get(d) or {}
+        why = []
+        if len(table) > 1:
+            ranked = sorted(table.items(), key=lambda kv: -kv[1])
+            why.append("fastest of " + ", ".join(f"{n} {r:.3g}" for n, r in ranked))
+        elif table:
+            why.append("the only candidate")
+        plain = (m.get("attention_plain_tflops_by_head_dim") or {}).get(d)
+        if plain:
+            why.append(f"ring 1: sdpa {plain:.3g}")
+        why += [f"{n} dropped: {w}" for n, w in ((m.get("attention_dropped_by_head_dim") or {}).get(d) or {}).items()]
+        rate = f" {rates[d]:.3g} TFLOP/s" if d in rates else ""
+        lines.append(f"attention d{d} {chosen[d]}{rate}" + (f" ({'; '.join(why)})" if why else ""))
+    return lines
+
+
+def kernel_rates_for(entries: dict[str, dict], device_name: str) -> dict[int, dict[str, float]]:
+    """Head dim -> {kernel: TFLOP/s} of the cached entry measured on a GPU named
+    `device_name` (torch.cuda.get_device_name); {} when none was."""
+    for entry in entries.values():
+        if entry.get("device") == "cuda" and entry.get("device_name") == device_name:
+            table = (entry.get("measured") or {}).get("attention_rates_by_head_dim") or {}
+            return {int(d): {n: float(r) for n, r in rates.items() if _positive(r)}
+                    for d, rates in table.items() if rates}
+    return {}
+
+
+def seed_kernel_choices(path=None) -> dict:
+    """Let this process's GPU (CUDA device 0) run the attention kernel its calibration found
+    fastest, per head dim, in bf16 (the dtype calibration measures): seeds
+    raydit.parallel.kernels.use_measured_rates. Returns head dim -> KernelChoice; {} without
+    a GPU or a matching entry (kernels are then probed once in this process)."""
+    import torch
+
+    from raydit.parallel.kernels import use_measured_rates
+
+    if not torch.cuda.is_available():
+        return {}
+    try:
+        entries = load_calibration(path)
+    except ValueError:
+        return {}  # doctor reports an unreadable cache; the kernels are probed instead
+    return {d: use_measured_rates("cuda", torch.bfloat16, d, rates)
+            for d, rates in kernel_rates_for(entries, torch.cuda.get_device_name(0)).items()}
+
+
 def describe_calibration(path=None) -> list[str]:
     """Lines for `raydit doctor`: one per cached device type, against the table."""
     from raydit.runtime.devices import table_device
@@ -439,10 +519,8 @@ def describe_calibration(path=None) -> list[str]:
         parts = [f"matmul {m.get('matmul_tflops', float('nan')):.3g} TFLOP/s {m.get('matmul_dtype', '')} "
                  f"(table {base.tflops:g})"]
         if "dit_linear_tflops" in m:
-            attn = ", ".join(f"d{d} {r:.3g}" for d, r in sorted((m.get("attention_tflops_by_head_dim") or {}).items(),
-                                                                  key=lambda dr: int(dr[0])))
-            parts.append(f"DiT block linear part {m['dit_linear_tflops']:.3g} TFLOP/s, attention "
-                         f"({m.get('attention_kernel', '?')}) {attn}")
+            parts.append(f"DiT block linear part {m['dit_linear_tflops']:.3g} TFLOP/s, "
+                         + "; ".join(describe_attention(m)))
         if "all_to_all_gb_s" in m:
             parts.append(f"all-to-all {m['all_to_all_gb_s']:.3g} GB/s (table {base.link_gb_s:g}), "
                          f"p2p {m.get('p2p_gb_s', float('nan')):.3g} GB/s, "
@@ -454,6 +532,6 @@ def describe_calibration(path=None) -> list[str]:
 
 
 __all__ = ["CalibrationWorker", "apply_entry", "cache_path", "calibrate_cluster", "calibrate_type",
-           "calibrated_device_type", "calibrated_device_types", "describe_calibration",
-           "load_calibration", "measure_compute", "measure_dit", "measure_links", "measure_matmul",
-           "save_calibration"]
+           "calibrated_device_type", "calibrated_device_types", "describe_attention", "describe_calibration",
+           "kernel_rates_for", "load_calibration", "measure_compute", "measure_dit", "measure_links",
+           "measure_matmul", "save_calibration", "seed_kernel_choices"]

@@ -51,6 +51,7 @@ class RankWorker:
         self._state = None
         self._store = None
         self._loras: dict = {}  # name -> LoraSpec of the LoRA adapters loaded here
+        self._kernels_seeded = False  # calibration's attention-kernel rates read (once)
         self.load_seconds = 0.0
         # The actor runs two calls at once (max_concurrency 2: pings and aborts answer while
         # a step runs), so a leave_group sent to unblock peers after a failure may overlap
@@ -197,10 +198,30 @@ class RankWorker:
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
             offload_idle=bool(degrees.get("offload_idle")),
         )
-        from raydit.parallel.kernels import select_kernel
+        return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1)}
 
-        kernel = select_kernel(self._device(), getattr(torch, self._dtype_name))
-        return {"rank": rank, "kernel": kernel.name}
+    def _choose_kernel(self, ring: int) -> str:
+        """Decide the attention kernel for the model's head dim now, not inside the first
+        step: from the calibration cache where it measured this GPU's type, else by one
+        bounded probe per process (raydit.parallel.kernels). Later joins reuse the choice.
+        Returns the name of the kernel that runs: with ring 1 torch's SDPA (no lse needed)."""
+        import torch
+
+        from raydit.parallel.kernels import kernel_choice, plain_kernel
+
+        if self._device_kind == "cuda" and not self._kernels_seeded:
+            from raydit.runtime.calibrate import seed_kernel_choices
+
+            seed_kernel_choices()
+            self._kernels_seeded = True
+        config = getattr(getattr(self._pipe, "transformer", None), "config", None)
+        head_dim = getattr(config, "attention_head_dim", None)
+        head_dim = head_dim if isinstance(head_dim, int) else None
+        dtype = getattr(torch, self._dtype_name)
+        lse_kernel = kernel_choice(self._device(), dtype, head_dim)
+        if ring == 1 and plain_kernel(self._device(), dtype, lse_kernel.head_dim) is not None:
+            return "sdpa"
+        return lse_kernel.name
 
     def leave_group(self) -> None:
         """Undo the parallelization and destroy the process group (safe to call twice)."""

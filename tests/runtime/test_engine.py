@@ -61,6 +61,8 @@ def test_every_plan_up_to_4_workers_matches_one_rank(engine4):
     for ulysses, ring, cfg in layouts:
         plan = engine4.regroup(ulysses=ulysses, ring=ring, cfg=cfg)
         assert (plan.ulysses, plan.ring, plan.cfg) == (ulysses, ring, cfg)
+        # The kernel that runs: torch's SDPA without a ring (no lse), the LSE kernel with one.
+        assert engine4.kernel == ("sdpa" if ring == 1 else "torch-cpu"), (ulysses, ring, cfg, engine4.kernel)
         latents = torch.from_numpy(_gen(engine4).latents)
         torch.testing.assert_close(
             latents, reference, rtol=RTOL, atol=ATOL, msg=lambda m: f"{(ulysses, ring, cfg)}: {m}"

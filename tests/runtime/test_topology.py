@@ -282,7 +282,8 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     cal = calibrate.calibrated_device_type("cpu")
     table = device_type("cpu")
     # Each part of the step at its measured rate: the linear part, the attention kernel.
-    top = max(m["matmul_tflops"], m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values())
+    top = max(m["matmul_tflops"], m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values(),
+              *m["attention_plain_tflops_by_head_dim"].values())
     assert cal.tflops == top and cal.flops_per_second == pytest.approx(m["dit_linear_tflops"] * 1e12)
     for head_dim, rate in m["attention_tflops_by_head_dim"].items():
         assert cal.attention_flops_per_second(int(head_dim)) == pytest.approx(rate * 1e12)
@@ -302,7 +303,7 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     def best(dev):
         return plan(MODEL, cluster=ClusterSpec((NodeSpec("n", dev, 2),)), ulysses=2, cfg=1).best
 
-    p_cal, p_table = best(dataclasses.replace(cal, attention_efficiency=())), best(table)
+    p_cal, p_table = best(dataclasses.replace(cal, attention_efficiency=(), plain_attention_efficiency=())), best(table)
     assert p_cal.cost.compute * cal.flops_per_second == pytest.approx(
         p_table.cost.compute * table.flops_per_second, rel=1e-9)
     assert best(cal).cost.compute != pytest.approx(p_cal.cost.compute, rel=1e-6)  # attention apart
@@ -314,7 +315,7 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     report = format_report(_doctor_info())
     assert f"calibration   {tmp_path / 'calibration.json'}" in report
     assert "cpu: matmul" in report and "all-to-all" in report
-    assert "DiT block linear part" in report and "attention (torch-cpu) d64 " in report
+    assert "DiT block linear part" in report and "attention d64 torch-cpu " in report
 
 
 def _doctor_info():
@@ -351,7 +352,12 @@ def test_dit_block_measure_times_its_two_parts_apart():
         torch.set_num_threads(threads)
     assert m["dit_block"] == {"tokens": 128, "hidden": 256, "ffn": 1024} and m["dit_dtype"] == "float32"
     assert m["attention_kernel"] == "torch-cpu" and set(m["attention_tflops_by_head_dim"]) == {"64", "128"}
-    for rate in (m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values()):
+    # The one CPU candidate, chosen at each head dim, its rate the planner's; SDPA timed apart.
+    assert m["attention_kernel_by_head_dim"] == {"64": "torch-cpu", "128": "torch-cpu"}
+    assert m["attention_rates_by_head_dim"] == {d: {"torch-cpu": r} for d, r in m["attention_tflops_by_head_dim"].items()}
+    assert set(m["attention_plain_tflops_by_head_dim"]) == {"64", "128"} and m["attention_dropped_by_head_dim"] == {}
+    for rate in (m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values(),
+                 *m["attention_plain_tflops_by_head_dim"].values()):
         assert math.isfinite(rate) and 0 < rate < 10  # TFLOP/s of one CPU thread
 
 
