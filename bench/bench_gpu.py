@@ -174,7 +174,7 @@ def part_kernels(ctx: dict) -> dict:
                 continue
             checks[name] = K.check_kernel(name, device, dtype, D)
             if checks[name] is None:
-                kernel = K.select_kernel(device, dtype, prefer=name)
+                kernel = K.select_kernel(device, dtype, prefer=name, head_dim=D)
                 fns[name] = lambda kernel=kernel: kernel(q, k, v)
         for name, check in checks.items():
             row = {"shape": [B, H, S, D], "what": what, "kernel": name}
@@ -197,8 +197,8 @@ def part_kernels(ctx: dict) -> dict:
         del q, k, v
     for D in sorted({s[0][3] for s in ctx["shapes"]}):
         choice = K.kernel_choice(device, dtype, D)
-        picks[str(D)] = {"kernel": choice.name, "why": getattr(choice, "reason", ""),
-                         "rates_tflops": getattr(choice, "rates", None)}
+        picks[str(D)] = {"kernel": choice.name, "why": choice.why, "rates_tflops": dict(choice.rates),
+                         "dropped": dict(choice.dropped), "described": choice.describe()}
         fastest_by_shape: dict[tuple, dict] = {}
         for row in rows:
             if row["shape"][3] == D and "tflops" in row and "SDPA" not in row["kernel"]:
@@ -207,7 +207,7 @@ def part_kernels(ctx: dict) -> dict:
                     fastest_by_shape[tuple(row["shape"])] = row
         best = sorted({row["kernel"] for row in fastest_by_shape.values()})
         picks[str(D)]["fastest_measured"] = best
-        say(f"choice at head dim {D}: {choice.name} (the runtime's probe); fastest LSE kernel measured at "
+        say(f"choice at head dim {D}: {choice.describe()}; fastest LSE kernel measured at "
             f"the shapes above: {', '.join(best) or 'none'}")
     return {"rows": rows, "choice": picks}
 
