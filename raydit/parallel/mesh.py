@@ -9,6 +9,7 @@ span a subset `ranks` of the world; the formula then gives the position in `rank
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -41,6 +42,11 @@ class ParallelMesh:
     ring_prev: int  # global rank this rank receives K/V from
     ring_next: int  # global rank this rank sends K/V to
 
+    def __post_init__(self) -> None:
+        # A torch custom op (what torch.compile runs opaquely: raydit.parallel.opaque) takes
+        # no Python object; it names the mesh by this key instead (`mesh_key`).
+        _MESHES[id(self)] = self
+
     @property
     def sp(self) -> int:
         return self.ulysses * self.ring
@@ -68,6 +74,22 @@ class ParallelMesh:
     @property
     def replica(self) -> int:
         return self.mesh_rank // (self.sp * self.cfg)
+
+
+# id -> mesh, for custom ops. Weak: a mesh released and dropped leaves no process group alive.
+_MESHES: "weakref.WeakValueDictionary[int, ParallelMesh]" = weakref.WeakValueDictionary()
+
+
+def mesh_key(mesh: ParallelMesh) -> int:
+    """The integer a custom op receives for `mesh` (every mesh is known from its creation)."""
+    return id(mesh)
+
+
+def mesh_of_key(key: int) -> ParallelMesh:
+    mesh = _MESHES.get(key)
+    if mesh is None:
+        raise RuntimeError(f"no live ParallelMesh has key {key}; the mesh was released while a compiled model still used it")
+    return mesh
 
 
 def _check_degree(name: str, value: int) -> None:
