@@ -201,6 +201,7 @@ class VideoAPI:
             cache=options.get("cache"), cache_threshold=options.get("cache_threshold"),
             loras=options.get("lora_table"),
             fuse_lora=options.get("lora_choice") if options.get("fuse_lora") else None,
+            compile=bool(options.get("compile")),
         )
         self.lora_dir = options.get("lora_dir")
         spec = self.engine.spec
