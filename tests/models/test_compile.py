@@ -41,14 +41,13 @@ def main_cases() -> list:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _inductor_cache(tmp_path_factory):
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))  # spawned ranks inherit it
-    yield
-    if before is None:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+def _compile_here():
+    # Inductor's cache directory and compile threads come from tests/conftest.py's
+    # environment; in this process the config may have been read before it was set.
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(compile_threads=1):
+        yield
 
 
 def compiled_vs_eager_worker(rank: int, world_size: int, cases, plans, inductor_cases):
@@ -92,45 +91,126 @@ def test_compiled_blocks_match_eager_on_ulysses_and_ring_without_graph_breaks():
             torch.testing.assert_close(compiled, eager, **forward_tol(eager), msg=lambda m: f"rank {rank} {key}: {m}")
 
 
+# The tiny engine's request of tests/runtime/test_cache_engine.py: fbcache at 1.3 caches 1 of 4
+# steps with every decision >= 10% from the threshold, so compiled rounding cannot flip one.
+PROMPT = "a red fox running through fresh snow"
+GEN = dict(num_frames=5, height=32, width=32, num_inference_steps=4, guidance_scale=6.0)
+FIRST = dict(GEN, seed=7, cache="fbcache", cache_threshold=1.3)
+SECOND = dict(GEN, seed=8)  # the same shapes, no caching
+
+
+@pytest.fixture(scope="module")
+def eager_refs():
+    """The tiny pipeline's latents and cached steps for FIRST and SECOND, eager, one process."""
+    from raydit.models.cache import CACHED_STEPS
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    runner = Runner(load_pipeline("tiny"))
+    out = []
+    for gen in (FIRST, SECOND):
+        state = harness.run_steps(runner, GenerationRequest(prompt=PROMPT, **gen), GEN["num_inference_steps"])
+        out.append((state.latents, int(state.carry.get(CACHED_STEPS, 0))))
+    assert out[0][1] > 0, "the reference must cache a step, or caching under compile is not tested"
+    return out
+
+
 @pytest.mark.slow
-def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching():
+def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eager_refs):
     """Runner(compile=True): the first request of a shape compiles in prepare (reported as
     `warmup_seconds`, not in a step), a second request of the same shape compiles nothing,
-    and both give the eager latents, step caching (fbcache: first block's compiled forward
-    under the cache's wrapper) included."""
+    and both give the eager latents, step caching (fbcache: the first block's compiled
+    forward under the cache's wrapper) included. LoRA requests are refused."""
     import dataclasses
 
     from torch._dynamo.utils import counters
 
     from raydit.models.cache import CACHED_STEPS
-    from raydit.models.families import cogvideox
     from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
-    base_dir = str(cogvideox.tiny_pipeline_dir())
-    # The cache suite's CogVideoX case: 6 steps, some cached, no decision near the threshold.
-    first = GenerationRequest(prompt="a red fox", negative_prompt="blur", num_frames=9, height=48, width=32,
-                              num_inference_steps=6, guidance_scale=6.0, seed=3, cache="fbcache", cache_threshold=1.0)
-    second = dataclasses.replace(first, prompt="a grey wolf", seed=8)
-
-    eager = Runner(cogvideox.cogvideox_pipeline(base_dir, max_text_seq_length=13))
-    expected = [harness.run_steps(eager, r, 6) for r in (first, second)]
-    assert expected[0].carry[CACHED_STEPS] > 0
-
-    runner = Runner(cogvideox.cogvideox_pipeline(base_dir, max_text_seq_length=13), compile=True)
+    runner = Runner(load_pipeline("tiny"), compile=True)
     try:
-        for i, (request, want) in enumerate(zip((first, second), expected)):
-            state = runner.prepare(request)
+        for i, (gen, (want, cached)) in enumerate(zip((FIRST, SECOND), eager_refs)):
+            state = runner.prepare(GenerationRequest(prompt=PROMPT, **gen))
             warmup, graphs = runner.warmup_seconds, counters["stats"]["unique_graphs"]
             assert (warmup > 0) if i == 0 else (warmup == 0.0), f"request {i}: warm-up {warmup} s"
             while not state.done:
                 state = runner.step(state)
             assert counters["stats"]["unique_graphs"] == graphs, f"request {i}: a step compiled a graph"
-            assert state.carry[CACHED_STEPS] == want.carry[CACHED_STEPS]
-            torch.testing.assert_close(state.latents, want.latents, **LATENT_TOL)
+            assert int(state.carry.get(CACHED_STEPS, 0)) == cached
+            torch.testing.assert_close(state.latents, want, **LATENT_TOL)
         assert graphs > 0
         with pytest.raises(ValueError, match="LoRA adapters .* cannot run on compiled blocks"):
-            runner.prepare(dataclasses.replace(first, lora=(("style", 1.0),)))
+            runner.prepare(GenerationRequest(prompt=PROMPT, **SECOND, lora=(("style", 1.0),)))
     finally:
         runner.close()
-    assert "forward" not in vars(runner.transformer.transformer_blocks[0])  # close() restored the blocks
+    assert "forward" not in vars(runner.transformer.transformer_blocks[0])  # close() gave the blocks back
+
+
+@pytest.mark.slow
+def test_engine_compiles_once_per_worker_and_reports_it_apart(ray_local, eager_refs):
+    """Engine(compile=True): the first request's compile is `compile_seconds`, not a step nor
+    `encode`; the second request of the same shape on the warm worker compiles nothing. One
+    worker: the graph is the runner test's, compiled C++ found in the session's Inductor cache."""
+    from raydit.runtime.engine import Engine
+
+    engine = Engine(model="tiny", workers=1, device="cpu", show_plan=False, compile=True,
+                    frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"])
+    try:
+        results = [engine.generate(PROMPT, progress=False, **gen) for gen in (FIRST, SECOND)]
+    finally:
+        engine.shutdown()
+    first, second = (r.timings for r in results)
+    assert first["compile_seconds"] > 0 and second["compile_seconds"] == 0.0
+    for timings in (first, second):
+        assert len(timings["step_seconds"]) == GEN["num_inference_steps"]
+    # The warm-up is not inside a step: a first step that compiled would take about as long.
+    assert first["step_seconds"][0] < first["compile_seconds"]
+    for result, (want, cached) in zip(results, eager_refs):
+        assert result.timings["cached_steps"] == cached
+        torch.testing.assert_close(torch.from_numpy(result.latents), want, **LATENT_TOL)
+
+
+def test_engine_checks_compile_before_ray():
+    from raydit.runtime.engine import Engine
+
+    with pytest.raises(ValueError, match="compile .* must be True or False"):
+        Engine(model="tiny", workers=1, device="cpu", compile="yes")
+
+
+def test_generate_and_serve_take_compile_from_the_command_line_and_config_files(tmp_path):
+    from raydit.cli import build_parser
+    from raydit.commands import resolve_generate_options
+    from raydit.serve.config import resolve_serve_options
+
+    parser = build_parser()
+    assert resolve_generate_options(parser.parse_args(["generate", "--prompt", "x", "--compile"]))["compile"] is True
+    assert resolve_generate_options(parser.parse_args(["generate", "--prompt", "x"])).get("compile") is None
+    job = tmp_path / "job.yaml"
+    job.write_text("prompt: a cat\ncompile: true\n")
+    assert resolve_generate_options(parser.parse_args(["generate", "--config", str(job)]))["compile"] is True
+    serve = resolve_serve_options(parser.parse_args(["serve", "--compile"]))
+    assert serve["compile"] is True
+    assert resolve_serve_options({"compile": True})["compile"] is True
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["generate", "--prompt", "x", "--compile", "--lora", "{lora}"], "--compile cannot switch LoRA adapters"),
+    (["generate", "--config", "{job}"], "key 'compile' must be bool"),
+    (["serve", "--compile", "--lora-dir", "{dir}"], "--compile cannot switch LoRA adapters per request, but --lora-dir"),
+])
+def test_compile_with_what_it_cannot_do_is_one_line_and_status_2(args, needle, tmp_path, capsys):
+    from raydit.cli import main
+
+    lora = tmp_path / "style.safetensors"
+    lora.write_bytes(b"")
+    job = tmp_path / "job.yaml"
+    job.write_text("prompt: a cat\ncompile: yes please\n")
+    argv = [a.format(lora=lora, job=job, dir=tmp_path) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raydit: error:"), err
+    assert needle in err[0]
