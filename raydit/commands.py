@@ -143,6 +143,28 @@ def check_compile(opts: dict) -> None:
                          "add --fuse-lora to merge the one --lora into the weights, or drop --compile")
 
 
+def engine_kwargs(o: dict) -> dict:
+    """The Engine's arguments from resolved generate options (all but `workers`, whose default
+    asks the cluster)."""
+    return dict(
+        model=o["model"],
+        device=o["device"],
+        ulysses=o.get("ulysses"),
+        ring=o.get("ring"),
+        cfg=o.get("cfg"),
+        address=o.get("address"),
+        frames=o.get("frames"),
+        height=o.get("height"),
+        width=o.get("width"),
+        show_plan=not o["json"],
+        cache=o.get("cache"),
+        cache_threshold=o.get("cache_threshold"),
+        loras=o["lora_table"],
+        fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
+        compile=bool(o.get("compile")),
+    )
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -178,24 +200,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if workers is None and device != "cuda" and o.get("address") is None:
         # On a CPU machine the default is 2 ranks: the smallest parallel run.
         workers = None if _has_gpu_cluster() else 2
-    with Engine(
-        model=o["model"],
-        workers=workers,
-        device=device,
-        ulysses=o.get("ulysses"),
-        ring=o.get("ring"),
-        cfg=o.get("cfg"),
-        address=o.get("address"),
-        frames=o.get("frames"),
-        height=o.get("height"),
-        width=o.get("width"),
-        show_plan=not o["json"],
-        cache=o.get("cache"),
-        cache_threshold=o.get("cache_threshold"),
-        loras=o["lora_table"],
-        fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
-        compile=bool(o.get("compile")),
-    ) as engine:
+    with Engine(workers=workers, **engine_kwargs(o)) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
             o["prompt"],
             negative_prompt=o.get("negative_prompt"),

@@ -176,6 +176,20 @@ def check_lora_options(opts: dict) -> None:
                              "asks for it; fuse one LoRA (--fuse-lora) or drop --compile")
 
 
+def engine_kwargs(opts: dict) -> dict:
+    """The Engine's arguments from resolved serve options."""
+    return dict(
+        model=opts["model"], workers=opts.get("workers"), device=opts["device"],
+        ulysses=opts.get("ulysses"), ring=opts.get("ring"), cfg=opts.get("cfg"),
+        replicas=opts.get("replicas", 1), frames=opts.get("frames"),
+        height=opts.get("height"), width=opts.get("width"),
+        cache=opts.get("cache"), cache_threshold=opts.get("cache_threshold"),
+        loras=opts.get("lora_table"),
+        fuse_lora=opts.get("lora_choice") if opts.get("fuse_lora") else None,
+        compile=bool(opts.get("compile")),
+    )
+
+
 def token_file_path(opts: dict) -> str | None:
     """The token file in use, or None when the token comes from $RAYDIT_API_TOKEN."""
     if opts.get("token_file"):

@@ -181,20 +181,33 @@ def test_engine_checks_compile_before_ray():
         Engine(model="tiny", workers=1, device="cpu", compile="yes")
 
 
-def test_generate_and_serve_take_compile_from_the_command_line_and_config_files(tmp_path):
+def test_generate_and_serve_pass_compile_from_the_command_line_and_config_files_to_the_engine(tmp_path):
+    """What `raydit generate` / `raydit serve` construct their Engine with (engine_kwargs)."""
+    import inspect
+
     from raydit.cli import build_parser
-    from raydit.commands import resolve_generate_options
-    from raydit.serve.config import resolve_serve_options
+    from raydit.commands import engine_kwargs, resolve_generate_options
+    from raydit.runtime.engine import Engine
+    from raydit.serve import config as serve_config
 
     parser = build_parser()
-    assert resolve_generate_options(parser.parse_args(["generate", "--prompt", "x", "--compile"]))["compile"] is True
-    assert resolve_generate_options(parser.parse_args(["generate", "--prompt", "x"])).get("compile") is None
+
+    def generate(*argv):
+        return engine_kwargs(resolve_generate_options(parser.parse_args(["generate", *argv])))
+
+    def serve(given):
+        return serve_config.engine_kwargs(serve_config.resolve_serve_options(given))
+
     job = tmp_path / "job.yaml"
     job.write_text("prompt: a cat\ncompile: true\n")
-    assert resolve_generate_options(parser.parse_args(["generate", "--config", str(job)]))["compile"] is True
-    serve = resolve_serve_options(parser.parse_args(["serve", "--compile"]))
-    assert serve["compile"] is True
-    assert resolve_serve_options({"compile": True})["compile"] is True
+    assert generate("--prompt", "x", "--compile")["compile"] is True
+    assert generate("--config", str(job))["compile"] is True
+    assert generate("--prompt", "x")["compile"] is False
+    assert serve(parser.parse_args(["serve", "--compile"]))["compile"] is True
+    assert serve({"compile": True})["compile"] is True  # a Serve config's args
+    assert serve(parser.parse_args(["serve"]))["compile"] is False
+    takes = set(inspect.signature(Engine).parameters)
+    assert set(generate("--prompt", "x")) | {"workers"} <= takes and set(serve({})) <= takes
 
 
 @pytest.mark.parametrize("args, needle", [
