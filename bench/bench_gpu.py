@@ -8,7 +8,9 @@
    `CogVideoXPipeline.__call__` (per-step time from its callback), on the same pipeline: the
    built-in tiny pipeline's tokenizer / T5 / VAE with a CogVideoX-2b-shaped transformer
    (30 heads x 64, 30 layers, random weights; text_embed_dim 32 to match the tiny T5),
-   49 x 480 x 720, guidance on. No weights are downloaded.
+   49 x 480 x 720, guidance on. No weights are downloaded. Then the same runner with
+   `compile=True` (regional torch.compile of the blocks, raydit.models.compile): its warm-up
+   (the compile, in prepare) and its step time.
 
 `--smoke` runs the same code on CPU with tiny shapes (float32), to check the script itself.
 
@@ -144,10 +146,30 @@ def bench_step(shape: dict, device, dtype, steps: int) -> dict:
         _sync(device)
         raydit_steps.append(time.perf_counter() - t0)
     raydit_steps = raydit_steps[1:]
+    runner.close()
     d, r = statistics.median(diffusers_steps), statistics.median(raydit_steps)
     print(f"step: diffusers {d:.4f} s, raydit runner {r:.4f} s, ratio {r / d:.3f}", flush=True)
+
+    # compile=True: prepare compiles (runner.warmup_seconds); every step then runs compiled.
+    compiled = Runner(pipe, mesh=None, device=device, dtype=dtype, compile=True)
+    try:
+        state = compiled.prepare(GenerationRequest(**request, seed=0))
+        compiled_steps = []
+        for _ in range(steps):
+            _sync(device)
+            t0 = time.perf_counter()
+            state = compiled.step(state)
+            _sync(device)
+            compiled_steps.append(time.perf_counter() - t0)
+    finally:
+        compiled.close()
+    c = statistics.median(compiled_steps)
+    print(f"step: raydit runner compiled {c:.4f} s ({r / c:.3f}x eager), warm-up {compiled.warmup_seconds:.1f} s",
+          flush=True)
     return {"diffusers_step_seconds": benchlib.summary(diffusers_steps), "raydit_step_seconds": benchlib.summary(raydit_steps),
-            "ratio": round(r / d, 4), "request": request}
+            "ratio": round(r / d, 4), "request": request,
+            "compiled_step_seconds": benchlib.summary(compiled_steps), "compile_speedup": round(r / c, 4),
+            "compile_warmup_seconds": round(compiled.warmup_seconds, 2)}
 
 
 def main(argv=None) -> int:

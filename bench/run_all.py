@@ -300,6 +300,9 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
             rows.append((f"GPU attention: {r['kernel']}", f"{r['tflops']:.1f} TFLOP/s", "", ""))
         s = gpu["step"]
         rows.append(("GPU step, raydit runner vs diffusers pipeline", f"ratio {s['ratio']:.3f}", "", ""))
+        if "compile_speedup" in s:
+            rows.append(("GPU step, raydit runner compiled (--compile) vs eager",
+                         f"{s['compile_speedup']:.3f}x, warm-up {s['compile_warmup_seconds']:.1f} s", "", ""))
     return rows, notes
 
 
