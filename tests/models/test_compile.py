@@ -51,7 +51,10 @@ def _compile_here():
 
 
 def compiled_vs_eager_worker(rank: int, world_size: int, cases, plans, inductor_cases):
-    """Per (case, plan, backend): the parallel forward eager and with compiled blocks."""
+    """Per (case, plan, backend): the parallel forward eager and with compiled blocks; and
+    under "regroups", the graphs compiled by each of 9 fresh meshes of one plan in turn."""
+    from torch._dynamo.utils import counters
+
     from raydit.models.compile import compile_blocks
     from raydit.models.registry import parallelize
 
@@ -71,6 +74,18 @@ def compiled_vs_eager_worker(rank: int, world_size: int, cases, plans, inductor_
                         out[(case.name, str(plan), backend)] = (eager, harness.forward_once(transformer, kwargs))
                     finally:
                         compiled.remove()
+    # A regroup with the same degrees (a fresh mesh, the old one released) reuses the blocks'
+    # graphs: a mesh's key is stable. Were it not, each mesh would compile again, and after 8
+    # graphs of one block class Dynamo refuses (fullgraph) or falls back to eager.
+    transformer, kwargs = next(c for c in cases if c.name in inductor_cases).make()
+    out["regroups"] = []
+    for _ in range(9):
+        with parallelize(transformer, harness.prefix_mesh(plans[0])):
+            compiled = compile_blocks(transformer, fullgraph=True, backend="eager")
+            graphs = counters["stats"]["unique_graphs"]
+            harness.forward_once(transformer, kwargs)
+            out["regroups"].append(counters["stats"]["unique_graphs"] - graphs)
+            compiled.remove()
     return out
 
 
@@ -86,6 +101,8 @@ def test_compiled_blocks_match_eager_on_ulysses_and_ring_without_graph_breaks():
                 for b in (("inductor",) if c.name in INDUCTOR_CASES else ("eager",))}
     assert {c.name.split("-")[0] for c in cases} >= {"cogvideox", "wan", "hunyuanvideo", "hunyuanvideo15", "ltx"}
     for rank, outputs in enumerate(results):
+        regroups = outputs.pop("regroups")
+        assert sum(regroups[1:]) == 0, f"rank {rank}: graphs compiled per regroup {regroups}"
         assert set(outputs) == expected
         for key, (eager, compiled) in outputs.items():
             torch.testing.assert_close(compiled, eager, **forward_tol(eager), msg=lambda m: f"rank {rank} {key}: {m}")
