@@ -180,8 +180,9 @@ class Runner:
 
     def _warm_up(self, state: DenoiseState) -> float:
         """Compile for this request's shapes, once per shape: one transformer call per branch
-        at the state's step, result dropped. Collective like a step (every rank prepares).
-        Returns the seconds it took (0.0 when these shapes ran before)."""
+        and per expert the remaining steps use (Wan 2.2 A14B switches at a boundary), at the
+        first step that expert runs, results dropped. Collective like a step (every rank
+        prepares). Returns the seconds it took (0.0 when these shapes ran before)."""
         import time
 
         shapes = tuple(tuple(v.shape) for b in state.branches for v in b.values() if isinstance(v, torch.Tensor))
@@ -189,11 +190,16 @@ class Runner:
         if key in self._warm or state.done:
             return 0.0
         t0 = time.perf_counter()
-        t = state.timesteps[state.step_index]
-        if self.offload_idle:
-            self._place_expert(state, t)
-        for branch in state.branches:
-            self.family.predict(self.pipe, state, t, branch)
+        experts: set[int] = set()
+        for t in state.timesteps[state.step_index:]:
+            expert = self.family.active_transformer(self.pipe, state, t)
+            if id(expert) in experts:
+                continue
+            experts.add(id(expert))
+            if self.offload_idle:
+                self._place_expert(state, t)
+            for branch in state.branches:
+                self.family.predict(self.pipe, state, t, branch)
         self._warm.add(key)
         return time.perf_counter() - t0
 
