@@ -11,7 +11,8 @@ A custom op takes tensors, numbers, strings and lists of them, not Python object
 - the mesh travels as `mesh_key(mesh)` (every ParallelMesh is registered where it is made);
 - the layout as its part lengths (the mesh gives sp);
 - a model-specific piece of eager code (`opaque_call`) as the key of a registered callable,
-  registered eagerly by whoever owns it (a family's attention processor, when it is made).
+  registered eagerly, under a stable name, by whoever owns it (a family's attention processor,
+  when it is made).
 Outside torch.compile the callers run their eager code directly: these ops cost nothing there.
 
 Legend: B batch, H heads, S local tokens, D head dim.
@@ -19,9 +20,8 @@ Legend: B batch, H heads, S local tokens, D head dim.
 
 from __future__ import annotations
 
-import itertools
 import weakref
-from typing import Callable
+from typing import Callable, Hashable
 
 import torch
 from torch import Tensor
@@ -58,29 +58,42 @@ def _fresh(out: Tensor, inputs) -> Tensor:
 
 
 # -- model-specific eager code behind one op ------------------------------------------------
-_CALLS: dict[int, tuple[weakref.WeakMethod | Callable, tuple[int, ...]]] = {}
-_KEYS = itertools.count(1)
+# key -> (the callables registered under it, newest last; bound methods held weakly, so a
+# processor dropped with its model frees its entry), the outputs' `like` indices.
+_CALLS: dict[int, tuple[list, tuple[int, ...]]] = {}
+_NAMES: dict[Hashable, int] = {}  # name -> key: stable, as mesh keys are (raydit.parallel.mesh)
 
 
-def register_call(fn: Callable, like: tuple[int, ...]) -> int:
+def _deref(ref):
+    return ref() if isinstance(ref, weakref.WeakMethod) else ref
+
+
+def register_call(fn: Callable, like: tuple[int, ...], name: Hashable) -> int:
     """Make `fn(tensors, ints) -> list of tensors` callable from a compiled graph; its i-th
     output has the shape, dtype and device of `tensors[like[i]]` (what the fake returns;
-    contiguous).
+    contiguous). Returns the key to give `opaque_call`.
 
-    A bound method is held weakly (a processor dropped with its model frees its entry)."""
-    for key in [k for k, (ref, _) in _CALLS.items() if isinstance(ref, weakref.WeakMethod) and ref() is None]:
-        del _CALLS[key]
-    key = next(_KEYS)
-    _CALLS[key] = (weakref.WeakMethod(fn) if hasattr(fn, "__self__") else fn, tuple(like))
+    The same `name` gets the same key, and the newest live callable registered under it is
+    called: callables that share a name must be interchangeable (the same computation on the
+    same mesh, e.g. one family's joint attention on one mesh key). A compiled graph holds the
+    key as a constant, so with one key per name every block of a class shares one graph, and
+    the graphs compiled before a regroup serve the regrouped model; a key per callable would
+    compile a graph per block (Dynamo gives up after 8).
+    """
+    key = _NAMES.setdefault(name, len(_NAMES) + 1)
+    live = [ref for ref in _CALLS.get(key, ([], ()))[0] if _deref(ref) is not None]
+    live.append(weakref.WeakMethod(fn) if hasattr(fn, "__self__") else fn)
+    _CALLS[key] = (live, tuple(like))
     return key
 
 
 def _lookup(key: int):
-    entry = _CALLS.get(key)
-    fn = None if entry is None else (entry[0]() if isinstance(entry[0], weakref.WeakMethod) else entry[0])
-    if fn is None:
-        raise RuntimeError(f"no live callable is registered under key {key}; its owner was dropped")
-    return fn, entry[1]
+    refs, like = _CALLS.get(key, ([], ()))
+    for ref in reversed(refs):
+        fn = _deref(ref)
+        if fn is not None:
+            return fn, like
+    raise RuntimeError(f"no live callable is registered under key {key}; its owner was dropped")
 
 
 @torch.library.custom_op("raydit::opaque_call", mutates_args=())

@@ -70,10 +70,15 @@ def compiled_vs_eager_worker(rank: int, world_size: int, cases, plans, inductor_
                 backends = ("inductor",) if case.name in inductor_cases else ("eager",)
                 for backend in backends:
                     compiled = compile_blocks(transformer, fullgraph=True, backend=backend)
+                    graphs = counters["stats"]["unique_graphs"]
                     try:
                         out[(case.name, str(plan), backend)] = (eager, harness.forward_once(transformer, kwargs))
                     finally:
                         compiled.remove()
+                    # Regional compilation: one graph per block class, shared by its blocks.
+                    classes = {type(b) for b in compiled.blocks}
+                    out[("graphs", case.name, str(plan), backend)] = (
+                        counters["stats"]["unique_graphs"] - graphs, len(classes), len(compiled.blocks))
     # A regroup with the same degrees (a fresh mesh, the old one released) reuses the blocks'
     # graphs: a mesh's key is stable. Were it not, each mesh would compile again, and after 8
     # graphs of one block class Dynamo refuses (fullgraph) or falls back to eager.
@@ -103,6 +108,9 @@ def test_compiled_blocks_match_eager_on_ulysses_and_ring_without_graph_breaks():
     for rank, outputs in enumerate(results):
         regroups = outputs.pop("regroups")
         assert sum(regroups[1:]) == 0, f"rank {rank}: graphs compiled per regroup {regroups}"
+        graphs = {key[1:]: outputs.pop(key) for key in list(outputs) if key[0] == "graphs"}
+        for key, (compiled, classes, blocks) in graphs.items():
+            assert compiled <= classes, f"rank {rank} {key}: {compiled} graphs for {blocks} blocks of {classes} classes"
         assert set(outputs) == expected
         for key, (eager, compiled) in outputs.items():
             torch.testing.assert_close(compiled, eager, **forward_tol(eager), msg=lambda m: f"rank {rank} {key}: {m}")

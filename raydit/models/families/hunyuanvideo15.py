@@ -114,8 +114,9 @@ class HunyuanVideo15SPAttnProcessor:
         # The joint attention reads the mask's values (how many text tokens are valid) to lay
         # the sequence out: data-dependent Python that torch.compile cannot keep in a graph,
         # so a compiled block calls it as one opaque op (raydit.parallel.opaque). Outputs:
-        # video like q, text like tq.
-        self._joint_key = register_call(self._joint, like=(0, 3))
+        # video like q, text like tq. Every processor of a mesh registers under one name, so
+        # every block runs one compiled graph (they share everything _joint reads).
+        self._joint_key = register_call(self._joint, like=(0, 3), name=(type(self).__qualname__, context.mesh.key))
 
     def _counts(self, attention_mask, text_len: int, batch: int) -> list[int]:
         # The same mask tensor goes to every block of a forward: read it once (one host sync).
