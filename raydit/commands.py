@@ -44,6 +44,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fuse-lora", dest="fuse_lora", action="store_true", default=None,
                    help="merge the one --lora into the weights at its --lora-scale on every rank (diffusers' "
                         "fuse_lora): no per-step cost, but the engine can then run only that LoRA")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="regional torch.compile of the transformer blocks on every rank: the first request of a "
+                        "size compiles (reported as compile seconds, apart from the steps); not with unfused --lora")
     p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
     p.add_argument("--ulysses", type=int)
@@ -127,7 +130,39 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
         raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} are given; "
                          "give exactly one --lora (or one loras: entry), or drop --fuse-lora")
+    check_compile(opts)
     return opts
+
+
+def check_compile(opts: dict) -> None:
+    """--compile's own checks (generate and serve), before Ray starts."""
+    if opts.get("compile") not in (None, True, False):  # a --config file can give anything
+        raise ValueError(f"compile {opts['compile']!r} must be true or false")
+    if opts.get("compile") and opts.get("lora_table") and not opts.get("fuse_lora"):
+        raise ValueError("--compile cannot switch LoRA adapters per request (each switch would recompile the blocks); "
+                         "add --fuse-lora to merge the one --lora into the weights, or drop --compile")
+
+
+def engine_kwargs(o: dict) -> dict:
+    """The Engine's arguments from resolved generate options (all but `workers`, whose default
+    asks the cluster)."""
+    return dict(
+        model=o["model"],
+        device=o["device"],
+        ulysses=o.get("ulysses"),
+        ring=o.get("ring"),
+        cfg=o.get("cfg"),
+        address=o.get("address"),
+        frames=o.get("frames"),
+        height=o.get("height"),
+        width=o.get("width"),
+        show_plan=not o["json"],
+        cache=o.get("cache"),
+        cache_threshold=o.get("cache_threshold"),
+        loras=o["lora_table"],
+        fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
+        compile=bool(o.get("compile")),
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -165,23 +200,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if workers is None and device != "cuda" and o.get("address") is None:
         # On a CPU machine the default is 2 ranks: the smallest parallel run.
         workers = None if _has_gpu_cluster() else 2
-    with Engine(
-        model=o["model"],
-        workers=workers,
-        device=device,
-        ulysses=o.get("ulysses"),
-        ring=o.get("ring"),
-        cfg=o.get("cfg"),
-        address=o.get("address"),
-        frames=o.get("frames"),
-        height=o.get("height"),
-        width=o.get("width"),
-        show_plan=not o["json"],
-        cache=o.get("cache"),
-        cache_threshold=o.get("cache_threshold"),
-        loras=o["lora_table"],
-        fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
-    ) as engine:
+    with Engine(workers=workers, **engine_kwargs(o)) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
             o["prompt"],
             negative_prompt=o.get("negative_prompt"),
@@ -219,6 +238,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"{result.frames.shape[1]}, {len(t['step_seconds'])} steps in "
             f"{t['denoise_seconds']:.2f} s, total {t['total_seconds']:.2f} s"
             + (f", {t['cached_steps']} served from the {o['cache']} cache" if o.get("cache") else "")
+            + (f", compiled in {t['compile_seconds']:.2f} s before them" if o.get("compile") else "")
         )
     return 0
 

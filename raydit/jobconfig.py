@@ -31,6 +31,7 @@ GENERATE_OPTIONS: dict[str, type] = {
     "lora_scale": list,  # as --lora-scale repeated
     "loras": list,  # paths, or mappings {path, scale, name, target}
     "fuse_lora": bool,  # merge the one LoRA into the weights (--fuse-lora)
+    "compile": bool,  # regional torch.compile of the transformer blocks (--compile)
     "workers": int,
     "device": str,
     "ulysses": int,

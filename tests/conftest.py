@@ -15,6 +15,12 @@ def _private_cache(tmp_path_factory):
     if "RAYDIT_CACHE" not in os.environ:
         os.environ["RAYDIT_CACHE"] = str(tmp_path_factory.mktemp("raydit-cache"))
     os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+    # torch.compile tests (tests/models/test_compile.py): one private Inductor cache for the
+    # session's processes (spawned ranks, Ray workers), so a graph compiled once is compiled
+    # C++ for the next process; compiling in this process, not in a pool that must start first.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # Ray 2.60 turns token authentication on for new clusters. Keep it on, but with a
     # token private to this session (not the user's ~/.ray/auth_token): every cluster the
     # tests start, and every client they run, reads it from here.
@@ -61,7 +67,8 @@ def ray_local():
             include_dashboard=False,
             object_store_memory=200 * 1024 * 1024,
             logging_level="WARNING",
-            runtime_env={"env_vars": {"RAYDIT_CACHE": os.environ["RAYDIT_CACHE"]}},
+            runtime_env={"env_vars": {k: os.environ[k] for k in ("RAYDIT_CACHE", "TORCHINDUCTOR_CACHE_DIR",
+                                                                 "TORCHINDUCTOR_COMPILE_THREADS")}},
         )
         _LOCAL["up"] = True
     yield ray

@@ -18,6 +18,7 @@ _EXPORTS = {
     "GenerationRequest": "raydit.models.family",
     "image_to_png": "raydit.models.family",
     "Runner": "raydit.models.runner",
+    "compile_blocks": "raydit.models.compile",
     "family_for_pipeline": "raydit.models.registry",
     "get_adapter": "raydit.models.registry",
     "parallelize": "raydit.models.registry",

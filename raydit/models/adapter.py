@@ -174,8 +174,10 @@ def apply_split(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
             if cached is not None and cached[0] is x:
                 local = cached[1]
             else:
-                # [B, L_part, ...] -> [B, chunk_part, ...] (padded at the part's end, then chunked)
-                local = ctx.layout.shard(x, spec.part, ctx.mesh.sp_index, dim=spec.dim)
+                # [B, L_part, ...] -> [B, chunk_part, ...] (padded at the part's end, then chunked).
+                # Contiguous, as the blocks' own outputs are: a compiled block specializes on
+                # strides, and a strided first input would cost the first block its own graph.
+                local = ctx.layout.shard(x, spec.part, ctx.mesh.sp_index, dim=spec.dim).contiguous()
                 if spec.every_block:
                     ctx.split_cache[spec.arg] = (x, local)
             if kind == "kwargs":

@@ -52,7 +52,7 @@ class Runner:
     """Runs one pipeline's requests step by step, alone or as one rank of a mesh."""
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
-                 offload_idle: bool = False):
+                 offload_idle: bool = False, compile: bool = False):
         from raydit.models.registry import family_for_pipeline
 
         self.family = family_for_pipeline(pipe)
@@ -95,6 +95,21 @@ class Runner:
             except BaseException:
                 self.close()
                 raise
+        # compile: regional torch.compile of every transformer's blocks (raydit.models.compile);
+        # the first request of each shape compiles them in `prepare` (the warm-up), so steps
+        # are timed without it. `warmup_seconds`: the last prepare's warm-up (0: none needed).
+        self.compiled = []
+        self.warmup_seconds = 0.0
+        self._warm: set = set()
+        if compile:
+            from raydit.models.compile import compile_blocks
+
+            try:
+                for transformer in self.family.transformers(pipe):
+                    self.compiled.append(compile_blocks(transformer))
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def transformer(self):
@@ -105,6 +120,9 @@ class Runner:
         if self._step_cache is not None:
             self._step_cache.remove()
             self._step_cache = None
+        for compiled in getattr(self, "compiled", ()):  # the step cache wrapped the compiled forwards
+            compiled.remove()
+        self.compiled = []
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -131,6 +149,11 @@ class Runner:
                 f"true_cfg_scale {request.true_cfg_scale:g} is for pipelines whose guidance is embedded in the model "
                 f"(HunyuanVideo); {type(pipe).__name__} guides with guidance_scale: drop true_cfg_scale"
             )
+        if request.lora and self.compiled:
+            raise ValueError(
+                f"LoRA adapters {[name for name, _ in request.lora]} cannot run on compiled blocks (switching "
+                "adapters would recompile them); fuse the LoRA into the weights or run without compile"
+            )
         # The request's LoRA adapters (none: every transformer's base layers alone), set
         # before anything runs; adapters stay loaded, so switching costs no reload.
         activate_lora(pipe, family.transformers(pipe), request.lora)
@@ -153,7 +176,33 @@ class Runner:
         if checkpoint is not None:
             state = self._resume(state, checkpoint)
         self._last_state = state
+        self.warmup_seconds = self._warm_up(state) if self.compiled else 0.0
         return state
+
+    def _warm_up(self, state: DenoiseState) -> float:
+        """Compile for this request's shapes, once per shape: one transformer call per branch
+        and per expert the remaining steps use (Wan 2.2 A14B switches at a boundary), at the
+        first step that expert runs, results dropped. Collective like a step (every rank
+        prepares). Returns the seconds it took (0.0 when these shapes ran before)."""
+        import time
+
+        shapes = tuple(tuple(v.shape) for b in state.branches for v in b.values() if isinstance(v, torch.Tensor))
+        key = (tuple(state.latents.shape), shapes)
+        if key in self._warm or state.done:
+            return 0.0
+        t0 = time.perf_counter()
+        experts: set[int] = set()
+        for t in state.timesteps[state.step_index:]:
+            expert = self.family.active_transformer(self.pipe, state, t)
+            if id(expert) in experts:
+                continue
+            experts.add(id(expert))
+            if self.offload_idle:
+                self._place_expert(state, t)
+            for branch in state.branches:
+                self.family.predict(self.pipe, state, t, branch)
+        self._warm.add(key)
+        return time.perf_counter() - t0
 
     def _encode(self, request: GenerationRequest):
         """(positive, negative) on every rank: encoded on the encoding rank and broadcast over

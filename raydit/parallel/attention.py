@@ -275,6 +275,20 @@ def sp_attention(
         raise ValueError(f"head_chunks {head_chunks!r} must be an integer >= 1 (1: no overlap)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace the async collectives below: one opaque op instead, so the
+        # transformer block around it stays one graph (raydit.parallel.opaque).
+        from raydit.parallel.kernels import KERNELS
+        from raydit.parallel.mesh import mesh_key
+        from raydit.parallel.opaque import sp_attention_op
+
+        if kernel is not None and KERNELS.get(kernel.name) is not kernel.fn:
+            raise ValueError(
+                f"attention kernel {kernel.name!r} is not one of raydit's ({', '.join(KERNELS)}); "
+                "a compiled model can name only those: pass kernel=None or select_kernel(...)"
+            )
+        return sp_attention_op(q_BHSD, k_BHSD, v_BHSD, mesh_key(mesh), list(layout.part_lengths), float(scale),
+                               "" if kernel is None else kernel.name, head_chunks)
     # Ring 1 needs no lse: unless a kernel is forced, torch's SDPA runs there (it may pick a
     # backend that cannot return the lse, cuDNN on Hopper, faster than every LSE kernel).
     plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D) if kernel is None and mesh.ring == 1 else None

@@ -9,7 +9,8 @@ span a subset `ranks` of the world; the formula then gives the position in `rank
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -40,6 +41,12 @@ class ParallelMesh:
     cfg_group: dist.ProcessGroup | None
     ring_prev: int  # global rank this rank receives K/V from
     ring_next: int  # global rank this rank sends K/V to
+    # What a torch custom op (raydit.parallel.opaque) receives instead of the mesh: set at
+    # creation, see `mesh_key`.
+    key: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", _register(self))
 
     @property
     def sp(self) -> int:
@@ -68,6 +75,43 @@ class ParallelMesh:
     @property
     def replica(self) -> int:
         return self.mesh_rank // (self.sp * self.cfg)
+
+
+# key -> the live mesh holding it, for custom ops (weak: a dropped mesh frees its key), and
+# (coordinates, n) -> key, so that keys are stable.
+_MESHES: "weakref.WeakValueDictionary[int, ParallelMesh]" = weakref.WeakValueDictionary()
+_KEYS: dict[tuple, int] = {}
+
+
+def _register(mesh: ParallelMesh) -> int:
+    """The first key of the mesh's coordinates that no live mesh holds.
+
+    Why stable keys: a compiled graph holds the key as a constant, so a key per mesh object
+    would make every re-plan recompile, and Dynamo stops compiling a block after 8 graphs (a
+    worker re-planned 8 times would then run eager). A new mesh with the coordinates of a
+    released one (a regroup with the same degrees) takes its key and the graphs compiled for
+    it; two live meshes with the same coordinates get different keys (n = 0, 1, ...).
+    """
+    coords = (mesh.ulysses, mesh.ring, mesh.cfg, mesh.replicas, mesh.rank, mesh.mesh_rank, mesh.ring_prev, mesh.ring_next)
+    n = 0
+    while True:
+        key = _KEYS.setdefault((coords, n), len(_KEYS) + 1)
+        if _MESHES.get(key) is None:
+            _MESHES[key] = mesh
+            return key
+        n += 1
+
+
+def mesh_key(mesh: ParallelMesh) -> int:
+    """The integer a custom op receives for `mesh` (every mesh is registered at creation)."""
+    return mesh.key
+
+
+def mesh_of_key(key: int) -> ParallelMesh:
+    mesh = _MESHES.get(key)
+    if mesh is None:
+        raise RuntimeError(f"no live ParallelMesh has key {key}; the mesh was released while a compiled model still used it")
+    return mesh
 
 
 def _check_degree(name: str, value: int) -> None:
@@ -193,6 +237,8 @@ def release_mesh(mesh: ParallelMesh | None) -> None:
     threads pile up by the hundred and starve the machine."""
     if mesh is None:
         return
+    if _MESHES.get(mesh.key) is mesh:
+        del _MESHES[mesh.key]  # its groups are gone: the key is free for the next mesh
     seen = set()
     for group in (mesh.ulysses_group, mesh.ring_group, mesh.sp_group, mesh.cfg_group):
         if group is None or id(group) in seen or group == dist.GroupMember.NON_GROUP_MEMBER:
@@ -218,6 +264,7 @@ def leave_default_group() -> None:
     else:  # what destroying a formed default group would have cleared
         distributed_c10d._unregister_all_process_groups()
     distributed_c10d._world.group_count = 0
+    _MESHES.clear()  # every mesh's groups are gone: their keys are free for the next group's
 
 
 def check_layout(mesh: ParallelMesh, layout: SeqLayout) -> None:

@@ -203,6 +203,8 @@ class WorkerPool:
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
         # group is formed over holds exactly these (a rank that joins later gets them too).
         self.loras: dict = {}
+        # Regional torch.compile of every rank's transformer blocks (Engine(compile=True)).
+        self.compile = False
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -282,7 +284,8 @@ class WorkerPool:
         chosen = _assign(self.members, getattr(plan, "placement", None), world)
         degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
                    # idle weights (inactive expert, encoders) kept in host memory
-                   "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0)}
+                   "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
+                   "compile": int(self.compile)}
         backend = "nccl" if self.device == "cuda" else "gloo"
         # Every rank of the group holds the engine's LoRA adapters (free where it has them).
         self._call_all([m.actor.sync_loras.remote(self.loras) for m in chosen], timeout_s + 120.0, chosen, "form")

@@ -238,7 +238,10 @@ class Controller:
                 info = self.group.prepare(job.request, job.checkpoint, timeout_s=self.deadlines.for_call("prepare", self.plan))
                 seconds = time.perf_counter() - t0
                 self.deadlines.observe("prepare", seconds)
-                job.timings.setdefault("prepare_seconds", seconds)
+                # A compiled engine compiles for a new shape inside prepare: reported apart.
+                warmup = float(info.get("warmup_seconds", 0.0))
+                job.timings["compile_seconds"] = job.timings.get("compile_seconds", 0.0) + warmup
+                job.timings.setdefault("prepare_seconds", seconds - warmup)
                 job.num_steps = info["num_steps"]
                 job.step_index = info["step_index"]
                 job.timesteps = info["timesteps"]

@@ -78,7 +78,10 @@ class Engine:
     lost mid-request a replica re-plans on what is left and resumes from its last step.
     `cache="fbcache" | "teacache"` (with `cache_threshold`, default per method) turns on
     step caching for every request (raydit.models.cache); `result.timings["cached_steps"]`
-    counts the steps it served.
+    counts the steps it served. `compile=True`: regional torch.compile of the transformer
+    blocks on every rank (raydit.models.compile); the first request of each shape compiles
+    while it is prepared, reported as `result.timings["compile_seconds"]` (0 once warm),
+    apart from `step_seconds` and `encode`.
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class Engine:
         fuse_lora=None,
         cache: str | None = None,
         cache_threshold: float | None = None,
+        compile: bool = False,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -119,6 +123,9 @@ class Engine:
                 raise ValueError(f"{name} {value!r} must be a positive integer")
         if grow not in ("auto", "always", "never"):
             raise ValueError(f"grow {grow!r} is not one of auto, always, never")
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile {compile!r} must be True or False")
+        self.compile = compile
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
@@ -149,6 +156,7 @@ class Engine:
         if self._fused is not None:
             name, scale = self._fused
             self._loras[name] = dataclasses.replace(self._loras[name], fuse_scale=scale)
+        self._refuse_if_compiled([n for n in self._loras if self._fused is None or n != self._fused[0]])
         # The planner counts the adapters' bytes on every rank (0 for a fused one).
         self.spec = dataclasses.replace(self.spec, adapter_bytes=float(sum(adapter_bytes(s) for s in self._loras.values())))
         self._workers = workers
@@ -195,6 +203,7 @@ class Engine:
                 replica = Replica(index=k, pool=pool, plan=plan)
                 self.replicas.append(replica)
                 pool.loras = dict(self._loras)
+                pool.compile = compile
                 seconds = pool.form(plan, collective_timeout_s)
                 self._timings.setdefault("group_seconds", seconds)
         except BaseException:
@@ -560,6 +569,7 @@ class Engine:
         timings["rank_step_seconds"] = list(job.rank_step_seconds)
         timings["denoise_seconds"] = float(sum(job.step_seconds))
         timings["cached_steps"] = _cached_steps(job)
+        timings["compile_seconds"] = float(job.timings.get("compile_seconds", 0.0))
         timings["total_seconds"] = time.perf_counter() - item.t_start
         # Issue 13's names: encode (prepare: prompt encoding + initial latents), denoise,
         # decode seconds, and how many ranks the decode was split over.
@@ -651,6 +661,15 @@ class Engine:
                 "start an engine without fuse_lora to load and unload adapters"
             )
 
+    def _refuse_if_compiled(self, names: list) -> None:
+        # peft's layers in a compiled block: every switch of adapters or scales would
+        # recompile the blocks (Dynamo guards on them). A fused LoRA is plain weights.
+        if self.compile and names:
+            raise ValueError(
+                f"LoRA {', '.join(map(str, names))} cannot be switched per request on compiled blocks (compile=True); "
+                "fuse one LoRA into the weights (fuse_lora / --fuse-lora) or drop compile"
+            )
+
     def loras(self) -> dict[str, str]:
         """The loaded LoRA adapters: name -> path of the .safetensors file."""
         return {name: spec.path for name, spec in self._loras.items()}
@@ -660,6 +679,7 @@ class Engine:
         with `lora=`). `target`: "transformer", "transformer_2" (Wan 2.2 A14B's low-noise
         expert) or "both". Waits for running requests to finish. Returns the name."""
         self._refuse_if_fused("load a LoRA")
+        self._refuse_if_compiled([name or str(path)])
         with self._lora_lock:
             spec = self._lora_spec({"path": path, "target": target}, name)
             self._sync_loras({**self._loras, spec.name: spec})

@@ -197,6 +197,7 @@ class RankWorker:
         self._runner = Runner(
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
             offload_idle=bool(degrees.get("offload_idle")),
+            compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
         )
         return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1)}
 
@@ -263,6 +264,7 @@ class RankWorker:
             "num_steps": int(self._state.num_steps),
             "step_index": int(self._state.step_index),
             "timesteps": [float(t) for t in self._state.timesteps],
+            "warmup_seconds": float(self._runner.warmup_seconds),  # compiling for a new shape
         }
 
     @_reported("step")

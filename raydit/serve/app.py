@@ -188,20 +188,13 @@ class VideoAPI:
 
     def __init__(self, options: dict, token_sha256: str | None = None):
         from raydit.runtime.engine import Engine
+        from raydit.serve.config import engine_kwargs
         from raydit.serve.service import VideoService
         from raydit.serve.store import VideoStore
 
         self._digest = token_sha256 or _read_token_digest(options)
         store = VideoStore(options["output_dir"])
-        self.engine = Engine(
-            model=options["model"], workers=options.get("workers"), device=options["device"],
-            ulysses=options.get("ulysses"), ring=options.get("ring"), cfg=options.get("cfg"),
-            replicas=options.get("replicas", 1), frames=options.get("frames"),
-            height=options.get("height"), width=options.get("width"),
-            cache=options.get("cache"), cache_threshold=options.get("cache_threshold"),
-            loras=options.get("lora_table"),
-            fuse_lora=options.get("lora_choice") if options.get("fuse_lora") else None,
-        )
+        self.engine = Engine(**engine_kwargs(options))
         self.lora_dir = options.get("lora_dir")
         spec = self.engine.spec
         max_steps, steps_by = options["max_steps"], "--max-steps"

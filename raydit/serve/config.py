@@ -39,6 +39,7 @@ SERVE_OPTIONS: dict[str, type] = {
     "lora": list,  # LoRAs loaded at start (paths, as --lora repeated)
     "lora_scale": list,  # their scales (as --lora-scale repeated; used with fuse_lora)
     "fuse_lora": bool,  # merge the one --lora into the weights (diffusers' fuse_lora)
+    "compile": bool,  # regional torch.compile of the transformer blocks (raydit.models.compile)
 }
 
 SERVE_DEFAULTS: dict = {
@@ -96,6 +97,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fuse-lora", dest="fuse_lora", action="store_true", default=None,
                    help="merge the one --lora into the weights (no per-step cost); every video then uses it "
                         "and the LoRA routes cannot change it")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="regional torch.compile of the transformer blocks on every rank; the first video of "
+                        "each size compiles. Not with per-request LoRAs (--lora without --fuse-lora, --lora-dir)")
 
 
 def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
@@ -160,6 +164,30 @@ def check_lora_options(opts: dict) -> None:
     if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
         raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} --lora "
                          "are given; give exactly one --lora, or drop --fuse-lora")
+    if opts.get("compile") not in (None, True, False):  # a builder's args dict is not typed by argparse
+        raise ValueError(f"compile {opts['compile']!r} must be true or false")
+    if opts.get("compile"):
+        # Compiled blocks would recompile at every switch of adapters (Dynamo guards on peft's
+        # layers); one fused LoRA is plain weights.
+        switching = [flag for flag, on in (("--lora without --fuse-lora", opts["lora_table"] and not opts.get("fuse_lora")),
+                                           ("--lora-dir", opts.get("lora_dir") is not None)) if on]
+        if switching:
+            raise ValueError(f"--compile cannot switch LoRA adapters per request, but {' and '.join(switching)} "
+                             "asks for it; fuse one LoRA (--fuse-lora) or drop --compile")
+
+
+def engine_kwargs(opts: dict) -> dict:
+    """The Engine's arguments from resolved serve options."""
+    return dict(
+        model=opts["model"], workers=opts.get("workers"), device=opts["device"],
+        ulysses=opts.get("ulysses"), ring=opts.get("ring"), cfg=opts.get("cfg"),
+        replicas=opts.get("replicas", 1), frames=opts.get("frames"),
+        height=opts.get("height"), width=opts.get("width"),
+        cache=opts.get("cache"), cache_threshold=opts.get("cache_threshold"),
+        loras=opts.get("lora_table"),
+        fuse_lora=opts.get("lora_choice") if opts.get("fuse_lora") else None,
+        compile=bool(opts.get("compile")),
+    )
 
 
 def token_file_path(opts: dict) -> str | None:

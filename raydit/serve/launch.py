@@ -14,7 +14,8 @@ import sys
 import threading
 
 APP_NAME = "raydit"
-PASS_ENV = ("RAYDIT_CACHE", "RAYDIT_NO_PROGRESS", "HF_HOME", "HF_HUB_OFFLINE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+PASS_ENV = ("RAYDIT_CACHE", "RAYDIT_NO_PROGRESS", "HF_HOME", "HF_HUB_OFFLINE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "TORCHINDUCTOR_CACHE_DIR")  # where --compile keeps what it compiled
 
 
 def _say(message: str) -> None:

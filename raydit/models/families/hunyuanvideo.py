@@ -151,7 +151,15 @@ class HunyuanVideoSPAttnProcessor:
     """
 
     def __init__(self, context: ForwardContext):
+        from raydit.parallel.opaque import register_call
+
         self.context = context
+        # The joint attention reads the mask's values (how many text tokens are valid) to lay
+        # the sequence out: data-dependent Python that torch.compile cannot keep in a graph,
+        # so a compiled block calls it as one opaque op (raydit.parallel.opaque). Outputs:
+        # video like q, text like tq. Every processor of a mesh registers under one name, so
+        # every block runs one compiled graph (they share everything _joint reads).
+        self._joint_key = register_call(self._joint, like=(0, 3), name=(type(self).__qualname__, context.mesh.key))
 
     def _counts(self, attention_mask, video_len: int, text_len: int, batch: int) -> list[int]:
         # The same mask tensor goes to every block of a forward: read it once (one host sync).
@@ -163,21 +171,57 @@ class HunyuanVideoSPAttnProcessor:
         cache[_MASK_CACHE] = (attention_mask, counts)
         return counts
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+    def _joint(self, tensors, ints):
+        """Attention of the video chunk and the valid text over the whole sequence, per group
+        of samples with the same valid text length. tensors: q, k, v [B, S, H, D], tq, tk, tv
+        [B, Lt, H, D] and the joint mask if any; ints: [Lv]. -> video [B, S, H, D], text
+        [B, Lt, H, D] (masked text rows zero)."""
         import torch
-        from diffusers.models.embeddings import apply_rotary_emb
 
         from raydit.parallel.attention import sp_attention
         from raydit.parallel.mesh import gather_sequence
         from raydit.parallel.sharding import SeqLayout
 
+        q, k, v, tq, tk, tv = tensors[:6]
+        attention_mask = tensors[6] if len(tensors) > 6 else None
+        (Lv,) = ints
+        mesh = self.context.mesh
+        B, S = q.shape[:2]
+        Lt = tq.shape[1]
+        counts = self._counts(attention_mask, Lv, Lt, B)
+        video_out = q.new_empty(q.shape)  # [B, S, H, D]
+        text_out = tq.new_zeros(tq.shape)  # [B, Lt, H, D]; masked rows stay zero
+        groups: dict[int, list[int]] = {}
+        for b, n in enumerate(counts):
+            groups.setdefault(n, []).append(b)
+        for n, samples in groups.items():
+            rows = slice(samples[0], samples[-1] + 1) if samples == list(range(samples[0], samples[-1] + 1)) else samples
+            joint = SeqLayout((Lv, n), mesh.sp)  # the video chunks are the blocks' own
+
+            def local(video_BSHD, text_BLHD):
+                # [B, S + chunk_n, H, D] -> [B, H, S + chunk_n, D]: my video chunk, my share of the valid text
+                mine = joint.shard(text_BLHD[rows, :n], TEXT, mesh.sp_index, dim=1)
+                return torch.cat([video_BSHD[rows], mine], dim=1).transpose(1, 2)
+
+            out = sp_attention(local(q, tq), local(k, tk), local(v, tv), mesh, joint).transpose(1, 2)
+            video_out[rows] = out[:, :S]
+            # Every rank's share of the valid text rows -> the whole valid text on every rank.
+            text_out[rows, :n] = gather_sequence(out[:, S:], mesh, joint, TEXT, dim=1)
+
+        return [video_out, text_out]
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        import torch
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        from raydit.parallel.opaque import opaque_call
+
         if encoder_hidden_states is None:
             raise ValueError("HunyuanVideoSPAttnProcessor needs the text tokens (encoder_hidden_states)")
         mesh, layout = self.context.mesh, self.context.layout
         assert layout is not None, "split hook did not run before attention"
-        B, S, _ = hidden_states.shape
-        assert S == layout.local_len, (S, layout.local_len)
-        Lv, Lt = layout.part_lengths[VIDEO], encoder_hidden_states.shape[1]
+        assert hidden_states.shape[1] == layout.local_len, (hidden_states.shape, layout.local_len)
+        Lv = layout.part_lengths[VIDEO]
 
         def heads(x_BLC):
             return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
@@ -203,26 +247,8 @@ class HunyuanVideoSPAttnProcessor:
         if norm_tk is not None:
             tk = norm_tk(tk)
 
-        counts = self._counts(attention_mask, Lv, Lt, B)
-        video_out = q.new_empty(q.shape)  # [B, S, H, D]
-        text_out = tq.new_zeros(tq.shape)  # [B, Lt, H, D]; masked rows stay zero
-        groups: dict[int, list[int]] = {}
-        for b, n in enumerate(counts):
-            groups.setdefault(n, []).append(b)
-        for n, samples in groups.items():
-            rows = slice(samples[0], samples[-1] + 1) if samples == list(range(samples[0], samples[-1] + 1)) else samples
-            joint = SeqLayout((Lv, n), mesh.sp)  # the video chunks are the blocks' own
-
-            def local(video_BSHD, text_BLHD):
-                # [B, S + chunk_n, H, D] -> [B, H, S + chunk_n, D]: my video chunk, my share of the valid text
-                mine = joint.shard(text_BLHD[rows, :n], TEXT, mesh.sp_index, dim=1)
-                return torch.cat([video_BSHD[rows], mine], dim=1).transpose(1, 2)
-
-            out = sp_attention(local(q, tq), local(k, tk), local(v, tv), mesh, joint).transpose(1, 2)
-            video_out[rows] = out[:, :S]
-            # Every rank's share of the valid text rows -> the whole valid text on every rank.
-            text_out[rows, :n] = gather_sequence(out[:, S:], mesh, joint, TEXT, dim=1)
-
+        joint = [q, k, v, tq, tk, tv] + ([] if attention_mask is None else [attention_mask])
+        video_out, text_out = opaque_call(self._joint_key, joint, [Lv])
         video_out = video_out.flatten(2, 3).type_as(q)
         text_out = text_out.flatten(2, 3).type_as(q)
         if getattr(attn, "to_out", None) is not None:
