@@ -7,17 +7,17 @@ Inductor then builds C++ for ~10 s more. So:
   an error) on the "eager" backend: Dynamo's whole trace of each block, with the fake
   implementations of raydit's custom ops, run as captured (~1-2 s a block class; "aot_eager"
   costs ~3 s more and Inductor ~10 s more). Wan's case runs through Inductor instead, on
-  both plans: generated code calling the ops (which checks, e.g., the strides the fakes promise);
-- the runner check compiles one tiny pipeline once, with Inductor, in this process.
-Inductor's cache lives in a temporary directory shared by this module's processes.
+  both plans: generated code calling the ops (which checks, e.g., the strides the fakes promise).
+  It also counts graphs: one per block class (blocks share it), and none for a regroup;
+- the runner check compiles the tiny pipeline once, with Inductor, in this process, and the
+  engine check compiles the same graph in a Ray worker, which finds the C++ in Inductor's
+  cache: one temporary directory for the session's processes (tests/conftest.py).
 
 Tolerance: the conformance suite's forward tolerance (tests/models/test_conformance.py) and
 its latent tolerance after denoising steps.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
