@@ -18,7 +18,9 @@ CUDA device) says so in one line and the others still run:
    guidance 5: seconds per step (median of steps 2..N, each synchronised) of diffusers'
    WanPipeline, raydit's bare Runner, the Engine (one Ray worker; also rank 0's own time of
    the step) and the Engine with `compile=True` (its warm-up reported apart); the VAE
-   decode's seconds; peak device memory on every side.
+   decode's seconds; peak device memory on every side. Every side is warm when measured:
+   diffusers after a 2-step call in this process, the Runner after diffusers, each Engine on
+   its workers' second request (the first request's steps are reported too).
 4. prediction: the planner's step, decode and peak GB for that request on one device of
    this type, from the table and from part 2's calibration, against the measured Engine.
 
@@ -274,13 +276,18 @@ def part_diffusers(ctx: dict) -> dict:
         marks.append(time.perf_counter())
         return kwargs
 
+    def call(steps: int) -> None:
+        with torch.no_grad():
+            pipe(prompt=PROMPT, **ctx["request"], num_inference_steps=steps, guidance_scale=GUIDANCE,
+                 max_sequence_length=512, generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
+                 callback_on_step_end=stamp)
+
+    call(2)  # warm-up: the first request in a process pays kernel plans and the allocator's growth
+    marks.clear()
     sync(device)
     reset_peak(device)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        pipe(prompt=PROMPT, **ctx["request"], num_inference_steps=ctx["steps"], guidance_scale=GUIDANCE,
-             max_sequence_length=512, generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
-             callback_on_step_end=stamp)
+    call(ctx["steps"])
     steps = [b - a for a, b in zip([t0] + marks[:-1], marks)][1:]
     out = {"step_seconds": benchlib.summary(steps), "peak_gb": round(peak_gb(device), 3)}
     say(_steps_line("diffusers WanPipeline", steps, out["peak_gb"]))
@@ -295,7 +302,7 @@ def part_runner(ctx: dict) -> dict:
 
     need("diffusers", "the Runner's pipeline")
     device = ctx["device"]
-    runner = Runner(_load(ctx), device=device, dtype=ctx["dtype"])
+    runner = Runner(_load(ctx), device=device, dtype=ctx["dtype"])  # warm: diffusers' side ran here first
     reset_peak(device)
     state = runner.prepare(GenerationRequest(prompt=PROMPT, **ctx["request"], num_inference_steps=ctx["steps"],
                                              guidance_scale=GUIDANCE, seed=0))
@@ -344,20 +351,27 @@ def _engine(ctx: dict, compile: bool) -> dict:
         start_s = time.perf_counter() - t0
         actor = engine.group.members[0].actor
         ray.get(actor.device_memory.remote(reset=True))
-        result = engine.generate(PROMPT, **ctx["request"], num_inference_steps=ctx["steps"], guidance_scale=GUIDANCE,
-                                 seed=0)
+        request = dict(num_inference_steps=ctx["steps"], guidance_scale=GUIDANCE, seed=0, **ctx["request"])
+        # The workers' first request (fresh processes: kernel plans, the allocator's growth,
+        # and with compile=True the compilation in its prepare), then the one measured: an
+        # Engine's actors stay warm between requests.
+        first = engine.generate(PROMPT, **request)
+        result = engine.generate(PROMPT, **request)
         mem = ray.get(actor.device_memory.remote())
         plan = engine.plan
-    t = result.timings
+    t = dict(result.timings, compile_seconds=first.timings.get("compile_seconds", 0.0))
     steps, rank = t["step_seconds"][1:], t.get("rank_step_seconds", [])[1:]
+    first_steps = first.timings["step_seconds"][1:]
     out = {"start_seconds": round(start_s, 2), "step_seconds": benchlib.summary(steps),
            "rank_step_seconds": benchlib.summary(rank) if rank else None,
+           "first_request_step_seconds": benchlib.summary(first_steps),
            "prepare_seconds": round(t.get("prepare_seconds", 0.0), 3),
            "compile_seconds": round(t.get("compile_seconds", 0.0), 3),
            "decode_seconds": round(t.get("decode", 0.0), 4), "peak_gb": round(mem["peak_gb"], 3),
            "plan": {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
                     "predicted_step_seconds": plan.predicted_step_seconds}}
-    extra = f"  (rank 0's own {statistics.median(rank):.4f} s)" if rank else ""
+    extra = (f"  (rank 0's own {statistics.median(rank):.4f} s; the workers' first request "
+             f"{statistics.median(first_steps):.4f} s)") if rank else ""
     say(_steps_line(name, steps, out["peak_gb"], extra))
     say(f"start {name:<22} {start_s:8.2f} s (Ray, actor, load)" +
         (f"; warm-up (compile) {out['compile_seconds']:.2f} s, reported apart from the steps" if compile else ""))

@@ -335,7 +335,9 @@ def _pack(value):
     if isinstance(value, np.ndarray):
         return value.copy()
     if isinstance(value, torch.Tensor):
-        return (_TENSOR, value.detach().to("cpu").clone(), str(value.device))
+        # One copy: .to("cpu") alone would share a CPU tensor's memory, .clone() after it
+        # would copy a device tensor twice.
+        return (_TENSOR, value.detach().to("cpu", copy=True), str(value.device))
     if isinstance(value, list):
         return [_pack(v) for v in value]
     if _is_packed(value):

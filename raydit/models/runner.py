@@ -326,11 +326,11 @@ class Runner:
         """Plain CPU tensors and Python values; enough to resume on any mesh."""
         return {
             "request": state.request.to_dict(),
-            "latents": state.latents.detach().to("cpu").clone(),
+            "latents": state.latents.detach().to("cpu", copy=True),
             "step_index": state.step_index,
             "num_steps": state.num_steps,
             "scheduler_state": pack_scheduler_state(state.scheduler_state),
-            "carry": {k: (v.detach().to("cpu").clone() if isinstance(v, torch.Tensor) else v)
+            "carry": {k: (v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v)
                       for k, v in state.carry.items()},
             "generator_state": state.generator_state.clone(),
         }

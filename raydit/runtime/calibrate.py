@@ -192,6 +192,12 @@ def measure_matmul(device: str = "cpu", sizes: tuple[int, ...] | None = None,
 CPU_DIT_BLOCK = (1024, 1920, 7680)
 CUDA_DIT_BLOCK = (8192, 3072, 12288)
 ATTENTION_HEAD_DIMS = (64, 128)
+# Tokens the attention kernels are timed at on a GPU: a video model's sequence (Wan 1.3B at
+# 81x480x832: 32760; CogVideoX-2b 49x480x720: 17776; HunyuanVideo 720p: 119056), not the
+# block's 8192. Measured on one H200: cuDNN at head dim 128 ran 676 TFLOP/s at 8192 tokens and
+# 561 at Wan's 32760, and the step predicted from the 8192-token rate came out 21% short of the
+# measured one (docs/benchmarks/gpu.json).
+CUDA_ATTENTION_TOKENS = 32768
 
 
 def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
@@ -257,8 +263,8 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
         # time_kernels lays q, k, v out as a projection's output viewed as heads, (B, T, H, D)
         # -> (B, H, T, D): the strides diffusers' attention processors hand the kernel (15%
         # slower on a CPU slot than contiguous heads).
-        choice = measure_kernels(dev, dtype, head_dim, tokens=tokens, heads=hidden // head_dim,
-                                 warmup=1, iters=repeats, plain=True)
+        choice = measure_kernels(dev, dtype, head_dim, tokens=CUDA_ATTENTION_TOKENS if device == "cuda" else tokens,
+                                 heads=hidden // head_dim, warmup=1, iters=repeats, plain=True)
         d = str(head_dim)
         chosen[d] = choice.name
         rates[d] = dict(choice.rates)
