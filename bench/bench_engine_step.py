@@ -93,7 +93,6 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
     import torch
 
-    from raydit.models.family import GenerationRequest  # noqa: F401  (fails early without raydit)
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
     from raydit.runtime.engine import Engine

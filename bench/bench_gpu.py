@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import statistics
 import subprocess
@@ -196,7 +195,6 @@ def part_kernels(ctx: dict) -> dict:
             row.update(seconds=benchlib.summary(secs, 6), tflops=round(flop / med / 1e12, 1))
             rows.append(row)
             say(f"kernel {name:<30} {str((B, H, S, D)):<24} {med * 1e3:9.3f} ms {row['tflops']:8.1f} TFLOP/s  ({what})")
-        del q, k, v
     for D in sorted({s[0][3] for s in ctx["shapes"]}):
         choice = K.kernel_choice(device, dtype, D)
         picks[str(D)] = {"kernel": choice.name, "why": choice.why, "rates_tflops": dict(choice.rates),

@@ -74,7 +74,6 @@ from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, Se
 from raydit.models.family import Family, Prepared, png_to_image
 
 VIDEO = 0  # the only part split across the blocks
-TEXT = 1  # the valid text tokens: a second part inside each attention only
 
 # The pipeline's request defaults (HunyuanVideoPipeline.__call__); a directory may carry its
 # own in DEFAULTS_FILE (the tiny built-ins do: 129 x 720 x 1280 is far too big for them).
@@ -176,42 +175,15 @@ class HunyuanVideoSPAttnProcessor:
         of samples with the same valid text length. tensors: q, k, v [B, S, H, D], tq, tk, tv
         [B, Lt, H, D] and the joint mask if any; ints: [Lv]. -> video [B, S, H, D], text
         [B, Lt, H, D] (masked text rows zero)."""
-        import torch
-
-        from raydit.parallel.attention import sp_attention
-        from raydit.parallel.mesh import gather_sequence
-        from raydit.parallel.sharding import SeqLayout
+        from raydit.models.joint_text import joint_video_text_attention
 
         q, k, v, tq, tk, tv = tensors[:6]
         attention_mask = tensors[6] if len(tensors) > 6 else None
         (Lv,) = ints
-        mesh = self.context.mesh
-        B, S = q.shape[:2]
-        Lt = tq.shape[1]
-        counts = self._counts(attention_mask, Lv, Lt, B)
-        video_out = q.new_empty(q.shape)  # [B, S, H, D]
-        text_out = tq.new_zeros(tq.shape)  # [B, Lt, H, D]; masked rows stay zero
-        groups: dict[int, list[int]] = {}
-        for b, n in enumerate(counts):
-            groups.setdefault(n, []).append(b)
-        for n, samples in groups.items():
-            rows = slice(samples[0], samples[-1] + 1) if samples == list(range(samples[0], samples[-1] + 1)) else samples
-            joint = SeqLayout((Lv, n), mesh.sp)  # the video chunks are the blocks' own
-
-            def local(video_BSHD, text_BLHD):
-                # [B, S + chunk_n, H, D] -> [B, H, S + chunk_n, D]: my video chunk, my share of the valid text
-                mine = joint.shard(text_BLHD[rows, :n], TEXT, mesh.sp_index, dim=1)
-                return torch.cat([video_BSHD[rows], mine], dim=1).transpose(1, 2)
-
-            out = sp_attention(local(q, tq), local(k, tk), local(v, tv), mesh, joint).transpose(1, 2)
-            video_out[rows] = out[:, :S]
-            # Every rank's share of the valid text rows -> the whole valid text on every rank.
-            text_out[rows, :n] = gather_sequence(out[:, S:], mesh, joint, TEXT, dim=1)
-
-        return [video_out, text_out]
+        counts = self._counts(attention_mask, Lv, tq.shape[1], q.shape[0])
+        return joint_video_text_attention(q, k, v, tq, tk, tv, counts, self.context.mesh, Lv)
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        import torch
         from diffusers.models.embeddings import apply_rotary_emb
 
         from raydit.parallel.opaque import opaque_call
