@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from raydit.parallel.kernels import AttentionKernel, default_kernel, plain_kernel
-from raydit.parallel.mesh import ParallelMesh, check_layout
+from raydit.parallel.kernels import KERNELS, AttentionKernel, default_kernel, plain_kernel
+from raydit.parallel.mesh import ParallelMesh, check_layout, mesh_key, mesh_of_key
+from raydit.parallel.opaque import fresh
 from raydit.parallel.sharding import SeqLayout, select_ranges
 
 
@@ -278,10 +279,6 @@ def sp_attention(
     if torch.compiler.is_compiling():
         # Dynamo cannot trace the async collectives below: one opaque op instead, so the
         # transformer block around it stays one graph (raydit.parallel.opaque).
-        from raydit.parallel.kernels import KERNELS
-        from raydit.parallel.mesh import mesh_key
-        from raydit.parallel.opaque import sp_attention_op
-
         if kernel is not None and KERNELS.get(kernel.name) is not kernel.fn:
             raise ValueError(
                 f"attention kernel {kernel.name!r} is not one of raydit's ({', '.join(KERNELS)}); "
@@ -333,3 +330,23 @@ def sp_attention(
         # Received (U, B, c, S, D): slice j = heads j*h + start..stop of my tokens.
         out_BUhSD[:, :, start:stop] = pending.wait().permute(1, 0, 2, 3, 4)
     return out_BUhSD.view(B, H, S, D)
+
+
+# -- under torch.compile ---------------------------------------------------------------------
+# sp_attention as one opaque op (raydit.parallel.opaque says why): while a block is compiled
+# Dynamo sees the fake, a tensor of q's shape; the compiled block calls sp_attention, eager.
+@torch.library.custom_op("raydit::sp_attention", mutates_args=())
+def sp_attention_op(
+    q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, mesh_id: int, part_lengths: list[int],
+    scale: float, kernel: str, head_chunks: int,
+) -> Tensor:
+    """sp_attention, eager: `mesh_id` is mesh_key(mesh), `kernel` "" the default kernel."""
+    mesh = mesh_of_key(mesh_id)
+    chosen = AttentionKernel(kernel, KERNELS[kernel]) if kernel else None
+    out = sp_attention(q_BHSD, k_BHSD, v_BHSD, mesh, SeqLayout(tuple(part_lengths), mesh.sp), scale, chosen, head_chunks)
+    return fresh(out, (q_BHSD, k_BHSD, v_BHSD))
+
+
+@sp_attention_op.register_fake
+def _(q_BHSD, k_BHSD, v_BHSD, mesh_id, part_lengths, scale, kernel, head_chunks):
+    return q_BHSD.new_empty(q_BHSD.shape)  # (B, H, S, D) in, (B, H, S, D) out, contiguous

@@ -9,7 +9,8 @@ implementation, which is the eager code with its collectives, unchanged.
 
 A custom op takes tensors, numbers, strings and lists of them, not Python objects, so:
 - the mesh travels as `mesh_key(mesh)` (every ParallelMesh is registered where it is made);
-- the layout as its part lengths (the mesh gives sp);
+- the layout as its part lengths (the mesh gives sp): `raydit::sp_attention`, defined beside
+  the function it wraps (raydit.parallel.attention);
 - a model-specific piece of eager code (`opaque_call`) as the key of a registered callable,
   registered eagerly, under a stable name, by whoever owns it (a family's attention processor,
   when it is made).
@@ -27,29 +28,7 @@ import torch
 from torch import Tensor
 
 
-@torch.library.custom_op("raydit::sp_attention", mutates_args=())
-def sp_attention_op(
-    q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, mesh_key: int, part_lengths: list[int],
-    scale: float, kernel: str, head_chunks: int,
-) -> Tensor:
-    """raydit.parallel.attention.sp_attention, eager; `kernel` "" is the default kernel."""
-    from raydit.parallel.attention import sp_attention
-    from raydit.parallel.kernels import KERNELS, AttentionKernel
-    from raydit.parallel.mesh import mesh_of_key
-    from raydit.parallel.sharding import SeqLayout
-
-    mesh = mesh_of_key(mesh_key)
-    chosen = AttentionKernel(kernel, KERNELS[kernel]) if kernel else None
-    out = sp_attention(q_BHSD, k_BHSD, v_BHSD, mesh, SeqLayout(tuple(part_lengths), mesh.sp), scale, chosen, head_chunks)
-    return _fresh(out, (q_BHSD, k_BHSD, v_BHSD))
-
-
-@sp_attention_op.register_fake
-def _(q_BHSD, k_BHSD, v_BHSD, mesh_key, part_lengths, scale, kernel, head_chunks):
-    return q_BHSD.new_empty(q_BHSD.shape)  # (B, H, S, D) in, (B, H, S, D) out, contiguous
-
-
-def _fresh(out: Tensor, inputs) -> Tensor:
+def fresh(out: Tensor, inputs) -> Tensor:
     """What a custom op may return: contiguous (the strides its fake promises) and aliasing
     no input (a 1-rank layout could hand an input back as is)."""
     if any(out.data_ptr() == t.data_ptr() for t in inputs if t.numel()):
@@ -99,7 +78,7 @@ def _lookup(key: int):
 @torch.library.custom_op("raydit::opaque_call", mutates_args=())
 def _opaque_call_op(key: int, tensors: list[Tensor], ints: list[int]) -> list[Tensor]:
     fn, _ = _lookup(key)
-    return [_fresh(out, tensors) for out in fn(list(tensors), list(ints))]
+    return [fresh(out, tensors) for out in fn(list(tensors), list(ints))]
 
 
 @_opaque_call_op.register_fake
