@@ -315,9 +315,12 @@ def gpu_rows(gpu: dict) -> list[tuple]:
     rows = []
     parts = gpu.get("parts", {})
     where = gpu.get("device", "GPU")
+    by_shape: dict[tuple, list[str]] = {}
     for r in (parts.get("kernels") or {}).get("rows", []):
-        if "tflops" in r:
-            rows.append((f"{where} attention {tuple(r['shape'])}: {r['kernel']}", f"{r['tflops']:.0f} TFLOP/s", "", ""))
+        rate = f"{r['tflops']:.0f}" if "tflops" in r else "dropped" if "dropped" in r else "failed"
+        by_shape.setdefault(tuple(r["shape"]), []).append(f"{r['kernel'].replace(' (default, no LSE)', '')} {rate}")
+    for shape, rates in by_shape.items():
+        rows.append((f"{where} attention TFLOP/s at {shape} (B, H, S, D), bf16", ", ".join(rates), "", ""))
     for key, ratio in (gpu.get("ratios") or {}).items():
         side = key.removesuffix("_over_diffusers").replace("_", " --")
         target = "<= 1.02x" if side == "engine" else ""
@@ -510,7 +513,8 @@ def update_readme(summary: str, readme: Path = REPO / "README.md", plot_written:
             "An earlier full run on a quiet machine, before the pipelined Ulysses: docs/benchmarks/full/summary.md. "
             "Every figure with its spread, load average and raw values: `docs/benchmarks/*.json`; how each "
             "is measured: the docstring of its script in `bench/`. GPU-only figures: `python bench/bench_gpu.py` "
-            "on a CUDA machine.")
+            "on a CUDA machine (one with torch alone: `--wheels DIR` installs Ray's and diffusers' wheels "
+            "carried there first; `--smoke` checks the script on a CPU).")
     readme.write_text(replace_section(readme.read_text(), "## Performance", body))
 
 
