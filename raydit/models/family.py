@@ -212,6 +212,11 @@ class Family:
     # True: the two guidance branches run as one batch of 2 (CogVideoX's pipeline does);
     # False: two forward calls, as Wan's pipeline does (the same numbers as diffusers).
     batch_branches: bool = True
+    # The latents keep the dtype the scheduler's step returns (HunyuanVideo's pipelines: a
+    # flow-matching step returns the model output's dtype, so bf16 latents from step 1 on, and
+    # the next timestep is cast to it); False: they are cast back to the dtype init gave them,
+    # as the other pipelines' loops leave them. diffusers' own choice is the reference.
+    keeps_scheduler_dtype: bool = False
     # True: guidance is embedded in the model and `true_cfg_scale` turns on the cond/uncond pair
     # (HunyuanVideo); other families refuse a true_cfg_scale other than 1.
     true_cfg: bool = False

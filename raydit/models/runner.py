@@ -256,9 +256,12 @@ class Runner:
             raise ValueError(f"checkpoint step_index {step_index} is outside 0..{state.num_steps}")
         carry = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
                  for k, v in (checkpoint.get("carry") or {}).items()}
+        # The checkpoint's dtype is the run's at that step (a family that keeps the scheduler's
+        # dtype has bf16 latents after step 1 where init gave float32): kept, so a resumed run
+        # equals an uninterrupted one.
         return dataclasses.replace(
             state,
-            latents=latents.to(self.device, state.latents.dtype),
+            latents=latents.to(self.device),
             step_index=step_index,
             scheduler_state=checkpoint.get("scheduler_state", state.scheduler_state),
             carry=carry,
@@ -300,9 +303,11 @@ class Runner:
         generator.set_state(state.generator_state)
         latents, carry = family.scheduler_step(pipe, state, noise, t, generator)
         carry = cache.merge(carry)
+        if not family.keeps_scheduler_dtype:
+            latents = latents.to(state.latents.dtype)
         new = dataclasses.replace(
             state,
-            latents=latents.to(state.latents.dtype),
+            latents=latents,
             step_index=state.step_index + 1,
             scheduler_state=live_scheduler_state(pipe.scheduler),
             carry=carry,

@@ -306,6 +306,7 @@ class HunyuanVideoFamily(Family):
     image_pipelines = (I2V,)
     adapter = HunyuanVideoAdapter
     batch_branches = False  # true CFG: two calls, as the pipeline makes them
+    keeps_scheduler_dtype = True  # the pipelines' latents turn bf16 after the first step
     true_cfg = True
 
     def tiny(self):

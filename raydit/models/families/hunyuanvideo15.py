@@ -226,6 +226,7 @@ class HunyuanVideo15Family(Family):
     image_pipelines = (I2V,)
     adapter = HunyuanVideo15Adapter
     batch_branches = False  # the guider's batches: one call per branch, as the pipeline makes them
+    keeps_scheduler_dtype = True  # as the pipelines' loops (they cast back on Apple's mps only)
 
     def tiny(self):
         return {"tiny-hunyuan15": tiny_pipeline_dir, "tiny-hunyuan15-i2v": tiny_i2v_pipeline_dir}
@@ -366,8 +367,9 @@ class HunyuanVideo15Family(Family):
         timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, sigmas=sigmas)
         pipe.scheduler.set_begin_index(0)
         model_dtype = pipe.transformer.dtype
+        # In the transformer's dtype, as both pipelines draw them (bf16 noise drawn in bf16).
         latents = pipe.prepare_latents(1, pipe.num_channels_latents, request.height, request.width,
-                                       request.num_frames, torch.float32, device, generator)
+                                       request.num_frames, model_dtype, device, generator)
         context = {}
         if type(pipe).__name__ == I2V:
             # The image's latents on frame 0 and a frame mask: channels of every video token.
