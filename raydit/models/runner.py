@@ -256,12 +256,13 @@ class Runner:
             raise ValueError(f"checkpoint step_index {step_index} is outside 0..{state.num_steps}")
         carry = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
                  for k, v in (checkpoint.get("carry") or {}).items()}
-        # The checkpoint's dtype is the run's at that step (a family that keeps the scheduler's
-        # dtype has bf16 latents after step 1 where init gave float32): kept, so a resumed run
-        # equals an uninterrupted one.
+        # A family that keeps the scheduler's dtype has bf16 latents after step 1 where init
+        # gave float32: the checkpoint's dtype is then the run's at that step, kept, so a resumed
+        # run equals an uninterrupted one. Otherwise the latents always have init's dtype.
+        dtype = latents.dtype if self.family.keeps_scheduler_dtype else state.latents.dtype
         return dataclasses.replace(
             state,
-            latents=latents.to(self.device),
+            latents=latents.to(self.device, dtype),
             step_index=step_index,
             scheduler_state=checkpoint.get("scheduler_state", state.scheduler_state),
             carry=carry,
