@@ -44,3 +44,14 @@ def joint_video_text_attention(q, k, v, tq, tk, tv, counts: list[int], mesh, vid
         # Every rank's share of the valid text rows -> the whole valid text on every rank.
         text_out[rows, :n] = gather_sequence(out[:, S:], mesh, joint, TEXT, dim=1)
     return [video_out, text_out]
+
+
+def joint_call(tensors, ints, mesh, counts_of):
+    """The form a processor registers with raydit.parallel.opaque: tensors q, k, v, tq, tk, tv
+    and the joint mask if any, ints [video_len]; `counts_of(mask, video_len, text_len, batch)`
+    gives the valid text tokens per sample. -> [video, text] of joint_video_text_attention."""
+    q, k, v, tq, tk, tv = tensors[:6]
+    attention_mask = tensors[6] if len(tensors) > 6 else None
+    (video_len,) = ints
+    counts = counts_of(attention_mask, video_len, tq.shape[1], q.shape[0])
+    return joint_video_text_attention(q, k, v, tq, tk, tv, counts, mesh, video_len)

@@ -171,17 +171,10 @@ class HunyuanVideoSPAttnProcessor:
         return counts
 
     def _joint(self, tensors, ints):
-        """Attention of the video chunk and the valid text over the whole sequence, per group
-        of samples with the same valid text length. tensors: q, k, v [B, S, H, D], tq, tk, tv
-        [B, Lt, H, D] and the joint mask if any; ints: [Lv]. -> video [B, S, H, D], text
-        [B, Lt, H, D] (masked text rows zero)."""
-        from raydit.models.joint_text import joint_video_text_attention
+        """The joint attention behind opaque_call (raydit.models.joint_text.joint_call)."""
+        from raydit.models.joint_text import joint_call
 
-        q, k, v, tq, tk, tv = tensors[:6]
-        attention_mask = tensors[6] if len(tensors) > 6 else None
-        (Lv,) = ints
-        counts = self._counts(attention_mask, Lv, tq.shape[1], q.shape[0])
-        return joint_video_text_attention(q, k, v, tq, tk, tv, counts, self.context.mesh, Lv)
+        return joint_call(tensors, ints, self.context.mesh, self._counts)
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.embeddings import apply_rotary_emb
