@@ -132,28 +132,6 @@ def peak_gb(device) -> float:
     return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else 0.0
 
 
-def event_seconds(fn, device, iters: int) -> list[float]:
-    """Seconds per call: CUDA events on a GPU, perf_counter on the CPU; one warm-up call."""
-    import torch
-
-    fn()
-    sync(device)
-    out = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return out
-
-
 # -- 1. kernels ------------------------------------------------------------------------------
 
 def part_kernels(ctx: dict) -> dict:
@@ -185,7 +163,7 @@ def part_kernels(ctx: dict) -> dict:
                 rows.append(row)
                 continue
             try:
-                secs = event_seconds(fns[name], device, iters)
+                secs = K.call_seconds(fns[name], device, warmup=1, iters=iters)
             except Exception as exc:  # an unsupported shape: said, and the others still run
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 say(f"kernel {name:<30} {str((B, H, S, D)):<24} failed: {row['error']}")

@@ -385,17 +385,12 @@ def _is_data(value) -> bool:
     return False
 
 
-def scheduler_state(scheduler) -> dict:
-    """Every attribute of a diffusers scheduler that is plain data (tensors, numbers, lists of
-    them), on the CPU: what a step reads and writes (UniPC's model_outputs, timestep_list,
-    lower_order_nums, last_sample, this_order, _step_index; DPM-Solver's the same kind). The
-    frozen config is left out: it belongs to the pipeline, not to the request."""
-    return {k: _pack(v) for k, v in vars(scheduler).items() if k != "_internal_dict" and _is_data(v)}
-
-
 def live_scheduler_state(scheduler) -> dict:
-    """The same attributes as `scheduler_state`, without copying them off the device: tensors
-    by reference, containers copied (a scheduler rebinds its tensors and edits its own lists,
+    """Every attribute of a diffusers scheduler that is plain data (tensors, numbers, lists of
+    them): what a step reads and writes (UniPC's model_outputs, timestep_list,
+    lower_order_nums, last_sample, this_order, _step_index; DPM-Solver's the same kind); the
+    frozen config is left out, it belongs to the pipeline, not to the request. Kept on the
+    device: tensors by reference, containers copied (a scheduler rebinds its tensors and edits its own lists,
     e.g. UniPC's model_outputs, in place: a copied list keeps this snapshot intact; no
     diffusers scheduler writes into a tensor of its state after set_timesteps). What the
     runner keeps between steps: copying the state to the host every step costs a device
@@ -405,7 +400,7 @@ def live_scheduler_state(scheduler) -> dict:
 
 
 def pack_scheduler_state(state: Mapping[str, Any]) -> dict:
-    """A live (or packed) scheduler state -> plain CPU data, as `scheduler_state` gives."""
+    """A live (or packed) scheduler state -> plain CPU data (a checkpoint's)."""
     return {k: _pack(v) for k, v in state.items()}
 
 

@@ -362,8 +362,9 @@ def _split_verified(names: Sequence[str], device, dtype, head_dim) -> tuple[list
     return verified, dropped
 
 
-def _seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
-    """Median seconds of one call: CUDA events around each call on a GPU, wall time on a CPU."""
+def call_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Seconds of each of `iters` calls after `warmup` ones: CUDA events around each call on a
+    GPU (one synchronisation at the end), wall time on a CPU."""
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
@@ -376,13 +377,18 @@ def _seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters:
             end.record()
             pairs.append((start, end))
         torch.cuda.synchronize(device)
-        return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+        return [s.elapsed_time(e) / 1e3 for s, e in pairs]
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def _seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median seconds of one call (call_seconds)."""
+    return statistics.median(call_seconds(fn, device, warmup, iters))
 
 
 def time_kernels(names: Sequence[str], device: torch.device | str, dtype: torch.dtype, head_dim: int, *,

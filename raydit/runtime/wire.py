@@ -54,27 +54,22 @@ def _wire_tensor(t: torch.Tensor) -> WireTensor:
     return WireTensor(array=array, dtype=name)
 
 
+def _map(value: Any, leaf: type, fn) -> Any:
+    """`fn` on every `leaf` in a nest of dicts, lists and tuples; anything else as it is."""
+    if isinstance(value, leaf):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map(v, leaf, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, leaf, fn) for v in value)
+    return value
+
+
 def to_wire(value: Any) -> Any:
     """Every tensor in `value` (dicts, lists, tuples, nested) -> WireTensor, on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return _wire_tensor(value)
-    if isinstance(value, dict):
-        return {k: to_wire(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_wire(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_wire(v) for v in value)
-    return value
+    return _map(value, torch.Tensor, _wire_tensor)
 
 
 def from_wire(value: Any) -> Any:
     """The inverse of `to_wire`: every WireTensor -> a writable CPU tensor of its own."""
-    if isinstance(value, WireTensor):
-        return value.tensor()
-    if isinstance(value, dict):
-        return {k: from_wire(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_wire(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(from_wire(v) for v in value)
-    return value
+    return _map(value, WireTensor, WireTensor.tensor)
