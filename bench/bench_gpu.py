@@ -21,8 +21,13 @@ CUDA device) says so in one line and the others still run:
    decode's seconds; peak device memory on every side. Every side is warm when measured:
    diffusers after a 2-step call in this process, the Runner after diffusers, each Engine on
    its workers' second request (the first request's steps are reported too).
+   model: `raydit doctor --calibrate --model`'s figures of that pipeline (its own step timed
+   through the Runner and its attention kernels at its shape, raydit.runtime.calibrate.
+   measure_model) at a SHORTER request, 41 x 480 x 832 (17160 tokens against 32760), so
+   the prediction below carries them to another request through the cost model's formulas.
 4. prediction: the planner's step, decode and peak GB for that request on one device of
-   this type, from the table and from part 2's calibration, against the measured Engine.
+   this type, from the table, from part 2's calibration, and from part 2's with the model's
+   own rates (part 3's model), against the measured Engine.
 
 `--smoke` runs the same code on the CPU with tiny shapes, float32 (CI runs it).
 `--wheels DIR ...` installs the wheels found there first (pip --no-index --no-deps into a
@@ -61,6 +66,9 @@ SHAPES = [
 SMOKE_SHAPES = [((2, 4, 300, 64), "smoke, head dim 64"), ((1, 2, 260, 128), "smoke, head dim 128")]
 REQUEST = {"num_frames": 81, "height": 480, "width": 832}
 SMOKE_REQUEST = {"num_frames": 9, "height": 64, "width": 64}
+# The request the model calibration times (part "model"): shorter than the one predicted.
+MODEL_REQUEST = {"frames": 41, "height": 480, "width": 832}
+SMOKE_MODEL_REQUEST = {"frames": 5, "height": 64, "width": 64}
 GUIDANCE = 5.0
 PROMPT = "a red fox running through fresh snow"
 
@@ -270,6 +278,19 @@ def part_diffusers(ctx: dict) -> dict:
     return out
 
 
+def part_model(ctx: dict) -> dict:
+    from raydit.runtime.calibrate import describe_model, measure_model
+
+    need("diffusers", "the model's own step")
+    if "model_dir" not in ctx:
+        raise Missing("needs the saved pipeline of part 3")
+    geometry = SMOKE_MODEL_REQUEST if ctx["smoke"] else MODEL_REQUEST
+    out = measure_model(ctx["model_dir"], ctx["device"].type, pipe=_load(ctx), **geometry)
+    ctx["model_calibration"] = out
+    say(f"model calibration: {describe_model(out)}")
+    return out
+
+
 def part_runner(ctx: dict) -> dict:
     import torch
 
@@ -397,6 +418,9 @@ def part_prediction(ctx: dict, results: dict) -> dict:
     kinds = [("table", base)]
     if ctx.get("calibration"):
         kinds.append(("calibrated", apply_entry(base, {"measured": ctx["calibration"]})))
+        model = ctx.get("model_calibration")
+        if model:
+            kinds.append(("model", apply_entry(base, {"measured": ctx["calibration"], "models": {model["key"]: model}})))
     for label, dev in kinds:
         cluster = ClusterSpec(nodes=(NodeSpec("one", dev, 1),))
         best = plan(spec, ctx["request"]["num_frames"], ctx["request"]["height"], ctx["request"]["width"],
@@ -409,6 +433,10 @@ def part_prediction(ctx: dict, results: dict) -> dict:
             row["step_error"] = round(best.predicted_step_seconds / measured_step - 1, 4)
         out[label] = row
         vs = f" against {measured_step:.4f} s measured (Engine): {row['step_error']:+.1%}" if measured_step else ""
+        if label == "model":
+            r = ctx["model_calibration"]["request"]
+            row["model_timed_at"] = f"{r['frames']}x{r['height']}x{r['width']}"
+            vs += f" (the model's own rates, timed at {row['model_timed_at']})"
         say(f"predict {label:<10} step {row['step_seconds']:.4f} s{vs}; decode "
             f"{row.get('decode_seconds', float('nan')):.3f} s against {engine.get('decode_seconds', float('nan')):.3f} s; "
             f"peak {row['memory_gb']:.2f} GB against {engine.get('peak_gb', float('nan')):.2f} GB")
@@ -452,7 +480,7 @@ def main(argv=None) -> int:
                     "dtype": str(dtype), "command": "python bench/bench_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                     "request": dict(request, steps=args.steps, guidance_scale=GUIDANCE), "parts": {}}
     parts = [("kernels", part_kernels), ("calibration", part_calibration), ("pipeline", part_pipeline),
-             ("diffusers", part_diffusers), ("runner", part_runner), ("engine", part_engine),
+             ("diffusers", part_diffusers), ("model", part_model), ("runner", part_runner), ("engine", part_engine),
              ("engine_compile", part_engine_compile),
              ("prediction", lambda c: part_prediction(c, result["parts"]))]
     for name, part in parts:

@@ -289,20 +289,40 @@ def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
                         "given) and cache the figures the planner then uses")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="with --calibrate: which devices to measure")
+    p.add_argument("--model", help="with --calibrate: a diffusers pipeline directory whose own step is "
+                                    "timed on one device of each type, so the planner predicts that model "
+                                    "from its own rates (norms, embeddings and attention at its shape)")
+    p.add_argument("--frames", type=int, help="with --model: the request timed (default: the model's)")
+    p.add_argument("--height", type=int)
+    p.add_argument("--width", type=int)
     p.add_argument("--json", action="store_true")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from raydit.doctor import collect, format_report
 
+    geometry = {k: getattr(args, k) for k in ("frames", "height", "width") if getattr(args, k) is not None}
+    if (args.model or geometry) and not args.calibrate:
+        raise ValueError("--model, --frames, --height and --width go with --calibrate")
+    if geometry and not args.model:
+        raise ValueError("--frames, --height and --width choose the request --model is timed at; give --model DIR")
+    model = None
+    if args.model:
+        from raydit.models.loading import resolve_model_dir
+        from raydit.models.registry import load_families
+        from raydit.planner import model_spec
+
+        load_families()
+        model = str(resolve_model_dir(args.model))
+        model_spec(model).geometry(geometry.get("frames"), geometry.get("height"), geometry.get("width"))
     if args.calibrate:
-        _calibrate(args.address, args.device)
+        _calibrate(args.address, args.device, model, geometry)
     info = collect(args.address)
     print(json.dumps(info, indent=2) if args.json else format_report(info))
     return 0
 
 
-def _calibrate(address: str | None, device: str) -> None:
+def _calibrate(address: str | None, device: str, model: str | None = None, geometry: dict | None = None) -> None:
     import os
 
     import ray
@@ -318,7 +338,7 @@ def _calibrate(address: str | None, device: str) -> None:
         ray.init(address="local", include_dashboard=False, logging_level="ERROR",
                  num_cpus=max(2, os.cpu_count() or 1), object_store_memory=128 * 1024 * 1024)
     try:
-        for note in calibrate_cluster(device, force=True):
+        for note in calibrate_cluster(device, force=True, model=model, geometry=geometry):
             print(f"raydit doctor: {note}", file=sys.stderr)
     finally:
         ray.shutdown()

@@ -196,3 +196,7 @@ def test_bench_gpu_smoke_runs_every_part_on_the_cpu(tmp_path):
     assert parts["engine_compile"]["compile_seconds"] > 0
     assert set(result["ratios"]) == {"runner_over_diffusers", "engine_over_diffusers", "engine_compile_over_diffusers"}
     assert parts["prediction"]["calibrated"]["step_seconds"] > 0
+    # The model's own rates, timed at a shorter request than the one predicted.
+    assert parts["model"]["request"]["frames"] < result["request"]["num_frames"]
+    assert parts["prediction"]["model"]["model_timed_at"] == "5x64x64"
+    assert parts["prediction"]["model"]["step_seconds"] > 0

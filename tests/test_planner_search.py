@@ -737,3 +737,91 @@ def test_one_replica_plans_tied_on_time_are_tied_on_throughput_too():
     assert _rank([ring, ulysses]) == [ulysses, ring]
     two_replicas = at(0.9425, replicas=2, cfg=1, ulysses=1, ring=2)
     assert _rank([ring, ulysses, two_replicas])[0] is two_replicas
+
+
+# -- a model's own rates (raydit doctor --calibrate --model) ------------------------------------
+
+
+def _with_model_rates(dev, spec, rates):
+    return dataclasses.replace(dev, model_rates=((spec.calibration_key, rates.linear / 1e12,
+                                                  rates.lse_attention / 1e12, rates.plain_attention / 1e12),))
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_model_rates_give_back_the_measured_step_and_carry_to_other_requests(gpu):
+    """fit_model_rates splits a measured one-device step into attention (the kernel timed at the
+    model's shape) and the rest; the planner with those rates predicts that step back exactly,
+    and another request from the same rates through the formulas: the linear part by its work,
+    the attention by its own."""
+    from raydit.planner import device_type
+
+    spec = model_spec("wan2.1-t2v-1.3b")
+    timed, other = spec.geometry(41, 480, 832), spec.geometry(81, 480, 832)
+    dev = device_type("H200" if gpu else "cpu")
+    small, wave = (costmod.SMALL_SHARD_ROWS, costmod.WAVE_SLOTS) if gpu else (0.0, 0)
+    step, attn_layer = (0.46, 0.0066) if gpu else (310.0, 4.0)
+    rates = costmod.fit_model_rates(spec, timed, 2, step, attn_layer, attn_layer * 0.97,
+                                    small_rows=small, wave_slots=wave)
+    calibrated = _with_model_rates(dev, spec, rates)
+    one = ClusterSpec((NodeSpec("n", calibrated, 1),))
+    got = plan(spec, 41, 480, 832, cluster=one, world_size=1).best
+    assert (got.ulysses, got.ring, got.cfg) == (1, 1, 1)
+    assert got.predicted_step_seconds == pytest.approx(step, rel=1e-9)
+    # Another request: linear scales by its work, attention by its (quadratic) work.
+    lin_t, blk_t = costmod.step_work(spec, timed, 1, 1, 2, small, wave)
+    lin_o, blk_o = costmod.step_work(spec, other, 1, 1, 2, small, wave)
+    want = (step - spec.layers * attn_layer) * lin_o / lin_t + spec.layers * attn_layer * blk_o / blk_t
+    far = plan(spec, 81, 480, 832, cluster=one, world_size=1).best
+    assert far.predicted_step_seconds == pytest.approx(want, rel=1e-9)
+    # Attention grows with the square of the tokens, the linear part about linearly.
+    assert blk_o / blk_t == pytest.approx((other.sequence_tokens / timed.sequence_tokens) ** 2, rel=0.01)
+    assert lin_o / lin_t == pytest.approx(other.sequence_tokens / timed.sequence_tokens, rel=0.05)
+    # A ring runs the LSE kernel: its measured time per block, not SDPA's.
+    two = ClusterSpec((NodeSpec("n", calibrated, 2),))
+    ring = plan(spec, 41, 480, 832, cluster=two, ulysses=1, ring=2, cfg=1).best
+    _, blk_r = costmod.step_work(spec, timed, 1, 2, 2, small, wave)
+    assert ring.cost.compute == pytest.approx(
+        (step - spec.layers * attn_layer) * costmod.step_work(spec, timed, 1, 2, 2, small, wave)[0] / lin_t
+        + spec.layers * 2 * blk_r * attn_layer * 0.97 / blk_t, rel=1e-9)
+
+
+def test_model_rates_apply_only_to_their_model():
+    from raydit.planner import device_type
+
+    spec, other = model_spec("wan2.1-t2v-1.3b"), model_spec("wan2.1-t2v-14b")
+    assert spec.calibration_key != other.calibration_key
+    # A saved pipeline of the same shape shares the key; a layer more does not.
+    assert dataclasses.replace(spec, name="my-dir").calibration_key == spec.calibration_key
+    assert dataclasses.replace(spec, layers=31).calibration_key != spec.calibration_key
+    h200 = device_type("H200")
+    rates = costmod.ModelRates(200e12, 500e12, 520e12)
+    cal = _with_model_rates(h200, spec, rates)
+    assert cal.rates_for(spec) == (200e12, 500e12, 520e12)
+    assert cal.rates_for(other) == h200.rates_for(other) == (
+        h200.flops_per_second, h200.attention_flops_per_second(128), h200.attention_flops_per_second(128, lse=False))
+    mine = plan(spec, cluster=ClusterSpec((NodeSpec("n", cal, 1),)), world_size=1).best
+    table = plan(spec, cluster=ClusterSpec((NodeSpec("n", h200, 1),)), world_size=1).best
+    assert mine.predicted_step_seconds != pytest.approx(table.predicted_step_seconds, rel=1e-3)
+    theirs = plan(other, cluster=ClusterSpec((NodeSpec("n", cal, 1),)), world_size=1).best
+    assert theirs.predicted_step_seconds == plan(other, cluster=ClusterSpec((NodeSpec("n", h200, 1),)),
+                                                 world_size=1).best.predicted_step_seconds
+    # The decode keeps the device's own rate (its efficiency was fit on it).
+    assert mine.decode.seconds == table.decode.seconds
+
+
+def test_model_rates_bad_figures_are_refused_in_one_line():
+    from raydit.planner import device_type
+
+    spec = model_spec("wan2.1-t2v-1.3b")
+    geo = spec.geometry(41, 480, 832)
+    with pytest.raises(ValueError, match="cannot hold 30 layers"):
+        costmod.fit_model_rates(spec, geo, 2, 0.1, 0.01)
+    with pytest.raises(ValueError, match="step_seconds must be > 0"):
+        costmod.fit_model_rates(spec, geo, 2, 0.0, 0.01)
+    h200 = device_type("H200")
+    with pytest.raises(ValueError, match="model_rates of 'k' .* must be TFLOP/s > 0"):
+        dataclasses.replace(h200, model_rates=(("k", 100.0, -1.0, 5.0),))
+    with pytest.raises(ValueError, match="must be a list of"):
+        dataclasses.replace(h200, model_rates=(("k", 100.0),))
+    # Lists (a cluster file) are stored as tuples.
+    assert dataclasses.replace(h200, model_rates=[["k", 1, 2, 3]]).model_rates == (("k", 1.0, 2.0, 3.0),)

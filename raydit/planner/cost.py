@@ -241,6 +241,34 @@ def _gemm_tiles(rows: float, width: float) -> float:
     return -(-rows // GEMM_TILE[0]) * -(-width // GEMM_TILE[1])
 
 
+def step_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
+              small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS) -> tuple[float, float]:
+    """(linear, attention block) work of one step on one rank, in FLOP divided by the shard
+    and wave efficiencies (module docstring): seconds = work / FLOP/s of the part's rate.
+    linear: every layer's GEMMs and cross-attention; attention block: one layer's one ring
+    step, F_blk, at the kernel's rate."""
+    sp = ulysses * ring
+    text, video = padded_parts(geo, sp)
+    seq = text + video
+    s = seq // sp
+    h, f, L, X, b = spec.hidden, spec.ffn_hidden, spec.layers, geo.cross_text_tokens, batch
+
+    m = b * s
+    # Each GEMM's FLOP over its wave efficiency (q, k, v, out: width h; FFN: f, then h).
+    wave = lambda width: wave_efficiency(_gemm_tiles(m, width), wave_slots)  # noqa: E731
+    lin_time_flops = 2 * m * L * (4 * h * h / wave(h) + h * f / wave(f) + h * f / wave(h))
+    if X:
+        lin_time_flops += (2 * m * L * 2 * h * h + 4 * m * X * h * L) / wave(h)
+        lin_time_flops += 2 * b * X * L * 2 * h * h / wave_efficiency(_gemm_tiles(b * X, h), wave_slots)
+    linear = lin_time_flops / shard_efficiency(m, small_rows)
+
+    block = seq // ring
+    heads_here = spec.heads / ulysses
+    attn_tiles = -(-block // ATTENTION_TILE_ROWS) * max(1, spec.heads // ulysses) * b
+    attn_eff = shard_efficiency(b * block * heads_here, small_rows) * wave_efficiency(attn_tiles, wave_slots)
+    return linear, 4 * b * block * block * (h / ulysses) / attn_eff
+
+
 def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
               flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link,
               small_rows: float = SMALL_SHARD_ROWS, head_chunks: int = ULYSSES_HEAD_CHUNKS,
@@ -260,24 +288,13 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     text, video = padded_parts(geo, sp)
     seq = text + video
     s = seq // sp
-    h, f, L, X, b = spec.hidden, spec.ffn_hidden, spec.layers, geo.cross_text_tokens, batch
+    h, L, b = spec.hidden, spec.layers, batch
     e = act_bytes
 
-    m = b * s
-    # Each GEMM's FLOP over its wave efficiency (q, k, v, out: width h; FFN: f, then h).
-    wave = lambda width: wave_efficiency(_gemm_tiles(m, width), wave_slots)  # noqa: E731
-    lin_time_flops = 2 * m * L * (4 * h * h / wave(h) + h * f / wave(f) + h * f / wave(h))
-    if X:
-        lin_time_flops += (2 * m * L * 2 * h * h + 4 * m * X * h * L) / wave(h)
-        lin_time_flops += 2 * b * X * L * 2 * h * h / wave_efficiency(_gemm_tiles(b * X, h), wave_slots)
-    t_lin = lin_time_flops / (flops_per_s * shard_efficiency(m, small_rows))
-
+    linear_work, block_work = step_work(spec, geo, ulysses, ring, batch, small_rows, wave_slots)
+    t_lin = linear_work / flops_per_s
     block = seq // ring
-    heads_here = spec.heads / ulysses
-    attn_tiles = -(-block // ATTENTION_TILE_ROWS) * max(1, spec.heads // ulysses) * b
-    attn_rate = ((attn_flops_per_s or flops_per_s) * shard_efficiency(b * block * heads_here, small_rows)
-                 * wave_efficiency(attn_tiles, wave_slots))
-    t_blk = 4 * b * block * block * (h / ulysses) / attn_rate
+    t_blk = block_work / (attn_flops_per_s or flops_per_s)
     if ring > 1:
         t_kv = ring_link.seconds(2 * b * block * (h / ulysses) * e)
         # A CPU slot's link (shm) copies on the rank's own core: the transfer adds to the block.
@@ -311,6 +328,41 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     compute = t_lin + L * t_attn_compute
     total = compute + L * (t_a2a + ring_exposed) + edges
     return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total)
+
+
+@dataclass(frozen=True)
+class ModelRates:
+    """A model's own rates on one device type, FLOP/s, fit by `fit_model_rates` from a
+    measured one-device step: its linear part (everything of the step that is not the
+    self-attention kernel) and its attention kernels at its own shape."""
+
+    linear: float
+    lse_attention: float
+    plain_attention: float
+
+
+def fit_model_rates(spec: ModelSpec, geo: VideoGeometry, batch: int, step_seconds: float,
+                    plain_attention_seconds: float, lse_attention_seconds: float | None = None, *,
+                    small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS) -> ModelRates:
+    """The rates with which `step_cost` gives back a step measured on one device (ulysses,
+    ring and cfg 1, `batch` samples): the self-attention kernel took `plain_attention_seconds`
+    per layer at the model's shape (torch's SDPA, the kernel of ring 1) and
+    `lse_attention_seconds` (the LSE kernel a ring runs; default: the same), and the rest of
+    the step is the linear part. A model runs more than its GEMMs: norms, modulation, rotary
+    embeddings and residuals in the dtype its code chooses (Wan keeps them in float32), the
+    embeddings and the scheduler; a generic calibration block cannot know them, the model's
+    own step does. The rates then carry to other requests and layouts through the module's
+    formulas. ValueError when the attention alone took the step (inconsistent figures)."""
+    for label, value in (("step_seconds", step_seconds), ("plain_attention_seconds", plain_attention_seconds)):
+        if not value > 0:
+            raise ValueError(f"{label} must be > 0, got {value!r}")
+    linear_work, block_work = step_work(spec, geo, 1, 1, batch, small_rows, wave_slots)
+    linear_seconds = step_seconds - spec.layers * plain_attention_seconds
+    if not linear_seconds > 0:
+        raise ValueError(f"a step of {step_seconds:.4g} s cannot hold {spec.layers} layers of "
+                         f"{plain_attention_seconds:.4g} s attention each; measure both on the same device")
+    lse = lse_attention_seconds if lse_attention_seconds else plain_attention_seconds
+    return ModelRates(linear_work / linear_seconds, block_work / lse, block_work / plain_attention_seconds)
 
 
 # -- end to end --------------------------------------------------------------------------------

@@ -39,6 +39,10 @@ class DeviceType:
     plain_attention_efficiency: the same for torch's scaled_dot_product_attention, which
         runs where the ring degree is 1 (no lse to merge; on Hopper it picks cuDNN); empty:
         the LSE kernel's figures.
+    model_rates: ((ModelSpec.calibration_key, linear, LSE attention, plain attention
+        TFLOP/s), ...): a model's own rates on this type (`raydit doctor --calibrate --model`
+        times its step on one device; cost.fit_model_rates): where the planner plans that
+        model, they replace `efficiency` and the attention figures (`rates_for`).
     """
 
     name: str
@@ -52,6 +56,7 @@ class DeviceType:
     activation_bytes: int = 2
     attention_efficiency: tuple[tuple[int, float], ...] = ()
     plain_attention_efficiency: tuple[tuple[int, float], ...] = ()
+    model_rates: tuple[tuple[str, float, float, float], ...] = ()
 
     def __post_init__(self):
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
@@ -77,6 +82,15 @@ class DeviceType:
                 if head_dim < 1 or not 0 < fraction <= 1:
                     raise ValueError(f"device type {self.name!r}: {attr.replace('_', ' ')} {fraction} at "
                                      f"head dim {head_dim} not in (0, 1]")
+        try:
+            rates = tuple((str(k), float(a), float(b), float(c)) for k, a, b, c in self.model_rates)
+        except (TypeError, ValueError):
+            raise ValueError(f"device type {self.name!r}: model_rates {self.model_rates!r} must be a list of "
+                             "[model key, linear, lse attention, plain attention TFLOP/s]") from None
+        for key, *tf in rates:
+            if not all(0 < x < 1e6 for x in tf):
+                raise ValueError(f"device type {self.name!r}: model_rates of {key!r} {tf} must be TFLOP/s > 0")
+        object.__setattr__(self, "model_rates", rates)
 
     @property
     def flops_per_second(self) -> float:
@@ -94,6 +108,17 @@ class DeviceType:
             return self.flops_per_second
         _, fraction = min(table, key=lambda df: (abs(df[0] - head_dim), df[0]))
         return self.tflops * 1e12 * fraction
+
+    def rates_for(self, spec) -> tuple[float, float, float]:
+        """(linear, LSE attention, plain attention) FLOP/s the planner uses for `spec` (a
+        ModelSpec): the model's own calibration on this type where there is one
+        (`model_rates`), else the type's figures at the model's head dim."""
+        key = spec.calibration_key
+        for known, linear, lse, plain in self.model_rates:
+            if known == key:
+                return linear * 1e12, lse * 1e12, plain * 1e12
+        return (self.flops_per_second, self.attention_flops_per_second(spec.head_dim),
+                self.attention_flops_per_second(spec.head_dim, lse=False))
 
 
 # Calibration of `efficiency` (fits: bench/bench_costmodel.py marks these anchors `fit` and

@@ -108,6 +108,16 @@ class ModelSpec:
         return self.heads * self.head_dim
 
     @property
+    def calibration_key(self) -> str:
+        """What a model calibration of this transformer is filed under on a device type: its
+        family and the shape that sets its cost (a built-in spec and a saved pipeline of the
+        same shape share it; weights and the name do not matter)."""
+        pt = self.patch_size_t or 1
+        text = f"{self.text_tokens}{'s' if self.text_in_sequence else 'x'}"
+        return (f"{self.family}:{self.heads}x{self.head_dim}:L{self.layers}:ffn{self.ffn_hidden}:"
+                f"p{self.patch_size}x{pt}:c{self.in_channels}:t{text}:b{self.cfg_branches}")
+
+    @property
     def pixel_multiple(self) -> int:
         """Height and width must be multiples of this (VAE scale x patch)."""
         return self.vae_spatial * self.patch_size

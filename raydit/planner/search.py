@@ -321,7 +321,7 @@ def _resolve_cluster(gpus, gpu_type, per_node, cluster) -> ClusterSpec:
 class _NodeInfo:
     node: NodeSpec
     capacity_gb: float  # memory a rank may use: the device's memory less the reserve
-    flops: float
+    flops: float  # the linear part's rate for this model (DeviceType.rates_for)
     intra: Link
     attn_flops: float  # the LSE attention kernel's rate at the model's head dim (ring > 1)
     act_bytes: int  # bytes per activation element sent
@@ -343,11 +343,12 @@ class _Layouts:
         # Fastest first; stable on the order given.
         order = sorted(enumerate(cluster.nodes),
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
-        self.nodes = [_NodeInfo(n, n.device.memory_gb - _reserve(n.device), n.device.flops_per_second,
-                                Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind),
-                                n.device.attention_flops_per_second(spec.head_dim), n.device.activation_bytes,
-                                n.device.attention_flops_per_second(spec.head_dim, lse=False))
-                      for _, n in order]
+        self.nodes = []
+        for _, n in order:
+            linear, lse, plain = n.device.rates_for(spec)
+            self.nodes.append(_NodeInfo(n, n.device.memory_gb - _reserve(n.device), linear,
+                                        Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind),
+                                        lse, n.device.activation_bytes, plain))
         self.max_node = max(n.count for n in cluster.nodes)
         self.network = Link(cluster.network_gb_s, cluster.network_latency_us, "network")
         self.total = cluster.total
@@ -574,7 +575,7 @@ class _Layouts:
             kind="uniform", notes=tuple(notes),
             runs=run_records,
             replica_step_seconds=tuple(steps),
-            decode=decode_cost(spec, geo, C * sp, self.nodes[0].flops, self.nodes[0].intra.gb_s,
+            decode=decode_cost(spec, geo, C * sp, self.nodes[0].node.device.flops_per_second, self.nodes[0].intra.gb_s,
                                self.nodes[0].intra.latency_us),
         )
 

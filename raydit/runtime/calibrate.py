@@ -80,7 +80,13 @@ def save_calibration(entries: dict[str, dict], path: str | os.PathLike | None = 
     p = Path(path) if path is not None else cache_path()
     p.parent.mkdir(parents=True, exist_ok=True)
     merged = load_calibration(p)
-    merged.update(entries)
+    for name, entry in entries.items():
+        # A device measured again keeps the models calibrated on it (their rates are the
+        # models' own, not the device's figures), unless the new entry brings them.
+        old_models = (merged.get(name) or {}).get("models") or {}
+        if old_models:
+            entry = dict(entry, models={**old_models, **(entry.get("models") or {})})
+        merged[name] = entry
     tmp = p.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"version": CACHE_VERSION, "devices": merged}, indent=1, sort_keys=True))
     os.replace(tmp, p)
@@ -111,6 +117,11 @@ def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
         fields["link_latency_us"] = float(m["latency_us"])
     if _positive(m.get("memory_gb")):
         fields["memory_gb"] = float(m["memory_gb"])
+    models = [(key, e["linear_tflops"], e["lse_attention_tflops"], e["plain_attention_tflops"])
+              for key, e in sorted((entry.get("models") or {}).items())
+              if all(_positive(e.get(k)) for k in ("linear_tflops", "lse_attention_tflops", "plain_attention_tflops"))]
+    if models:
+        fields["model_rates"] = tuple(models)
     return replace(base, **fields)
 
 
@@ -289,6 +300,91 @@ def measure_compute(device: str = "cpu", sizes: tuple[int, ...] | None = None) -
     return {**measure_matmul(device, sizes), **measure_dit(device)}
 
 
+# Denoising steps a model calibration runs; the first is dropped (kernel plans, the
+# allocator's growth), the median of the rest is the step.
+MODEL_STEPS = 4
+MODEL_GUIDANCE = 5.0
+MODEL_PROMPT = "a red fox in fresh snow"
+
+
+def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, height: int | None = None,
+                  width: int | None = None, steps: int = MODEL_STEPS, pipe=None, repeats: int = REPEATS) -> dict:
+    """A model's own rates on this device (`raydit doctor --calibrate --model`): its pipeline
+    (loaded from `model_dir`, or `pipe` already loaded there) runs `steps` denoising steps of
+    one request on this one device through raydit's Runner (bf16 on CUDA, float32 on a CPU
+    slot), guidance on, at `frames` x `height` x `width` (default: the model's default
+    request); its self-attention kernels are timed at the model's own shape (batch, heads,
+    tokens, head dim): torch's SDPA, which runs at ring 1, and the LSE kernel a ring would
+    choose. raydit.planner.cost.fit_model_rates turns the step and the kernels into the
+    rates the planner then uses for this model on this device type (DeviceType.model_rates).
+    Returns the entry filed under the spec's calibration_key."""
+    import torch
+
+    from raydit.models.conformance import test_image
+    from raydit.models.family import GenerationRequest, image_to_png
+    from raydit.models.loading import load_pipeline, takes_image
+    from raydit.models.registry import load_families
+    from raydit.models.runner import Runner
+    from raydit.parallel.kernels import measure_kernels
+    from raydit.planner import cost as costmod
+    from raydit.planner import model_spec
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps {steps!r} must be an integer >= 2 (the first is dropped)")
+    from raydit.models.loading import resolve_model_dir
+
+    load_families()
+    model_dir = str(resolve_model_dir(str(model_dir)))
+    spec = model_spec(model_dir)
+    geo = spec.geometry(frames, height, width)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    own = pipe is None
+    if own:
+        pipe = load_pipeline(model_dir, device=dev, dtype=dtype)
+    image = image_to_png(test_image(geo.height, geo.width)) if takes_image(model_dir) else None
+    request = GenerationRequest(prompt=MODEL_PROMPT, num_frames=geo.frames, height=geo.height, width=geo.width,
+                                num_inference_steps=steps, guidance_scale=MODEL_GUIDANCE, seed=0, image=image)
+    runner = Runner(pipe, device=dev, dtype=dtype)
+    try:
+        state = runner.prepare(request)
+        seconds = []
+        for _ in range(steps):
+            _sync(device)
+            t0 = time.perf_counter()
+            state = runner.step(state)
+            _sync(device)
+            seconds.append(time.perf_counter() - t0)
+    finally:
+        runner.close()
+        if own:
+            del pipe
+    step = statistics.median(seconds[1:])
+    batch = spec.cfg_branches  # guidance on: the branches one device runs in one batch
+    tokens = geo.sequence_tokens
+    choice = measure_kernels(dev, dtype, spec.head_dim, tokens=tokens, heads=spec.heads, batch=batch,
+                             warmup=1, iters=repeats, plain=True)
+    flop = 4 * batch * spec.heads * tokens * tokens * spec.head_dim
+    lse_rate = dict(choice.rates).get(choice.name)
+    plain_rate = choice.plain_rate or lse_rate
+    if not plain_rate:
+        raise ValueError(f"no attention kernel could be timed on {dev} at head dim {spec.head_dim}")
+    plain_s = flop / (plain_rate * 1e12)
+    lse_s = flop / (lse_rate * 1e12) if lse_rate else None
+    gpu = device == "cuda"  # a CPU slot: no small-shard or wave terms (as the planner plans it)
+    rates = costmod.fit_model_rates(spec, geo, batch, step, plain_s, lse_s,
+                                    small_rows=costmod.SMALL_SHARD_ROWS if gpu else 0.0,
+                                    wave_slots=costmod.WAVE_SLOTS if gpu else 0)
+    return {"key": spec.calibration_key, "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
+            "request": {"frames": geo.frames, "height": geo.height, "width": geo.width,
+                        "guidance_scale": MODEL_GUIDANCE, "batch": batch, "tokens": tokens},
+            "step_seconds": step, "step_seconds_all": seconds,
+            "attention": {"kernel": choice.name, "lse_seconds_per_layer": lse_s,
+                          "plain_seconds_per_layer": plain_s, "lse_tflops": lse_rate, "plain_tflops": plain_rate},
+            "linear_tflops": rates.linear / 1e12, "lse_attention_tflops": rates.lse_attention / 1e12,
+            "plain_attention_tflops": rates.plain_attention / 1e12}
+
+
 def measure_links(rank: int, device: str, nbytes: int, repeats: int = REPEATS) -> dict:
     """Between the 2 ranks of the current process group: all-to-all and point-to-point
     bandwidth (GB/s, one direction) and tiny all-to-all latency (us). Collective: both ranks
@@ -350,6 +446,9 @@ class CalibrationWorker:
     def compute(self, sizes=None) -> dict:
         return measure_compute(self.device, tuple(sizes) if sizes else None)
 
+    def model(self, model_dir: str, geometry: dict) -> dict:
+        return measure_model(model_dir, self.device, **geometry)
+
     def open_store(self, timeout_s: float) -> tuple[str, int]:
         import ray
         import torch.distributed as dist
@@ -379,8 +478,11 @@ class CalibrationWorker:
 
 
 def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
-                   timeout_s: float = 120.0, sizes=None, link_bytes: int | None = None) -> dict:
-    """Measure device type `name` on node `node_id` with 1 actor (2 when `pair`: links too).
+                   timeout_s: float = 120.0, sizes=None, link_bytes: int | None = None,
+                   model: str | None = None, geometry: dict | None = None) -> dict:
+    """Measure device type `name` on node `node_id` with 1 actor (2 when `pair`: links too);
+    with `model` (a pipeline directory the node can read), that model's own rates too
+    (measure_model at `geometry`: frames, height, width; default the model's request).
     Returns a cache entry; ValueError when the device cannot be used there (fake GPUs)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -411,7 +513,12 @@ def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
             notes.append("one device of the type on its node: links keep the table's figures")
         if device == "cuda" and infos[0].get("memory_gb"):
             measured["memory_gb"] = infos[0]["memory_gb"]
-        return {"name": name, "device": device, "measured": measured, "notes": notes,
+        models = {}
+        if model is not None:
+            # Loading and a few steps of a real pipeline take longer than the bare figures.
+            got = ray.get(actors[0].model.remote(str(model), dict(geometry or {})), timeout=max(timeout_s, 600.0))
+            models[got["key"]] = got
+        return {"name": name, "device": device, "measured": measured, "notes": notes, "models": models,
                 "node_id": node_id, "host": infos[0]["host"], "device_name": infos[0].get("name", ""),
                 "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "seconds": round(time.perf_counter() - t_start, 2)}
@@ -423,9 +530,11 @@ def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
             ray.kill(a, no_restart=True)
 
 
-def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s: float = 120.0) -> list[str]:
+def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s: float = 120.0,
+                      model: str | None = None, geometry: dict | None = None) -> list[str]:
     """Measure every device type of the connected cluster that the cache lacks (all with
-    `force`), on the node offering the most of it; returns notes (skipped types, why)."""
+    `force`), on the node offering the most of it; with `model`, that model's own rates on
+    each type too (calibrate_type). Returns notes (skipped types, why)."""
     import ray
 
     from raydit.runtime.devices import accelerator_type, resolve_device, table_device
@@ -445,7 +554,8 @@ def calibrate_cluster(device: str, *, force: bool = False, path=None, timeout_s:
         if name in cached and not force:
             continue
         try:
-            new[name] = calibrate_type(name, node_id, device, pair=count >= 2, timeout_s=timeout_s)
+            new[name] = calibrate_type(name, node_id, device, pair=count >= 2, timeout_s=timeout_s,
+                                       model=model, geometry=geometry)
         except ValueError as exc:
             notes.append(str(exc))
     if new:
@@ -534,10 +644,22 @@ def describe_calibration(path=None) -> list[str]:
         if "memory_gb" in m:
             parts.append(f"memory {m['memory_gb']:.1f} GB")
         lines.append(f"{name}: " + "; ".join(parts) + f" [{e.get('host', '?')}, {e.get('when', '?')}]")
+        lines += [f"{name}: model {line}" for line in map(describe_model, (e.get("models") or {}).values())]
     return lines
+
+
+def describe_model(m: dict) -> str:
+    """One line of a model calibration: what ran, the step, and the rates the planner uses."""
+    r = m.get("request") or {}
+    att = m.get("attention") or {}
+    return (f"{m.get('model', '?')} ({m.get('key', '?')}): step {m.get('step_seconds', float('nan')):.4g} s at "
+            f"{r.get('frames')}x{r.get('height')}x{r.get('width')}, batch {r.get('batch')}, {m.get('dtype', '?')}; "
+            f"linear part {m.get('linear_tflops', float('nan')):.4g} TFLOP/s, attention sdpa "
+            f"{att.get('plain_tflops') or float('nan'):.4g} / {att.get('kernel', '?')} "
+            f"{att.get('lse_tflops') or float('nan'):.4g} TFLOP/s at its shape")
 
 
 __all__ = ["CalibrationWorker", "apply_entry", "cache_path", "calibrate_cluster", "calibrate_type",
            "calibrated_device_type", "calibrated_device_types", "describe_attention", "describe_calibration",
            "kernel_rates_for", "load_calibration", "measure_compute", "measure_dit", "measure_links",
-           "measure_matmul", "save_calibration", "seed_kernel_choices"]
+           "measure_matmul", "measure_model", "save_calibration", "seed_kernel_choices", "describe_model"]

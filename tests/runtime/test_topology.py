@@ -318,6 +318,48 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     assert "DiT block linear part" in report and "attention d64 torch-cpu " in report
 
 
+def test_model_calibration_files_the_models_own_rates_and_the_planner_uses_them(fake_cluster, tmp_path, monkeypatch):
+    """`raydit doctor --calibrate --model`: one actor loads the saved pipeline, times its own
+    step at the request given and its attention at its shape; the entry is filed under the
+    model's calibration key on the device type, survives the device being measured again,
+    and the planner then gives the timed step back for that model (and only for it)."""
+    from raydit.doctor import format_report
+    from raydit.models.loading import resolve_model_dir
+    from raydit.models.registry import load_families
+    from raydit.planner import model_spec
+    from raydit.runtime import calibrate
+
+    _, ids = fake_cluster
+    monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
+    load_families()
+    model = str(resolve_model_dir("tiny"))
+    spec = model_spec(model)
+    entry = calibrate.calibrate_type("cpu", ids["A100"], "cpu", pair=False, sizes=(64,), model=model,
+                                     geometry={"frames": 5, "height": 48, "width": 64})
+    got = entry["models"][spec.calibration_key]
+    assert got["request"] == {"frames": 5, "height": 48, "width": 64, "guidance_scale": 5.0,
+                              "batch": spec.cfg_branches, "tokens": spec.geometry(5, 48, 64).sequence_tokens}
+    assert len(got["step_seconds_all"]) == calibrate.MODEL_STEPS and got["dtype"] == "float32"
+    for key in ("step_seconds", "linear_tflops", "lse_attention_tflops", "plain_attention_tflops"):
+        assert math.isfinite(got[key]) and got[key] > 0, (key, got)
+    calibrate.save_calibration({"cpu": entry})
+    # Measuring the device again (without --model) keeps the model's figures.
+    calibrate.save_calibration({"cpu": dict(entry, models={}, when="later")})
+    assert calibrate.load_calibration()["cpu"]["models"] == entry["models"]
+
+    cal = calibrate.calibrated_device_type("cpu")
+    assert cal.model_rates == ((spec.calibration_key, got["linear_tflops"], got["lse_attention_tflops"],
+                                got["plain_attention_tflops"]),)
+    one = ClusterSpec((NodeSpec("n", cal, 1),))
+    best = plan(spec, 5, 48, 64, cluster=one, world_size=1).best
+    assert best.predicted_step_seconds == pytest.approx(got["step_seconds"], rel=1e-9)
+    bare = ClusterSpec((NodeSpec("n", dataclasses.replace(cal, model_rates=()), 1),))
+    assert plan(spec, 5, 48, 64, cluster=bare, world_size=1).best.predicted_step_seconds != \
+        pytest.approx(got["step_seconds"], rel=1e-3)
+    report = format_report(_doctor_info())
+    assert f"cpu: model {model} ({spec.calibration_key}): step " in report and "at 5x48x64, batch 2" in report
+
+
 def _doctor_info():
     from raydit.doctor import _calibration
 
