@@ -99,6 +99,15 @@ alone, which encodes the prompts and broadcasts the embeddings):
         text encoder. reserve: CUDA context, workspaces, fragmentation (1.5 GB on GPUs, 0.5 GB
         for a CPU slot). Flash-style attention: no S x S matrix.
 
+A model's own rates (`fit_model_rates`, from `raydit doctor --calibrate --model`): one
+measured step on one device (U = R = 1) is split into L x the self-attention kernel timed at
+the model's shape, and the rest; P_lin = F_lin-work / rest and P_a = F_blk-work / kernel
+time (`step_work`: the FLOP over the shard and wave efficiencies above), so the formulas give
+that step back and carry it to other requests and layouts. The rest holds what the generic
+figures leave out: norms, modulation and rotary embeddings in the model's own dtypes,
+embeddings, the scheduler. Measured on one H200 (bench_gpu): Wan-1.3B-shaped, timed at
+41x480x832, predicted the 81x480x832 step within 2%; the device's generic figures, -17%.
+
 Which published figures set constants (fits) and which only check them:
 bench/bench_costmodel.py lists each anchor with its role. The efficiencies in hardware.py
 are fits on one-GPU CogVideoX figures (A100, H100, L40); PCIE_FULL_RATE_GPUS is a fit on

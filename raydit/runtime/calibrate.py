@@ -14,6 +14,10 @@ What is measured (seconds in all, on Ray actors pinned to one node of the type):
     all-to-all bandwidth (bytes that leave a rank per second, the figure the cost model's
     Ulysses term uses), point-to-point bandwidth (one direction, from a ping-pong) and the
     latency of a tiny all-to-all.
+  - with `--model DIR` (`measure_model`): that pipeline's own step on one device of the type,
+    through the Runner at a request (default the model's), and its attention kernels at its
+    own shape; raydit.planner.cost.fit_model_rates turns them into the model's own linear
+    and attention rates, filed under ModelSpec.calibration_key in the entry's "models".
 How the figures replace the table's (`calibrated_device_type`):
   tflops <- the measured matmul rate (or the DiT block's faster part, if one outran it);
   efficiency <- the DiT block's linear part over tflops, attention_efficiency <- the
@@ -21,7 +25,8 @@ How the figures replace the table's (`calibrated_device_type`):
       at its measured rate. An entry without the DiT figures (measured before they existed)
       keeps the table's `efficiency`;
   link_gb_s <- all-to-all bandwidth; link_latency_us <- tiny all-to-all latency;
-  memory_gb <- the device's total memory (GPUs).
+  memory_gb <- the device's total memory (GPUs);
+  model_rates <- each calibrated model's rates (used for that model only: DeviceType.rates_for).
 Cache: JSON at `$RAYDIT_CACHE/calibration.json` (default `~/.cache/raydit/`), keyed by
 device type name (the table's name, e.g. `A100-80GB`, or Ray's name for unknown types).
 """
