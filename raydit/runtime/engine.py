@@ -81,7 +81,9 @@ class Engine:
     counts the steps it served. `compile=True`: regional torch.compile of the transformer
     blocks on every rank (raydit.models.compile); the first request of each shape compiles
     while it is prepared, reported as `result.timings["compile_seconds"]` (0 once warm),
-    apart from `step_seconds` and `encode`.
+    apart from `step_seconds` and `encode`. `warmup=True`: before the constructor returns,
+    every replica runs one two-step request at the planned size (kernel choice, allocator
+    growth, compilation, decode), so no user's request pays them; `timings["warmup_seconds"]`.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class Engine:
         cache: str | None = None,
         cache_threshold: float | None = None,
         compile: bool = False,
+        warmup: bool = False,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -123,8 +126,9 @@ class Engine:
                 raise ValueError(f"{name} {value!r} must be a positive integer")
         if grow not in ("auto", "always", "never"):
             raise ValueError(f"grow {grow!r} is not one of auto, always, never")
-        if not isinstance(compile, bool):
-            raise ValueError(f"compile {compile!r} must be True or False")
+        for flag, value in (("compile", compile), ("warmup", warmup)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag} {value!r} must be True or False")
         self.compile = compile
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
@@ -238,6 +242,35 @@ class Engine:
             "started", plan=_plan_brief(plan), replicas=len(self.replicas),
             seconds=self._timings["startup_seconds"],
         )
+        if warmup:
+            try:
+                self._warm_up()
+            except BaseException:
+                self.shutdown()
+                raise
+
+    def _warm_up(self) -> None:
+        """One request at the planned size on every replica, before any user's: the kernel
+        choice, the allocator's growth, a compiled Engine's compilation and the decode are
+        paid here (`timings["warmup_seconds"]`), not by the first video. Two steps, guidance
+        on: the step a request runs, and a scheduler past its first step."""
+        from raydit.models.conformance import test_image
+        from raydit.models.family import GenerationRequest, image_to_png
+
+        frames, height, width = self._planned_geometry()
+        request = GenerationRequest(
+            prompt="warm-up", num_frames=frames, height=height, width=width, num_inference_steps=2,
+            guidance_scale=6.0, seed=0, image=image_to_png(test_image(height, width)) if self.takes_image else None,
+            cache=self.cache, cache_threshold=self.cache_threshold, lora=self._fused_default(None))
+        t0 = time.perf_counter()
+        for replica in self.replicas:
+            t_replica = time.perf_counter()
+            item = Item(request=request, future=Future(), callback=None, progress=False, checkpoint_dir=None)
+            result = self._execute(replica, item)
+            self._event("warmed_up", replica=replica.index, frames=frames, height=height, width=width,
+                        seconds=time.perf_counter() - t_replica,
+                        compile_seconds=result.timings["compile_seconds"])
+        self._timings["warmup_seconds"] = time.perf_counter() - t0
 
     # -- information -------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ SERVE_OPTIONS: dict[str, type] = {
     "lora_scale": list,  # their scales (as --lora-scale repeated; used with fuse_lora)
     "fuse_lora": bool,  # merge the one --lora into the weights (diffusers' fuse_lora)
     "compile": bool,  # regional torch.compile of the transformer blocks (raydit.models.compile)
+    "warmup": bool,  # one request at the planned size on every replica before the first is admitted
 }
 
 SERVE_DEFAULTS: dict = {
@@ -100,6 +101,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", default=None,
                    help="regional torch.compile of the transformer blocks on every rank; the first video of "
                         "each size compiles. Not with per-request LoRAs (--lora without --fuse-lora, --lora-dir)")
+    p.add_argument("--warmup", action="store_true", default=None,
+                   help="before the first request is admitted, run one at the planned size on every replica "
+                        "(kernel choice, allocator growth, --compile's compilation, the decode), so no user waits "
+                        "for them")
 
 
 def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
@@ -164,8 +169,9 @@ def check_lora_options(opts: dict) -> None:
     if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:
         raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} --lora "
                          "are given; give exactly one --lora, or drop --fuse-lora")
-    if opts.get("compile") not in (None, True, False):  # a builder's args dict is not typed by argparse
-        raise ValueError(f"compile {opts['compile']!r} must be true or false")
+    for flag in ("compile", "warmup"):
+        if opts.get(flag) not in (None, True, False):  # a builder's args dict is not typed by argparse
+            raise ValueError(f"{flag} {opts[flag]!r} must be true or false")
     if opts.get("compile"):
         # Compiled blocks would recompile at every switch of adapters (Dynamo guards on peft's
         # layers); one fused LoRA is plain weights.
@@ -187,6 +193,7 @@ def engine_kwargs(opts: dict) -> dict:
         loras=opts.get("lora_table"),
         fuse_lora=opts.get("lora_choice") if opts.get("fuse_lora") else None,
         compile=bool(opts.get("compile")),
+        warmup=bool(opts.get("warmup")),
     )
 
 

@@ -176,24 +176,30 @@ def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eage
 
 
 @pytest.mark.slow
-def test_engine_compiles_once_per_worker_and_reports_it_apart(ray_local, eager_refs):
-    """Engine(compile=True): the first request's compile is `compile_seconds`, not a step nor
-    `encode`; the second request of the same shape on the warm worker compiles nothing. One
-    worker: the graph is the runner test's, compiled C++ found in the session's Inductor cache."""
+def test_engine_compiles_once_per_worker_in_its_warmup_and_reports_it_apart(ray_local, eager_refs):
+    """Engine(compile=True, warmup=True): the worker compiles in the warm-up request the
+    Engine runs at its planned size before returning (`compile_seconds` of its event, not a
+    step nor `encode`); the users' requests of that size then compile nothing. One worker:
+    the graph is the runner test's, compiled C++ found in the session's Inductor cache."""
     from raydit.runtime.engine import Engine
 
-    engine = Engine(model="tiny", workers=1, device="cpu", show_plan=False, compile=True,
+    engine = Engine(model="tiny", workers=1, device="cpu", show_plan=False, compile=True, warmup=True,
                     frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"])
     try:
+        warm = [e for e in engine.events if e["event"] == "warmed_up"]
         results = [engine.generate(PROMPT, progress=False, **gen) for gen in (FIRST, SECOND)]
+        warmup_seconds = engine.timings["warmup_seconds"]
     finally:
         engine.shutdown()
+    assert [(e["replica"], e["frames"], e["height"], e["width"]) for e in warm] == \
+        [(0, GEN["num_frames"], GEN["height"], GEN["width"])]
+    assert warm[0]["compile_seconds"] > 0 and warmup_seconds >= warm[0]["seconds"] > warm[0]["compile_seconds"]
     first, second = (r.timings for r in results)
-    assert first["compile_seconds"] > 0 and second["compile_seconds"] == 0.0
+    assert first["compile_seconds"] == 0.0 and second["compile_seconds"] == 0.0
     for timings in (first, second):
         assert len(timings["step_seconds"]) == GEN["num_inference_steps"]
-    # The warm-up is not inside a step: a first step that compiled would take about as long.
-    assert first["step_seconds"][0] < first["compile_seconds"]
+    # The compile is not inside a step: a first step that compiled would take about as long.
+    assert first["step_seconds"][0] < warm[0]["compile_seconds"]
     for result, (want, cached) in zip(results, eager_refs):
         assert result.timings["cached_steps"] == cached
         torch.testing.assert_close(torch.from_numpy(result.latents), want, **LATENT_TOL)
@@ -231,6 +237,11 @@ def test_generate_and_serve_pass_compile_from_the_command_line_and_config_files_
     assert serve(parser.parse_args(["serve", "--compile"]))["compile"] is True
     assert serve({"compile": True})["compile"] is True  # a Serve config's args
     assert serve(parser.parse_args(["serve"]))["compile"] is False
+    assert serve(parser.parse_args(["serve", "--warmup"]))["warmup"] is True
+    assert serve({"warmup": True, "compile": True})["warmup"] is True
+    assert serve(parser.parse_args(["serve"]))["warmup"] is False
+    with pytest.raises(ValueError, match="warmup 'yes' must be true or false"):
+        serve({"warmup": "yes"})
     takes = set(inspect.signature(Engine).parameters)
     assert set(generate("--prompt", "x")) | {"workers"} <= takes and set(serve({})) <= takes
 
