@@ -39,8 +39,8 @@ SUITE = {
                  ["--worlds", "2", "4", "--rounds", "5", "--layers", "2", "--max-wait", "10"]),
     "overhead": ("bench_overhead.py", ["--steps", "3", "--rounds", "3", "--fixed-steps", "6"],
                  ["--steps", "8", "--rounds", "8", "--fixed-steps", "12"]),
-    "startup": ("bench_startup.py", ["--workers", "1", "2", "4", "--repeats", "1", "--no-warmup"],
-                ["--workers", "1", "2", "4", "--repeats", "4"]),
+    "startup": ("bench_startup.py", ["--workers", "1", "2", "4", "--repeats", "1", "--no-warmup", "--compare-warmup"],
+                ["--workers", "1", "2", "4", "--repeats", "4", "--compare-warmup"]),
     "recovery": ("bench_recovery.py", ["--repeats", "1", "--steps", "4"], ["--repeats", "4", "--steps", "6"]),
     "plan": ("bench_plan.py", ["--repeats", "5"], ["--repeats", "15"]),
     "throughput": ("bench_throughput.py", ["--requests", "2", "--steps", "2", "--rounds", "2"],
@@ -220,8 +220,11 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
     st = res.get("startup")
     if st:
         for r in st["rows"]:
-            rows.append((f"4. start-up, {r['workers']} worker(s) ({r['plan']})",
-                         f"ready {_s(r['ready_seconds'])}; first step {_s(r['first_step_seconds'])}", "", ""))
+            video = (f"; first video {_s(r['first_video_seconds'])} (its request {_s(r['request_seconds'])})"
+                     if "first_video_seconds" in r else "")
+            warm = f", --warmup (warm-up {_s(r['warmup_seconds'])})" if r.get("warmup") else ""
+            rows.append((f"4. start-up, {r['workers']} worker(s) ({r['plan']}){warm}",
+                         f"ready {_s(r['ready_seconds'])}; first step {_s(r['first_step_seconds'])}{video}", "", ""))
     rc = res.get("recovery")
     if rc:
         rows.append(("5. recovery: node removed mid-request (2 ranks on 2 nodes -> 1)",
@@ -448,9 +451,10 @@ def write_plot(res: dict, out: Path) -> Path | None:
     ax = axes[1][0]
     st = res.get("startup")
     if st:
-        ws = [r["workers"] for r in st["rows"]]
-        ax.plot(ws, [r["ready_seconds"]["median"] for r in st["rows"]], "o-", label="Engine(...) ready")
-        ax.plot(ws, [r["first_step_seconds"]["median"] for r in st["rows"]], "s-", label="first step finished")
+        cold = [r for r in st["rows"] if not r.get("warmup")]
+        ws = [r["workers"] for r in cold]
+        ax.plot(ws, [r["ready_seconds"]["median"] for r in cold], "o-", label="Engine(...) ready")
+        ax.plot(ws, [r["first_step_seconds"]["median"] for r in cold], "s-", label="first step finished")
         ax.set_xticks(ws)
         ax.set_xlabel("workers (tiny pipeline, cold local Ray)")
         ax.set_ylabel("seconds")
