@@ -352,8 +352,11 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int)
     p.add_argument("--height", type=int)
     p.add_argument("--width", type=int)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, default=1e-4, help="float32 / float64: the pass tolerance")
     p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--dtype", choices=["float32", "float64", "bfloat16", "float16"],
+                   help="the dtype the plans run in (default: bfloat16 on GPUs, float32 on CPUs); in bfloat16 "
+                        "and float16 a plan passes by its error against float64, not by --rtol / --atol")
     p.add_argument("--address")
     p.add_argument("--json", action="store_true")
 
@@ -372,6 +375,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         address=args.address,
+        dtype=args.dtype,
     )
     if args.json:
         print(json.dumps(rows))

@@ -7,6 +7,10 @@ cases under all plans inside ONE process group (spawning is the slow part), retu
 outputs for the test to compare with the single-process reference.
 
 - ForwardCase: `build(**kwargs) -> (transformer, forward_kwargs)`; one transformer forward.
+  A family's first forward case is its main case: it runs on every world size, and in
+  bfloat16 as well as float32 (`family_cases()["main"]`, `at_dtype`).
+  In bfloat16 the plans are held to raydit.models.precision's rule against float64 at two
+  places: the forward's output, and every sp_attention call inside it (`bf16_errors`).
 - RunnerCase: `build(**kwargs) -> pipeline`; a few denoising steps of the generic Runner,
   also resumed from a checkpoint taken by another world size.
 
@@ -16,6 +20,7 @@ Each family contributes its cases from its own module (`Family.conformance_cases
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,16 +80,19 @@ class _Unbuilt(dict):
 
 
 def family_cases(build: bool = True) -> dict[str, list]:
-    """Every family's forward and runner cases. `build=False` lists them without building
-    the tiny pipelines (test collection: names, heads and plans only)."""
+    """Every family's forward and runner cases, and "main": each family's first forward case
+    (a family lists its plainest case first, on every world size, its variants after it).
+    `build=False` lists them without building the tiny pipelines
+    (test collection: names, heads and plans only)."""
     from raydit.models.registry import families, tiny_models
 
     base_dirs = {name: str(make()) for name, make in tiny_models().items()} if build else _Unbuilt()
-    out = {"forward": [], "runner": []}
+    out = {"forward": [], "runner": [], "main": []}
     for family in families().values():
         cases = family.conformance_cases(base_dirs)
         out["forward"] += cases.get("forward", [])
         out["runner"] += cases.get("runner", [])
+        out["main"] += cases.get("forward", [])[:1]
     return out
 
 
@@ -125,12 +133,75 @@ def forward_once(transformer, forward_kwargs: dict) -> torch.Tensor:
         return transformer(**forward_kwargs, return_dict=False)[0]
 
 
+def at_dtype(transformer, forward_kwargs: dict, dtype: torch.dtype):
+    """The transformer (in place) and its floating inputs in `dtype`; other inputs (token ids,
+    integer timesteps and masks, sizes) as they are. -> (transformer, forward kwargs)."""
+    cast = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in forward_kwargs.items()}
+    return transformer.to(dtype), cast
+
+
 def run_steps(runner, request, steps: int, checkpoint: dict | None = None):
     """prepare (or resume) and step until `steps` steps are done; returns the state."""
     state = runner.prepare(request, checkpoint=checkpoint)
     while state.step_index < steps:
         state = runner.step(state)
     return state
+
+
+# -- bfloat16 against float64 (raydit.models.precision) -------------------------------------
+def gather_attention_call(calls: list[dict]) -> dict[str, torch.Tensor]:
+    """One sp_attention call as every rank of its sp group recorded it (`recording_attention`)
+    -> q, k, v, out over the whole sequence (B, H, L, D): parts in order, padding dropped."""
+    from raydit.parallel.sharding import SeqLayout
+
+    calls = sorted(calls, key=lambda c: c["sp_index"])
+    layout = SeqLayout(calls[0]["parts"], len(calls))
+    full = {}
+    for name in ("q", "k", "v", "out"):
+        chunks = [layout.split_local(c[name], dim=2) for c in calls]  # per rank: its chunk of each part
+        full[name] = torch.cat([layout.unshard([mine[p] for mine in chunks], p, dim=2)
+                                for p in range(layout.num_parts)], dim=2)
+    return full
+
+
+def bf16_errors(case: ForwardCase, results: list[dict], world_sizes) -> list[dict]:
+    """The bf16 rule's figures for a case that conformance_worker ran in bfloat16 (`results`:
+    its return value by rank). Two places per plan, each against float64 on the same inputs:
+      "output rank r": the forward's output on rank r; float64 = the bfloat16 model and
+        inputs cast to float64, one process = the same forward in bfloat16 here;
+      "attention call i": the plan's i-th sp_attention output gathered over its ranks;
+        float64 = exact attention of the gathered q, k, v; one process = torch's SDPA in
+        bfloat16 on them (what diffusers' processors call on one device).
+    -> rows {plan, where, error, one_process_error, ratio, ok} (relative L2 errors)."""
+    import torch.nn.functional as F
+
+    from raydit.models.precision import error_ratio, relative_error, within_bf16_rule
+
+    def row(plan, where, out, reference, one_process):
+        error, one_error = relative_error(out, reference), relative_error(one_process, reference)
+        return dict(plan=str(plan), where=where, error=error, one_process_error=one_error,
+                    ratio=error_ratio(error, one_error), ok=within_bf16_rule(error, one_error))
+
+    transformer, forward_kwargs = at_dtype(*case.make(), torch.bfloat16)
+    one_process = forward_once(transformer, forward_kwargs)
+    reference = forward_once(*at_dtype(transformer, forward_kwargs, torch.float64))
+    rows = []
+    for world_size in case_worlds(case, world_sizes):
+        for plan in feasible_plans(world_size, case.heads):
+            key = (case.name, str(plan))
+            for rank in range(plan.world_size):
+                rows.append(row(plan, f"output rank {rank}", results[rank]["forward_bf16"][key], reference, one_process))
+            per_rank = [results[rank]["attention_bf16"][key] for rank in range(plan.world_size)]
+            if not per_rank[0] or any(len(calls) != len(per_rank[0]) for calls in per_rank):
+                raise AssertionError(f"{key}: sp_attention calls recorded per rank {[len(c) for c in per_rank]}")
+            for i, calls in enumerate(zip(*per_rank)):
+                full = gather_attention_call(list(calls))
+                q, k, v = full["q"], full["k"], full["v"]
+                with torch.no_grad():
+                    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=calls[0]["scale"])
+                    one = F.scaled_dot_product_attention(q, k, v, scale=calls[0]["scale"])
+                rows.append(row(plan, f"attention call {i}", full["out"], exact, one))
+    return rows
 
 
 # -- meshes on a prefix of the world --------------------------------------------------------
@@ -155,20 +226,56 @@ _LAST_MESH: list = []  # the mesh prefix_mesh built last in this process
 
 
 # -- what runs inside each spawned rank ----------------------------------------------------
-def forward_worker(world_sizes, cases: list[ForwardCase]) -> dict[tuple[str, str], torch.Tensor]:
-    """Every case under every feasible sp plan of each world size -> {(case, plan): output}."""
+@contextlib.contextmanager
+def recording_attention(calls: list):
+    """Every sp_attention call while inside appends {sp_index, parts, scale, q, k, v, out} (this
+    rank's local (B, H, S, D) tensors, copied). The real sp_attention runs: the processors
+    import it from its module when called, so replacing the module's name reaches them."""
+    from raydit.parallel import attention
+
+    real = attention.sp_attention
+
+    def recorded(q, k, v, mesh, layout, *args, **kwargs):
+        out = real(q, k, v, mesh, layout, *args, **kwargs)
+        scale = kwargs.get("scale", args[0] if args else None)
+        calls.append(dict(sp_index=mesh.sp_index, parts=layout.part_lengths, scale=scale,
+                          **{name: t.detach().clone() for name, t in (("q", q), ("k", k), ("v", v), ("out", out))}))
+        return out
+
+    attention.sp_attention = recorded
+    try:
+        yield calls
+    finally:
+        attention.sp_attention = real
+
+
+def forward_worker(
+    world_sizes, cases: list[ForwardCase], bf16_cases=()
+) -> dict[str, dict[tuple[str, str], Any]]:
+    """Every case under every feasible sp plan of each world size in float32, and the cases
+    named in `bf16_cases` again in bfloat16 (inputs rounded to bfloat16 once, `at_dtype`),
+    with their sp_attention calls recorded -> {"float32": {(case, plan): output},
+    "bfloat16": {(case, plan): output}, "bfloat16_attention": {(case, plan): [call, ...]}}."""
     from raydit.models.registry import parallelize
 
-    outputs = {}
+    outputs = {"float32": {}, "bfloat16": {}, "bfloat16_attention": {}}
     for case in cases:
         transformer, forward_kwargs = case.make()
-        for world_size in case_worlds(case, world_sizes):
-            for plan in feasible_plans(world_size, case.heads):
-                mesh = prefix_mesh(plan)
-                if mesh is None:
-                    continue
-                with parallelize(transformer, mesh):
-                    outputs[(case.name, str(plan))] = forward_once(transformer, forward_kwargs)
+        dtypes = (torch.float32, torch.bfloat16) if case.name in bf16_cases else (torch.float32,)
+        for dtype in dtypes:
+            transformer, forward_kwargs = at_dtype(transformer, forward_kwargs, dtype)
+            for world_size in case_worlds(case, world_sizes):
+                for plan in feasible_plans(world_size, case.heads):
+                    mesh = prefix_mesh(plan)
+                    if mesh is None:
+                        continue
+                    key = (case.name, str(plan))
+                    with parallelize(transformer, mesh):
+                        if dtype == torch.float32:
+                            outputs["float32"][key] = forward_once(transformer, forward_kwargs)
+                            continue
+                        with recording_attention(outputs["bfloat16_attention"].setdefault(key, [])):
+                            outputs["bfloat16"][key] = forward_once(transformer, forward_kwargs)
     return outputs
 
 
@@ -205,12 +312,18 @@ def runner_worker(
 
 
 def conformance_worker(
-    rank: int, world_size: int, forward_cases, runner_cases, checkpoints, world_sizes=None, cfg_world_sizes=()
+    rank: int, world_size: int, forward_cases, runner_cases, checkpoints, world_sizes=None, cfg_world_sizes=(),
+    bf16_forward=(),
 ) -> dict[str, Any]:
-    """Both suites for each of `world_sizes` (default 1 .. world_size), in one process group."""
+    """Both suites for each of `world_sizes` (default 1 .. world_size), in one process group;
+    the forward cases named in `bf16_forward` in bfloat16 too ("forward_bf16", and their
+    attention calls "attention_bf16")."""
     world_sizes = list(world_sizes or range(1, world_size + 1))
     assert max(world_sizes) <= world_size
+    forward = forward_worker(world_sizes, forward_cases, bf16_forward)
     return {
-        "forward": forward_worker(world_sizes, forward_cases),
+        "forward": forward["float32"],
+        "forward_bf16": forward["bfloat16"],
+        "attention_bf16": forward["bfloat16_attention"],
         "runner": runner_worker(world_sizes, runner_cases, checkpoints, cfg_world_sizes),
     }

@@ -52,7 +52,11 @@ class Runner:
     """Runs one pipeline's requests step by step, alone or as one rank of a mesh."""
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
-                 offload_idle: bool = False, compile: bool = False):
+                 offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None):
+        """init_dtype: draw each request's initial state (its noise, the image's latents) as a
+        run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
+        starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
+        draw their noise in the run's dtype, and bf16 and float64 draws differ)."""
         from raydit.models.registry import family_for_pipeline
 
         self.family = family_for_pipeline(pipe)
@@ -73,6 +77,7 @@ class Runner:
             self.pipe = pipe.to(dtype=dtype)
         self.device = torch.device(device)
         self.dtype = dtype
+        self.init_dtype = init_dtype or dtype
         self.mesh = mesh
         # The plan keeps idle weights in host memory (planner: Plan.offload_idle_gb): the
         # encoders live on the CPU except while a request is prepared, and only the expert a
@@ -161,7 +166,10 @@ class Runner:
         # The generator lives on the CPU so latents and scheduler noise are the same on
         # every device and every world size.
         generator = torch.Generator("cpu").manual_seed(request.seed)
-        prepared = family.init(pipe, request, generator, self.device, self.dtype)
+        prepared = family.init(pipe, request, generator, self.device, self.init_dtype)
+        if self.init_dtype != self.dtype:
+            prepared = dataclasses.replace(prepared, latents=self._from_init_dtype(prepared.latents),
+                                           context={k: self._from_init_dtype(v) for k, v in prepared.context.items()})
         state = DenoiseState(
             request=request,
             latents=prepared.latents,
@@ -178,6 +186,13 @@ class Runner:
         self._last_state = state
         self.warmup_seconds = self._warm_up(state) if self.compiled else 0.0
         return state
+
+    def _from_init_dtype(self, value):
+        """A tensor init made in init_dtype, in the run's dtype (others as they are: Wan's
+        float32 latents stay float32 in any run, as in its pipelines)."""
+        if isinstance(value, torch.Tensor) and value.dtype == self.init_dtype:
+            return value.to(self.dtype)
+        return value
 
     def _warm_up(self, state: DenoiseState) -> float:
         """Compile for this request's shapes, once per shape: one transformer call per branch

@@ -12,6 +12,10 @@ differ by a few units in the last place of their largest terms, so an element ne
 differ by 1-2e-5 between plans, or between CPUs with other vector units); latents after
 denoising steps rtol 1e-4, atol 1e-4 (latents reach O(30) with random weights, so 1e-4
 absolute is ~3e-6 of their range).
+
+bfloat16 (each family's main case, every plan): raydit.models.precision's rule, relative L2
+error against float64 on the same inputs at most 2x one process's, at the forward's output
+and at every sp_attention call inside it (`harness.bf16_errors`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def forward_tol(ref: torch.Tensor) -> dict:
 
 LISTED = harness.family_cases(build=False)  # names, heads and plans, for parametrizing
 FORWARD_CASES = LISTED["forward"]
+MAIN_CASES = LISTED["main"]  # each family's first forward case: run in bfloat16 too
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +77,7 @@ def distributed(runner_cases, runner_refs):
     _, checkpoints = runner_refs
     return run_distributed(
         harness.conformance_worker, max(WORLDS), FORWARD_CASES, runner_cases, checkpoints, WORLDS, CFG_WORLDS,
-        timeout=900,
+        [case.name for case in MAIN_CASES], timeout=900,
     )
 
 
@@ -94,6 +99,25 @@ def test_forward_matches_single_process(distributed, forward_refs, case_name, pl
         torch.testing.assert_close(out, ref, **forward_tol(ref), msg=lambda m: f"rank {rank}: {m}")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", MAIN_CASES, ids=[case.name for case in MAIN_CASES])
+def test_bf16_plans_add_no_more_error_than_bf16(distributed, case):
+    """Issue 31 item 2: on every plan, the bfloat16 error against float64 is at most 2x one
+    process's bfloat16 error (relative L2 over the tensor), for the forward's output on every
+    rank and for every sp_attention call gathered over its ranks. On these tiny cases the
+    output cannot see a ring merge done in bf16 (other layers' bf16 rounding dominates it:
+    worst ratio 1.0-1.2 with or without); at the attention calls such a merge moves the worst
+    ratio from 1.3-1.5 to 1.8-2.1, over 2x for HunyuanVideo 1.5 only (measured, issue 31)."""
+    from raydit.models.precision import BF16_ERROR_FACTOR
+
+    rows = harness.bf16_errors(case, distributed, WORLDS)
+    assert {r["plan"] for r in rows} == {str(p) for w in harness.case_worlds(case, WORLDS)
+                                         for p in harness.feasible_plans(w, case.heads)}
+    bad = [f"{r['plan']} {r['where']}: {r['error']:.3g} = {r['ratio']:.2f} x one process's {r['one_process_error']:.3g}"
+           for r in rows if not r["ok"]]
+    assert not bad, f"over {BF16_ERROR_FACTOR:g}x one process's bf16 error:\n" + "\n".join(bad)
+
+
 def _runner_params():
     return [
         pytest.param(case.name, plan, id=f"{case.name}-{plan}")
@@ -113,6 +137,8 @@ def test_every_family_brings_cases():
     names = [c.name for c in LISTED["forward"] + LISTED["runner"]]
     for family in families().values():
         assert any(n.startswith(family.name) for n in names), f"family {family.name} has no conformance cases"
+        # Its main case (first forward case) runs in bf16 too, on every world size.
+        assert [c for c in MAIN_CASES if c.name.startswith(family.name) and c.worlds is None], family.name
 
 
 @pytest.mark.slow

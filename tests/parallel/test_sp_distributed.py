@@ -80,15 +80,37 @@ def run_attention_cases(mesh, cases, head_chunks=None):
     return results
 
 
+# bfloat16 (issue 31): one case per layout with a ring, long enough for the ring's merge to
+# matter (blocks of 263-788 keys), held to raydit.models.precision's rule against float64.
+BF16_CASE = dict(heads=6, head_dim=64, parts=BIG_PARTS, seed=20_000)
+
+
+def bf16_inputs():
+    """q, k, v parts of BF16_CASE rounded to bfloat16 once (the plan and every reference
+    start from the same values)."""
+    c = BF16_CASE
+    return [t.to(torch.bfloat16) for t in make_parts(c["seed"], c["heads"], c["head_dim"], c["parts"])]
+
+
+def run_bf16_case(mesh):
+    layout = SeqLayout(BF16_CASE["parts"], mesh.sp)
+    qkv = layout.shard_parts(bf16_inputs(), mesh.sp_index, dim=3)
+    out = sp_attention(qkv[0], qkv[1], qkv[2], mesh, layout)
+    assert out.dtype == torch.bfloat16
+    return torch.cat([gather_sequence(out, mesh, layout, p, dim=2) for p in range(len(BF16_CASE["parts"]))], dim=2)
+
+
 def suite_worker(rank, world):
     """Everything the tests below check, from one spawned group of `world` processes."""
-    report = {"attention": {}, "mesh": {}, "errors": {}}
+    report = {"attention": {}, "mesh": {}, "errors": {}, "bf16": {}}
     for w in range(1, world + 1):
         for U, R in factor_pairs(w):
             mesh = build_mesh(U, R, ranks=list(range(w)))  # collective: every rank calls it
             if mesh is not None:
                 cases = [c for c in cases_for(w) if c[:2] == (U, R)]
                 report["attention"][(U, R)] = run_attention_cases(mesh, cases)
+                if R > 1:
+                    report["bf16"][(U, R)] = run_bf16_case(mesh)
                 if U > 1:
                     chunked = [c for c in cases if c[4] in CHUNK_PARTS]
                     for n in CHUNK_VARIANTS:
@@ -119,6 +141,31 @@ def test_sp_attention_matches_single_process(suite, world):
                 )
                 for r in range(1, world):  # gathered output is replicated bit for bit
                     assert torch.equal(suite[r]["attention"][(U, R)][i][p], got), (r, U, R, H, D, parts, p)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6])
+def test_ring_in_bf16_adds_no_more_error_than_bf16(suite, world):
+    """Every layout with a ring: the bf16 output's error against float64 attention of the same
+    bf16 inputs is at most 2x that of torch's SDPA in bf16 on one process (relative L2,
+    raydit.models.precision). The ring merges its blocks' partial outputs and log-sum-exps in
+    float32 until the last merge; merged in bf16 the error grows with every ring step."""
+    import torch.nn.functional as F
+
+    from raydit.models.precision import BF16_ERROR_FACTOR, error_ratio, relative_error
+
+    q, k, v = torch.cat(bf16_inputs(), dim=3)
+    scale = 1 / math.sqrt(BF16_CASE["head_dim"])
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale)
+    one = relative_error(F.scaled_dot_product_attention(q, k, v, scale=scale), exact)
+    rings = [(U, R) for U, R in factor_pairs(world) if R > 1]
+    assert rings
+    for U, R in rings:
+        got = suite[0]["bf16"][(U, R)]
+        error = relative_error(got, exact)
+        assert error <= BF16_ERROR_FACTOR * one, (
+            f"ulysses {U} ring {R}: bf16 error {error:.3g} = {error_ratio(error, one):.2f} x one process's {one:.3g}")
+        for r in range(1, world):  # replicated bit for bit
+            assert torch.equal(suite[r]["bf16"][(U, R)], got), (r, U, R)
 
 
 @pytest.mark.parametrize("world", [2, 4, 6])

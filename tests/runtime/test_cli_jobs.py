@@ -223,13 +223,42 @@ def test_verify_checks_every_plan_against_one_rank(ray_local):
     assert all(r["max_abs_diff"] < 1e-3 for r in rows)
 
 
+def test_verify_in_bf16_judges_plans_by_their_error_against_float64(ray_local):
+    """Issue 31 item 3: in bfloat16 (a GPU's default; asked for here on the CPU) a plan passes
+    when its error against the same request in float64 is at most 2x one rank's bf16 error,
+    and the report says so; a fixed 1e-4 tolerance would call every bf16 plan wrong."""
+    from raydit.verify import feasible_layouts
+
+    address = _gcs_address(ray_local)
+    out = raydit("verify", "--workers", "2", "--steps", "2", "--device", "cpu", "--dtype", "bfloat16",
+                 "--address", address, "--json", timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [(r["ulysses"], r["ring"], r["cfg"]) for r in rows] == feasible_layouts(2, 2)
+    one = rows[0]["one_rank_error"]
+    assert 1e-4 < one < 0.1  # bf16's own error against float64: far over a float32 tolerance
+    for r in rows:
+        assert (r["dtype"], r["rule"], r["factor"]) == ("bfloat16", "precision", 2.0), r
+        assert r["one_rank_error"] == one and r["ok"] and r["error"] <= 2 * one, r
+    assert any(r["max_abs_diff"] > 1e-4 for r in rows[1:])  # the fixed tolerance would have failed them
+    from raydit.verify import format_verify_table
+
+    text = format_verify_table(rows, rtol=1e-4, atol=1e-4)
+    assert "final latents in bfloat16" in text and "at most 2x the one-rank bfloat16 run's" in text
+    assert "OUT OF TOLERANCE" not in text
+    # The rule fails a plan whose error is over 2x (its figures, judged again, say so).
+    bad = dict(rows[-1], ok=False, error=3 * one, ratio=3.0)
+    assert "OUT OF TOLERANCE" in format_verify_table([bad], rtol=1e-4, atol=1e-4)
+
+
 def test_verify_refuses_a_tolerance_or_step_count_before_ray_starts(tmp_path):
     """A negative or NaN tolerance ran every plan and called them all out of tolerance (exit 1);
     --steps 0 was refused only after Ray had started. With a dead --address, an answer naming
     the value came before any connection."""
     cases = [(["--rtol", "-1"], "rtol -1.0 must be a finite number >= 0"),
              (["--atol", "nan"], "atol nan must be a finite number >= 0"),
-             (["--steps", "0"], "steps 0 must be a positive integer")]
+             (["--steps", "0"], "steps 0 must be a positive integer"),
+             (["--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'")]
     for args, needle in cases:
         out = raydit("verify", "--device", "cpu", "--address", "127.0.0.1:9", *args, cwd=tmp_path, timeout=60)
         assert out.returncode == 2, (args, out.stderr)
