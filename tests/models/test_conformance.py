@@ -184,22 +184,25 @@ def test_runner_matches_diffusers_pipeline(runner_cases, case_name):
     torch.testing.assert_close(state.latents, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case_name", [c.name for c in LISTED["runner"]])
-def test_runner_matches_diffusers_pipeline_bit_for_bit_in_bf16(runner_cases, case_name):
-    """GPUs run bf16: there one process must give diffusers' own latents exactly, which means
-    following the pipeline's dtype choices between steps (HunyuanVideo's latents turn bf16
-    after the first flow-matching step and the timestep follows them; HunyuanVideo 1.5 draws
-    its noise in the transformer's dtype). Resuming from a checkpoint taken after step 1
-    (bf16 latents where init gave float32) gives the same latents too."""
+def test_runner_matches_diffusers_pipeline_bit_for_bit_in_bf16(runner_cases, case_name, dtype):
+    """GPUs run bf16 (fp16 on older ones): there one process must give diffusers' own latents
+    exactly, which means following the pipeline's dtype choices between steps (HunyuanVideo's
+    latents turn bf16 after the first flow-matching step and the timestep follows them;
+    HunyuanVideo 1.5 draws its noise in the transformer's dtype). Resuming from a checkpoint
+    taken after step 1 (bf16 latents where init gave float32) gives the same latents too."""
     import torch
 
     from raydit.models.registry import family_for_pipeline
 
+    dtype = getattr(torch, dtype)
     case = next(c for c in runner_cases if c.name == case_name)
-    pipe = case.make().to(dtype=torch.bfloat16)
+    pipe = case.make().to(dtype=dtype)
     request = case.make_request()
     expected = family_for_pipeline(pipe).reference_latents(pipe, request)
-    runner = Runner(pipe, dtype=torch.bfloat16)
+    assert torch.isfinite(expected.float()).all()
+    runner = Runner(pipe, dtype=dtype)
     state = harness.run_steps(runner, request, request.num_inference_steps)
     assert state.latents.dtype == expected.dtype, (state.latents.dtype, expected.dtype)
     assert torch.equal(state.latents, expected), max_relative_difference(state.latents.float(), expected.float())

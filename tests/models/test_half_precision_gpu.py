@@ -1,0 +1,39 @@
+"""On a CUDA GPU, in bfloat16 and float16: one process equals diffusers' own pipeline bit for
+bit, for every runner case of every family (the CPU test of test_conformance, on the device
+where bf16 runs for real: its kernels, cuBLAS, the SDPA backends). Skipped without CUDA."""
+
+import pytest
+import torch
+
+from raydit.models import conformance as harness
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+CASES = harness.family_cases(build=False)["runner"]
+
+
+@pytest.fixture(scope="module")
+def runner_cases():
+    return harness.family_cases(build=True)["runner"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case_name", [c.name for c in CASES])
+def test_runner_matches_diffusers_bit_for_bit_on_cuda(runner_cases, case_name, dtype):
+    from raydit.models.registry import family_for_pipeline
+    from raydit.models.runner import Runner
+
+    dtype = getattr(torch, dtype)
+    case = next(c for c in runner_cases if c.name == case_name)
+    pipe = case.make().to("cuda", dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    request = case.make_request()
+    expected = family_for_pipeline(pipe).reference_latents(pipe, request)
+    assert expected.device.type == "cuda" and torch.isfinite(expected.float()).all()
+    runner = Runner(pipe, device="cuda", dtype=dtype)
+    state = harness.run_steps(runner, request, request.num_inference_steps)
+    assert state.latents.dtype == expected.dtype, (state.latents.dtype, expected.dtype)
+    assert torch.equal(state.latents, expected), (state.latents.float() - expected.float()).abs().max().item()
+    checkpoint = runner.checkpoint(harness.run_steps(runner, request, 1))
+    resumed = harness.run_steps(runner, request, request.num_inference_steps, checkpoint=checkpoint)
+    assert torch.equal(resumed.latents, expected)
