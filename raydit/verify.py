@@ -141,7 +141,7 @@ def format_verify_table(rows: list[dict], rtol: float, atol: float) -> str:
     if precision:
         r0 = rows[0]
         head = [f"final latents in {r0['dtype']}: no fixed tolerance holds there, so each plan's relative L2 error "
-                f"against the same request in float64 on one rank must be at most {r0['factor']:g}x the one-rank "
+                f"against the same request run in float64 here (one process, from the same noise) must be at most {r0['factor']:g}x the one-rank "
                 f"{r0['dtype']} run's ({r0['one_rank_error']:.3e}) (raydit.models.precision)",
                 f"{'ulysses':>7} {'ring':>4} {'cfg':>3} {'world':>5} {'max |diff|':>12} {'error':>10} {'x 1 rank':>8} "
                 f"{'kernel':<24} result"]
