@@ -63,6 +63,7 @@ class Replica:
     plan: Any = None
     busy: bool = False
     in_rotation: bool = True  # False after it handed a request back, until repaired
+    idle_since: float = field(default_factory=time.monotonic)  # when it last finished a request
 
 
 class Engine:
@@ -84,6 +85,9 @@ class Engine:
     apart from `step_seconds` and `encode`. `warmup=True`: before the constructor returns,
     every replica runs one two-step request at the planned size (kernel choice, allocator
     growth, compilation, decode), so no user's request pays them; `timings["warmup_seconds"]`.
+    `max_replicas=K` (> replicas): replicas follow the queue: one more (the planner's best
+    layout, on free devices) while a request has waited `scale_up_wait_s`, up to K; one idle
+    for `scale_down_idle_s` with nothing waiting is taken out, down to `replicas`.
     """
 
     def __init__(
@@ -114,6 +118,9 @@ class Engine:
         cache_threshold: float | None = None,
         compile: bool = False,
         warmup: bool = False,
+        max_replicas: int | None = None,
+        scale_up_wait_s: float = 30.0,
+        scale_down_idle_s: float = 300.0,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -124,6 +131,13 @@ class Engine:
         for name, value in (("workers", workers), ("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} {value!r} must be a positive integer")
+        if max_replicas is not None and (isinstance(max_replicas, bool) or not isinstance(max_replicas, int)
+                                         or max_replicas < replicas):
+            raise ValueError(f"max_replicas {max_replicas!r} must be an integer >= replicas ({replicas}), the "
+                             "replicas the engine starts with and keeps")
+        for name, value in (("scale_up_wait_s", scale_up_wait_s), ("scale_down_idle_s", scale_down_idle_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} {value!r} must be a finite number of seconds >= 0")
         if grow not in ("auto", "always", "never"):
             raise ValueError(f"grow {grow!r} is not one of auto, always, never")
         for flag, value in (("compile", compile), ("warmup", warmup)):
@@ -195,21 +209,11 @@ class Engine:
             if show_plan:
                 print(self.describe_plan(), flush=True)
             self._timings["plan_seconds"] = time.perf_counter() - t0
+            self._placement_timeout_s = placement_timeout_s
             for k in range(replicas):
                 # The first replica goes where the plan placed it; the others are packed
                 # onto what is left (each is checked against the cluster when reserved).
-                pool = WorkerPool.start(
-                    plan.world_size,
-                    placement=plan.placement if k == 0 else None,
-                    model_dir=self.model_dir, device=self.device, dtype=self.dtype,
-                    placement_timeout_s=placement_timeout_s,
-                )
-                replica = Replica(index=k, pool=pool, plan=plan)
-                self.replicas.append(replica)
-                pool.loras = dict(self._loras)
-                pool.compile = compile
-                seconds = pool.form(plan, collective_timeout_s)
-                self._timings.setdefault("group_seconds", seconds)
+                self._start_replica(k, plan, plan.placement if k == 0 else None, self.replicas.append)
         except BaseException:
             for r in self.replicas:
                 r.pool.close()
@@ -219,25 +223,17 @@ class Engine:
         for key, value in self.replicas[0].pool.timings.items():
             self._timings[key] = value
         self._timings["startup_seconds"] = time.perf_counter() - t0
+        self._step_timeout_s = step_timeout_s
         for r in self.replicas:
-            r.controller = Controller(
-                r.pool,
-                replan=lambda capacity, min_sp=None, r=r: self._replan(r, capacity, min_sp),
-                policy=ElasticPolicy(
-                    max_recoveries=8 if elastic else 0,
-                    grow_margin=1.0,
-                    always_grow=grow == "always",
-                    max_world=workers,
-                ),
-                events=self.events,
-                on_plan=lambda p, r=r: setattr(r, "plan", p),
-                regroup_cost_s=self._regroup_cost,
-                step_timeout_s=step_timeout_s,
-                collective_timeout_s=collective_timeout_s,
-                plan=r.plan,
-                capacity_lock=self._capacity_lock,
-            )
+            self._attach_controller(r)
         self._dispatcher = Dispatcher(self.replicas, self._execute, self._repair, self._capacity_left)
+        # Replicas that follow the queue: between `replicas` and `max_replicas`.
+        self.min_replicas, self.max_replicas = replicas, max_replicas or replicas
+        self.scale_up_wait_s, self.scale_down_idle_s = float(scale_up_wait_s), float(scale_down_idle_s)
+        self._warmup = warmup
+        self._next_index = replicas
+        self._autoscaler: threading.Thread | None = None
+        self._stop_scaling = threading.Event()
         self._event(
             "started", plan=_plan_brief(plan), replicas=len(self.replicas),
             seconds=self._timings["startup_seconds"],
@@ -248,8 +244,93 @@ class Engine:
             except BaseException:
                 self.shutdown()
                 raise
+        if self.max_replicas > self.min_replicas:
+            self._autoscaler = threading.Thread(target=self._autoscale_loop, name="raydit-autoscale", daemon=True)
+            self._autoscaler.start()
 
-    def _warm_up(self) -> None:
+    # -- replicas ------------------------------------------------------------------------
+
+    def _start_replica(self, index: int, plan, placement, add) -> "Replica":
+        """Start the ranks of one replica of `plan` (at `placement`, or packed onto free
+        devices), load the model and form its groups; `add(replica)` puts it in the engine's
+        list as soon as it holds actors, so a failure below still closes them."""
+        pool = WorkerPool.start(
+            plan.world_size, placement=placement, model_dir=self.model_dir, device=self.device, dtype=self.dtype,
+            placement_timeout_s=self._placement_timeout_s,
+        )
+        replica = Replica(index=index, pool=pool, plan=plan)
+        add(replica)
+        pool.loras = dict(self._loras)
+        pool.compile = self.compile
+        seconds = pool.form(plan, self._collective_timeout_s)
+        self._timings.setdefault("group_seconds", seconds)
+        return replica
+
+    def _attach_controller(self, r: "Replica") -> None:
+        r.controller = Controller(
+            r.pool,
+            replan=lambda capacity, min_sp=None, r=r: self._replan(r, capacity, min_sp),
+            policy=ElasticPolicy(
+                max_recoveries=8 if self.elastic else 0,
+                grow_margin=1.0,
+                always_grow=self._grow == "always",
+                max_world=self._workers,
+            ),
+            events=self.events,
+            on_plan=lambda p, r=r: setattr(r, "plan", p),
+            regroup_cost_s=self._regroup_cost,
+            step_timeout_s=self._step_timeout_s,
+            collective_timeout_s=self._collective_timeout_s,
+            plan=r.plan,
+            capacity_lock=self._capacity_lock,
+        )
+
+    def _autoscale_loop(self) -> None:
+        """Add a replica while a request has waited `scale_up_wait_s` and free devices hold
+        one (up to `max_replicas`); take one out after `scale_down_idle_s` idle with nothing
+        waiting (down to `replicas`). One change at a time; every change is an event."""
+        tick = max(0.05, min(1.0, self.scale_up_wait_s / 4, self.scale_down_idle_s / 4))
+        while not self._stop_scaling.wait(tick):
+            try:
+                self._autoscale_once()
+            except Exception as exc:  # the queue keeps running on the replicas it has
+                self._event("autoscale_failed", error=f"{type(exc).__name__}: {exc}")
+                self._stop_scaling.wait(max(5.0, self.scale_up_wait_s))
+
+    def _autoscale_once(self) -> None:
+        dispatcher = self._dispatcher
+        waited = dispatcher.oldest_wait()
+        if waited >= self.scale_up_wait_s and waited > 0 and len(self.replicas) < self.max_replicas:
+            plan = self.plan_result.best
+            with self._capacity_lock:
+                if self.replicas[0].pool.free_slot_count() < plan.world_size:
+                    return  # no room: the queue waits for the replicas it has
+                index, self._next_index = self._next_index, self._next_index + 1
+                t0 = time.perf_counter()
+                started: list = []
+                try:
+                    replica = self._start_replica(index, plan, None, started.append)
+                except BaseException:
+                    for r in started:
+                        r.pool.close()
+                    raise
+            self._attach_controller(replica)
+            if self._warmup:
+                self._warm_up([replica])
+            if self._stop_scaling.is_set():
+                replica.pool.close()
+                return
+            dispatcher.add_replica(replica)
+            self._event("replica_added", replica=index, plan=_plan_brief(plan), waited=round(waited, 3),
+                        seconds=round(time.perf_counter() - t0, 3), replicas=len(self.replicas))
+            return
+        replica = dispatcher.take_idle_replica(self.scale_down_idle_s, keep=self.min_replicas)
+        if replica is not None:
+            replica.pool.close()
+            self._event("replica_removed", replica=replica.index, idle=round(time.monotonic() - replica.idle_since, 3),
+                        replicas=len(self.replicas))
+
+    def _warm_up(self, replicas=None) -> None:
         """One request at the planned size on every replica, before any user's: the kernel
         choice, the allocator's growth, a compiled Engine's compilation and the decode are
         paid here (`timings["warmup_seconds"]`), not by the first video. Two steps, guidance
@@ -263,14 +344,14 @@ class Engine:
             guidance_scale=6.0, seed=0, image=image_to_png(test_image(height, width)) if self.takes_image else None,
             cache=self.cache, cache_threshold=self.cache_threshold, lora=self._fused_default(None))
         t0 = time.perf_counter()
-        for replica in self.replicas:
+        for replica in list(self.replicas if replicas is None else replicas):
             t_replica = time.perf_counter()
             item = Item(request=request, future=Future(), callback=None, progress=False, checkpoint_dir=None)
             result = self._execute(replica, item)
             self._event("warmed_up", replica=replica.index, frames=frames, height=height, width=width,
                         seconds=time.perf_counter() - t_replica,
                         compile_seconds=result.timings["compile_seconds"])
-        self._timings["warmup_seconds"] = time.perf_counter() - t0
+        self._timings.setdefault("warmup_seconds", time.perf_counter() - t0)
 
     # -- information -------------------------------------------------------------------
 
@@ -776,6 +857,12 @@ class Engine:
     def shutdown(self) -> None:
         """Cancel queued requests, wait for running ones, kill the actors, release their
         reservations, disconnect what we connected."""
+        stop = getattr(self, "_stop_scaling", None)
+        if stop is not None:
+            stop.set()
+            scaler = getattr(self, "_autoscaler", None)
+            if scaler is not None and scaler is not threading.current_thread():
+                scaler.join(timeout=600)
         dispatcher = getattr(self, "_dispatcher", None)
         if dispatcher is not None:
             dispatcher.close()

@@ -44,6 +44,7 @@ class Item:
     t_start: float = 0.0
     handbacks: list = field(default_factory=list)  # reasons, in order
     started: bool = False  # the future is marked running (it can no longer be cancelled)
+    queued_at: float = field(default_factory=time.monotonic)  # when it joined the queue
 
 
 class Dispatcher:
@@ -133,6 +134,38 @@ class Dispatcher:
                     self._items.popleft()
                     item.future.set_exception(self._no_capacity(item))
 
+    # -- replicas that follow the queue (Engine's autoscaler) ------------------------------
+
+    def oldest_wait(self) -> float:
+        """Seconds the longest-waiting queued request has waited (0.0: none waits)."""
+        with self.cond:
+            if not self._items:
+                return 0.0
+            return time.monotonic() - min(item.queued_at for item in self._items)
+
+    def add_replica(self, replica) -> None:
+        """A new replica joins the rotation; queued requests may start on it at once."""
+        with self.cond:
+            self.replicas.append(replica)
+            self.cond.notify_all()
+
+    def take_idle_replica(self, idle_s: float, keep: int):
+        """Take out of the rotation, and return, a replica idle for `idle_s` seconds or more
+        while nothing waits, when more than `keep` are in rotation; None otherwise."""
+        with self.cond:
+            if self._items or self._closing:
+                return None
+            serving = [r for r in self.replicas if r.in_rotation]
+            if len(serving) <= keep:
+                return None
+            now = time.monotonic()
+            idle = [r for r in serving if not r.busy and now - r.idle_since >= idle_s]
+            if not idle:
+                return None
+            replica = max(idle, key=lambda r: (r.plan.predicted_step_seconds, r.index))  # the slowest goes
+            self.replicas.remove(replica)
+            return replica
+
     def _no_capacity(self, item: Item) -> NoCapacity:
         step = f" at step {item.job.step_index}" if item.job is not None and item.job.prepared else ""
         return NoCapacity(f"request stopped{step}: {NO_CAPACITY} ({self._capacity()})")
@@ -156,6 +189,7 @@ class Dispatcher:
             item.future.set_result(result)
         with self.cond:
             replica.busy = False
+            replica.idle_since = time.monotonic()
             if handed_back:
                 replica.in_rotation = False
                 if self._closing:

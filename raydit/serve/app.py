@@ -212,8 +212,8 @@ class VideoAPI:
             fps=options["fps"],
             vae_temporal=spec.vae_temporal,
         )
-        self.service = VideoService(self.engine, store, self.limits, max_queue=options["max_queue"],
-                                    capacity=len(self.engine.replicas))
+        # capacity: the engine's replicas as they are now (they may follow the queue).
+        self.service = VideoService(self.engine, store, self.limits, max_queue=options["max_queue"])
         for note in self.service.notes:
             print(f"raydit serve: {note}", flush=True)
 

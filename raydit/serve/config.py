@@ -41,6 +41,9 @@ SERVE_OPTIONS: dict[str, type] = {
     "fuse_lora": bool,  # merge the one --lora into the weights (diffusers' fuse_lora)
     "compile": bool,  # regional torch.compile of the transformer blocks (raydit.models.compile)
     "warmup": bool,  # one request at the planned size on every replica before the first is admitted
+    "max_replicas": int,  # replicas follow the queue between --replicas and this
+    "scale_up_wait": float,  # seconds a request waits before a replica is added
+    "scale_down_idle": float,  # seconds a replica idles before it is taken out
 }
 
 SERVE_DEFAULTS: dict = {
@@ -64,7 +67,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with any of the options below (command line wins)")
     p.add_argument("--model", help="'tiny' (default), a built-in name, or a local diffusers pipeline directory")
     p.add_argument("--workers", type=int, help="ranks per replica (default: the planner's best on the cluster)")
-    p.add_argument("--replicas", type=int, help="copies of the model serving the queue side by side (default 1)")
+    p.add_argument("--replicas", "--min-replicas", dest="replicas", type=int,
+                   help="copies of the model serving the queue side by side (default 1); with --max-replicas, "
+                        "the fewest kept")
+    p.add_argument("--max-replicas", dest="max_replicas", type=int,
+                   help="add a replica (planned like the first, on free devices) while a request has waited "
+                        "--scale-up-wait seconds, up to this many; take one out after --scale-down-idle seconds idle")
+    p.add_argument("--scale-up-wait", dest="scale_up_wait", type=float, metavar="S",
+                   help="seconds a request waits before a replica is added (default 30)")
+    p.add_argument("--scale-down-idle", dest="scale_down_idle", type=float, metavar="S",
+                   help="seconds a replica idles before it is taken out (default 300)")
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--ulysses", type=int)
     p.add_argument("--ring", type=int)
@@ -129,10 +141,18 @@ def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
 
 def check_serve_options(opts: dict) -> None:
     for key in ("workers", "replicas", "ulysses", "ring", "frames", "height", "width",
-                "max_steps", "default_steps", "fps"):
+                "max_steps", "default_steps", "fps", "max_replicas"):
         value = opts.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"--{key.replace('_', '-')} {value!r} must be a positive integer")
+    if opts.get("max_replicas") is not None and opts["max_replicas"] < opts.get("replicas", 1):
+        raise ValueError(f"--max-replicas {opts['max_replicas']} is below --replicas {opts.get('replicas', 1)}: "
+                         "give at least as many")
+    for key in ("scale_up_wait", "scale_down_idle"):
+        value = opts.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < float("inf")):
+            raise ValueError(f"--{key.replace('_', '-')} {value!r} must be a number of seconds >= 0")
     if opts.get("cfg") not in (None, 1, 2):
         raise ValueError(f"--cfg {opts['cfg']!r} must be 1 or 2")
     if opts["max_queue"] < 0:
@@ -194,6 +214,8 @@ def engine_kwargs(opts: dict) -> dict:
         fuse_lora=opts.get("lora_choice") if opts.get("fuse_lora") else None,
         compile=bool(opts.get("compile")),
         warmup=bool(opts.get("warmup")),
+        max_replicas=opts.get("max_replicas"),
+        **{f"{k}_s": float(opts[k]) for k in ("scale_up_wait", "scale_down_idle") if opts.get(k) is not None},
     )
 
 

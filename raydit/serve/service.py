@@ -100,15 +100,24 @@ class _Running:
 
 
 class VideoService:
+    @property
+    def capacity(self) -> int:
+        """Replicas serving now (the engine's, which may follow the queue; or as given)."""
+        if self._fixed_capacity:
+            return self._fixed_capacity
+        return max(1, len(getattr(self.engine, "replicas", []) or [1]))
+
     def __init__(self, engine, store: VideoStore, limits: Limits, max_queue: int = 64,
                  capacity: int | None = None):
         self.engine = engine
         self.store = store
         self.limits = limits
         self.max_queue = max_queue
-        self.capacity = capacity or max(1, len(getattr(engine, "replicas", []) or [1]))
-        # Requests handed to the engine at once: one running and one waiting per replica.
-        self.depth = 2 * self.capacity
+        self._fixed_capacity = capacity
+        # Requests handed to the engine at once: one running and one waiting per replica it
+        # may have (an engine whose replicas follow the queue adds one when requests wait in
+        # its own queue, so they must reach it).
+        self.depth = 2 * max(self.capacity, int(getattr(engine, "max_replicas", 0) or 0))
         self._cond = threading.Condition()
         self._jobs: dict[str, VideoJob] = {}
         # Long-polling GETs, by video id: (their event loop, the event that wakes them).
@@ -457,6 +466,27 @@ class VideoService:
             self._wake_locked()
 
 
+class _ReplicaLayouts:
+    """raydit_replica_layout{replica, ulysses, ring, cfg, world_size} 1 for every replica the
+    engine has at the scrape (they may follow the queue), 0 for none."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily("raydit_replica_layout", "Each engine replica and its parallel layout",
+                                   labels=["replica", "ulysses", "ring", "cfg", "world_size"])
+        for r in list(getattr(self.engine, "replicas", []) or []):
+            plan = getattr(r, "plan", None)
+            if plan is None:
+                continue
+            family.add_metric([str(r.index), str(plan.ulysses), str(plan.ring), str(plan.cfg),
+                               str(plan.ulysses * plan.ring * plan.cfg)], 1.0)
+        yield family
+
+
 class _Metrics:
     """Prometheus metrics in a registry of the service's own."""
 
@@ -468,7 +498,9 @@ class _Metrics:
             service._waiting_locked)
         Gauge("raydit_requests_in_flight", "Requests running on the engine", registry=r).set_function(
             service._started_locked)
-        Gauge("raydit_replicas", "Engine replicas serving the queue", registry=r).set(service.capacity)
+        Gauge("raydit_replicas", "Engine replicas serving the queue", registry=r).set_function(
+            lambda: service.capacity)
+        r.register(_ReplicaLayouts(service.engine))
         self.requests = Counter("raydit_requests", "Requests by outcome", ["status"], registry=r)
         self.rejected = self.requests.labels("rejected_queue_full")
         self.cancelled = Counter("raydit_cancelled_running", "Running requests stopped by a DELETE", registry=r)

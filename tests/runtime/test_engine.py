@@ -273,3 +273,57 @@ def test_engines_sharing_one_process_keep_ray_until_the_last_closes(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"same": True, "up_with_second": True, "up_after_both": False}, got
+
+
+def test_replicas_follow_the_queue(ray_local, engine4):
+    """max_replicas: a request that waited scale_up_wait_s brings a second replica (planned
+    like the first, packed onto free slots), queued requests then run on both, and the extra
+    replica is taken out after scale_down_idle_s idle; every result equals its solo run."""
+    import time
+
+    from raydit.runtime.engine import Engine
+
+    engine4.regroup(ulysses=1, ring=1, cfg=1)
+    seeds = (31, 32, 33, 34, 35)
+    expected = {seed: torch.from_numpy(_gen(engine4, seed=seed).latents) for seed in seeds}
+    with Engine(model="tiny", workers=1, device="cpu", show_plan=False, max_replicas=2,
+                scale_up_wait_s=0.2, scale_down_idle_s=1.0) as engine:
+        assert len(engine.replicas) == 1 and engine.max_replicas == 2
+
+        def hold_until_added(pipe, step, timestep, kwargs):
+            # The first request keeps replica 0 busy until the second replica is up, so the
+            # others are still queued when it joins (a replica's start outlasts tiny requests).
+            deadline = time.monotonic() + 120
+            while not any(e["event"] == "replica_added" for e in engine.events) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return kwargs
+
+        futures = {seed: engine.submit("a red fox running through fresh snow", num_inference_steps=STEPS, seed=seed,
+                                       callback_on_step_end=hold_until_added if seed == seeds[0] else None)
+                   for seed in seeds}
+        results = {seed: f.result(timeout=300) for seed, f in futures.items()}
+        added = [e for e in engine.events if e["event"] == "replica_added"]
+        deadline = time.monotonic() + 60
+        while len(engine.replicas) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        removed = [e for e in engine.events if e["event"] == "replica_removed"]
+        left = [r.index for r in engine.replicas]
+        # Back to one replica, it still serves.
+        again = engine.generate("a red fox running through fresh snow", num_inference_steps=STEPS, seed=31,
+                                progress=False)
+    assert [(e["replica"], e["replicas"]) for e in added] == [(1, 2)] and added[0]["waited"] >= 0.2
+    assert [(e["replica"], e["replicas"]) for e in removed] == [(1, 1)] and removed[0]["idle"] >= 1.0
+    assert left == [0]
+    assert {r.replica for r in results.values()} == {0, 1}  # the queue ran on both
+    for seed, result in results.items():
+        torch.testing.assert_close(torch.from_numpy(result.latents), expected[seed], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(torch.from_numpy(again.latents), expected[31], rtol=RTOL, atol=ATOL)
+
+
+def test_max_replicas_and_scaling_times_are_checked_before_ray():
+    from raydit.runtime.engine import Engine
+
+    with pytest.raises(ValueError, match="max_replicas 1 must be an integer >= replicas \\(2\\)"):
+        Engine(model="tiny", workers=1, device="cpu", replicas=2, max_replicas=1)
+    with pytest.raises(ValueError, match="scale_up_wait_s -1 must be a finite number of seconds >= 0"):
+        Engine(model="tiny", workers=1, device="cpu", max_replicas=2, scale_up_wait_s=-1)

@@ -579,3 +579,7 @@ def test_metrics_are_prometheus_text(server):
     for name in ("raydit_queue_length", "raydit_requests_in_flight", "raydit_step_seconds_count",
                  "raydit_recoveries_total", "raydit_failures_total", "raydit_denoise_steps_total"):
         _metric(r.text, name)
+    # The replicas and each one's layout, read at the scrape (they may follow the queue).
+    assert _metric(r.text, "raydit_replicas") == 1
+    layouts = [line for line in r.text.splitlines() if line.startswith("raydit_replica_layout{")]
+    assert len(layouts) == 1 and 'replica="0"' in layouts[0] and layouts[0].endswith(" 1.0"), layouts

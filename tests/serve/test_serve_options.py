@@ -67,6 +67,8 @@ def test_example_serve_yaml_is_valid():
     (["--frames", "10"], "frames 10"),
     (["--port", "70000"], "--port 70000"),
     (["--workers", "0"], "--workers 0"),
+    (["--replicas", "2", "--max-replicas", "1"], "--max-replicas 1 is below --replicas 2"),
+    (["--max-replicas", "2", "--scale-up-wait", "-1"], "--scale-up-wait -1.0 must be a number of seconds >= 0"),
 ])
 def test_bad_command_line_is_one_line_and_status_2(tmp_path, args, needle):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDIT_API_TOKEN")}
@@ -387,3 +389,13 @@ def test_poll_interval_is_a_step_while_running_and_a_tenth_of_the_wait_while_que
     assert poll_interval_ms("queued", 0.5) == 500  # no request finished yet: no wait known
     assert poll_interval_ms("in_progress", None) is None  # no step timed yet: the client's default
     assert poll_interval_ms("completed", 0.5) is None and poll_interval_ms("failed", 0.5) is None
+
+
+def test_replicas_that_follow_the_queue_reach_the_engine():
+    from raydit.serve.config import engine_kwargs
+
+    kw = engine_kwargs(resolve_serve_options({"replicas": 1, "max_replicas": 3, "scale_up_wait": 5,
+                                              "scale_down_idle": 60}))
+    assert (kw["replicas"], kw["max_replicas"], kw["scale_up_wait_s"], kw["scale_down_idle_s"]) == (1, 3, 5.0, 60.0)
+    plain = engine_kwargs(resolve_serve_options({}))
+    assert plain["max_replicas"] is None and "scale_up_wait_s" not in plain
