@@ -149,6 +149,11 @@ class Runner:
                 f"true_cfg_scale {request.true_cfg_scale:g} is for pipelines whose guidance is embedded in the model "
                 f"(HunyuanVideo); {type(pipe).__name__} guides with guidance_scale: drop true_cfg_scale"
             )
+        unknown = [name for name, _ in request.guidance_options if name not in family.option_names]
+        if unknown:
+            takes = ", ".join(family.option_names) or "none"
+            raise ValueError(f"guidance option(s) {', '.join(unknown)} are not taken by {type(pipe).__name__} "
+                             f"(it takes: {takes}); drop them")
         if request.lora and self.compiled:
             raise ValueError(
                 f"LoRA adapters {[name for name, _ in request.lora]} cannot run on compiled blocks (switching "
