@@ -55,7 +55,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--out", help="mp4 to write (default video.mp4)")
     p.add_argument("--save-latents", dest="save_latents", help="write the final latents as .npy")
-    p.add_argument("--fps", type=int)
+    p.add_argument("--fps", type=int, help="mp4 frame rate (default 8, or the rate a model's sound was made for)")
     p.add_argument("--json", action="store_true", default=None, help="print a JSON summary")
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
                    help="write the request and each finished step there (atomically); a run whose "
@@ -77,7 +77,7 @@ GENERATE_DEFAULTS = {
     "seed": 0,
     "device": "auto",
     "out": "video.mp4",
-    "fps": 8,
+    "fps": None,  # 8, or the frame rate the model's sound was made for (GenerationResult.save)
     "json": False,
     "negative_prompt": "",
 }
@@ -106,7 +106,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError("--prompt is required (on the command line or as 'prompt:' in --config)")
     if opts.get("steps", 1) < 1:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
-    if opts.get("fps", 1) < 1:
+    if opts.get("fps") is not None and opts["fps"] < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
     from raydit.runtime.video import check_output_path
 

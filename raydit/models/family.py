@@ -389,10 +389,12 @@ class Family:
 
 @dataclass(frozen=True)
 class Audio:
-    """Decoded sound: `waveform` float32 [channels, samples] in [-1, 1], `sample_rate` in Hz."""
+    """Decoded sound: `waveform` float32 [channels, samples] in [-1, 1], `sample_rate` in Hz,
+    `frame_rate`: the video frame rate it was made for (an mp4 played at that rate is in sync)."""
 
     waveform: Any  # numpy array
     sample_rate: int
+    frame_rate: float | None = None
 
     def __post_init__(self):
         import numpy as np

@@ -44,12 +44,17 @@ class GenerationResult:
     request: Any
     events: list[dict] = field(default_factory=list)
     replica: int = 0
+    audio: Any = None  # raydit.models.family.Audio: the sound the model made with the video, or None
 
-    def save(self, path: str, fps: int = 8) -> str:
-        """Write the frames as an H.264 mp4 with imageio-ffmpeg."""
+    def save(self, path: str, fps: int | None = None) -> str:
+        """Write the frames as an H.264 mp4 with imageio-ffmpeg, with the sound as an AAC stream
+        when the model made one. fps None: the frame rate the sound was made for, else 8."""
         from raydit.runtime.video import write_mp4
 
-        write_mp4(path, self.frames, fps=fps)
+        if fps is None:
+            rate = getattr(self.audio, "frame_rate", None) or 8
+            fps = int(rate) if float(rate).is_integer() else rate
+        write_mp4(path, self.frames, fps=fps, audio=self.audio)
         return path
 
 
@@ -579,6 +584,7 @@ class Engine:
         timings["decode_ranks"] = int(job.timings.get("decode_ranks", 1))
         return GenerationResult(
             frames=job.frames,
+            audio=getattr(job, "audio", None),
             latents=_to_numpy(from_wire(job.checkpoint["latents"])),
             plan=replica.plan,
             timings=timings,

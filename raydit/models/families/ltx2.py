@@ -122,6 +122,51 @@ class LTX2Family(Family):
     def tiny(self):
         return {"tiny-ltx2": tiny_pipeline_dir, "tiny-ltx2-i2v": tiny_i2v_pipeline_dir}
 
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/, vae/ and tokenizer/ configs; parameters from the weights'
+        headers. The planner sees the video stream (its tokens set the attention cost; the audio
+        stream, ~La = 25 per second of sound, is small beside them and kept whole per rank) and
+        the prompt as cross-attended text (max_sequence_length tokens)."""
+        from raydit.planner.model import ModelSpec, component_params, require
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "LTX2VideoTransformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by an LTX-2 pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        layers = int(cfg.get("num_layers", 48))
+        hidden = heads * head_dim
+        audio_hidden = int(cfg.get("audio_num_attention_heads", 32)) * int(cfg.get("audio_attention_head_dim", 64))
+        vae = configs.get("vae", {})
+        scaling = vae.get("spatio_temporal_scaling", [True] * 4)
+        scaling = [scaling] * 4 if isinstance(scaling, bool) else scaling
+        steps = 2 ** sum(map(bool, scaling))
+        vae_spatial = vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * steps
+        vae_temporal = vae.get("temporal_compression_ratio") or int(vae.get("patch_size_t", 1)) * steps
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        text = int(configs.get("tokenizer", {}).get("model_max_length", MAX_SEQUENCE_LENGTH))
+
+        def params(*folders):
+            counts = [component_params(path / f) for f in folders if (path / f).is_dir()]
+            return float(sum(c for c in counts if c is not None))
+
+        # per block: video self/text/a2v attention 12 h^2 + FFN 8 h^2; audio the same at its width
+        estimate = float(layers * (20 * hidden * hidden + 20 * audio_hidden * audio_hidden))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=4 * hidden,
+            patch_size=int(cfg.get("patch_size", 1)), patch_size_t=int(cfg.get("patch_size_t", 1)),
+            text_tokens=min(text, MAX_SEQUENCE_LENGTH), text_in_sequence=False, positional="rotary",
+            in_channels=int(cfg.get("in_channels", 128)),
+            params=component_params(path / "transformer") or estimate,
+            text_encoder_params=params("text_encoder", "connectors"),
+            vae_params=params("vae", "audio_vae", "vocoder"),
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
+        )
+
     def conformance_cases(self, base_dirs):
         return {"forward": [], "runner": runner_cases(base_dirs["tiny-ltx2"], base_dirs["tiny-ltx2-i2v"])}
 
@@ -402,7 +447,7 @@ class LTX2Family(Family):
         mel = pipe.audio_vae.decode(audio.to(pipe.audio_vae.dtype), return_dict=False)[0]
         waveform = pipe.vocoder(mel)[0]  # [channels, samples]
         rate = getattr(pipe.vocoder.config, "output_sampling_rate", None) or pipe.audio_sampling_rate
-        return Audio(waveform=waveform.float().clamp(-1, 1).cpu().numpy(), sample_rate=int(rate))
+        return Audio(waveform=waveform.float().clamp(-1, 1).cpu().numpy(), sample_rate=int(rate), frame_rate=FRAME_RATE)
 
 
 FAMILY = LTX2Family()
