@@ -360,6 +360,13 @@ class Family:
     def guidance_scale(self, pipe, state: DenoiseState, t) -> float:
         return state.request.guidance_scale
 
+    def combine_guidance(self, pipe, state: DenoiseState, t, uncond, cond):
+        """The two branches' predictions (each [b, ...] as `predict` returned them, gathered over
+        the cfg group when it is split) -> the model output the scheduler steps with:
+        classifier-free guidance uncond + s (cond - uncond). A family whose branches are other
+        passes (LTX-2: the main pass and the perturbed ones) combines them its own way."""
+        return uncond + self.guidance_scale(pipe, state, t) * (cond - uncond)
+
     def scheduler_step(self, pipe, state: DenoiseState, noise, t, generator) -> tuple[Any, dict]:
         """-> (new latents, new carry). The scheduler's own attributes are saved and restored
         around this call by the runner."""

@@ -303,7 +303,7 @@ class Runner:
         if family.do_cfg(pipe, request):
             # The family returns both branches whenever guidance is on (see _branches).
             uncond, cond = self._exchange_branches(noise) if self.cfg_parallel else noise.chunk(2)
-            noise = uncond + family.guidance_scale(pipe, state, t) * (cond - uncond)
+            noise = family.combine_guidance(pipe, state, t, uncond, cond)
 
         generator = torch.Generator("cpu")
         generator.set_state(state.generator_state)

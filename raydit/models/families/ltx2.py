@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Audio, Family, Prepared
 
 PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
@@ -110,13 +111,189 @@ def guidance(pipe, request) -> dict:
     return g
 
 
+# -- adapter -----------------------------------------------------------------------------------
+# Sequence parallelism. The video tokens are split over the sp ranks as for LTX-Video (before
+# the first block, gathered after the last); the audio tokens stay whole on every rank (La is
+# ~25 per second of sound, 1-2 % of the video's tokens at 512 x 768: splitting them would buy
+# nothing and cost a second layout). Per block:
+#   attn1 (video self-attention)      Ulysses / ring over the video chunks (sp_attention); its
+#                                      rotary table cut to this rank's chunk; the STG pass's
+#                                      perturbed blocks use the values alone (per token, local);
+#   attn2 (video -> prompt)           local queries, the whole prompt: diffusers' processor;
+#   audio_to_video_attn               local video queries attend to every audio key (whole
+#                                      here): diffusers' processor, the query rotary table cut;
+#   video_to_audio_attn               every audio query must see every video token once: the
+#                                      video keys (normed, rotated) and values of each chunk are
+#                                      all-gathered, pads dropped (gather_sequence), then plain
+#                                      attention; every rank computes the same audio stream;
+#   audio self / prompt attention     whole, unchanged.
+# Per-token timestep embeddings (image-to-video: temb and, without use_cross_timestep, the
+# cross-attention modulations are [B, Lv, k C]) are split with the tokens.
+VIDEO = 0  # the layout's only part
+
+
+def shard_rotary(rotary_emb, layout, sp_index: int):
+    """Cut a rotary table of all video tokens to this rank's chunk: interleaved tables are
+    [B, Lv, C], split ones [B, H, Lv, r]; pad rows are zero (pad queries are dropped at
+    gather, pad keys never attended)."""
+    cos, sin = rotary_emb
+    dim = 1 if cos.ndim == 3 else 2
+    if cos.shape[dim] != layout.part_lengths[VIDEO]:
+        raise ValueError(
+            f"rotary table has {cos.shape[dim]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, VIDEO, sp_index, dim=dim), layout.shard(sin, VIDEO, sp_index, dim=dim)
+
+
+def _rotate(attn, x, rotary_emb):
+    from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb, apply_split_rotary_emb
+
+    if rotary_emb is None:
+        return x
+    rotate = apply_interleaved_rotary_emb if attn.rope_type == "interleaved" else apply_split_rotary_emb
+    return rotate(x, rotary_emb)
+
+
+def _output(attn, out_BLC, gate_logits):
+    """The per-head gates (LTX-2.3's gated attention) and the output projection."""
+    if gate_logits is not None:
+        gates = 2.0 * gate_logits.sigmoid()  # [B, L, H]: logits 0 give gates 1
+        out_BLC = (out_BLC.unflatten(2, (attn.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)
+    return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
+
+
+class LTX2VideoSelfAttnProcessor:
+    """attn1 of a block, sequence parallel: projections, the QK RMS norms (across heads) and
+    rotary are per token and run on the local chunk; the attention runs over all chunks."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
+        from raydit.parallel.attention import sp_attention
+
+        if encoder_hidden_states is not None:
+            raise ValueError("LTX2VideoSelfAttnProcessor serves video self-attention (attn1) only")
+        if attention_mask is not None:
+            raise ValueError("a video self-attention mask is not supported under sequence parallelism "
+                             "(LTX-2's text- and image-to-video pipelines pass none)")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        value = attn.to_v(hidden_states)  # [B, L, C]
+        if all_perturbed is None:
+            all_perturbed = bool((perturbation_mask == 0).all()) if perturbation_mask is not None else False
+        if all_perturbed:  # spatio-temporal guidance: this block's self-attention is skipped
+            return _output(attn, value, gate_logits)
+        query = attn.norm_q(attn.to_q(hidden_states))
+        key = attn.norm_k(attn.to_k(hidden_states))
+        if query_rotary_emb is not None:
+            freqs = shard_rotary(query_rotary_emb, layout, mesh.sp_index)
+            query, key = _rotate(attn, query, freqs), _rotate(attn, key, freqs)
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
+
+        out_BHLD = sp_attention(heads(query), heads(key), heads(value), mesh, layout)
+        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        if perturbation_mask is not None:  # a batch mixing perturbed and plain samples
+            out_BLC = value.lerp(out_BLC, perturbation_mask.to(out_BLC.dtype))
+        return _output(attn, out_BLC, gate_logits)
+
+
+class LTX2AudioToVideoAttnProcessor:
+    """audio_to_video_attn: this rank's video queries, every audio key (whole on each rank).
+    diffusers' own processor, with the video (query) rotary table cut to the local chunk."""
+
+    def __init__(self, context, original):
+        self.context, self.original = context, original
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        if attention_mask is not None:
+            raise ValueError("an audio-to-video attention mask is not supported under sequence parallelism")
+        if query_rotary_emb is not None:
+            query_rotary_emb = shard_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
+        return self.original(attn, hidden_states, encoder_hidden_states, None, query_rotary_emb, key_rotary_emb)
+
+
+class LTX2VideoToAudioAttnProcessor:
+    """video_to_audio_attn: every audio query attends to every video token once. Keys (normed,
+    rotated) and values are made from this rank's video chunk, all-gathered and unpadded."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        import torch.nn.functional as F
+
+        from raydit.parallel.mesh import gather_sequence
+
+        if attention_mask is not None:
+            raise ValueError("a video-to-audio attention mask is not supported under sequence parallelism")
+        mesh, layout = self.context.mesh, self.context.layout
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        query = _rotate(attn, attn.norm_q(attn.to_q(hidden_states)), query_rotary_emb)  # [B, La, C]: whole
+        key = attn.norm_k(attn.to_k(encoder_hidden_states))  # [B, chunk, C]: this rank's video
+        value = attn.to_v(encoder_hidden_states)
+        if key_rotary_emb is not None:
+            key = _rotate(attn, key, shard_rotary(key_rotary_emb, layout, mesh.sp_index))
+        # [B, chunk, C] -> [B, Lv, C]: the same on every rank, bit for bit
+        key, value = gather_sequence(key, mesh, layout, VIDEO), gather_sequence(value, mesh, layout, VIDEO)
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
+
+        out_BHLD = F.scaled_dot_product_attention(heads(query), heads(key), heads(value))
+        return _output(attn, out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype), gate_logits)
+
+
+class LTX2Adapter(ModelAdapter):
+    name = "ltx2"
+    transformer_classes = ("LTX2VideoTransformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="transformer_blocks",
+        # LTX2VideoTransformerBlock.forward(hidden_states, audio_hidden_states, ..., temb, temb_audio,
+        # temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, ...): the video's
+        # modulations are per sample ([B, 1, k C]) or, per-token timestep, [B, Lv, k C].
+        split_inputs=(SplitInput("hidden_states", VIDEO),
+                      SplitInput("temb", VIDEO, every_block=True, min_len=2),
+                      SplitInput("temb_ca_scale_shift", VIDEO, every_block=True, min_len=2),
+                      SplitInput("temb_ca_gate", VIDEO, every_block=True, min_len=2)),
+        gather_outputs=(GatherOutput(0, VIDEO),),  # (video, audio): the video is gathered
+        attention="attn1",
+    )
+
+    def make_processor(self, context):
+        return LTX2VideoSelfAttnProcessor(context)
+
+    def parallelize(self, transformer, mesh):
+        handle = super().parallelize(transformer, mesh)
+        try:
+            for block in self.plan.block_list(transformer):
+                for name in ("audio_to_video_attn", "video_to_audio_attn"):
+                    attn = getattr(block, name)
+                    handle._processors.append((attn, attn.processor))
+                    attn.set_processor(LTX2AudioToVideoAttnProcessor(handle.context, attn.processor)
+                                       if name == "audio_to_video_attn" else
+                                       LTX2VideoToAudioAttnProcessor(handle.context))
+        except BaseException:
+            handle.remove()
+            raise
+        return handle
+
+
 class LTX2Family(Family):
     """LTX2Pipeline's and LTX2ImageToVideoPipeline's steps."""
 
     name = "ltx2"
     pipelines = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
     image_pipelines = ("LTX2ImageToVideoPipeline",)
-    adapter = None  # set below, once the adapter class exists
+    adapter = LTX2Adapter
+    batch_branches = False  # the two branches are different passes, not one batch
     option_names = tuple(OPTION_DEFAULTS)
 
     def tiny(self):
@@ -168,14 +345,17 @@ class LTX2Family(Family):
         )
 
     def conformance_cases(self, base_dirs):
-        return {"forward": [], "runner": runner_cases(base_dirs["tiny-ltx2"], base_dirs["tiny-ltx2-i2v"])}
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx2"], base_dirs["tiny-ltx2-i2v"])}
 
     def encoders(self, pipe) -> list:
         # The connectors only turn the text encoder's states into the two streams' prompts.
         return [m for m in (getattr(pipe, "text_encoder", None), getattr(pipe, "connectors", None)) if m is not None]
 
     def do_cfg(self, pipe, request) -> bool:
-        return False  # predict runs every guidance pass itself (module docstring)
+        """Whether the step's passes are split in two branches (module docstring): only when
+        there are perturbed passes (STG, modality) beside the main one; else one branch runs all."""
+        g = guidance(pipe, request)
+        return g["stg"] or g["modality"]
 
     # -- checks ----------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
@@ -230,7 +410,7 @@ class LTX2Family(Family):
         side = getattr(pipe.tokenizer, "padding_side", "left")
         video, audio, connector_mask = pipe.connectors(embeds, mask, padding_side=side)
         branch = {"video_embeds": video, "audio_embeds": audio, "mask": connector_mask}
-        return branch, None
+        return {**branch, "passes": "main"}, {**branch, "passes": "perturbed"}
 
     def init(self, pipe, request, generator, device, dtype):
         import numpy as np
@@ -305,9 +485,47 @@ class LTX2Family(Family):
         return latents[:, :lv * cv].view(1, lv, cv), latents[:, lv * cv:].view(1, la, ca)
 
     def predict(self, pipe, state, t, branch):
-        """Every guidance pass of one step -> the guided velocity, flattened like the latents."""
+        """One guidance branch's passes. Without a split (do_cfg False) the whole step: every
+        pass, combined -> the guided velocity [1, N] (N = Lv Cv + La Ca). With a split, the x0
+        predictions of its passes as [1, 2N]: "main" (x0_pos, x0_neg), "perturbed" (x0_stg,
+        x0_mod); a pass that is off leaves zeros. combine_guidance puts them together."""
         import torch
-        from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
+
+        if not self.do_cfg(pipe, state.request):
+            x0 = self._passes(pipe, state, t, branch, main=True, perturbed=True)
+            return self._guide(pipe, state, x0)
+        x0 = self._passes(pipe, state, t, branch, main=branch["passes"] == "main",
+                          perturbed=branch["passes"] == "perturbed")
+        names = ("pos", "neg") if branch["passes"] == "main" else ("stg", "mod")
+        n = state.latents.shape[1]
+        return torch.cat([torch.cat([x0[name][0].flatten(1), x0[name][1].flatten(1)], dim=1) if name in x0
+                          else state.latents.new_zeros(1, n) for name in names], dim=1)
+
+    def combine_guidance(self, pipe, state, t, uncond, cond):
+        """The branches' x0 predictions (module docstring: cond = main, uncond = perturbed) ->
+        the guided velocity, as the pipeline combines them."""
+        g = state.context["guidance"]
+        n = cond.shape[1] // 2
+
+        def streams(flat):
+            video, audio = self.split(state, flat)
+            return video.transpose(1, 2).contiguous().transpose(1, 2), audio  # the pipeline's layout
+
+        x0 = {"pos": streams(cond[:, :n])}
+        if g["cfg"]:
+            x0["neg"] = streams(cond[:, n:])
+        if g["stg"]:
+            x0["stg"] = streams(uncond[:, :n])
+        if g["modality"]:
+            x0["mod"] = streams(uncond[:, n:])
+        return self._guide(pipe, state, x0)
+
+    def _passes(self, pipe, state, t, branch, main: bool, perturbed: bool) -> dict:
+        """The transformer calls of one step, in the pipeline's order and batching -> x0
+        predictions {"pos", "neg", "stg", "mod": (video [1, Lv, Cv], audio [1, La, Ca])} of
+        the passes run (main: the [negative, positive] batch, or positive alone; perturbed: STG
+        and modality isolation, each on the positive prompt)."""
+        import torch
 
         c, g, i = state.context, state.context["guidance"], state.step_index
         video, audio = self.split(state)
@@ -318,53 +536,67 @@ class LTX2Family(Family):
         embeds, audio_embeds, mask = branch["video_embeds"], branch["audio_embeds"], branch["mask"]
         dtype = embeds.dtype
         b = embeds.shape[0]  # 2 with classifier-free guidance: [negative, positive]
-        timestep = t.expand(b)
-        video_timestep = timestep
-        if "conditioning_mask" in c:  # image-to-video: [b, Lv], 0 on the image's tokens
-            video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * b))
+        image = "conditioning_mask" in c
 
-        def call(x, a, ts, vts, e, ae, m, reps, **kwargs):
+        def call(x, a, e, ae, m, reps, **kwargs):
+            timestep = t.expand(reps)
+            video_timestep = timestep
+            if image:  # image-to-video: [reps, Lv], 0 on the image's tokens
+                video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * reps))
             vc = c["video_coords"].repeat((reps,) + (1,) * (c["video_coords"].ndim - 1)) if reps > 1 else c["video_coords"]
             ac = c["audio_coords"].repeat((reps,) + (1,) * (c["audio_coords"].ndim - 1)) if reps > 1 else c["audio_coords"]
             v_out, a_out = pipe.transformer(
                 hidden_states=x, audio_hidden_states=a, encoder_hidden_states=e, audio_encoder_hidden_states=ae,
-                timestep=vts, audio_timestep=ts if "conditioning_mask" in c else None, sigma=ts,
+                timestep=video_timestep, audio_timestep=timestep if image else None, sigma=timestep,
                 encoder_attention_mask=m, audio_encoder_attention_mask=m, num_frames=c["latent_frames"],
                 height=c["latent_height"], width=c["latent_width"], fps=c["fps"], audio_num_frames=c["audio_frames"],
                 video_coords=vc, audio_coords=ac, perturbation_mask=None, use_cross_timestep=g["use_cross_timestep"],
                 return_dict=False, **kwargs)
-            return v_out.float(), a_out.float()
+            # x0 = latents - v sigma (the pipeline's convert_velocity_to_x0)
+            return (pipe.convert_velocity_to_x0(video, v_out.float(), i, pipe.scheduler),
+                    pipe.convert_velocity_to_x0(audio, a_out.float(), i, pipe.scheduler))
 
-        def x0(sample, velocity):
-            return pipe.convert_velocity_to_x0(sample, velocity, i, pipe.scheduler)
-
-        x = torch.cat([video] * b) if b > 1 else video
-        a = torch.cat([audio] * b) if b > 1 else audio
-        v_pred, a_pred = call(x.to(dtype), a.to(dtype), timestep, video_timestep, embeds, audio_embeds, mask, b,
-                              isolate_modalities=False, spatio_temporal_guidance_blocks=None)
-        v_cfg = a_cfg = v_stg = a_stg = v_mod = a_mod = 0
-        if g["cfg"]:
-            v_neg, v_pos = v_pred.chunk(2)
-            v_pos, v_neg = x0(video, v_pos), x0(video, v_neg)
-            v_cfg = (g["guidance_scale"] - 1) * (v_pos - v_neg)
-            a_neg, a_pos = a_pred.chunk(2)
-            a_pos, a_neg = x0(audio, a_pos), x0(audio, a_neg)
-            a_cfg = (g["audio_guidance_scale"] - 1) * (a_pos - a_neg)
-            # the positive branch alone for the other passes (coords: one row)
+        out = {}
+        if main:
+            x = torch.cat([video] * b) if b > 1 else video
+            a = torch.cat([audio] * b) if b > 1 else audio
+            v_x0, a_x0 = call(x.to(dtype), a.to(dtype), embeds, audio_embeds, mask, b, isolate_modalities=False,
+                              spatio_temporal_guidance_blocks=None)
+            if b > 1:
+                (v_neg, v_pos), (a_neg, a_pos) = v_x0.chunk(2), a_x0.chunk(2)
+                out["pos"], out["neg"] = (v_pos, a_pos), (v_neg, a_neg)
+            else:
+                out["pos"] = (v_x0, a_x0)
+        if b > 1:  # the positive branch alone for the other passes (coords: one row)
             embeds, audio_embeds, mask = embeds.chunk(2)[1], audio_embeds.chunk(2)[1], mask.chunk(2)[1]
-            timestep, video_timestep = timestep.chunk(2)[0], video_timestep.chunk(2)[0]
-        else:
-            v_pos, a_pos = x0(video, v_pred), x0(audio, a_pred)
-        if g["stg"]:
-            v_out, a_out = call(video.to(dtype), audio.to(dtype), timestep, video_timestep, embeds, audio_embeds, mask,
-                                1, isolate_modalities=False, spatio_temporal_guidance_blocks=list(g["stg_blocks"]))
-            v_stg = g["stg_scale"] * (v_pos - x0(video, v_out))
-            a_stg = g["audio_stg_scale"] * (a_pos - x0(audio, a_out))
-        if g["modality"]:
-            v_out, a_out = call(video.to(dtype), audio.to(dtype), timestep, video_timestep, embeds, audio_embeds, mask,
-                                1, isolate_modalities=True, spatio_temporal_guidance_blocks=None)
-            v_mod = (g["modality_scale"] - 1) * (v_pos - x0(video, v_out))
-            a_mod = (g["audio_modality_scale"] - 1) * (a_pos - x0(audio, a_out))
+        if perturbed and g["stg"]:
+            out["stg"] = call(video.to(dtype), audio.to(dtype), embeds, audio_embeds, mask, 1, isolate_modalities=False,
+                              spatio_temporal_guidance_blocks=list(g["stg_blocks"]))
+        if perturbed and g["modality"]:
+            out["mod"] = call(video.to(dtype), audio.to(dtype), embeds, audio_embeds, mask, 1, isolate_modalities=True,
+                              spatio_temporal_guidance_blocks=None)
+        return out
+
+    def _guide(self, pipe, state, x0: dict):
+        """x0 predictions -> the guided velocity [1, N]: x0_pos plus the guidance deltas, rescaled
+        per stream, turned back into a velocity (v = (latents - x0) / sigma)."""
+        import torch
+        from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
+
+        g, i = state.context["guidance"], state.step_index
+        video, audio = self.split(state)
+        video = video.transpose(1, 2).contiguous().transpose(1, 2)  # the pipeline's layout (see _passes)
+        (v_pos, a_pos) = x0["pos"]
+        v_cfg = a_cfg = v_stg = a_stg = v_mod = a_mod = 0
+        if "neg" in x0:
+            v_cfg = (g["guidance_scale"] - 1) * (v_pos - x0["neg"][0])
+            a_cfg = (g["audio_guidance_scale"] - 1) * (a_pos - x0["neg"][1])
+        if "stg" in x0:
+            v_stg = g["stg_scale"] * (v_pos - x0["stg"][0])
+            a_stg = g["audio_stg_scale"] * (a_pos - x0["stg"][1])
+        if "mod" in x0:
+            v_mod = (g["modality_scale"] - 1) * (v_pos - x0["mod"][0])
+            a_mod = (g["audio_modality_scale"] - 1) * (a_pos - x0["mod"][1])
         v_guided = v_pos + v_cfg + v_stg + v_mod
         a_guided = a_pos + a_cfg + a_stg + a_mod
         if g["guidance_rescale"] > 0:
@@ -612,25 +844,72 @@ _BUILD_PIPELINE = "raydit.models.families.ltx2:ltx2_pipeline"
 
 # 17 frames at 32 x 416: 3 x 1 x 13 = 39 video tokens, 18 audio tokens; block 1 of 2 is STG's.
 TINY_REQUEST = dict(prompt="a red fox barks", negative_prompt="blur", num_frames=17, height=32, width=416,
-                    num_inference_steps=3, guidance_scale=3.0, seed=11, guidance_options={"stg_blocks": (1,)})
-SP_WORLDS = ()  # no sequence parallelism yet: one process only
+                    num_inference_steps=2, guidance_scale=3.0, seed=11, guidance_options={"stg_blocks": (1,)})
 NO_STG_NO_MODALITY = {"stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0, "audio_modality_scale": 1.0}
 
 
+_BUILD_FORWARD = "raydit.models.families.ltx2:ltx2_forward"
+
+
+def ltx2_forward(latent_frames: int, latent_height: int, latent_width: int, audio_frames: int, valid: tuple,
+                 text_len: int = 11, seed: int = 31, **call):
+    """A tiny-weight LTX2VideoTransformer3DModel and the kwargs of one forward call: packed video
+    [B, F*H*W, 8] and audio [B, audio_frames, 4] latents, one sample per entry of `valid` (its
+    unmasked prompt tokens), `call`: further forward arguments (STG blocks, isolate_modalities)."""
+    import torch
+
+    transformer = tiny_transformer(seed)
+    g = torch.Generator().manual_seed(7)
+    batch = len(valid)
+    kwargs = dict(
+        hidden_states=torch.randn(batch, latent_frames * latent_height * latent_width, TINY_LATENT_CHANNELS,
+                                  generator=g),
+        audio_hidden_states=torch.randn(batch, audio_frames, 4, generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        audio_encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0][:batch]),
+        encoder_attention_mask=(torch.arange(text_len).unsqueeze(0) >= text_len - torch.tensor(valid).unsqueeze(1)).long(),
+        num_frames=latent_frames, height=latent_height, width=latent_width, fps=FRAME_RATE, audio_num_frames=audio_frames,
+        use_cross_timestep=True,
+    )
+    kwargs["sigma"] = kwargs["timestep"]
+    kwargs["audio_encoder_attention_mask"] = kwargs["encoder_attention_mask"]
+    kwargs.update(call)
+    return transformer, kwargs
+
+
+def forward_cases() -> list:
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 1 x 13 = 39 video tokens (only 3 of 2..8 divides them), 18 audio tokens, 6 heads,
+        # left-padded prompts of different lengths (Gemma's padding side)
+        ForwardCase("ltx2-h6-39tokens", _BUILD_FORWARD, TINY_HEADS,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(4, 11))),
+        # the guidance passes' switches: block 1's self-attention skipped (STG) and no audio<->video attention
+        ForwardCase("ltx2-stg-isolated", _BUILD_FORWARD, TINY_HEADS,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(7,),
+                         spatio_temporal_guidance_blocks=[1], isolate_modalities=True), worlds=(2, 3)),
+    ]
+
+
 def runner_cases(base_dir: str, i2v_dir: str | None = None) -> list:
+    """The main case on every plan the suite runs (cfg 2: the main pass on one group, the
+    perturbed passes on the other); its variants on one world each."""
     from raydit.models.conformance import RunnerCase
 
     cases = [
-        RunnerCase("ltx2-t2v", _BUILD_PIPELINE, TINY_HEADS, dict(TINY_REQUEST), dict(base_dir=base_dir), cfg=False,
-                   worlds=SP_WORLDS),
+        RunnerCase("ltx2-t2v", _BUILD_PIPELINE, TINY_HEADS, dict(TINY_REQUEST), dict(base_dir=base_dir)),
+        # guidance without the perturbed passes: one branch runs the whole step
         RunnerCase("ltx2-t2v-cfg-only", _BUILD_PIPELINE, TINY_HEADS,
                    dict(TINY_REQUEST, seed=12, guidance_options=NO_STG_NO_MODALITY), dict(base_dir=base_dir),
-                   cfg=False, worlds=SP_WORLDS),
+                   cfg=False, worlds=(3,)),
     ]
     if i2v_dir is not None:
+        # the image's 13 tokens at timestep 0: per-token modulations split with the tokens
         cases.append(RunnerCase(
             "ltx2-i2v", _BUILD_PIPELINE, TINY_HEADS,
             dict(TINY_REQUEST, prompt="a kite climbs", seed=13, guidance_options={"stg_blocks": (0,), "image_crf": 0}),
-            dict(base_dir=i2v_dir), image="checker", cfg=False, worlds=SP_WORLDS))
+            dict(base_dir=i2v_dir), image="checker", worlds=(2,)))
     return cases
 
