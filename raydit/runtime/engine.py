@@ -375,6 +375,7 @@ class Engine:
         true_cfg_scale: float = 1.0,
         cache=ENGINE_DEFAULT,
         cache_threshold=ENGINE_DEFAULT,
+        guidance_options=None,
     ) -> GenerationResult:
         """Generate one video and wait for it (the simple blocking call). `image` (a PIL
         image, a path or a uint8 array) conditions an image-to-video pipeline."""
@@ -384,6 +385,7 @@ class Engine:
             seed=seed, callback_on_step_end=callback_on_step_end, progress=progress, image=image,
             guidance_scale_2=guidance_scale_2, checkpoint_dir=checkpoint_dir, lora=lora,
             true_cfg_scale=true_cfg_scale, cache=cache, cache_threshold=cache_threshold,
+            guidance_options=guidance_options,
         ).result()
 
     def submit(
@@ -405,6 +407,7 @@ class Engine:
         true_cfg_scale: float = 1.0,
         cache=ENGINE_DEFAULT,
         cache_threshold=ENGINE_DEFAULT,
+        guidance_options=None,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
@@ -418,7 +421,8 @@ class Engine:
         Engine's step caching for this request only (left out: the Engine's; a method given
         without a threshold takes that method's default). `true_cfg_scale` > 1 with a
         negative prompt runs true classifier-free guidance where guidance is embedded in the
-        model (HunyuanVideo)."""
+        model (HunyuanVideo). `guidance_options`: the family's further guidance knobs,
+        {name: value} (GenerationRequest.guidance_options; LTX-2: stg_scale, modality_scale ...)."""
         from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
@@ -443,6 +447,7 @@ class Engine:
             seed=seed,
             image=None if image is None else image_to_png(image),
             true_cfg_scale=true_cfg_scale,
+            guidance_options=guidance_options or (),
             **self._cache_choice(cache, cache_threshold),
             lora=self._fused_default(lora),
         )

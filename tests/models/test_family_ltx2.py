@@ -77,6 +77,7 @@ def test_other_families_refuse_guidance_options():
     (dict(num_frames=12), "num_frames 12 must be 8k \\+ 1; nearest: 9 or 17"),
     (dict(width=400), "width 400 must be a multiple of 32; nearest: 384 or 416"),
     (dict(guidance_scale_2=2.0), "guidance_scale_2 is for two-expert pipelines"),
+    (dict(cache="fbcache"), "step caching .fbcache. is not supported for LTX-2"),
 ])
 def test_bad_requests_get_one_line(pipe, change, message):
     with pytest.raises(ValueError, match=message):
@@ -99,3 +100,17 @@ def test_the_image_crf_needs_pyav_or_zero():
     request = dataclasses.replace(REQUEST, image=image_to_png(test_image(32, 416)), guidance_options={})
     with pytest.raises(ValueError, match="CRF 33 .* needs PyAV .* image_crf=0"):
         Runner(pipe).prepare(request)
+
+
+def test_guidance_options_from_the_command_line(capsys):
+    from raydit.cli import main
+    from raydit.commands import parse_guidance_options
+
+    assert parse_guidance_options(["stg_scale=0", "stg_blocks=28,29", "use_cross_timestep=false",
+                                   "modality_scale=2.5"]) == (
+        ("modality_scale", 2.5), ("stg_blocks", (28, 29)), ("stg_scale", 0), ("use_cross_timestep", False))
+    for bad, message in [("stg_scale", "must be NAME=VALUE"), ("stg_blocks=1,x", "integers separated by commas"),
+                         ("stg_scale=lots", "is not a number")]:
+        assert main(["generate", "--prompt", "a fox", "--device", "cpu", "--guidance-option", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err

@@ -18,10 +18,16 @@ each prediction turned into x0 (latents - v sigma), combined as x0_pos + (g - 1)
 + s_stg (x0_pos - x0_stg) + (m - 1)(x0_pos - x0_mod), rescaled towards the positive prediction's
 std (guidance_rescale, per stream) and turned back into a velocity for FlowMatchEuler. The
 knobs beyond `guidance_scale` travel in GenerationRequest.guidance_options (OPTION_DEFAULTS:
-the pipeline's defaults, with its `audio_x or x` fallbacks). The guidance branches are not the
-runner's cond/uncond pair: `predict` runs all of them in the pipeline's order and batching
-(needed for bit-equal bf16) and returns the guided velocity, so `do_cfg` is False for the runner
-and a cfg = 2 mesh runs the same passes on both groups (correct, not faster).
+the pipeline's defaults, with its `audio_x or x` fallbacks).
+
+Branches. The runner's two guidance branches are LTX-2's two kinds of passes: "main" (pass 1,
+or the positive pass alone without classifier-free guidance) and "perturbed" (passes 2 and 3).
+Each returns its x0 predictions ([1, 2N]: two slots, zeros for a pass that is off) and
+`combine_guidance` (the runner's hook, after the cfg exchange on a cfg = 2 mesh) puts them
+together as above. cfg 1 runs both branches on every group; cfg 2 gives each group one (the
+main pass's batch of 2 against two passes of 1). Without perturbed passes (stg and modality
+off) `do_cfg` is False: one branch runs the whole step. Each pass keeps the pipeline's batching
+and input layout, which bf16 needs to be bit-equal to diffusers.
 
 State. The runner's latents are one tensor [1, Lv*Cv + La*Ca] (float32): the packed video then
 the packed audio latents, flattened. FlowMatchEuler's step is elementwise, so one scheduler
@@ -362,6 +368,9 @@ class LTX2Family(Family):
         super().check_request(pipe, request)
         if request.guidance_scale_2 is not None:
             raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-2 has one: drop it")
+        if request.cache is not None:
+            raise ValueError(f"step caching ({request.cache}) is not supported for LTX-2 (a step runs up to three "
+                             "differently perturbed passes through the blocks): drop the cache option")
         for name in ("stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale", "audio_stg_scale",
                      "audio_modality_scale", "audio_guidance_rescale"):
             value = request.option(name)
