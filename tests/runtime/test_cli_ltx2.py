@@ -33,7 +33,7 @@ def _generate(address, tmp_path, workers: int):
     return out, json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [2])  # 1 rank passed too; the suite keeps the parallel run
 def test_generate_tiny_ltx2_writes_video_and_audio(address, tmp_path, workers):
     from raydit.models.families import ltx2
     from raydit.runtime.video import read_mp4, read_mp4_audio
