@@ -11,8 +11,12 @@ subclass, which declares as data and small functions:
 - how a request is prepared (`encode`: prompt embeddings per guidance branch; `init`:
   initial latents, timesteps and the per-request context such as rotary tables or image
   conditioning), one denoising step (`predict`: which transformer and which inputs;
-  `guidance_scale`; `scheduler_step`), the per-step state beyond the scheduler's own
-  (`carry`, e.g. the DPM scheduler's previous x0), and the decode;
+  `guidance_scale`, or `combine_guidance` for branches that are not a cond/uncond pair;
+  `scheduler_step`), the per-step state beyond the scheduler's own (`carry`, e.g. the DPM
+  scheduler's previous x0), the decode (`decode_audio` too, for a pipeline that makes sound)
+  and, where the pipeline's output_type="latent" layout is not the runner's, `output_latents`;
+  guidance knobs beyond the common ones arrive as `GenerationRequest.guidance_options`, the
+  names the family lists in `option_names`;
 - its tiny built-in pipelines (`tiny`: name -> builder), its planner geometry from the
   pipeline's own config files (`spec_from_dir`) and its conformance cases.
 
