@@ -12,6 +12,33 @@ import math
 import sys
 
 
+def parse_guidance_options(items) -> tuple:
+    """--guidance-option NAME=VALUE strings -> GenerationRequest.guidance_options (sorted pairs);
+    VALUE: true/false, a number, or integers separated by commas (block indices)."""
+    from raydit.models.family import normalize_options
+
+    out = {}
+    for item in items or ():
+        name, sep, text = str(item).partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise ValueError(f"--guidance-option {item!r} must be NAME=VALUE, e.g. stg_scale=0")
+        text = text.strip()
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        elif "," in text:
+            try:
+                value = tuple(int(v) for v in text.split(","))
+            except ValueError:
+                raise ValueError(f"--guidance-option {item!r}: a list must be integers separated by commas") from None
+        else:
+            try:
+                value = int(text) if text.lstrip("-").isdigit() else float(text)
+            except ValueError:
+                raise ValueError(f"--guidance-option {item!r}: {text!r} is not a number, true/false or a list") from None
+        out[name.strip()] = value
+    return normalize_options(out)
+
+
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with any of the options below (command line wins)")
     p.add_argument("--prompt", help="text prompt (required, here or in --config)")
@@ -28,6 +55,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--true-cfg-scale", dest="true_cfg_scale", type=float, metavar="S",
                    help="true classifier-free guidance where guidance is embedded in the model (HunyuanVideo): "
                         "> 1 with --negative-prompt runs the cond/uncond pair (default 1: off)")
+    p.add_argument("--guidance-option", dest="guidance_option", action="append", metavar="NAME=VALUE",
+                   help="a guidance knob of the model's family, repeatable (LTX-2: stg_scale=0, stg_blocks=28,29, "
+                        "use_cross_timestep=false ...); a number, true/false, or integers separated by commas")
     p.add_argument("--image", help="image (PNG, JPEG ...) conditioning an image-to-video model")
     p.add_argument("--seed", type=int)
     p.add_argument("--cache", metavar="METHOD",
@@ -55,7 +85,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--out", help="mp4 to write (default video.mp4)")
     p.add_argument("--save-latents", dest="save_latents", help="write the final latents as .npy")
-    p.add_argument("--fps", type=int)
+    p.add_argument("--fps", type=int, help="mp4 frame rate (default 8, or the rate a model's sound was made for)")
     p.add_argument("--json", action="store_true", default=None, help="print a JSON summary")
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
                    help="write the request and each finished step there (atomically); a run whose "
@@ -66,7 +96,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 # What defines the request: with --resume it comes from the saved run, not the command line.
 REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
-                   "guidance_scale_2", "true_cfg_scale", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
+                   "guidance_scale_2", "true_cfg_scale", "guidance_option", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
                    "fuse_lora")
 JOB_FILE = "job.json"
 
@@ -77,7 +107,7 @@ GENERATE_DEFAULTS = {
     "seed": 0,
     "device": "auto",
     "out": "video.mp4",
-    "fps": 8,
+    "fps": None,  # 8, or the frame rate the model's sound was made for (GenerationResult.save)
     "json": False,
     "negative_prompt": "",
 }
@@ -106,7 +136,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError("--prompt is required (on the command line or as 'prompt:' in --config)")
     if opts.get("steps", 1) < 1:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
-    if opts.get("fps", 1) < 1:
+    if opts.get("fps") is not None and opts["fps"] < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
     from raydit.runtime.video import check_output_path
 
@@ -117,6 +147,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.models.cache_options import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
+    opts["guidance_options"] = parse_guidance_options(opts.get("guidance_option"))
     true_cfg = opts.get("true_cfg_scale")
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
@@ -211,6 +242,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             guidance_scale=o["guidance_scale"],
             guidance_scale_2=o.get("guidance_scale_2"),
             true_cfg_scale=1.0 if o.get("true_cfg_scale") is None else o["true_cfg_scale"],
+            guidance_options=o.get("guidance_options") or (),
             seed=o["seed"],
             progress=not o["json"],
             image=image,

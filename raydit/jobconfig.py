@@ -23,6 +23,7 @@ GENERATE_OPTIONS: dict[str, type] = {
     "guidance_scale": float,
     "guidance_scale_2": float,
     "true_cfg_scale": float,  # HunyuanVideo's true classifier-free guidance
+    "guidance_option": list,  # "NAME=VALUE" strings, as --guidance-option repeated (a family's knobs)
     "image": str,
     "seed": int,
     "cache": str,  # step caching: fbcache or teacache

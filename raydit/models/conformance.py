@@ -129,8 +129,13 @@ def feasible_plans(world_size: int, heads: int, cfg_degrees: tuple[int, ...] = (
 
 
 def forward_once(transformer, forward_kwargs: dict) -> torch.Tensor:
+    """The transformer's output; a model with several output streams (LTX-2: video and audio)
+    gives them all, each flattened per sample and concatenated, so every one is compared."""
     with torch.no_grad():
-        return transformer(**forward_kwargs, return_dict=False)[0]
+        outputs = transformer(**forward_kwargs, return_dict=False)
+    if len(outputs) == 1:
+        return outputs[0]
+    return torch.cat([o.flatten(1) for o in outputs], dim=1)
 
 
 def at_dtype(transformer, forward_kwargs: dict, dtype: torch.dtype):

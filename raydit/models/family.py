@@ -11,8 +11,12 @@ subclass, which declares as data and small functions:
 - how a request is prepared (`encode`: prompt embeddings per guidance branch; `init`:
   initial latents, timesteps and the per-request context such as rotary tables or image
   conditioning), one denoising step (`predict`: which transformer and which inputs;
-  `guidance_scale`; `scheduler_step`), the per-step state beyond the scheduler's own
-  (`carry`, e.g. the DPM scheduler's previous x0), and the decode;
+  `guidance_scale`, or `combine_guidance` for branches that are not a cond/uncond pair;
+  `scheduler_step`), the per-step state beyond the scheduler's own (`carry`, e.g. the DPM
+  scheduler's previous x0), the decode (`decode_audio` too, for a pipeline that makes sound)
+  and, where the pipeline's output_type="latent" layout is not the runner's, `output_latents`;
+  guidance knobs beyond the common ones arrive as `GenerationRequest.guidance_options`, the
+  names the family lists in `option_names`;
 - its tiny built-in pipelines (`tiny`: name -> builder), its planner geometry from the
   pipeline's own config files (`spec_from_dir`) and its conformance cases.
 
@@ -83,6 +87,41 @@ def to_uint8_frames(frames):
     return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
 
 
+def normalize_options(options) -> tuple[tuple[str, Any], ...]:
+    """Guidance options as a request keeps them: ((name, value), ...) sorted by name, lists made
+    tuples (a checkpoint's JSON form compares equal). Raises ValueError with one line for a
+    malformed name or value."""
+    import math
+
+    if options is None:
+        return ()
+    if isinstance(options, Mapping):
+        items = list(options.items())
+    elif isinstance(options, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 2 for e in options):
+        items = [tuple(e) for e in options]
+    else:
+        raise ValueError(f"guidance_options {options!r} must be a dict {{name: value}} or (name, value) pairs")
+    out = {}
+    for name, value in items:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"guidance option name {name!r} must be an identifier such as 'stg_scale'")
+        if name in out:
+            raise ValueError(f"guidance option {name!r} is given twice")
+        if isinstance(value, (list, tuple)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ValueError(f"guidance option {name}={list(value)!r}: a list must hold integers (block indices)")
+            value = tuple(value)
+        elif isinstance(value, bool):
+            pass
+        elif isinstance(value, (int, float)):
+            if not math.isfinite(value):
+                raise ValueError(f"guidance option {name}={value!r} must be a finite number")
+        else:
+            raise ValueError(f"guidance option {name}={value!r} must be a number, a bool or a list of integers")
+        out[name] = value
+    return tuple(sorted(out.items()))
+
+
 def png_to_image(data: bytes):
     from PIL import Image
 
@@ -97,6 +136,10 @@ class GenerationRequest:
     `guidance_scale_2`: guidance of a second expert (Wan 2.2 A14B); None = guidance_scale.
     `true_cfg_scale`: classifier-free guidance of a pipeline whose `guidance_scale` is embedded
     in the model (HunyuanVideo): > 1 with a negative prompt runs the cond/uncond pair.
+    `guidance_options`: a family's further guidance knobs by name (a pipeline with several
+    guidance terms: their scales, the blocks a perturbed pass skips ...), given as a dict or
+    (name, value) pairs and kept as sorted pairs; a value is a number, a bool or a tuple of
+    integers. Each family says which names it takes and refuses the others (check_request).
     """
 
     prompt: str
@@ -117,6 +160,7 @@ class GenerationRequest:
     # cache_threshold None: the method's default.
     cache: str | None = None
     cache_threshold: float | None = None
+    guidance_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         import math
@@ -125,6 +169,7 @@ class GenerationRequest:
 
         # Normalized here, so a checkpoint's JSON form (lists) compares equal to the request.
         object.__setattr__(self, "lora", normalize_choice(self.lora))
+        object.__setattr__(self, "guidance_options", normalize_options(self.guidance_options))
 
         if not isinstance(self.prompt, str):
             raise ValueError(f"prompt {self.prompt!r} must be a string")
@@ -153,6 +198,10 @@ class GenerationRequest:
     @property
     def do_cfg(self) -> bool:
         return self.guidance_scale > 1.0
+
+    def option(self, name: str, default=None):
+        """The value of guidance option `name`, or `default` when the request does not set it."""
+        return dict(self.guidance_options).get(name, default)
 
     def to_dict(self) -> dict:
         """Plain values for checkpoints and logs (the image as its bytes)."""
@@ -220,6 +269,8 @@ class Family:
     # True: guidance is embedded in the model and `true_cfg_scale` turns on the cond/uncond pair
     # (HunyuanVideo); other families refuse a true_cfg_scale other than 1.
     true_cfg: bool = False
+    # The names of GenerationRequest.guidance_options this family takes; the runner refuses others.
+    option_names: tuple[str, ...] = ()
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
@@ -244,6 +295,12 @@ class Family:
         """What diffusers' own pipeline returns for `request` with its defaults, the same seed
         (a CPU generator) and output_type="latent": the single-process reference."""
         raise NotImplementedError
+
+    def output_latents(self, pipe, state: "DenoiseState", latents=None):
+        """The runner's latents (default: the state's) in the layout `reference_latents` returns
+        them (the pipeline's output_type="latent"). Most families keep that layout between
+        steps; one whose pipeline unpacks or denormalizes at the end does the same here."""
+        return state.latents if latents is None else latents
 
     def conformance_cases(self, base_dirs: Mapping[str, str]) -> dict[str, list]:
         """{'forward': [ForwardCase...], 'runner': [RunnerCase...]}; `base_dirs` maps tiny names
@@ -307,6 +364,13 @@ class Family:
     def guidance_scale(self, pipe, state: DenoiseState, t) -> float:
         return state.request.guidance_scale
 
+    def combine_guidance(self, pipe, state: DenoiseState, t, uncond, cond):
+        """The two branches' predictions (each [b, ...] as `predict` returned them, gathered over
+        the cfg group when it is split) -> the model output the scheduler steps with:
+        classifier-free guidance uncond + s (cond - uncond). A family whose branches are other
+        passes (LTX-2: the main pass and the perturbed ones) combines them its own way."""
+        return uncond + self.guidance_scale(pipe, state, t) * (cond - uncond)
+
     def scheduler_step(self, pipe, state: DenoiseState, noise, t, generator) -> tuple[Any, dict]:
         """-> (new latents, new carry). The scheduler's own attributes are saved and restored
         around this call by the runner."""
@@ -327,6 +391,35 @@ class Family:
     def decode(self, pipe, state: DenoiseState, latents=None):
         """Latents -> uint8 frames [frames, height, width, 3]."""
         return self.postprocess(pipe, state, self.decode_video(pipe, state, latents))
+
+    def decode_audio(self, pipe, state: DenoiseState, latents=None) -> "Audio | None":
+        """Latents -> the sound the pipeline generates with the video, or None for a family
+        whose pipelines make none (every family but those with an audio stream)."""
+        return None
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Decoded sound: `waveform` float32 [channels, samples] in [-1, 1], `sample_rate` in Hz,
+    `frame_rate`: the video frame rate it was made for (an mp4 played at that rate is in sync)."""
+
+    waveform: Any  # numpy array
+    sample_rate: int
+    frame_rate: float | None = None
+
+    def __post_init__(self):
+        import numpy as np
+
+        wave = np.asarray(self.waveform)
+        if wave.ndim != 2 or wave.shape[0] not in (1, 2) or wave.shape[1] == 0:
+            raise ValueError(f"audio waveform must be [1 or 2 channels, samples], got shape {wave.shape}")
+        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) or self.sample_rate <= 0:
+            raise ValueError(f"audio sample_rate {self.sample_rate!r} must be a positive integer (Hz)")
+        object.__setattr__(self, "waveform", wave.astype(np.float32, copy=False))
+
+    @property
+    def seconds(self) -> float:
+        return self.waveform.shape[1] / self.sample_rate
 
 
 # -- the scheduler's own state, saved between steps ------------------------------------------

@@ -154,6 +154,11 @@ class Runner:
                 f"true_cfg_scale {request.true_cfg_scale:g} is for pipelines whose guidance is embedded in the model "
                 f"(HunyuanVideo); {type(pipe).__name__} guides with guidance_scale: drop true_cfg_scale"
             )
+        unknown = [name for name, _ in request.guidance_options if name not in family.option_names]
+        if unknown:
+            takes = ", ".join(family.option_names) or "none"
+            raise ValueError(f"guidance option(s) {', '.join(unknown)} are not taken by {type(pipe).__name__} "
+                             f"(it takes: {takes}); drop them")
         if request.lora and self.compiled:
             raise ValueError(
                 f"LoRA adapters {[name for name, _ in request.lora]} cannot run on compiled blocks (switching "
@@ -313,7 +318,7 @@ class Runner:
         if family.do_cfg(pipe, request):
             # The family returns both branches whenever guidance is on (see _branches).
             uncond, cond = self._exchange_branches(noise) if self.cfg_parallel else noise.chunk(2)
-            noise = uncond + family.guidance_scale(pipe, state, t) * (cond - uncond)
+            noise = family.combine_guidance(pipe, state, t, uncond, cond)
 
         generator = torch.Generator("cpu")
         generator.set_state(state.generator_state)
@@ -365,12 +370,15 @@ class Runner:
         on_ranks: a collective call on every rank of the mesh; the VAE decode is split by
         latent rows over them (raydit.models.vae_parallel, exact), the video is gathered to
         rank 0 and post-processed there alone: rank 0 returns the frames, the others None.
-        `self.decode_ranks` says how many decoded."""
+        `self.decode_ranks` says how many decoded; `self.decoded_audio` holds the sound the
+        family made with the video (raydit.models.family.Audio, decoded where the frames are
+        returned), or None."""
         state = state if state is not None else self._last_state
         if state is None:
             raise ValueError("nothing to decode: prepare a request first")
         latents = state.latents if latents is None else latents
         self.decode_ranks = 1
+        self.decoded_audio = None
         if on_ranks and self.mesh is not None and self.mesh.world_size > 1:
             from raydit.models.vae_parallel import decode_on_ranks, supports_vae
 
@@ -381,5 +389,10 @@ class Runner:
                 self.decode_ranks = info["ranks"]
                 if dist.get_rank() != 0:
                     return None  # a placeholder video: nothing to post-process
+                self.decoded_audio = self.family.decode_audio(self.pipe, state, latents)
                 return self.family.postprocess(self.pipe, state, video)
+        if on_ranks and self.mesh is not None and self.mesh.world_size > 1 and dist.get_rank() != 0:
+            # A VAE decoded whole on every rank: the sound too is rank 0's alone.
+            return self.family.decode(self.pipe, state, latents)
+        self.decoded_audio = self.family.decode_audio(self.pipe, state, latents)
         return self.family.decode(self.pipe, state, latents)

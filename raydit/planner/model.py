@@ -32,6 +32,10 @@ _HUNYUAN_TEXT = 8.03e9 + 0.12e9
 _HUNYUAN_I2V_TEXT = 8.03e9 + 0.30e9 + 0.02e9 + 0.12e9
 _CLIP_VIT_H = 0.63e9
 _HUNYUAN15_TEXT = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encoder
+# LTX-2: Gemma 3 12B (11.77e9 text with tied embeddings + 0.42e9 SigLIP) and the pipeline's text
+# connectors (1.43e9: Linear 49 x 3840 -> 3840 and two 2-layer 30 x 128 transformers, LTX2TextConnectors'
+# defaults, which are LTX-2's).
+_LTX2_TEXT = 12.19e9 + 1.43e9
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,17 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                   128, 1.92e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
         ModelSpec("ltx-video-13b", "ltx", 32, 128, 48, 16384, 1, 1, 128, False, "rotary",
                   128, 13.04e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
+        # LTX-2 (Lightricks/LTX-2, LTX2Pipeline): the 19B audio-video transformer, diffusers'
+        # LTX2VideoTransformer3DModel defaults (its LTX-2 config): video 32 heads x 128, 48
+        # blocks, 128 latent channels, patch 1; the audio stream (32 x 64) runs in the same blocks
+        # and is counted in the parameters (1.888e10 on the meta device), not in the sequence (its
+        # ~25 tokens per second stay whole on every rank). Gemma 3 text reaches both streams by
+        # cross-attention, 1024 tokens (max_sequence_length). VAEs: video 32x / 8x (the pipeline's),
+        # 1.22e9 + audio VAE 0.05e9 + vocoder 0.06e9. LTX2Pipeline's defaults: 121 x 512 x 768.
+        # Guidance: two branches per step (raydit runs the [negative, positive] pass on one, the STG
+        # and modality passes on the other: cfg 2 splits them).
+        ModelSpec("ltx-2", "ltx2", 32, 128, 48, 16384, 1, 1, 1024, False, "rotary",
+                  128, 18.88e9, _LTX2_TEXT, 1.33e9, 121, 512, 768, vae_spatial=32, vae_temporal=8),
         # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),

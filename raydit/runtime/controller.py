@@ -59,6 +59,7 @@ class Job:
     timesteps: list = field(default_factory=list)
     prepared: bool = False
     frames: Any = None
+    audio: Any = None  # raydit.models.family.Audio decoded with the frames, or None
     done: bool = False
     recoveries: int = 0
     step_seconds: list = field(default_factory=list)
@@ -265,6 +266,7 @@ class Controller:
             self.deadlines.observe("decode", seconds)
             job.timings["decode_seconds"] = seconds
             job.timings["decode_ranks"] = getattr(self.group, "decode_ranks", 1)
+            job.audio = getattr(self.group, "decoded_audio", None)
             job.done = True
             return "decoded"
         except WorkerFailure as failure:

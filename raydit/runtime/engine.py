@@ -44,12 +44,17 @@ class GenerationResult:
     request: Any
     events: list[dict] = field(default_factory=list)
     replica: int = 0
+    audio: Any = None  # raydit.models.family.Audio: the sound the model made with the video, or None
 
-    def save(self, path: str, fps: int = 8) -> str:
-        """Write the frames as an H.264 mp4 with imageio-ffmpeg."""
+    def save(self, path: str, fps: int | None = None) -> str:
+        """Write the frames as an H.264 mp4 with imageio-ffmpeg, with the sound as an AAC stream
+        when the model made one. fps None: the frame rate the sound was made for, else 8."""
         from raydit.runtime.video import write_mp4
 
-        write_mp4(path, self.frames, fps=fps)
+        if fps is None:
+            rate = getattr(self.audio, "frame_rate", None) or 8
+            fps = int(rate) if float(rate).is_integer() else rate
+        write_mp4(path, self.frames, fps=fps, audio=self.audio)
         return path
 
 
@@ -484,6 +489,7 @@ class Engine:
         true_cfg_scale: float = 1.0,
         cache=ENGINE_DEFAULT,
         cache_threshold=ENGINE_DEFAULT,
+        guidance_options=None,
     ) -> GenerationResult:
         """Generate one video and wait for it (the simple blocking call). `image` (a PIL
         image, a path or a uint8 array) conditions an image-to-video pipeline."""
@@ -493,6 +499,7 @@ class Engine:
             seed=seed, callback_on_step_end=callback_on_step_end, progress=progress, image=image,
             guidance_scale_2=guidance_scale_2, checkpoint_dir=checkpoint_dir, lora=lora,
             true_cfg_scale=true_cfg_scale, cache=cache, cache_threshold=cache_threshold,
+            guidance_options=guidance_options,
         ).result()
 
     def submit(
@@ -514,6 +521,7 @@ class Engine:
         true_cfg_scale: float = 1.0,
         cache=ENGINE_DEFAULT,
         cache_threshold=ENGINE_DEFAULT,
+        guidance_options=None,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
@@ -527,7 +535,8 @@ class Engine:
         Engine's step caching for this request only (left out: the Engine's; a method given
         without a threshold takes that method's default). `true_cfg_scale` > 1 with a
         negative prompt runs true classifier-free guidance where guidance is embedded in the
-        model (HunyuanVideo)."""
+        model (HunyuanVideo). `guidance_options`: the family's further guidance knobs,
+        {name: value} (GenerationRequest.guidance_options; LTX-2: stg_scale, modality_scale ...)."""
         from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
@@ -552,6 +561,7 @@ class Engine:
             seed=seed,
             image=None if image is None else image_to_png(image),
             true_cfg_scale=true_cfg_scale,
+            guidance_options=guidance_options or (),
             **self._cache_choice(cache, cache_threshold),
             lora=self._fused_default(lora),
         )
@@ -693,6 +703,7 @@ class Engine:
         timings["decode_ranks"] = int(job.timings.get("decode_ranks", 1))
         return GenerationResult(
             frames=job.frames,
+            audio=getattr(job, "audio", None),
             latents=_to_numpy(from_wire(job.checkpoint["latents"])),
             plan=replica.plan,
             timings=timings,

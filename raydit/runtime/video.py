@@ -50,9 +50,14 @@ def check_output_path(path, flag: str = "--out", suffix: str = ".mp4") -> None:
                          "choose another path")
 
 
-def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
+def write_mp4(path: str, frames: np.ndarray, fps: int = 8, audio=None) -> None:
     """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16).
     H.264 (libx264, preset X264_PRESET, CRF X264_CRF), yuv420p.
+
+    audio: None, or sound to mux beside the video (any family may return some): an object with
+    `waveform` (float [channels, samples] in [-1, 1], 1 or 2 channels) and `sample_rate` (Hz),
+    or a (waveform, sample_rate) pair. It goes in as AAC at AUDIO_BITRATE, as long as it is
+    (ffmpeg's own aac encoder; 16-bit PCM through a temporary WAV beside `path`).
 
     ffmpeg (the binary in imageio-ffmpeg's wheel) runs as our own child, so that its exit status
     is read: imageio-ffmpeg's writer returned silently when ffmpeg could not write the file. The
@@ -73,13 +78,21 @@ def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
     # mp4 gets the mode the umask gives, as a direct write would.
     tmp = os.path.join(os.path.dirname(full),
                        f".{os.path.basename(full)}.tmp-{os.getpid()}-{threading.get_ident()}.mp4")
+    sound = None if audio is None else _audio_pcm(audio)  # checked before ffmpeg starts
     _, h, w, _ = frames.shape
+    wav = tmp[:-len(".mp4")] + ".wav"
     cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error",
            "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt", "rgb24", "-r", str(fps),
-           "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", str(X264_CRF),
-           "-preset", X264_PRESET, tmp]
+           "-i", "-"]
+    if sound is None:
+        cmd += ["-an"]
+    else:
+        cmd += ["-i", wav, "-map", "0:v", "-map", "1:a", "-c:a", "aac", "-b:a", AUDIO_BITRATE]
+    cmd += ["-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", str(X264_CRF), "-preset", X264_PRESET, tmp]
     data = memoryview(np.ascontiguousarray(frames).reshape(-1))
     try:
+        if sound is not None:
+            _write_wav(wav, *sound)
         # No preexec_fn: Python spawns ffmpeg with vfork (see the note at the top of this file).
         proc = subprocess.run(cmd, input=data, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               check=False)
@@ -91,8 +104,62 @@ def write_mp4(path: str, frames: np.ndarray, fps: int = 8) -> None:
                           + (f": {said[0]}" if said else "") + ")")
         os.replace(tmp, full)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, wav):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
+AUDIO_BITRATE = "128k"  # AAC, ample for the 16-48 kHz speech and effects video models make
+
+
+def _audio_pcm(audio) -> tuple[np.ndarray, int]:
+    """Sound as write_mp4 takes it -> (int16 [samples, channels], sample rate); ValueError with
+    one line for anything else."""
+    if isinstance(audio, tuple) and len(audio) == 2:
+        waveform, rate = audio
+    else:
+        waveform, rate = getattr(audio, "waveform", None), getattr(audio, "sample_rate", None)
+    wave = np.asarray(waveform, dtype=np.float32) if waveform is not None else None
+    if wave is None or wave.ndim != 2 or wave.shape[0] not in (1, 2) or wave.shape[1] == 0:
+        raise ValueError(f"audio waveform must be float [1 or 2 channels, samples], got "
+                         f"{None if wave is None else wave.shape}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or not 1000 <= rate <= 384000:
+        raise ValueError(f"audio sample_rate {rate!r} must be an integer in Hz (1000 .. 384000)")
+    if not np.isfinite(wave).all():
+        raise ValueError("audio waveform holds NaN or infinite samples")
+    pcm = (np.clip(wave, -1.0, 1.0) * 32767.0).round().astype("<i2").T  # [samples, channels]
+    return np.ascontiguousarray(pcm), int(rate)
+
+
+def _write_wav(path: str, pcm: np.ndarray, rate: int) -> None:
+    import wave
+
+    with wave.open(path, "wb") as out:
+        out.setnchannels(pcm.shape[1])
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm.tobytes())
+
+
+def read_mp4_audio(path: str) -> tuple[np.ndarray, int] | None:
+    """The audio stream of an mp4 -> (float32 [channels, samples], sample rate), or None when it
+    has none (for tests and `raydit verify`)."""
+    import subprocess
+
+    import imageio_ffmpeg
+
+    exe = imageio_ffmpeg.get_ffmpeg_exe()
+    probe = subprocess.run([exe, "-hide_banner", "-i", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           check=False).stderr.decode("utf-8", "replace")
+    found = re.search(r"Stream #\S+: Audio: [^,]+, (\d+) Hz, (mono|stereo|(\d+) channels)", probe)
+    if found is None:
+        return None
+    rate = int(found.group(1))
+    channels = {"mono": 1, "stereo": 2}.get(found.group(2)) or int(found.group(3))
+    raw = subprocess.run([exe, "-loglevel", "error", "-i", path, "-map", "0:a:0", "-f", "f32le", "-acodec",
+                          "pcm_f32le", "-ac", str(channels), "-ar", str(rate), "-"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, check=True).stdout
+    return np.frombuffer(raw, dtype="<f4").reshape(-1, channels).T.copy(), rate
 
 
 def read_mp4(path: str) -> np.ndarray:

@@ -286,7 +286,8 @@ class RankWorker:
     @_reported("decode")
     def decode(self, all_ranks: bool = False):
         """Frames of the current request. all_ranks: every rank of the group is called and the
-        decode is split over them; rank 0 returns (frames, ranks that decoded), the others None."""
+        decode is split over them; rank 0 returns (frames, ranks that decoded, audio), the others
+        None. audio: the sound the family made with the video (raydit.models.family.Audio) or None."""
         import torch
         import torch.distributed as dist
 
@@ -296,4 +297,4 @@ class RankWorker:
             frames = self._runner.decode(self._state, on_ranks=True)
         if dist.is_initialized() and dist.get_rank() != 0:
             return None
-        return frames, self._runner.decode_ranks
+        return frames, self._runner.decode_ranks, self._runner.decoded_audio

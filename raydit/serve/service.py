@@ -393,7 +393,7 @@ class VideoService:
             code = "invalid_request" if isinstance(exc, ValueError) else "generation_failed"
             self._fail(job, code, " ".join((str(exc) or type(exc).__name__).split()))
             return
-        self.store.write_video(job.id, result.frames, job.fps)
+        self.store.write_video(job.id, result.frames, job.fps, audio=getattr(result, "audio", None))
         timings = result.timings
         recoveries = len(timings.get("recovery_seconds", []) or [])
         for s in timings.get("step_seconds", []):

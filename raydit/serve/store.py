@@ -131,11 +131,11 @@ class VideoStore:
     def save_image(self, video_id: str, png: bytes) -> None:
         self._atomic_write(self.image_path(video_id), png)
 
-    def write_video(self, video_id: str, frames, fps: int) -> Path:
+    def write_video(self, video_id: str, frames, fps: int, audio=None) -> Path:
         from raydit.runtime.video import write_mp4
 
         path = self.video_path(video_id)
-        write_mp4(str(path), frames, fps=fps)  # atomic: a temporary name, then replaced
+        write_mp4(str(path), frames, fps=fps, audio=audio)  # atomic: a temporary name, then replaced
         return path
 
     def delete(self, video_id: str) -> None:

@@ -177,11 +177,13 @@ def test_runner_matches_diffusers_pipeline(runner_cases, case_name):
     case = next(c for c in runner_cases if c.name == case_name)
     pipe = case.make()
     request = case.make_request()
-    expected = family_for_pipeline(pipe).reference_latents(pipe, request)
+    family = family_for_pipeline(pipe)
+    expected = family.reference_latents(pipe, request)
     state = harness.run_steps(Runner(pipe), request, request.num_inference_steps)
-    assert state.latents.shape == expected.shape
-    assert max_relative_difference(state.latents, expected) <= 1e-5
-    torch.testing.assert_close(state.latents, expected, rtol=1e-5, atol=1e-5)
+    latents = family.output_latents(pipe, state)  # the pipeline's output layout
+    assert latents.shape == expected.shape
+    assert max_relative_difference(latents, expected) <= 1e-5
+    torch.testing.assert_close(latents, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -200,15 +202,17 @@ def test_runner_matches_diffusers_pipeline_bit_for_bit_in_bf16(runner_cases, cas
     case = next(c for c in runner_cases if c.name == case_name)
     pipe = case.make().to(dtype=dtype)
     request = case.make_request()
-    expected = family_for_pipeline(pipe).reference_latents(pipe, request)
+    family = family_for_pipeline(pipe)
+    expected = family.reference_latents(pipe, request)
     assert torch.isfinite(expected.float()).all()
     runner = Runner(pipe, dtype=dtype)
-    state = harness.run_steps(runner, request, request.num_inference_steps)
-    assert state.latents.dtype == expected.dtype, (state.latents.dtype, expected.dtype)
-    assert torch.equal(state.latents, expected), max_relative_difference(state.latents.float(), expected.float())
+    latents = family.output_latents(pipe, harness.run_steps(runner, request, request.num_inference_steps))
+    assert latents.dtype == expected.dtype, (latents.dtype, expected.dtype)
+    assert torch.equal(latents, expected), max_relative_difference(latents.float(), expected.float())
     checkpoint = runner.checkpoint(harness.run_steps(runner, request, 1))
-    resumed = harness.run_steps(runner, request, request.num_inference_steps, checkpoint=checkpoint)
-    assert resumed.latents.dtype == expected.dtype and torch.equal(resumed.latents, expected)
+    resumed = family.output_latents(pipe, harness.run_steps(runner, request, request.num_inference_steps,
+                                                            checkpoint=checkpoint))
+    assert resumed.dtype == expected.dtype and torch.equal(resumed, expected)
 
 
 def test_runner_without_guidance_matches_diffusers_pipeline(base_dir):

@@ -1,0 +1,947 @@
+"""The LTX-2 family: video with sound, text-to-video (`LTX2Pipeline`) and image-to-video
+(`LTX2ImageToVideoPipeline`).
+
+Model. LTX2VideoTransformer3DModel denoises two token streams in one list of blocks: the video
+(packed latents [B, Lv, Cv], patch 1) and the audio (packed mel latents [B, La, Ca]). Each block
+runs, per stream, self-attention (rotary), cross-attention to the prompt (the Gemma 3 text
+through the pipeline's connectors, one text per stream), then audio-to-video cross-attention
+(video queries, audio keys) and video-to-audio (audio queries, video keys), then the FFNs.
+
+Steps. As `LTX2Pipeline.__call__` with its defaults: up to four transformer calls per step,
+  1. [negative, positive] as one batch of 2 (classifier-free guidance, video guidance_scale and
+     audio_guidance_scale), when either scale is > 1;
+  2. positive, self-attention skipped in the blocks `stg_blocks` (spatio-temporal guidance),
+     when stg_scale or audio_stg_scale is > 0;
+  3. positive, audio<->video cross-attention off (modality guidance), when modality_scale or
+     audio_modality_scale is > 1;
+each prediction turned into x0 (latents - v sigma), combined as x0_pos + (g - 1)(x0_pos - x0_neg)
++ s_stg (x0_pos - x0_stg) + (m - 1)(x0_pos - x0_mod), rescaled towards the positive prediction's
+std (guidance_rescale, per stream) and turned back into a velocity for FlowMatchEuler. The
+knobs beyond `guidance_scale` travel in GenerationRequest.guidance_options (OPTION_DEFAULTS:
+the pipeline's defaults, with its `audio_x or x` fallbacks).
+
+Branches. The runner's two guidance branches are LTX-2's two kinds of passes: "main" (pass 1,
+or the positive pass alone without classifier-free guidance) and "perturbed" (passes 2 and 3).
+Each returns its x0 predictions ([1, 2N]: two slots, zeros for a pass that is off) and
+`combine_guidance` (the runner's hook, after the cfg exchange on a cfg = 2 mesh) puts them
+together as above. cfg 1 runs both branches on every group; cfg 2 gives each group one (the
+main pass's batch of 2 against two passes of 1). Without perturbed passes (stg and modality
+off) `do_cfg` is False: one branch runs the whole step. Each pass keeps the pipeline's batching
+and input layout, which bf16 needs to be bit-equal to diffusers.
+
+State. The runner's latents are one tensor [1, Lv*Cv + La*Ca] (float32): the packed video then
+the packed audio latents, flattened. FlowMatchEuler's step is elementwise, so one scheduler
+stepping both streams gives the numbers of the pipeline's two (its audio scheduler is a copy with
+the same sigmas and step index). `output_latents` unpacks and denormalizes both, as
+output_type="latent" returns them, flattened the same way.
+
+Image-to-video: the first latent frame holds the image's latents (conditioning mask 1), its
+tokens get timestep 0 (per-token video timestep, so temb is [B, Lv, 6C]) and keep their values
+through the steps. The pipeline re-compresses the image as H.264 at CRF 33 (Gemma 3
+checkpoints) with PyAV before encoding it; guidance option image_crf=0 skips that.
+
+Tiny. `tiny-ltx2` / `tiny-ltx2-i2v`: video 6 heads x 8, audio 6 heads x 4, 2 blocks, split
+rotary, perturbed attention (STG), a 2-layer Gemma 3 (16 wide), 1-layer connectors, the LTX-2
+video VAE with 32x spatial / 8x temporal compression (8 channels), the audio VAE (2 channels,
+8 mel bins) and a vocoder whose upsampling (160) is the mel hop: the sound lasts as the video.
+
+Legend: B batch, Lv / La video / audio tokens, Cv / Ca their latent channels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Audio, Family, Prepared
+
+PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
+DEFAULTS_FILE = "raydit_defaults.json"  # a directory's own request defaults (the tiny built-ins')
+MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default (a tokenizer with a smaller limit: its own)
+FRAME_RATE = 24.0  # the pipeline's default (audio length, rotary positions in time)
+STG_BLOCK = 28  # the pipeline's default spatio_temporal_guidance_blocks = [28]
+
+# GenerationRequest.guidance_options this family takes, with LTX2Pipeline's defaults. None: the
+# pipeline's fallback (audio_x or x; stg_blocks: [28], or the last block of a transformer with
+# fewer, where [28] would name none; image_crf: 33 for Gemma 3 checkpoints, 18 for Gemma 4).
+OPTION_DEFAULTS = {
+    "stg_scale": 1.0,
+    "modality_scale": 3.0,
+    "guidance_rescale": 0.7,
+    "audio_guidance_scale": 7.0,
+    "audio_stg_scale": 1.0,
+    "audio_modality_scale": 3.0,
+    "audio_guidance_rescale": 0.7,
+    "stg_blocks": None,
+    "use_cross_timestep": True,
+    "image_crf": None,
+}
+
+
+def max_sequence_length(pipe) -> int:
+    """The prompt length the pipeline pads to: its default, or the tokenizer's limit if smaller."""
+    limit = getattr(getattr(pipe, "tokenizer", None), "model_max_length", MAX_SEQUENCE_LENGTH)
+    return min(MAX_SEQUENCE_LENGTH, int(limit))
+
+
+def _default_crf(pipe) -> int:
+    """The image CRF LTX2ImageToVideoPipeline uses for this checkpoint (by its text encoder)."""
+    from diffusers.pipelines.ltx2.utils import resolve_default_image_crf
+
+    encoder = getattr(pipe, "text_encoder", None)
+    if encoder is None:  # dropped on a rank that does not encode: its class says the generation
+        from types import SimpleNamespace
+
+        from raydit.models.text_encoding import _DROPPED
+
+        cls = getattr(pipe, _DROPPED, {}).get("text_encoder", (type(None), None))[0]
+        encoder = SimpleNamespace(config=SimpleNamespace(model_type="gemma4" if "Gemma4" in cls.__name__ else "gemma3"))
+    return int(resolve_default_image_crf(encoder))
+
+
+def guidance(pipe, request) -> dict:
+    """Every guidance knob of `request` for this pipeline, resolved as LTX2Pipeline does."""
+    o = {name: request.option(name, default) for name, default in OPTION_DEFAULTS.items()}
+    g = dict(o, guidance_scale=request.guidance_scale)
+    # The pipeline's own fallbacks: `audio_x = audio_x or x`.
+    g["audio_guidance_scale"] = o["audio_guidance_scale"] or request.guidance_scale
+    g["audio_stg_scale"] = o["audio_stg_scale"] or o["stg_scale"]
+    g["audio_modality_scale"] = o["audio_modality_scale"] or o["modality_scale"]
+    g["audio_guidance_rescale"] = o["audio_guidance_rescale"] or o["guidance_rescale"]
+    layers = len(pipe.transformer.transformer_blocks)
+    if o["stg_blocks"] is None:
+        g["stg_blocks"] = (STG_BLOCK,) if layers > STG_BLOCK else (layers - 1,)
+    g["cfg"] = g["guidance_scale"] > 1.0 or g["audio_guidance_scale"] > 1.0
+    g["stg"] = g["stg_scale"] > 0.0 or g["audio_stg_scale"] > 0.0
+    g["modality"] = g["modality_scale"] > 1.0 or g["audio_modality_scale"] > 1.0
+    return g
+
+
+# -- adapter -----------------------------------------------------------------------------------
+# Sequence parallelism. The video tokens are split over the sp ranks as for LTX-Video (before
+# the first block, gathered after the last); the audio tokens stay whole on every rank (La is
+# ~25 per second of sound, 1-2 % of the video's tokens at 512 x 768: splitting them would buy
+# nothing and cost a second layout). Per block:
+#   attn1 (video self-attention)      Ulysses / ring over the video chunks (sp_attention); its
+#                                      rotary table cut to this rank's chunk; the STG pass's
+#                                      perturbed blocks use the values alone (per token, local);
+#   attn2 (video -> prompt)           local queries, the whole prompt: diffusers' processor;
+#   audio_to_video_attn               local video queries attend to every audio key (whole
+#                                      here): diffusers' processor, the query rotary table cut;
+#   video_to_audio_attn               every audio query must see every video token once: the
+#                                      video keys (normed, rotated) and values of each chunk are
+#                                      all-gathered, pads dropped (gather_sequence), then plain
+#                                      attention; every rank computes the same audio stream;
+#   audio self / prompt attention     whole, unchanged.
+# Per-token timestep embeddings (image-to-video: temb and, without use_cross_timestep, the
+# cross-attention modulations are [B, Lv, k C]) are split with the tokens.
+VIDEO = 0  # the layout's only part
+
+
+def shard_rotary(rotary_emb, layout, sp_index: int):
+    """Cut a rotary table of all video tokens to this rank's chunk: interleaved tables are
+    [B, Lv, C], split ones [B, H, Lv, r]; pad rows are zero (pad queries are dropped at
+    gather, pad keys never attended)."""
+    cos, sin = rotary_emb
+    dim = 1 if cos.ndim == 3 else 2
+    if cos.shape[dim] != layout.part_lengths[VIDEO]:
+        raise ValueError(
+            f"rotary table has {cos.shape[dim]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, VIDEO, sp_index, dim=dim), layout.shard(sin, VIDEO, sp_index, dim=dim)
+
+
+def _rotate(attn, x, rotary_emb):
+    from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb, apply_split_rotary_emb
+
+    if rotary_emb is None:
+        return x
+    rotate = apply_interleaved_rotary_emb if attn.rope_type == "interleaved" else apply_split_rotary_emb
+    return rotate(x, rotary_emb)
+
+
+def _output(attn, out_BLC, gate_logits):
+    """The per-head gates (LTX-2.3's gated attention) and the output projection."""
+    if gate_logits is not None:
+        gates = 2.0 * gate_logits.sigmoid()  # [B, L, H]: logits 0 give gates 1
+        out_BLC = (out_BLC.unflatten(2, (attn.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)
+    return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
+
+
+class LTX2VideoSelfAttnProcessor:
+    """attn1 of a block, sequence parallel: projections, the QK RMS norms (across heads) and
+    rotary are per token and run on the local chunk; the attention runs over all chunks."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
+        import torch
+
+        from raydit.parallel.attention import sp_attention
+
+        if encoder_hidden_states is not None:
+            raise ValueError("LTX2VideoSelfAttnProcessor serves video self-attention (attn1) only")
+        if attention_mask is not None:
+            raise ValueError("a video self-attention mask is not supported under sequence parallelism "
+                             "(LTX-2's text- and image-to-video pipelines pass none)")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        value = attn.to_v(hidden_states)  # [B, L, C]
+        if all_perturbed is None:
+            all_perturbed = (perturbation_mask == 0).all() if perturbation_mask is not None else False
+        # A compiled block cannot branch on a tensor: it computes the attention and selects.
+        traced = torch.compiler.is_compiling() and isinstance(all_perturbed, torch.Tensor)
+        if not traced and all_perturbed:  # spatio-temporal guidance: this block's self-attention is skipped
+            return _output(attn, value, gate_logits)
+        query = attn.norm_q(attn.to_q(hidden_states))
+        key = attn.norm_k(attn.to_k(hidden_states))
+        if query_rotary_emb is not None:
+            freqs = shard_rotary(query_rotary_emb, layout, mesh.sp_index)
+            query, key = _rotate(attn, query, freqs), _rotate(attn, key, freqs)
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
+
+        out_BHLD = sp_attention(heads(query), heads(key), heads(value), mesh, layout)
+        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        if perturbation_mask is not None:  # a batch mixing perturbed and plain samples
+            out_BLC = value.lerp(out_BLC, perturbation_mask.to(out_BLC.dtype))
+        if traced:
+            out_BLC = torch.where(all_perturbed, value, out_BLC)
+        return _output(attn, out_BLC, gate_logits)
+
+
+class LTX2AudioToVideoAttnProcessor:
+    """audio_to_video_attn: this rank's video queries, every audio key (whole on each rank).
+    diffusers' own processor, with the video (query) rotary table cut to the local chunk."""
+
+    def __init__(self, context, original):
+        self.context, self.original = context, original
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        if attention_mask is not None:
+            raise ValueError("an audio-to-video attention mask is not supported under sequence parallelism")
+        if query_rotary_emb is not None:
+            query_rotary_emb = shard_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
+        return self.original(attn, hidden_states, encoder_hidden_states, None, query_rotary_emb, key_rotary_emb)
+
+
+class LTX2VideoToAudioAttnProcessor:
+    """video_to_audio_attn: every audio query attends to every video token once. Keys (normed,
+    rotated) and values are made from this rank's video chunk, all-gathered and unpadded."""
+
+    def __init__(self, context):
+        from raydit.parallel.opaque import register_call
+
+        self.context = context
+        # The gather is a collective torch.compile cannot keep in a block's graph: a compiled
+        # block calls it (and the attention after it) as one opaque op (raydit.parallel.opaque),
+        # whose output is like the queries. One name per mesh: every block shares one graph.
+        self._key = register_call(self._attend, like=(0,), name=(type(self).__qualname__, context.mesh.key))
+
+    def _attend(self, tensors, ints):
+        """q [B, H, La, D] (whole), k and v [B, chunk, C] (this rank's video) -> [B, H, La, D]."""
+        import torch.nn.functional as F
+
+        from raydit.parallel.mesh import gather_sequence
+
+        q_BHLD, k_BLC, v_BLC = tensors
+        mesh, layout = self.context.mesh, self.context.layout
+        heads = q_BHLD.shape[1]
+        # [B, chunk, C] -> [B, Lv, C]: the same on every rank, bit for bit
+        k_BLC, v_BLC = gather_sequence(k_BLC, mesh, layout, VIDEO), gather_sequence(v_BLC, mesh, layout, VIDEO)
+        k_BHLD = k_BLC.unflatten(2, (heads, -1)).transpose(1, 2)
+        v_BHLD = v_BLC.unflatten(2, (heads, -1)).transpose(1, 2)
+        return [F.scaled_dot_product_attention(q_BHLD, k_BHLD, v_BHLD)]
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        from raydit.parallel.opaque import opaque_call
+
+        if attention_mask is not None:
+            raise ValueError("a video-to-audio attention mask is not supported under sequence parallelism")
+        mesh, layout = self.context.mesh, self.context.layout
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        query = _rotate(attn, attn.norm_q(attn.to_q(hidden_states)), query_rotary_emb)  # [B, La, C]: whole
+        key = attn.norm_k(attn.to_k(encoder_hidden_states))  # [B, chunk, C]: this rank's video
+        value = attn.to_v(encoder_hidden_states)
+        if key_rotary_emb is not None:
+            key = _rotate(attn, key, shard_rotary(key_rotary_emb, layout, mesh.sp_index))
+        q_BHLD = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+        (out_BHLD,) = opaque_call(self._key, [q_BHLD, key, value], [])
+        return _output(attn, out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype), gate_logits)
+
+
+class LTX2Adapter(ModelAdapter):
+    name = "ltx2"
+    transformer_classes = ("LTX2VideoTransformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="transformer_blocks",
+        # LTX2VideoTransformerBlock.forward(hidden_states, audio_hidden_states, ..., temb, temb_audio,
+        # temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, ...): the video's
+        # modulations are per sample ([B, 1, k C]) or, per-token timestep, [B, Lv, k C].
+        split_inputs=(SplitInput("hidden_states", VIDEO),
+                      SplitInput("temb", VIDEO, every_block=True, min_len=2),
+                      SplitInput("temb_ca_scale_shift", VIDEO, every_block=True, min_len=2),
+                      SplitInput("temb_ca_gate", VIDEO, every_block=True, min_len=2)),
+        gather_outputs=(GatherOutput(0, VIDEO),),  # (video, audio): the video is gathered
+        attention="attn1",
+    )
+
+    def make_processor(self, context):
+        return LTX2VideoSelfAttnProcessor(context)
+
+    def parallelize(self, transformer, mesh):
+        handle = super().parallelize(transformer, mesh)
+        try:
+            for block in self.plan.block_list(transformer):
+                for name in ("audio_to_video_attn", "video_to_audio_attn"):
+                    attn = getattr(block, name)
+                    handle._processors.append((attn, attn.processor))
+                    attn.set_processor(LTX2AudioToVideoAttnProcessor(handle.context, attn.processor)
+                                       if name == "audio_to_video_attn" else
+                                       LTX2VideoToAudioAttnProcessor(handle.context))
+        except BaseException:
+            handle.remove()
+            raise
+        return handle
+
+
+class LTX2Family(Family):
+    """LTX2Pipeline's and LTX2ImageToVideoPipeline's steps."""
+
+    name = "ltx2"
+    pipelines = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
+    image_pipelines = ("LTX2ImageToVideoPipeline",)
+    adapter = LTX2Adapter
+    batch_branches = False  # the two branches are different passes, not one batch
+    option_names = tuple(OPTION_DEFAULTS)
+
+    def tiny(self):
+        return {"tiny-ltx2": tiny_pipeline_dir, "tiny-ltx2-i2v": tiny_i2v_pipeline_dir}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/, vae/ and tokenizer/ configs; parameters from the weights'
+        headers. The planner sees the video stream (its tokens set the attention cost; the audio
+        stream, ~La = 25 per second of sound, is small beside them and kept whole per rank) and
+        the prompt as cross-attended text (max_sequence_length tokens)."""
+        from raydit.planner.model import ModelSpec, component_params, require
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "LTX2VideoTransformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by an LTX-2 pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        layers = int(cfg.get("num_layers", 48))
+        hidden = heads * head_dim
+        audio_hidden = int(cfg.get("audio_num_attention_heads", 32)) * int(cfg.get("audio_attention_head_dim", 64))
+        vae = configs.get("vae", {})
+        scaling = vae.get("spatio_temporal_scaling", [True] * 4)
+        scaling = [scaling] * 4 if isinstance(scaling, bool) else scaling
+        steps = 2 ** sum(map(bool, scaling))
+        vae_spatial = vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * steps
+        vae_temporal = vae.get("temporal_compression_ratio") or int(vae.get("patch_size_t", 1)) * steps
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        text = int(configs.get("tokenizer", {}).get("model_max_length", MAX_SEQUENCE_LENGTH))
+
+        def params(*folders):
+            counts = [component_params(path / f) for f in folders if (path / f).is_dir()]
+            return float(sum(c for c in counts if c is not None))
+
+        # per block: video self/text/a2v attention 12 h^2 + FFN 8 h^2; audio the same at its width
+        estimate = float(layers * (20 * hidden * hidden + 20 * audio_hidden * audio_hidden))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=4 * hidden,
+            patch_size=int(cfg.get("patch_size", 1)), patch_size_t=int(cfg.get("patch_size_t", 1)),
+            text_tokens=min(text, MAX_SEQUENCE_LENGTH), text_in_sequence=False, positional="rotary",
+            in_channels=int(cfg.get("in_channels", 128)),
+            params=component_params(path / "transformer") or estimate,
+            text_encoder_params=params("text_encoder", "connectors"),
+            vae_params=params("vae", "audio_vae", "vocoder"),
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
+        )
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx2"], base_dirs["tiny-ltx2-i2v"])}
+
+    def encoders(self, pipe) -> list:
+        # The connectors only turn the text encoder's states into the two streams' prompts.
+        return [m for m in (getattr(pipe, "text_encoder", None), getattr(pipe, "connectors", None)) if m is not None]
+
+    def do_cfg(self, pipe, request) -> bool:
+        """Whether the step's passes are split in two branches (module docstring): only when
+        there are perturbed passes (STG, modality) beside the main one; else one branch runs all."""
+        g = guidance(pipe, request)
+        return g["stg"] or g["modality"]
+
+    # -- checks ----------------------------------------------------------------------------
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        if request.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-2 has one: drop it")
+        if request.cache is not None:
+            raise ValueError(f"step caching ({request.cache}) is not supported for LTX-2 (a step runs up to three "
+                             "differently perturbed passes through the blocks): drop the cache option")
+        for name in ("stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale", "audio_stg_scale",
+                     "audio_modality_scale", "audio_guidance_rescale"):
+            value = request.option(name)
+            if value is not None and (isinstance(value, (bool, tuple)) or value < 0):
+                raise ValueError(f"guidance option {name}={value!r} must be a number >= 0")
+        for name in ("guidance_rescale", "audio_guidance_rescale"):
+            value = request.option(name)
+            if value is not None and value > 1:
+                raise ValueError(f"guidance option {name}={value!r} must be in [0, 1] (0 turns rescaling off)")
+        cross = request.option("use_cross_timestep")
+        if cross is not None and not isinstance(cross, bool):
+            raise ValueError(f"guidance option use_cross_timestep={cross!r} must be true or false")
+        crf = request.option("image_crf")
+        if crf is not None:
+            if request.image is None:
+                raise ValueError("guidance option image_crf is for image-to-video requests; drop it")
+            if isinstance(crf, (bool, tuple, float)) or not 0 <= crf <= 51:
+                raise ValueError(f"guidance option image_crf={crf!r} must be an integer in 0..51 (0: no re-compression)")
+        layers = len(pipe.transformer.transformer_blocks)
+        blocks = request.option("stg_blocks")
+        if blocks is not None:
+            if not isinstance(blocks, tuple) or not blocks or any(not 0 <= b < layers for b in blocks):
+                raise ValueError(f"guidance option stg_blocks={blocks!r} must list block indices in 0..{layers - 1}")
+            if not pipe.transformer.config.perturbed_attn:
+                raise ValueError("guidance option stg_blocks needs a transformer with perturbed_attn (LTX-2.3); "
+                                 "this one has none: set stg_scale=0 and audio_stg_scale=0")
+        temporal = pipe.vae_temporal_compression_ratio
+        if (request.num_frames - 1) % temporal:
+            lower = request.num_frames - (request.num_frames - 1) % temporal
+            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % 32:  # the pipeline's check_inputs
+                lower = value - value % 32
+                raise ValueError(f"{label} {value} must be a multiple of 32; nearest: {f'{lower} or ' if lower else ''}{lower + 32}")
+
+    # -- prepare ---------------------------------------------------------------------------
+    def encode(self, pipe, request, device, dtype):
+        import torch
+
+        g = guidance(pipe, request)
+        embeds, mask, negative, negative_mask = pipe.encode_prompt(
+            prompt=request.prompt, negative_prompt=request.negative_prompt, do_classifier_free_guidance=g["cfg"],
+            max_sequence_length=max_sequence_length(pipe), device=device)
+        if g["cfg"]:  # the pipeline's batch order
+            embeds, mask = torch.cat([negative, embeds]), torch.cat([negative_mask, mask])
+        side = getattr(pipe.tokenizer, "padding_side", "left")
+        video, audio, connector_mask = pipe.connectors(embeds, mask, padding_side=side)
+        branch = {"video_embeds": video, "audio_embeds": audio, "mask": connector_mask}
+        return {**branch, "passes": "main"}, {**branch, "passes": "perturbed"}
+
+    def init(self, pipe, request, generator, device, dtype):
+        import numpy as np
+        import torch
+        from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, retrieve_timesteps
+        from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
+
+        g = guidance(pipe, request)
+        context = {"guidance": g}
+        channels = pipe.transformer.config.in_channels
+        if request.image is None:
+            video = pipe.prepare_latents(1, channels, request.height, request.width, request.num_frames, 0.0,
+                                         torch.float32, device, generator)  # [1, Lv, Cv]
+        else:
+            from PIL import Image
+
+            from raydit.models.family import png_to_image
+
+            image = png_to_image(request.image)
+            crf = _default_crf(pipe) if g["image_crf"] is None else g["image_crf"]
+            if crf:
+                try:
+                    import av  # noqa: F401  (diffusers re-compresses with PyAV)
+                except ImportError:
+                    raise ValueError(
+                        f"image-to-video re-compresses the image at H.264 CRF {crf} as LTX-2 was trained, which "
+                        "needs PyAV (pip install av); or set guidance option image_crf=0 to skip it") from None
+                from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
+
+                image = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
+            image = pipe.video_processor.preprocess(image, height=request.height, width=request.width)
+            image = image.to(device=device, dtype=dtype)
+            # [1, Lv, Cv], the first latent frame the image's; mask [1, Lv], 1 on those tokens
+            video, context["conditioning_mask"] = pipe.prepare_latents(
+                image, 1, channels, request.height, request.width, request.num_frames, 0.0, torch.float32, device,
+                generator)
+        frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+        height = request.height // pipe.vae_spatial_compression_ratio
+        width = request.width // pipe.vae_spatial_compression_ratio
+        # The sound lasts as the video: its latent frames per second from the audio VAE's hop.
+        per_second = pipe.audio_sampling_rate / pipe.audio_hop_length / float(pipe.audio_vae_temporal_compression_ratio)
+        audio_frames = round(request.num_frames / FRAME_RATE * per_second)
+        mel_bins = pipe.audio_vae.config.mel_bins
+        audio = pipe.prepare_audio_latents(1, num_channels_latents=pipe.audio_vae.config.latent_channels,
+                                           audio_latent_length=audio_frames, num_mel_bins=mel_bins, noise_scale=0.0,
+                                           dtype=torch.float32, device=device, generator=generator)  # [1, La, Ca]
+        n = request.num_inference_steps
+        config = pipe.scheduler.config
+        mu = calculate_shift(video.shape[1], config.get("base_image_seq_len", 1024), config.get("max_image_seq_len", 4096),
+                             config.get("base_shift", 0.95), config.get("max_shift", 2.05))
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, None, sigmas=np.linspace(1.0, 1 / n, n), mu=mu)
+        if request.image is None:
+            pipe.scheduler.set_begin_index(0)  # the text-to-video pipeline does, the image one does not
+        fps = conditioning_frame_rate(FRAME_RATE, 1.0)  # motion_speed 1
+        video_coords = pipe.transformer.rope.prepare_video_coords(1, frames, height, width, device, fps=fps)
+        audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(1, audio_frames, device)
+        context.update({
+            "video_shape": tuple(video.shape[1:]), "audio_shape": tuple(audio.shape[1:]),
+            "latent_frames": frames, "latent_height": height, "latent_width": width, "fps": fps,
+            "audio_frames": audio_frames, "latent_mel_bins": mel_bins // pipe.audio_vae_mel_compression_ratio,
+            "video_coords": video_coords, "audio_coords": audio_coords,
+        })
+        latents = torch.cat([video.flatten(1), audio.flatten(1)], dim=1)
+        return Prepared(latents=latents, timesteps=timesteps, context=context)
+
+    # -- a step ----------------------------------------------------------------------------
+    @staticmethod
+    def split(state, latents=None):
+        """The runner's latents [1, Lv*Cv + La*Ca] -> video [1, Lv, Cv], audio [1, La, Ca] (views)."""
+        latents = state.latents if latents is None else latents
+        (lv, cv), (la, ca) = state.context["video_shape"], state.context["audio_shape"]
+        return latents[:, :lv * cv].view(1, lv, cv), latents[:, lv * cv:].view(1, la, ca)
+
+    def predict(self, pipe, state, t, branch):
+        """One guidance branch's passes. Without a split (do_cfg False) the whole step: every
+        pass, combined -> the guided velocity [1, N] (N = Lv Cv + La Ca). With a split, the x0
+        predictions of its passes as [1, 2N]: "main" (x0_pos, x0_neg), "perturbed" (x0_stg,
+        x0_mod); a pass that is off leaves zeros. combine_guidance puts them together."""
+        import torch
+
+        if not self.do_cfg(pipe, state.request):
+            x0 = self._passes(pipe, state, t, branch, main=True, perturbed=True)
+            return self._guide(pipe, state, x0)
+        x0 = self._passes(pipe, state, t, branch, main=branch["passes"] == "main",
+                          perturbed=branch["passes"] == "perturbed")
+        names = ("pos", "neg") if branch["passes"] == "main" else ("stg", "mod")
+        n = state.latents.shape[1]
+        return torch.cat([torch.cat([x0[name][0].flatten(1), x0[name][1].flatten(1)], dim=1) if name in x0
+                          else state.latents.new_zeros(1, n) for name in names], dim=1)
+
+    def combine_guidance(self, pipe, state, t, uncond, cond):
+        """The branches' x0 predictions (module docstring: cond = main, uncond = perturbed) ->
+        the guided velocity, as the pipeline combines them."""
+        g = state.context["guidance"]
+        n = cond.shape[1] // 2
+
+        def streams(flat):
+            video, audio = self.split(state, flat)
+            return video.transpose(1, 2).contiguous().transpose(1, 2), audio  # the pipeline's layout
+
+        x0 = {"pos": streams(cond[:, :n])}
+        if g["cfg"]:
+            x0["neg"] = streams(cond[:, n:])
+        if g["stg"]:
+            x0["stg"] = streams(uncond[:, :n])
+        if g["modality"]:
+            x0["mod"] = streams(uncond[:, n:])
+        return self._guide(pipe, state, x0)
+
+    def _passes(self, pipe, state, t, branch, main: bool, perturbed: bool) -> dict:
+        """The transformer calls of one step, in the pipeline's order and batching -> x0
+        predictions {"pos", "neg", "stg", "mod": (video [1, Lv, Cv], audio [1, La, Ca])} of
+        the passes run (main: the [negative, positive] batch, or positive alone; perturbed: STG
+        and modality isolation, each on the positive prompt)."""
+        import torch
+
+        c, g, i = state.context, state.context["guidance"], state.step_index
+        video, audio = self.split(state)
+        # The pipeline's packed video latents are channel-major ([1, Lv, Cv] with strides
+        # (Lv Cv, 1, Lv): _pack_latents permutes, and every step's arithmetic keeps the layout);
+        # a bf16 GEMM over them differs from one over row-major tokens, so they are laid out so.
+        video = video.transpose(1, 2).contiguous().transpose(1, 2)
+        embeds, audio_embeds, mask = branch["video_embeds"], branch["audio_embeds"], branch["mask"]
+        dtype = embeds.dtype
+        b = embeds.shape[0]  # 2 with classifier-free guidance: [negative, positive]
+        image = "conditioning_mask" in c
+
+        def call(x, a, e, ae, m, reps, **kwargs):
+            timestep = t.expand(reps)
+            video_timestep = timestep
+            if image:  # image-to-video: [reps, Lv], 0 on the image's tokens
+                video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * reps))
+            vc = c["video_coords"].repeat((reps,) + (1,) * (c["video_coords"].ndim - 1)) if reps > 1 else c["video_coords"]
+            ac = c["audio_coords"].repeat((reps,) + (1,) * (c["audio_coords"].ndim - 1)) if reps > 1 else c["audio_coords"]
+            v_out, a_out = pipe.transformer(
+                hidden_states=x, audio_hidden_states=a, encoder_hidden_states=e, audio_encoder_hidden_states=ae,
+                timestep=video_timestep, audio_timestep=timestep if image else None, sigma=timestep,
+                encoder_attention_mask=m, audio_encoder_attention_mask=m, num_frames=c["latent_frames"],
+                height=c["latent_height"], width=c["latent_width"], fps=c["fps"], audio_num_frames=c["audio_frames"],
+                video_coords=vc, audio_coords=ac, perturbation_mask=None, use_cross_timestep=g["use_cross_timestep"],
+                return_dict=False, **kwargs)
+            # x0 = latents - v sigma (the pipeline's convert_velocity_to_x0)
+            return (pipe.convert_velocity_to_x0(video, v_out.float(), i, pipe.scheduler),
+                    pipe.convert_velocity_to_x0(audio, a_out.float(), i, pipe.scheduler))
+
+        out = {}
+        if main:
+            x = torch.cat([video] * b) if b > 1 else video
+            a = torch.cat([audio] * b) if b > 1 else audio
+            v_x0, a_x0 = call(x.to(dtype), a.to(dtype), embeds, audio_embeds, mask, b, isolate_modalities=False,
+                              spatio_temporal_guidance_blocks=None)
+            if b > 1:
+                (v_neg, v_pos), (a_neg, a_pos) = v_x0.chunk(2), a_x0.chunk(2)
+                out["pos"], out["neg"] = (v_pos, a_pos), (v_neg, a_neg)
+            else:
+                out["pos"] = (v_x0, a_x0)
+        if b > 1:  # the positive branch alone for the other passes (coords: one row)
+            embeds, audio_embeds, mask = embeds.chunk(2)[1], audio_embeds.chunk(2)[1], mask.chunk(2)[1]
+        if perturbed and g["stg"]:
+            out["stg"] = call(video.to(dtype), audio.to(dtype), embeds, audio_embeds, mask, 1, isolate_modalities=False,
+                              spatio_temporal_guidance_blocks=list(g["stg_blocks"]))
+        if perturbed and g["modality"]:
+            out["mod"] = call(video.to(dtype), audio.to(dtype), embeds, audio_embeds, mask, 1, isolate_modalities=True,
+                              spatio_temporal_guidance_blocks=None)
+        return out
+
+    def _guide(self, pipe, state, x0: dict):
+        """x0 predictions -> the guided velocity [1, N]: x0_pos plus the guidance deltas, rescaled
+        per stream, turned back into a velocity (v = (latents - x0) / sigma)."""
+        import torch
+        from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
+
+        g, i = state.context["guidance"], state.step_index
+        video, audio = self.split(state)
+        video = video.transpose(1, 2).contiguous().transpose(1, 2)  # the pipeline's layout (see _passes)
+        (v_pos, a_pos) = x0["pos"]
+        v_cfg = a_cfg = v_stg = a_stg = v_mod = a_mod = 0
+        if "neg" in x0:
+            v_cfg = (g["guidance_scale"] - 1) * (v_pos - x0["neg"][0])
+            a_cfg = (g["audio_guidance_scale"] - 1) * (a_pos - x0["neg"][1])
+        if "stg" in x0:
+            v_stg = g["stg_scale"] * (v_pos - x0["stg"][0])
+            a_stg = g["audio_stg_scale"] * (a_pos - x0["stg"][1])
+        if "mod" in x0:
+            v_mod = (g["modality_scale"] - 1) * (v_pos - x0["mod"][0])
+            a_mod = (g["audio_modality_scale"] - 1) * (a_pos - x0["mod"][1])
+        v_guided = v_pos + v_cfg + v_stg + v_mod
+        a_guided = a_pos + a_cfg + a_stg + a_mod
+        if g["guidance_rescale"] > 0:
+            v_guided = rescale_noise_cfg(v_guided, v_pos, guidance_rescale=g["guidance_rescale"])
+        if g["audio_guidance_rescale"] > 0:
+            a_guided = rescale_noise_cfg(a_guided, a_pos, guidance_rescale=g["audio_guidance_rescale"])
+        v_velocity = pipe.convert_x0_to_velocity(video, v_guided, i, pipe.scheduler)
+        a_velocity = pipe.convert_x0_to_velocity(audio, a_guided, i, pipe.scheduler)
+        return torch.cat([v_velocity.flatten(1), a_velocity.flatten(1)], dim=1)
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        latents, carry = super().scheduler_step(pipe, state, noise, t, generator)
+        mask = state.context.get("conditioning_mask")
+        if mask is not None:  # the image's latent frame (the first Lv tokens of mask 1) is kept
+            _, cv = state.context["video_shape"]
+            kept = int(mask[0].sum()) * cv
+            assert bool(mask[0, : int(mask[0].sum())].all()), "the image's tokens lead the video"
+            latents = latents.clone()
+            latents[:, :kept] = state.latents[:, :kept].to(latents.dtype)
+        return latents, carry
+
+    # -- outputs ---------------------------------------------------------------------------
+    def _streams(self, pipe, state, latents=None):
+        """Video [1, C, F, H, W] and audio [1, C, L, M] latents, denormalized as the pipeline's
+        output_type="latent" returns them."""
+        c = state.context
+        video, audio = self.split(state, latents)
+        video = pipe._unpack_latents(video, c["latent_frames"], c["latent_height"], c["latent_width"],
+                                     pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size)
+        audio = pipe._denormalize_audio_latents(audio, pipe.audio_vae.latents_mean, pipe.audio_vae.latents_std)
+        audio = pipe._unpack_audio_latents(audio, c["audio_frames"], num_mel_bins=c["latent_mel_bins"])
+        return video, audio
+
+    def output_latents(self, pipe, state, latents=None):
+        import torch
+
+        video, audio = self._streams(pipe, state, latents)
+        vae = pipe.vae
+        video = pipe._denormalize_latents(video, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        return torch.cat([video.flatten(1), audio.flatten(1)], dim=1)
+
+    def reference_latents(self, pipe, request):
+        import torch
+
+        from raydit.models.family import png_to_image
+
+        g = guidance(pipe, request)
+        pipe.set_progress_bar_config(disable=True)
+        image = {}
+        if request.image is not None:
+            crf = _default_crf(pipe) if g["image_crf"] is None else g["image_crf"]
+            image = {"image": png_to_image(request.image), "image_crf": crf}
+        out = pipe(
+            **image, prompt=request.prompt, negative_prompt=request.negative_prompt, num_frames=request.num_frames,
+            height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale, stg_scale=g["stg_scale"], modality_scale=g["modality_scale"],
+            guidance_rescale=g["guidance_rescale"], audio_guidance_scale=g["audio_guidance_scale"],
+            audio_stg_scale=g["audio_stg_scale"], audio_modality_scale=g["audio_modality_scale"],
+            audio_guidance_rescale=g["audio_guidance_rescale"], spatio_temporal_guidance_blocks=list(g["stg_blocks"]),
+            use_cross_timestep=g["use_cross_timestep"], max_sequence_length=max_sequence_length(pipe),
+            generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent",
+        )
+        return torch.cat([out.frames.flatten(1), out.audio.flatten(1)], dim=1)
+
+    def decode_video(self, pipe, state, latents):
+        import torch
+
+        video, _ = self._streams(pipe, state, latents)
+        vae = pipe.vae
+        dtype = pipe.transformer.dtype  # the pipeline casts to the prompt embeddings' dtype first
+        video = video.to(dtype)
+        video = pipe._denormalize_latents(video, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        video = video.to(vae.dtype)
+        # The pipeline's defaults: decode_timestep 0 and noise scale 0 (the latents as they are).
+        timestep = torch.zeros(1, device=video.device, dtype=video.dtype) if vae.config.timestep_conditioning else None
+        return vae.decode(video, timestep, return_dict=False)[0]
+
+    def decode_audio(self, pipe, state, latents=None):
+        _, audio = self._streams(pipe, state, latents)
+        mel = pipe.audio_vae.decode(audio.to(pipe.audio_vae.dtype), return_dict=False)[0]
+        waveform = pipe.vocoder(mel)[0]  # [channels, samples]
+        rate = getattr(pipe.vocoder.config, "output_sampling_rate", None) or pipe.audio_sampling_rate
+        return Audio(waveform=waveform.float().clamp(-1, 1).cpu().numpy(), sample_rate=int(rate), frame_rate=FRAME_RATE)
+
+
+FAMILY = LTX2Family()
+
+
+# -- the tiny pipelines ------------------------------------------------------------------------
+TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
+TINY_HEADS = 6  # video and audio (the cross-attention rotary table has the video's head count)
+TINY_HEAD_DIM = 8
+TINY_AUDIO_HEAD_DIM = 4
+TINY_TEXT_DIM = 16  # Gemma 3 hidden size == connectors' caption_channels == transformer's
+TINY_TEXT_LAYERS = 2
+TINY_LATENT_CHANNELS = 8
+TINY_MAX_TEXT = 32  # the tiny tokenizer's limit: the prompt length the pipeline pads to
+TINY_DEFAULTS = {"num_frames": 17, "height": 32, "width": 416}
+
+
+def tiny_transformer(seed: int, **overrides):
+    """An LTX2VideoTransformer3DModel of the tiny geometry (or `overrides`), parameters from `seed`."""
+    import torch
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(in_channels=TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_attention_heads=TINY_HEADS,
+                  attention_head_dim=TINY_HEAD_DIM, audio_in_channels=4, audio_out_channels=4,
+                  audio_num_attention_heads=TINY_HEADS, audio_attention_head_dim=TINY_AUDIO_HEAD_DIM, num_layers=2,
+                  caption_channels=TINY_TEXT_DIM, rope_type="split", perturbed_attn=True, rope_double_precision=False)
+    config.update(overrides)
+    config.setdefault("cross_attention_dim", config["num_attention_heads"] * config["attention_head_dim"])
+    config.setdefault("audio_cross_attention_dim", config["audio_num_attention_heads"] * config["audio_attention_head_dim"])
+    torch.manual_seed(seed)
+    return randomize(LTX2VideoTransformer3DModel(**config), seed)
+
+
+def _tiny_text_encoder(vocab_size: int, seed: int):
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    text = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=TINY_TEXT_DIM, intermediate_size=32,
+                            num_hidden_layers=TINY_TEXT_LAYERS, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=8, max_position_embeddings=64, sliding_window=16, pad_token_id=0,
+                            eos_token_id=1, bos_token_id=1)
+    vision = SiglipVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=8, patch_size=4)
+    # image tokens beyond the vocabulary: text prompts never contain them
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                          boi_token_index=vocab_size + 1, eoi_token_index=vocab_size + 2,
+                          image_token_index=vocab_size + 3)
+    torch.manual_seed(seed)
+    return Gemma3ForConditionalGeneration(config).eval()
+
+
+def _tiny_connectors(seed: int):
+    import torch
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+
+    from raydit.models.tiny import randomize
+
+    torch.manual_seed(seed)
+    connectors = LTX2TextConnectors(
+        caption_channels=TINY_TEXT_DIM, text_proj_in_factor=TINY_TEXT_LAYERS + 1,
+        video_connector_num_attention_heads=2, video_connector_attention_head_dim=8, video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None, audio_connector_num_attention_heads=2,
+        audio_connector_attention_head_dim=8, audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32, rope_type="split",
+        rope_double_precision=False)
+    return randomize(connectors, seed)
+
+
+def _tiny_vaes(seed: int):
+    import torch
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLLTX2Video(
+        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8), decoder_block_out_channels=(8, 8, 8),
+        layers_per_block=(1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True), decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False, False, False, False), downsample_type=("spatiotemporal",) * 3,
+        upsample_type=("spatiotemporal",) * 3, upsample_residual=(False,) * 3, upsample_factor=(1,) * 3,
+        timestep_conditioning=False, patch_size=4, decoder_spatial_padding_mode="zeros",
+    ).eval()  # patch 4 x 2^3 = 32x spatial, 2^3 = 8x temporal
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+        resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8,
+    ).eval()
+    # 8 x 5 x 4 = 160 samples per mel frame: the hop, so the waveform lasts as the video
+    vocoder = LTX2Vocoder(in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[16, 10, 8],
+                          upsample_factors=[8, 5, 4], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+                          leaky_relu_negative_slope=0.1, output_sampling_rate=16000).eval()
+    return vae, audio_vae, vocoder
+
+
+def tiny_pipeline():
+    """The tiny LTX2Pipeline, built in memory."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2Pipeline
+
+    from raydit.models.tiny import SEED, tokenizer
+
+    tok = tokenizer(TINY_MAX_TEXT)
+    vae, audio_vae, vocoder = _tiny_vaes(SEED + 2)
+    # LTX-2's scheduler: dynamic shift by the video token count.
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=1024,
+                                                max_image_seq_len=4096, base_shift=0.95, max_shift=2.05,
+                                                shift_terminal=0.1)
+    return LTX2Pipeline(scheduler=scheduler, vae=vae, audio_vae=audio_vae,
+                        text_encoder=_tiny_text_encoder(len(tok), SEED + 1), tokenizer=tok,
+                        connectors=_tiny_connectors(SEED + 3), transformer=tiny_transformer(SEED + 10), vocoder=vocoder)
+
+
+def tiny_i2v_pipeline():
+    """The tiny LTX2ImageToVideoPipeline: the text-to-video one's components."""
+    from diffusers import LTX2ImageToVideoPipeline
+
+    components = {k: v for k, v in tiny_pipeline().components.items() if v is not None}
+    return LTX2ImageToVideoPipeline(**components)
+
+
+class _WithDefaults:
+    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir reads."""
+
+    def __init__(self, pipe, defaults: dict):
+        self.pipe, self.defaults = pipe, defaults
+
+    def save_pretrained(self, directory) -> None:
+        self.pipe.save_pretrained(directory)
+        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
+
+
+def tiny_pipeline_dir() -> Path:
+    """The directory of `tiny-ltx2`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-ltx2-{TINY_VERSION}", lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+def tiny_i2v_pipeline_dir() -> Path:
+    """The directory of `tiny-ltx2-i2v`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-ltx2-i2v-{TINY_VERSION}",
+                          lambda: _WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+
+
+def ltx2_pipeline(base_dir: str):
+    """The tiny LTX-2 pipeline loaded from its directory (as a real checkpoint is)."""
+    from diffusers import DiffusionPipeline
+
+    from raydit.models.tiny import quiet_hub
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_PIPELINE = "raydit.models.families.ltx2:ltx2_pipeline"
+
+# 17 frames at 32 x 416: 3 x 1 x 13 = 39 video tokens, 18 audio tokens; block 1 of 2 is STG's.
+TINY_REQUEST = dict(prompt="a red fox barks", negative_prompt="blur", num_frames=17, height=32, width=416,
+                    num_inference_steps=2, guidance_scale=3.0, seed=11, guidance_options={"stg_blocks": (1,)})
+NO_STG_NO_MODALITY = {"stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0, "audio_modality_scale": 1.0}
+
+
+_BUILD_FORWARD = "raydit.models.families.ltx2:ltx2_forward"
+
+
+def ltx2_forward(latent_frames: int, latent_height: int, latent_width: int, audio_frames: int, valid: tuple,
+                 text_len: int = 11, seed: int = 31, **call):
+    """A tiny-weight LTX2VideoTransformer3DModel and the kwargs of one forward call: packed video
+    [B, F*H*W, 8] and audio [B, audio_frames, 4] latents, one sample per entry of `valid` (its
+    unmasked prompt tokens), `call`: further forward arguments (STG blocks, isolate_modalities)."""
+    import torch
+
+    transformer = tiny_transformer(seed)
+    g = torch.Generator().manual_seed(7)
+    batch = len(valid)
+    kwargs = dict(
+        hidden_states=torch.randn(batch, latent_frames * latent_height * latent_width, TINY_LATENT_CHANNELS,
+                                  generator=g),
+        audio_hidden_states=torch.randn(batch, audio_frames, 4, generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        audio_encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0][:batch]),
+        encoder_attention_mask=(torch.arange(text_len).unsqueeze(0) >= text_len - torch.tensor(valid).unsqueeze(1)).long(),
+        num_frames=latent_frames, height=latent_height, width=latent_width, fps=FRAME_RATE, audio_num_frames=audio_frames,
+        use_cross_timestep=True,
+    )
+    kwargs["sigma"] = kwargs["timestep"]
+    kwargs["audio_encoder_attention_mask"] = kwargs["encoder_attention_mask"]
+    kwargs.update(call)
+    return transformer, kwargs
+
+
+def forward_cases() -> list:
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 1 x 13 = 39 video tokens (only 3 of 2..8 divides them), 18 audio tokens, 6 heads,
+        # left-padded prompts of different lengths (Gemma's padding side)
+        ForwardCase("ltx2-h6-39tokens", _BUILD_FORWARD, TINY_HEADS,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(4, 11))),
+        # the guidance passes' switches: block 1's self-attention skipped (STG) and no audio<->video attention
+        ForwardCase("ltx2-stg-isolated", _BUILD_FORWARD, TINY_HEADS,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(7,),
+                         spatio_temporal_guidance_blocks=[1], isolate_modalities=True), worlds=(2,)),
+    ]
+
+
+def runner_cases(base_dir: str, i2v_dir: str | None = None) -> list:
+    """The main case on 2 and 4 ranks (the suite's time budget: its forward case runs every
+    world): Ulysses, ring, hybrid, uneven chunks (39 tokens) and cfg 2 (the main pass on one
+    group, the perturbed passes on the other); its variants on one world each."""
+    from raydit.models.conformance import RunnerCase
+
+    cases = [
+        RunnerCase("ltx2-t2v", _BUILD_PIPELINE, TINY_HEADS, dict(TINY_REQUEST), dict(base_dir=base_dir),
+                   worlds=(2, 4)),
+        # guidance without the perturbed passes: one branch runs the whole step
+        RunnerCase("ltx2-t2v-cfg-only", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(TINY_REQUEST, seed=12, guidance_options=NO_STG_NO_MODALITY), dict(base_dir=base_dir),
+                   cfg=False, worlds=(3,)),
+    ]
+    if i2v_dir is not None:
+        # the image's 13 tokens at timestep 0: per-token modulations split with the tokens
+        cases.append(RunnerCase(
+            "ltx2-i2v", _BUILD_PIPELINE, TINY_HEADS,
+            dict(TINY_REQUEST, prompt="a kite climbs", seed=13, guidance_options={"stg_blocks": (0,), "image_crf": 0}),
+            dict(base_dir=i2v_dir), image="checker", worlds=(2,)))
+    return cases
+
