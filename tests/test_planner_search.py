@@ -825,3 +825,21 @@ def test_model_rates_bad_figures_are_refused_in_one_line():
         dataclasses.replace(h200, model_rates=(("k", 100.0),))
     # Lists (a cluster file) are stored as tuples.
     assert dataclasses.replace(h200, model_rates=[["k", 1, 2, 3]]).model_rates == (("k", 1.0, 2.0, 3.0),)
+
+
+def test_samples_per_branch_scale_the_work_of_a_step():
+    """LTX-2 carries two samples in each of its two guidance branches ([negative, positive];
+    the STG and modality passes): a step is four samples' work, two per group with cfg 2."""
+    spec = model_spec("ltx-2")
+    assert spec.samples_per_branch == 2 and spec.cfg_branches == 2
+    single = dataclasses.replace(spec, samples_per_branch=1)
+    assert single.calibration_key != spec.calibration_key
+    for cfg in (1, 2):
+        four = plan(spec, gpus=2 * cfg, gpu_type="H100", ulysses=2, ring=1, cfg=cfg).best
+        two = plan(single, gpus=2 * cfg, gpu_type="H100", ulysses=2, ring=1, cfg=cfg).best
+        # Twice the samples: about twice the compute (a little less: larger GEMMs fill more of a wave).
+        assert 1.8 < four.cost.compute / two.cost.compute <= 2.0 + 1e-9, cfg
+        assert four.memory_gb_per_gpu >= two.memory_gb_per_gpu  # (here the decode sets the peak)
+    off = plan(spec, gpus=2, gpu_type="H100", ulysses=2, ring=1, guidance=False).best
+    assert off.cost.compute == pytest.approx(plan(single, gpus=2, gpu_type="H100", ulysses=2, ring=1,
+                                                  guidance=False).best.cost.compute)

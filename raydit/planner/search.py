@@ -429,7 +429,8 @@ class _Layouts:
         if sp > geo.video_tokens:
             return reject("tokens", f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video "
                           "tokens; every rank must hold video tokens: use fewer devices")
-        b = costmod.batch_per_group(self.guidance, C)
+        # Samples one group carries per step: its branches, each of the model's samples per branch.
+        b = costmod.batch_per_group(self.guidance, C) * (spec.samples_per_branch if self.guidance else 1)
         # The largest rank: rank 0 (text encoder), with the decode split over the replica.
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0, decode_ranks=C * sp)
         resident_gb, offload_gb = base_gb, 0.0

@@ -369,6 +369,7 @@ class LTX2Family(Family):
             vae_params=params("vae", "audio_vae", "vocoder"),
             default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
             default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
+            samples_per_branch=2,  # [negative, positive] on one branch, the STG and modality passes on the other
         )
 
     def conformance_cases(self, base_dirs):
