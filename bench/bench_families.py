@@ -14,6 +14,13 @@ configs, cut to `--layers` blocks):
                 patch 1, 128 latent channels; 512 x 768 (16 x 24 = 384 tokens a latent
                 frame), 4 latent frames = 1,536 tokens (packed), 128 text tokens by
                 cross-attention.
+  ltx2          LTX2VideoTransformer3DModel(rope_type="split"), the LTX-2 (19B) block: video
+                32 heads x 128 (hidden 4096, FFN 16384) and audio 32 x 64 (hidden 2048) in the
+                same `--layers` blocks, video<->audio attention between them; 512 x 768 (32x
+                VAE: 16 x 24 tokens a latent frame), 4 latent frames = 1,536 video tokens (25
+                pixel frames at 24 fps) and their 26 audio tokens (25 a second), 1024 Gemma 3
+                tokens cross-attended by both streams; the guidance batch of one sample. Video
+                split over the ranks, audio whole on each (raydit/models/families/ltx2.py).
 Every round runs 1 rank (rank 1 waits in a barrier), Ulysses 2, ring 2 and "both alone" (each
 rank runs the whole 1-rank step at once, no communication: 2 x baseline / both-alone is the
 compute-only ceiling of a 2-rank speedup in that round), in an order that rotates by round.
@@ -37,7 +44,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
 
-FAMILIES = ("hunyuanvideo", "ltx")
+FAMILIES = ("hunyuanvideo", "ltx", "ltx2")
 CONFIGS = ("1 rank", "ulysses 2", "ring 2", "both alone")
 DEGREES = {"ulysses 2": (2, 1), "ring 2": (1, 2)}
 TOL = dict(rtol=1e-3, atol=1e-3)
@@ -45,7 +52,7 @@ CLEAN = 0.15
 TARGET = 1.9  # issue 15's 2-rank target for the CogVideoX-shaped step, shown for comparison
 # xDiT's HunyuanVideo table (FIELD.md): 1280 x 720, 129 frames, 50 steps on H100, s / video.
 XDIT_HUNYUAN = {1: 1904.0, 2: 925.0, 4: 514.0, 8: 338.0}
-HUNYUAN_TEXT, HUNYUAN_VALID, LTX_TEXT = 256, 37, 128
+HUNYUAN_TEXT, HUNYUAN_VALID, LTX_TEXT, LTX2_TEXT = 256, 37, 128, 1024
 
 
 def build(family: str, layers: int, frames: int):
@@ -77,7 +84,29 @@ def build(family: str, layers: int, frames: int):
                       timestep=torch.tensor([700.0]), encoder_attention_mask=torch.ones(1, LTX_TEXT, dtype=torch.long),
                       num_frames=lf, height=h, width=w, rope_interpolation_scale=(8 / 25, 32, 32))
         return model, kwargs, tokens
+    if family == "ltx2":
+        from diffusers import LTX2VideoTransformer3DModel
+
+        model = LTX2VideoTransformer3DModel(num_layers=layers, rope_type="split").eval()
+        lf = 4 * frames
+        h, w = 512 // 32, 768 // 32
+        tokens = lf * h * w
+        audio = round(((lf - 1) * 8 + 1) / 24 * 25)  # 25 audio latents a second of 24 fps video
+        sigma = torch.tensor([0.7])
+        kwargs = dict(hidden_states=torch.randn(1, tokens, 128, generator=g),
+                      audio_hidden_states=torch.randn(1, audio, 128, generator=g),
+                      encoder_hidden_states=torch.randn(1, LTX2_TEXT, 3840, generator=g),
+                      audio_encoder_hidden_states=torch.randn(1, LTX2_TEXT, 3840, generator=g),
+                      timestep=sigma * 1000, sigma=sigma, encoder_attention_mask=torch.ones(1, LTX2_TEXT, dtype=torch.long),
+                      audio_encoder_attention_mask=torch.ones(1, LTX2_TEXT, dtype=torch.long),
+                      num_frames=lf, height=h, width=w, fps=24.0, audio_num_frames=audio, use_cross_timestep=True)
+        return model, kwargs, tokens
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def build_tokens(family: str, frames: int) -> int:
+    """Video tokens of `build` (without building the model)."""
+    return frames * 30 * 53 if family == "hunyuanvideo" else 4 * frames * 16 * 24
 
 
 def worker(rank: int, world: int, family: str, layers: int, frames: int, rounds: int, warmup: int,
@@ -142,7 +171,8 @@ def predictions() -> dict:
     from raydit.planner.decode import decode_cost
 
     out = {}
-    requests = {"hunyuanvideo": ("hunyuanvideo", 129, 720, 1280), "ltx": ("ltx-video-2b", 161, 512, 704)}
+    requests = {"hunyuanvideo": ("hunyuanvideo", 129, 720, 1280), "ltx": ("ltx-video-2b", 161, 512, 704),
+                "ltx2": ("ltx-2", 121, 512, 768)}
     dev = device_type("H100")
     for family, (model, frames, height, width) in requests.items():
         spec = model_spec(model)
@@ -176,6 +206,7 @@ def run(families: list[str], layers: int, frames: int, rounds: int, warmup: int,
         used = clean if len(clean) >= 3 else measured
         base = [r["1 rank"]["seconds"] for r in used]
         case = {"family": family, "layers": layers, "latent_frames": frames if family == "hunyuanvideo" else 4 * frames,
+                "tokens": build_tokens(family, frames),
                 "clean_rounds": len(clean), "figures_from": "clean rounds" if used is clean else "all rounds",
                 "rounds": measured, "wall_seconds": round(time.perf_counter() - t0, 1), "configs": {},
                 "max_abs_diff": {n: max(r["max_abs_diff"][n] for r in measured) for n in DEGREES}}
@@ -204,11 +235,16 @@ def run(families: list[str], layers: int, frames: int, rounds: int, warmup: int,
 def markdown(res: dict) -> str:
     m = res["machine"]
     lines = [
-        "# HunyuanVideo- and LTX-shaped steps: 1 rank vs 2 ranks; the cost model on H100",
+        "# HunyuanVideo-, LTX- and LTX-2-shaped steps: 1 rank vs 2 ranks; the cost model on H100",
         "",
         f"`{res['command']}` on {m.get('cpu_count', '?')} CPUs ({m.get('processor', '?')}), one thread per process, "
         "gloo, float32, random weights, real layer shapes (bench/bench_families.py says which).",
         "",
+    ]
+    others = [c for c in res["cases"] if c.get("command", res["command"]) != res["command"]]
+    if others:
+        lines += [f"Rows of {c['family']} from an earlier run: `{c['command']}`." for c in others] + [""]
+    lines += [
         "| family | plan | step (s) | 1 rank (s) | speedup | CPU-time split | ceiling | max abs diff | rounds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -231,8 +267,26 @@ def markdown(res: dict) -> str:
             lines += ["", f"HunyuanVideo's {t} text tokens are whole on every rank (its dual-stream blocks' text "
                       f"stream and the text rows of every single-stream block run on both ranks), so with {v} video "
                       f"tokens a rank does (V / 2 + T) / (V + T) of the work: the best split is {best:.2f}x, and "
-                      f"{best:.2f}x x the ceiling's {ceil / 2:.2f} = {best * ceil / 2:.2f}x is what 2 ranks can reach "
+                      f"{best:.2f}x x the ceiling's {ceil / 2:.2f} = {best * ceil / 2:.2f}x is about what 2 ranks can reach "
                       "here; more video tokens (frames, resolution) bring it toward the ceiling."]
+        if c["family"] == "ltx2":
+            # Per block, GEMM FLOP: the video stream splits (self-attention q k v o, cross-attention
+            # q o, FFN 4096 -> 16384 -> 4096), the text keys and values of both streams' cross-attention
+            # (1024 tokens) do not; the audio stream (26 tokens) is whole too but small.
+            # Outside the blocks, once a forward: the prompt's projection to each stream (PixArt-style,
+            # two linears: 3840 -> width -> width), whole on every rank too.
+            v, t, h, a, f, cap = c.get("tokens", 1536), LTX2_TEXT, 4096, 2048, 16384, 3840
+            layers = c["layers"]
+            split = layers * 2 * v * (6 * h * h + 2 * h * f)
+            whole = layers * 2 * t * 2 * (h * h + a * a) + 2 * t * (cap * h + h * h + cap * a + a * a)
+            best = (split + whole) / (split / 2 + whole)
+            ceil = c["configs"]["both alone"]["ceiling"]["median"]
+            lines += ["", f"LTX-2's {t} text tokens are whole on every rank: their keys and values in both streams' "
+                      "cross-attention and, once a forward, their projection to each stream (its audio stream too, "
+                      f"but small): {whole / 1e9:.0f} of the {(split + whole) / 1e9:.0f} GFLOP of GEMMs a forward of "
+                      f"{layers} block(s) does at {v} video tokens, so the best 2-rank split is {best:.2f}x, and "
+                      f"{best:.2f}x x the ceiling's {ceil / 2:.2f} = {best * ceil / 2:.2f}x is about what 2 ranks can reach "
+                      "here; more blocks and more video tokens bring it toward the ceiling."]
     lines += ["", "Cost model, H100, end to end as published systems run it (decode on one GPU, tiled):", "",
               "| family | request | GPUs | layout | predicted s / video | xDiT published | error |", "|---|---|---|---|---|---|---|"]
     for family, p in res["h100"].items():
@@ -271,6 +325,13 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     res = run(args.families, args.layers, args.frames, args.rounds, args.warmup, args.max_wait)
     res["command"] = "python bench/bench_families.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    # Families not run this time keep their rows from the file (each says its own command).
+    old = benchlib.read_json("families", out) or {}
+    kept = [dict(c, command=c.get("command", old.get("command", "?"))) for c in old.get("cases", [])
+            if c["family"] not in args.families]
+    for c in res["cases"]:
+        c["command"] = res["command"]
+    res["cases"] = kept + res["cases"]
     benchlib.write_json("families", res, out)
     (out / "families.md").write_text(markdown(res))
     print(f"wrote {out / 'families.json'} and {out / 'families.md'}")

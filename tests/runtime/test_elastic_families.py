@@ -1,5 +1,6 @@
 """The elastic runtime with the other families (issue 18): a rank killed mid-generation on
-tiny-hunyuan (HunyuanVideo, true CFG on cfg 2) and tiny-ltx (LTX-Video, ring 2), and the run
+tiny-hunyuan (HunyuanVideo, true CFG on cfg 2), tiny-ltx (LTX-Video, ring 2) and tiny-ltx2 (LTX-2
+with its audio, cfg 2), and the run
 resumes from the last step's checkpoint and returns the fault-free latents (rtol 1e-4,
 atol 1e-4, the runtime tests' tolerance). The runtime has no family-specific code: the same
 Engine, pool and checkpoints as CogVideoX's (tests/runtime/test_elastic.py, test_faults.py).
@@ -18,6 +19,8 @@ CASES = {
     # model: (Engine options, generate options)
     "tiny-hunyuan": (dict(workers=2, cfg=2), dict(negative_prompt="blur", true_cfg_scale=4.0)),
     "tiny-ltx": (dict(workers=2, ring=2), dict()),
+    # LTX-2: its two guidance branches on two groups, video and audio latents in one tensor.
+    "tiny-ltx2": (dict(workers=2, cfg=2), dict()),
 }
 
 
@@ -57,3 +60,7 @@ def test_rank_killed_mid_generation_resumes_with_the_same_latents(ray_local, mod
     assert "regrouped" in kinds, result.events
     torch.testing.assert_close(torch.from_numpy(result.latents), torch.from_numpy(reference.latents), **TOL)
     assert result.frames.shape == reference.frames.shape
+    if reference.audio is not None:  # the sound decoded from the recovered latents too
+        assert result.audio is not None and result.audio.sample_rate == reference.audio.sample_rate
+        torch.testing.assert_close(torch.as_tensor(result.audio.waveform), torch.as_tensor(reference.audio.waveform),
+                                   **TOL)
