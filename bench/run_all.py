@@ -51,7 +51,7 @@ SUITE = {
                                          "--max-wait", "10"]),
     "decode-e2e": ("bench_decode.py", None, ["--end-to-end", "--layers", "2", "--steps", "2", "--rounds", "2",
                                              "--max-wait", "10"]),
-    "families": ("bench_families.py", None, ["--families", "hunyuanvideo", "ltx", "--rounds", "3", "--max-wait", "10"]),
+    "families": ("bench_families.py", None, ["--families", "hunyuanvideo", "ltx", "ltx2", "--rounds", "3", "--max-wait", "10"]),
     "serve": ("bench_serve.py", None, ["--requests", "16", "--steps", "4", "--rounds", "3"]),
     "serve-short": ("bench_serve.py", None, ["--requests", "16", "--steps", "1", "--rounds", "10", "--name", "serve-short"]),
     # The same with the client that lists the burst every 0.25 s instead of long-polling.
