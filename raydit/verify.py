@@ -122,16 +122,14 @@ def float64_reference(model_dir: str, request, steps: int, run_dtype: str) -> np
     holds float64 weights of the whole pipeline: fine for the small models verify is for."""
     import torch
 
+    from raydit.models.conformance import run_steps
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
     pipe = load_pipeline(model_dir, device="cpu", dtype=torch.float64)
     runner = Runner(pipe, device="cpu", dtype=torch.float64, init_dtype=getattr(torch, run_dtype))
     try:
-        state = runner.prepare(request)
-        for _ in range(steps):
-            state = runner.step(state)
-        return state.latents.to(torch.float64).numpy()
+        return run_steps(runner, request, steps).latents.to(torch.float64).numpy()
     finally:
         runner.close()
 

@@ -86,9 +86,20 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("argv,message", BAD)
-def test_bad_input_one_line_exit_2(capsys, argv, message):
-    code, out, err = run(capsys, "plan", *argv)
+DOCTOR_BAD = [
+    (["--model", "tiny"], "--model, --frames, --height and --width go with --calibrate"),
+    (["--calibrate", "--frames", "9"], "give --model DIR"),
+    (["--calibrate", "--model", "wan2.1-t2v-1.3b"], "has no weights here; download its diffusers checkpoint"),
+    (["--calibrate", "--model", "/nonexistent/wan"], "unknown model '/nonexistent/wan'"),
+    (["--calibrate", "--model", "tiny", "--frames", "10"], "frames 10 cannot be taken by the VAE"),
+]
+
+
+# `doctor --calibrate --model`'s are refused before any Ray or device work starts.
+@pytest.mark.parametrize("command,argv,message",
+                         [("plan", a, m) for a, m in BAD] + [("doctor", a, m) for a, m in DOCTOR_BAD])
+def test_bad_input_one_line_exit_2(capsys, command, argv, message):
+    code, out, err = run(capsys, command, *argv)
     assert code == 2 and out == ""
     assert err.startswith("raydit: error: ") and err.count("\n") == 1, err
     assert message in err
@@ -125,20 +136,3 @@ def test_world_size_option(capsys):
     cands = json.loads(out)["candidates"]
     assert cands and all(p["world_size"] == 4 and p["replicas"] == 1 for p in cands)
 
-
-DOCTOR_BAD = [
-    (["--model", "tiny"], "--model, --frames, --height and --width go with --calibrate"),
-    (["--calibrate", "--frames", "9"], "give --model DIR"),
-    (["--calibrate", "--model", "wan2.1-t2v-1.3b"], "has no weights here; download its diffusers checkpoint"),
-    (["--calibrate", "--model", "/nonexistent/wan"], "unknown model '/nonexistent/wan'"),
-    (["--calibrate", "--model", "tiny", "--frames", "10"], "frames 10 cannot be taken by the VAE"),
-]
-
-
-@pytest.mark.parametrize("argv,message", DOCTOR_BAD)
-def test_doctor_model_calibration_bad_input_one_line_exit_2(capsys, argv, message):
-    """Refused before any Ray or device work starts."""
-    code, out, err = run(capsys, "doctor", *argv)
-    assert code == 2 and out == ""
-    assert err.startswith("raydit: error: ") and err.count("\n") == 1, err
-    assert message in err

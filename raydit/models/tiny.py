@@ -42,6 +42,36 @@ def quiet_hub():
         transformers.utils.logging.set_verbosity(level)
 
 
+# A tiny pipeline directory's own request defaults (frames, height, width), beside its
+# model_index.json; a family's spec_from_dir reads them.
+DEFAULTS_FILE = "raydit_defaults.json"
+
+
+class WithDefaults:
+    """Saves `pipe` and, beside its model_index.json, the request `defaults` (DEFAULTS_FILE):
+    what write_pipeline calls is save_pretrained."""
+
+    def __init__(self, pipe, defaults: dict):
+        self.pipe, self.defaults = pipe, defaults
+
+    def save_pretrained(self, directory) -> None:
+        import json
+
+        self.pipe.save_pretrained(directory)
+        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
+
+
+def load_pipeline_dir(base_dir: str):
+    """A tiny pipeline loaded from its directory with from_pretrained (as a real checkpoint
+    is), quietly, its progress bar off."""
+    from diffusers import DiffusionPipeline
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def randomize(model, seed: int, scale: float = 0.2):
     """Re-draw every parameter from `seed`. diffusers initialises some output layers to zero
     (adaptive-norm gates, final projections); those would make every parallel test pass

@@ -72,13 +72,13 @@ from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 VIDEO = 0  # the only part split across the blocks
 
 # The pipeline's request defaults (HunyuanVideoPipeline.__call__); a directory may carry its
 # own in DEFAULTS_FILE (the tiny built-ins do: 129 x 720 x 1280 is far too big for them).
 PIPELINE_DEFAULTS = {"num_frames": 129, "height": 720, "width": 1280}
-DEFAULTS_FILE = "raydit_defaults.json"
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default text length (Llama tokens after the crop)
 _MASK_CACHE = "__hunyuanvideo_text_valid__"
 I2V = "HunyuanVideoImageToVideoPipeline"
@@ -637,24 +637,12 @@ def tiny_pipeline():
     )
 
 
-class _WithDefaults:
-    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir
-    reads (what write_pipeline calls is save_pretrained)."""
-
-    def __init__(self, pipe, defaults: dict):
-        self.pipe, self.defaults = pipe, defaults
-
-    def save_pretrained(self, directory) -> None:
-        self.pipe.save_pretrained(directory)
-        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
-
-
 def tiny_pipeline_dir() -> Path:
     """The directory of `tiny-hunyuan`, written once to the cache."""
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-hunyuan-{TINY_VERSION}",
-                          lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
 
 
 # -- the tiny image-to-video pipeline -----------------------------------------------------------
@@ -742,7 +730,7 @@ def tiny_i2v_pipeline_dir() -> Path:
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-hunyuan-i2v-{TINY_I2V_VERSION}",
-                          lambda: _WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
 
 
 # -- conformance -------------------------------------------------------------------------------
@@ -778,14 +766,7 @@ def hunyuan_forward(latent_frames: int, latent_height: int, latent_width: int, h
 
 def hunyuan_pipeline(base_dir: str):
     """The tiny HunyuanVideo pipeline loaded from its directory (as a real checkpoint is)."""
-    from diffusers import DiffusionPipeline
-
-    from raydit.models.tiny import quiet_hub
-
-    with quiet_hub():
-        pipe = DiffusionPipeline.from_pretrained(base_dir)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_pipeline_dir(base_dir)
 
 
 def forward_cases() -> list:

@@ -58,6 +58,7 @@ from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -66,7 +67,6 @@ T2V, I2V = "HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline"
 # target_size at 16:9 (480p: 480 x 848, 720p: 720 x 1280). A directory may carry its own
 # request defaults in DEFAULTS_FILE (the tiny built-ins do).
 DEFAULT_FRAMES = 121
-DEFAULTS_FILE = "raydit_defaults.json"
 # The text the blocks attend: Qwen tokens after the template crop, ByT5 tokens, and the
 # image tokens (SigLIP's 729 for I2V; 729 masked zeros for T2V): all padded lengths.
 QWEN_TOKENS, BYT5_TOKENS, IMAGE_TOKENS = 1000, 256, 729
@@ -601,24 +601,12 @@ def tiny_pipeline(image: bool = False):
     return HunyuanVideo15ImageToVideoPipeline(**parts, image_encoder=encoder, feature_extractor=processor)
 
 
-class _WithDefaults:
-    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir
-    reads (what write_pipeline calls is save_pretrained)."""
-
-    def __init__(self, pipe, defaults: dict):
-        self.pipe, self.defaults = pipe, defaults
-
-    def save_pretrained(self, directory) -> None:
-        self.pipe.save_pretrained(directory)
-        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
-
-
 def tiny_pipeline_dir() -> Path:
     """The directory of `tiny-hunyuan15`, written once to the cache."""
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-hunyuan15-{TINY_VERSION}",
-                          lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
 
 
 def tiny_i2v_pipeline_dir() -> Path:
@@ -626,7 +614,7 @@ def tiny_i2v_pipeline_dir() -> Path:
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-hunyuan15-i2v-{TINY_VERSION}",
-                          lambda: _WithDefaults(tiny_pipeline(image=True), TINY_DEFAULTS))
+                          lambda: WithDefaults(tiny_pipeline(image=True), TINY_DEFAULTS))
 
 
 # -- conformance -------------------------------------------------------------------------------
@@ -665,14 +653,7 @@ def hunyuan15_forward(latent_frames: int, latent_height: int, latent_width: int,
 
 def hunyuan15_pipeline(base_dir: str):
     """A tiny HunyuanVideo 1.5 pipeline loaded from its directory (as a real checkpoint is)."""
-    from diffusers import DiffusionPipeline
-
-    from raydit.models.tiny import quiet_hub
-
-    with quiet_hub():
-        pipe = DiffusionPipeline.from_pretrained(base_dir)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_pipeline_dir(base_dir)
 
 
 def forward_cases() -> list:

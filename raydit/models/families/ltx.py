@@ -34,11 +34,11 @@ from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 VIDEO = 0  # the layout's only part
 
 PIPELINE_DEFAULTS = {"num_frames": 161, "height": 512, "width": 704}  # LTXPipeline.__call__'s
-DEFAULTS_FILE = "raydit_defaults.json"  # a directory's own request defaults (the tiny built-in's)
 MAX_SEQUENCE_LENGTH = 128  # the pipeline's default
 FRAME_RATE = 25  # the pipeline's default (rotary interpolation in time)
 
@@ -361,22 +361,11 @@ def tiny_i2v_pipeline():
     return LTXImageToVideoPipeline(**tiny_pipeline().components)
 
 
-class _WithDefaults:
-    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir reads."""
-
-    def __init__(self, pipe, defaults: dict):
-        self.pipe, self.defaults = pipe, defaults
-
-    def save_pretrained(self, directory) -> None:
-        self.pipe.save_pretrained(directory)
-        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
-
-
 def tiny_pipeline_dir() -> Path:
     """The directory of `tiny-ltx`, written once to the cache."""
     from raydit.models.tiny import cache_root, write_pipeline
 
-    return write_pipeline(cache_root() / f"tiny-ltx-{TINY_VERSION}", lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+    return write_pipeline(cache_root() / f"tiny-ltx-{TINY_VERSION}", lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
 
 
 def tiny_i2v_pipeline_dir() -> Path:
@@ -384,7 +373,7 @@ def tiny_i2v_pipeline_dir() -> Path:
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-ltx-i2v-{TINY_VERSION}",
-                          lambda: _WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
 
 
 # -- conformance -------------------------------------------------------------------------------
@@ -415,14 +404,7 @@ def ltx_forward(latent_frames: int, latent_height: int, latent_width: int, heads
 
 def ltx_pipeline(base_dir: str):
     """The tiny LTX pipeline loaded from its directory (as a real checkpoint is)."""
-    from diffusers import DiffusionPipeline
-
-    from raydit.models.tiny import quiet_hub
-
-    with quiet_hub():
-        pipe = DiffusionPipeline.from_pretrained(base_dir)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_pipeline_dir(base_dir)
 
 
 def forward_cases() -> list:

@@ -55,9 +55,9 @@ from pathlib import Path
 
 from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Audio, Family, Prepared
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
-DEFAULTS_FILE = "raydit_defaults.json"  # a directory's own request defaults (the tiny built-ins')
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default (a tokenizer with a smaller limit: its own)
 FRAME_RATE = 24.0  # the pipeline's default (audio length, rotary positions in time)
 STG_BLOCK = 28  # the pipeline's default spatio_temporal_guidance_blocks = [28]
@@ -832,22 +832,11 @@ def tiny_i2v_pipeline():
     return LTX2ImageToVideoPipeline(**components)
 
 
-class _WithDefaults:
-    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir reads."""
-
-    def __init__(self, pipe, defaults: dict):
-        self.pipe, self.defaults = pipe, defaults
-
-    def save_pretrained(self, directory) -> None:
-        self.pipe.save_pretrained(directory)
-        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
-
-
 def tiny_pipeline_dir() -> Path:
     """The directory of `tiny-ltx2`, written once to the cache."""
     from raydit.models.tiny import cache_root, write_pipeline
 
-    return write_pipeline(cache_root() / f"tiny-ltx2-{TINY_VERSION}", lambda: _WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+    return write_pipeline(cache_root() / f"tiny-ltx2-{TINY_VERSION}", lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
 
 
 def tiny_i2v_pipeline_dir() -> Path:
@@ -855,19 +844,12 @@ def tiny_i2v_pipeline_dir() -> Path:
     from raydit.models.tiny import cache_root, write_pipeline
 
     return write_pipeline(cache_root() / f"tiny-ltx2-i2v-{TINY_VERSION}",
-                          lambda: _WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
 
 
 def ltx2_pipeline(base_dir: str):
     """The tiny LTX-2 pipeline loaded from its directory (as a real checkpoint is)."""
-    from diffusers import DiffusionPipeline
-
-    from raydit.models.tiny import quiet_hub
-
-    with quiet_hub():
-        pipe = DiffusionPipeline.from_pretrained(base_dir)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_pipeline_dir(base_dir)
 
 
 # -- conformance -------------------------------------------------------------------------------

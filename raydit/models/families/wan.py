@@ -27,6 +27,7 @@ import functools
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 VIDEO = 0  # the layout's only part
 
@@ -400,7 +401,6 @@ TINY_IMAGE_SIZE = 32  # CLIP input; patches of 8 -> 16 + 1 image tokens
 # The pipelines' request defaults (81 x 480 x 832); a directory may carry its own in
 # DEFAULTS_FILE (the tiny built-ins do: 32760 video tokens are far too many for them).
 PIPELINE_DEFAULTS = {"num_frames": 81, "height": 480, "width": 832}
-DEFAULTS_FILE = "raydit_defaults.json"
 TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
 TINY_TI2V_DEFAULTS = {"num_frames": 9, "height": 64, "width": 96}  # 16x VAE: 3 x 2 x 3 = 18
 
@@ -542,22 +542,7 @@ def tiny_pipeline_dir(name: str = "tiny-wan"):
         raise ValueError(f"no tiny Wan pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
     defaults = TINY_TI2V_DEFAULTS if TINY_VARIANTS[name].get("vae") == "wan2.2" else TINY_DEFAULTS
     return write_pipeline(cache_root() / f"{name}-{WAN_TINY_VERSION}",
-                          lambda: _WithDefaults(tiny_pipeline(name), defaults))
-
-
-class _WithDefaults:
-    """Saves a pipeline and, beside its model_index.json, the request defaults spec_from_dir
-    reads (what write_pipeline calls is save_pretrained)."""
-
-    def __init__(self, pipe, defaults: dict):
-        self.pipe, self.defaults = pipe, defaults
-
-    def save_pretrained(self, directory) -> None:
-        import json
-        from pathlib import Path
-
-        self.pipe.save_pretrained(directory)
-        (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
+                          lambda: WithDefaults(tiny_pipeline(name), defaults))
 
 
 # -- conformance -------------------------------------------------------------------------------
@@ -622,14 +607,7 @@ _BUILD_PIPELINE = "raydit.models.families.wan:wan_pipeline"
 
 def wan_pipeline(base_dir: str):
     """A tiny Wan pipeline loaded from its directory (as a real checkpoint is)."""
-    from diffusers import DiffusionPipeline
-
-    from raydit.models.tiny import quiet_hub
-
-    with quiet_hub():
-        pipe = DiffusionPipeline.from_pretrained(base_dir)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_pipeline_dir(base_dir)
 
 
 def runner_cases(base_dirs) -> list:
