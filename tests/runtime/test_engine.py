@@ -312,8 +312,10 @@ def test_replicas_follow_the_queue(ray_local, engine4):
         again = engine.generate("a red fox running through fresh snow", num_inference_steps=STEPS, seed=31,
                                 progress=False)
     assert [(e["replica"], e["replicas"]) for e in added] == [(1, 2)] and added[0]["waited"] >= 0.2
-    assert [(e["replica"], e["replicas"]) for e in removed] == [(1, 1)] and removed[0]["idle"] >= 1.0
-    assert left == [0]
+    # Either replica may be the one idle long enough first; the other one stays and serves.
+    assert [e["replicas"] for e in removed] == [1] and removed[0]["idle"] >= 1.0
+    assert len(left) == 1 and {removed[0]["replica"], left[0]} == {0, 1}
+    assert again.replica == left[0]
     assert {r.replica for r in results.values()} == {0, 1}  # the queue ran on both
     for seed, result in results.items():
         torch.testing.assert_close(torch.from_numpy(result.latents), expected[seed], rtol=RTOL, atol=ATOL)
