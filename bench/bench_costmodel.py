@@ -64,7 +64,7 @@ def published_step(model, gpu_type: str, gpus: int, frames: int, height: int, wi
     best = result.best
     dev = device_type(gpu_type)
     link = costmod.Link(dev.link_gb_s, dev.link_latency_us, dev.link_kind)
-    b = costmod.batch_per_group(result.branches == 2, best.cfg)
+    b = costmod.batch_per_group(result.branches, best.cfg)
     c = costmod.step_cost(spec, result.geometry, best.ulysses, best.ring, best.cfg, b, dev.flops_per_second,
                           link, link, link, head_chunks=1,
                           attn_flops_per_s=dev.attention_flops_per_second(spec.head_dim),

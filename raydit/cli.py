@@ -46,7 +46,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="devices per node for --gpus (default: the type's usual node, 8 for H100)")
     p.add_argument("--ulysses", type=int, help="force the Ulysses degree")
     p.add_argument("--ring", type=int, help="force the ring degree")
-    p.add_argument("--cfg", type=int, help="force the CFG degree (1 or 2)")
+    p.add_argument("--cfg", type=int, help="force the CFG (guidance branch) degree: 1, 2, or 4 for LTX-2")
     p.add_argument("--replicas", type=int, help="force the number of replicas")
     p.add_argument("--world-size", dest="world_size", type=int,
                    help="only layouts that use exactly this many devices")

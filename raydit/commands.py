@@ -81,7 +81,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
     p.add_argument("--ulysses", type=int)
     p.add_argument("--ring", type=int)
-    p.add_argument("--cfg", type=int, choices=[1, 2])
+    p.add_argument("--cfg", type=int, choices=[1, 2, 4])
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--out", help="mp4 to write (default video.mp4)")
     p.add_argument("--save-latents", dest="save_latents", help="write the final latents as .npy")
@@ -153,8 +153,8 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
     if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
-    if opts.get("cfg") not in (None, 1, 2):  # the command line's choices; a --config file skips them
-        raise ValueError(f"--cfg {opts['cfg']} must be 1 or 2")
+    if opts.get("cfg") not in (None, 1, 2, 4):  # the command line's choices; a --config file skips them
+        raise ValueError(f"--cfg {opts['cfg']} must be 1, 2 or 4 (4: LTX-2's four guidance branches)")
     from raydit.models.lora import lora_options
 
     opts["lora_table"], opts["lora_choice"] = lora_options(opts)

@@ -24,10 +24,11 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 LOW_PRECISION = ("bfloat16", "float16")
 
 
-def feasible_layouts(heads: int, max_world: int) -> list[tuple[int, int, int]]:
-    """All (ulysses, ring, cfg) with ulysses | heads and ulysses*ring*cfg <= max_world."""
+def feasible_layouts(heads: int, max_world: int, branches: int = 2) -> list[tuple[int, int, int]]:
+    """All (ulysses, ring, cfg) with ulysses | heads, cfg | branches (the model's guidance
+    branches per step) and ulysses*ring*cfg <= max_world."""
     out = []
-    for cfg in (1, 2):
+    for cfg in (d for d in range(1, max(branches, 1) + 1) if branches % d == 0):
         for ulysses in range(1, max_world + 1):
             if heads % ulysses:
                 continue
@@ -81,7 +82,7 @@ def verify(
         engine.regroup(ulysses=1, ring=1, cfg=1)
         first = engine.generate(prompt, **kw)
         reference, request, model_dir = first.latents, first.request, engine.model_dir
-        for ulysses, ring, cfg in feasible_layouts(engine.spec.heads, workers):
+        for ulysses, ring, cfg in feasible_layouts(engine.spec.heads, workers, max(2, engine.spec.cfg_branches)):
             engine.regroup(ulysses=ulysses, ring=ring, cfg=cfg)
             latents = engine.generate(prompt, **kw).latents
             diff = np.abs(latents.astype(np.float64) - reference.astype(np.float64))

@@ -279,7 +279,7 @@ def test_forced_infeasible_raises_plan_error(forced, message):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(gpus=8, ulysses=0), "ulysses must be a positive integer, got 0"),
-    (dict(gpus=8, cfg=3), "cfg 3 is not 1 or 2"),
+    (dict(gpus=8, cfg=3), "cfg 3 does not share the 2 guidance branches of a cogvideox-2b step evenly; use cfg 1 or cfg 2"),
     (dict(gpus=8, ring=True), "ring must be a positive integer, got True"),
     (dict(), "give gpus=N (with gpu_type) or cluster="),
     (dict(gpus=8, cluster={"nodes": [{"gpu_type": "H100", "count": 8}]}), "not both"),
@@ -442,7 +442,7 @@ def test_replica_step_times_match_their_placement(C, U, R):
     dev = cluster.nodes[0].device
     intra = costmod.Link(dev.link_gb_s, dev.link_latency_us)
     net = costmod.Link(20.0, 30.0)
-    b = costmod.batch_per_group(True, C)
+    b = costmod.batch_per_group(2, C)
     by_replica: dict = {}
     for r in best.placement:
         by_replica.setdefault(r.replica, []).append(r)
@@ -477,7 +477,7 @@ def test_hunyuanvideo_plans_one_branch_unless_asked():
     assert asked.branches == 2 and asked.best.cfg == 2
     with pytest.raises(PlanError, match="one branch per step \\(embedded guidance\\); use cfg 1, or branches=2"):
         plan("hunyuanvideo", gpus=8, cfg=2, branches=1)
-    with pytest.raises(ValueError, match="branches 3 is not 1 or 2"):
+    with pytest.raises(ValueError, match=r"branches 3 must be an integer in 1..2 \(transformer passes per step\)"):
         plan("hunyuanvideo", gpus=8, branches=3)
     assert plan("cogvideox-2b", gpus=2).branches == 2
     assert plan("cogvideox-2b", gpus=2, guidance=False).branches == 1
@@ -827,19 +827,29 @@ def test_model_rates_bad_figures_are_refused_in_one_line():
     assert dataclasses.replace(h200, model_rates=[["k", 1, 2, 3]]).model_rates == (("k", 1.0, 2.0, 3.0),)
 
 
-def test_samples_per_branch_scale_the_work_of_a_step():
-    """LTX-2 carries two samples in each of its two guidance branches ([negative, positive];
-    the STG and modality passes): a step is four samples' work, two per group with cfg 2."""
+def test_four_guidance_branches_plan_a_branch_degree_of_1_2_or_4():
+    """LTX-2 runs four guidance branches per step (its cfg pair, STG, modality): the planner
+    offers cfg 1, 2 and 4, a group carries 4 / C samples (twice the compute of a two-branch
+    model at the same cfg), and cfg 3 is refused in one line."""
     spec = model_spec("ltx-2")
-    assert spec.samples_per_branch == 2 and spec.cfg_branches == 2
-    single = dataclasses.replace(spec, samples_per_branch=1)
-    assert single.calibration_key != spec.calibration_key
+    assert spec.cfg_branches == 4
+    two = dataclasses.replace(spec, cfg_branches=2)
+    assert two.calibration_key != spec.calibration_key
+    result = plan(spec, gpus=8, gpu_type="H100")
+    assert {p.cfg for p in result.candidates} == {1, 2, 4} and result.branches == 4
     for cfg in (1, 2):
-        four = plan(spec, gpus=2 * cfg, gpu_type="H100", ulysses=2, ring=1, cfg=cfg).best
-        two = plan(single, gpus=2 * cfg, gpu_type="H100", ulysses=2, ring=1, cfg=cfg).best
+        four_b = plan(spec, gpus=2 * cfg, gpu_type="H100", ulysses=2, ring=1, cfg=cfg).best
+        two_b = plan(two, gpus=2 * cfg, gpu_type="H100", ulysses=2, ring=1, cfg=cfg).best
         # Twice the samples: about twice the compute (a little less: larger GEMMs fill more of a wave).
-        assert 1.8 < four.cost.compute / two.cost.compute <= 2.0 + 1e-9, cfg
-        assert four.memory_gb_per_gpu >= two.memory_gb_per_gpu  # (here the decode sets the peak)
+        assert 1.8 < four_b.cost.compute / two_b.cost.compute <= 2.0 + 1e-9, cfg
+        assert four_b.memory_gb_per_gpu >= two_b.memory_gb_per_gpu  # (here the decode sets the peak)
+    # cfg 4 carries one sample per group: the compute of the two-branch model's cfg 2.
+    c4 = plan(spec, gpus=8, gpu_type="H100", ulysses=2, ring=1, cfg=4).best
+    assert c4.cost.compute == pytest.approx(plan(two, gpus=4, gpu_type="H100", ulysses=2, ring=1, cfg=2).best.cost.compute)
+    assert c4.predicted_step_seconds < plan(spec, gpus=4, gpu_type="H100", ulysses=2, ring=1, cfg=2).best.predicted_step_seconds
+    with pytest.raises(PlanError, match="cfg 3 does not share the 4 guidance branches of a ltx-2 step evenly; "
+                                        "use cfg 1 or cfg 2 or cfg 4"):
+        plan(spec, gpus=6, gpu_type="H100", cfg=3)
     off = plan(spec, gpus=2, gpu_type="H100", ulysses=2, ring=1, guidance=False).best
-    assert off.cost.compute == pytest.approx(plan(single, gpus=2, gpu_type="H100", ulysses=2, ring=1,
+    assert off.cost.compute == pytest.approx(plan(two, gpus=2, gpu_type="H100", ulysses=2, ring=1,
                                                   guidance=False).best.cost.compute)

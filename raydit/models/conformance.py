@@ -50,7 +50,8 @@ class RunnerCase:
     kwargs: dict = field(default_factory=dict)
     steps: int = 2  # denoising steps run (<= request num_inference_steps)
     image: str | None = None  # "checker": a deterministic test image goes with the request
-    cfg: bool = True  # cfg = 2 plans apply (the request uses guidance)
+    cfg: bool = True  # cfg plans apply (the request uses guidance)
+    branch_degrees: tuple[int, ...] = (2,)  # the cfg (branch) degrees above 1 its plans take
     checkpoint_step: int = 1  # the one-process checkpoint every plan resumes from (< steps)
     # World sizes run (None: every one the suite runs). A family runs its main case on every
     # world and its variants on a few, to keep the suite's one spawned group affordable.
@@ -58,6 +59,10 @@ class RunnerCase:
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
+
+    def cfg_degrees(self, world_size: int, cfg_world_sizes) -> tuple[int, ...]:
+        """The cfg degrees of its plans on `world_size` ranks (cfg plans on `cfg_world_sizes`)."""
+        return (1,) + (self.branch_degrees if self.cfg and world_size in cfg_world_sizes else ())
 
     def make_request(self):
         from raydit.models.family import GenerationRequest, image_to_png
@@ -287,8 +292,8 @@ def forward_worker(
 def runner_worker(
     world_sizes, cases: list[RunnerCase], checkpoints: dict[str, dict], cfg_world_sizes=()
 ) -> dict[tuple[str, str, str], torch.Tensor]:
-    """Every runner case under every feasible (ulysses, ring) plan, and cfg = 2 plans on
-    `cfg_world_sizes`.
+    """Every runner case under every feasible (ulysses, ring) plan, and its cfg plans
+    (RunnerCase.branch_degrees) on `cfg_world_sizes`.
 
     Returns {(case, plan, "fresh"): latents after case.steps steps from the seed,
              (case, plan, "resumed"): latents after resuming from checkpoints[case]}.
@@ -300,8 +305,8 @@ def runner_worker(
         pipe = case.make()
         request = case.make_request()
         for world_size in case_worlds(case, world_sizes):
-            cfgs = (1, 2) if world_size in cfg_world_sizes and case.cfg else (1,)
-            for plan in feasible_plans(world_size, case.heads, cfg_degrees=cfgs):
+            degrees = case.cfg_degrees(world_size, cfg_world_sizes)
+            for plan in feasible_plans(world_size, case.heads, cfg_degrees=degrees):
                 mesh = prefix_mesh(plan)
                 if mesh is None:
                     continue

@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-COND, UNCOND = 0, 1  # cfg_rank of each guidance branch
+# Classifier-free guidance's two branches in the pipeline's order (uncond, cond): their index in
+# `Family.guidance_branches`, and the cfg rank that evaluates each on a mesh of cfg 2.
+UNCOND, COND = 0, 1
 
 
 def image_to_png(image) -> bytes:
@@ -210,12 +212,22 @@ class GenerationRequest:
         return asdict(self)
 
 
+def cat_branches(branches: list) -> dict:
+    """[{k: [1, ...]}, ...] -> {k: [n, ...]}: branches as one batch, in their order (tensors
+    concatenated, other values taken from the first)."""
+    import torch
+
+    return {k: torch.cat([b[k] for b in branches]) if isinstance(branches[0][k], torch.Tensor) else branches[0][k]
+            for k in branches[0]}
+
+
 @dataclass(frozen=True)
 class DenoiseState:
     """Everything one step needs. `Runner.step` returns a new state; an old one stays valid.
 
     Per request and fixed (rebuilt by prepare, never checkpointed): `timesteps`, `branches`
-    (the guidance branches' model inputs this rank evaluates) and `context` (the family's
+    (the model inputs of the transformer calls that evaluate this rank's guidance branches),
+    `branch_count` (the branches of a step on all groups) and `context` (the family's
     per-request tensors: rotary tables, image conditioning, masks, frames to cut at decode).
     Per step (checkpointed): `latents`, `step_index`, `scheduler_state` (the scheduler's own
     attributes: UniPC's multistep history, step index ...), `carry` (family state passed to
@@ -226,11 +238,12 @@ class DenoiseState:
     latents: Any  # torch.Tensor, in the layout the pipeline's output_type="latent" returns
     step_index: int
     timesteps: Any  # torch.Tensor [num_steps]
-    branches: tuple  # of dicts of model inputs, one per guidance branch run here
+    branches: tuple  # of dicts of model inputs, one per transformer call this rank makes (group_calls)
     context: Mapping[str, Any]
     scheduler_state: Mapping[str, Any]
     carry: Mapping[str, Any]
     generator_state: Any  # torch.Generator state (CPU)
+    branch_count: int = 1  # guidance branches of a step on all groups (Family.guidance_branches)
 
     @property
     def num_steps(self) -> int:
@@ -258,9 +271,14 @@ class Family:
     pipelines: tuple[str, ...] = ()  # model_index.json _class_name values served
     image_pipelines: tuple[str, ...] = ()  # those of `pipelines` that need an image
     adapter: type | None = None  # ModelAdapter subclass for the pipeline's transformers
-    # True: the two guidance branches run as one batch of 2 (CogVideoX's pipeline does);
-    # False: two forward calls, as Wan's pipeline does (the same numbers as diffusers).
+    # True: the guidance branches a rank evaluates run as one batch (CogVideoX's pipeline runs
+    # [uncond, cond] as a batch of 2); False: one forward call each, as Wan's pipeline makes them
+    # (the same numbers as diffusers). `group_calls` decides; a family may override it.
     batch_branches: bool = True
+    # The most guidance branches one step runs (`guidance_branches`): 2 for classifier-free
+    # guidance; LTX-2 declares 4 (its cfg pair, STG and modality passes). A mesh's cfg degree,
+    # the branch degree, must divide it: each of its groups evaluates an equal share.
+    max_branches: int = 2
     # The latents keep the dtype the scheduler's step returns (HunyuanVideo's pipelines: a
     # flow-matching step returns the model output's dtype, so bf16 latents from step 1 on, and
     # the next timestep is cast to it); False: they are cast back to the dtype init gave them,
@@ -357,18 +375,38 @@ class Family:
         raise NotImplementedError
 
     def do_cfg(self, pipe, request: GenerationRequest) -> bool:
-        """Whether `request` runs the two guidance branches (cond, uncond) each step. A family
-        whose guidance is embedded in the model (HunyuanVideo) runs a pair only for true CFG."""
+        """Whether `request` runs more than one guidance branch each step (the default: the
+        cond/uncond pair). A family whose guidance is embedded in the model (HunyuanVideo) runs
+        a pair only for true CFG."""
         return request.do_cfg
+
+    def guidance_branches(self, pipe, request: GenerationRequest, positive: dict, negative: dict | None) -> list:
+        """The model inputs of every guidance branch of a step, in the order `combine_guidance`
+        takes their predictions: [negative, positive] with guidance, [positive] alone without
+        (that one branch's prediction is then the model output, not combined). On a mesh of
+        cfg C, group g evaluates the g-th of C equal consecutive shares; one branch runs on
+        every group. At most `max_branches`."""
+        if self.do_cfg(pipe, request) and negative is not None:
+            return [negative, positive]
+        return [positive]
+
+    def group_calls(self, branches: list) -> list:
+        """One rank's share of `guidance_branches` (consecutive) -> the transformer calls that
+        evaluate it, in order; `predict` on each returns one row per branch it covers. The
+        default batches them into one call where `batch_branches` says the pipeline does."""
+        if self.batch_branches and len(branches) > 1:
+            return [cat_branches(branches)]
+        return list(branches)
 
     def guidance_scale(self, pipe, state: DenoiseState, t) -> float:
         return state.request.guidance_scale
 
-    def combine_guidance(self, pipe, state: DenoiseState, t, uncond, cond):
-        """The two branches' predictions (each [b, ...] as `predict` returned them, gathered over
-        the cfg group when it is split) -> the model output the scheduler steps with:
-        classifier-free guidance uncond + s (cond - uncond). A family whose branches are other
-        passes (LTX-2: the main pass and the perturbed ones) combines them its own way."""
+    def combine_guidance(self, pipe, state: DenoiseState, t, *predictions):
+        """Every branch's prediction (one row each, in `guidance_branches` order, gathered over
+        the cfg group when it is split) -> the model output the scheduler steps with; the
+        default is classifier-free guidance uncond + s (cond - uncond). A family whose branches
+        are other passes (LTX-2: its cfg pair, STG and modality) combines them its own way."""
+        uncond, cond = predictions
         return uncond + self.guidance_scale(pipe, state, t) * (cond - uncond)
 
     def scheduler_step(self, pipe, state: DenoiseState, noise, t, generator) -> tuple[Any, dict]:

@@ -7,11 +7,14 @@ guidance scale, the scheduler step, the decode. The runner adds what is the same
 family: sequence parallelism of every transformer the pipeline holds, classifier-free
 guidance across ranks, and the state between steps as plain CPU tensors.
 
-With a mesh of cfg = 2, ranks with cfg_rank 0 run the conditional branch and ranks with
-cfg_rank 1 the unconditional one; they all-gather noise predictions over the cfg group, so
-every rank does the same scheduler step and holds the same latents. A request with guidance
-off on a cfg-2 mesh runs the conditional branch on both groups (no exchange): the same
-result as one group, with no regroup.
+Guidance branches across ranks: a step's branches (`Family.guidance_branches`: uncond and cond
+for classifier-free guidance, up to four passes for LTX-2) are shared out over the mesh's cfg
+groups, the branch degree C (a divisor of the family's `max_branches`): group g evaluates the
+g-th of C equal consecutive shares (on cfg 2, cfg_rank 0 the unconditional branch, 1 the
+conditional one), they all-gather the predictions over the cfg group, and every rank combines
+them the same way, does the same scheduler step and holds the same latents. A request with one
+branch (guidance off) on a cfg mesh runs it on every group (no exchange): the same result as
+one group, with no regroup.
 """
 
 from __future__ import annotations
@@ -23,8 +26,6 @@ import torch
 import torch.distributed as dist
 
 from raydit.models.family import (
-    COND,
-    UNCOND,
     DenoiseState,
     GenerationRequest,
     live_scheduler_state,
@@ -42,12 +43,6 @@ from raydit.models.text_encoding import (
 )
 
 
-def _cat_branches(branches: list[dict]) -> dict:
-    """[{k: [1, ...]}, {k: [1, ...]}] -> {k: [2, ...]} (pipeline order: uncond, cond)."""
-    return {k: torch.cat([b[k] for b in branches]) if isinstance(branches[0][k], torch.Tensor) else branches[0][k]
-            for k in branches[0]}
-
-
 class Runner:
     """Runs one pipeline's requests step by step, alone or as one rank of a mesh."""
 
@@ -60,9 +55,13 @@ class Runner:
         from raydit.models.registry import family_for_pipeline
 
         self.family = family_for_pipeline(pipe)
-        if mesh is not None and mesh.cfg not in (1, 2):
-            raise ValueError(f"cfg_degree {mesh.cfg} is not supported; classifier-free guidance has 2 branches, use 1 or 2")
-        self.cfg_parallel = mesh is not None and mesh.cfg == 2
+        self.branch_degree = 1 if mesh is None else mesh.cfg
+        most = self.family.max_branches
+        if most % self.branch_degree:
+            fits = ", ".join(str(d) for d in range(1, most + 1) if most % d == 0)
+            raise ValueError(f"cfg_degree {mesh.cfg} does not divide the {most} guidance branches a "
+                             f"{type(pipe).__name__} step runs at most; use {fits}")
+        self.cfg_parallel = self.branch_degree > 1
         # Text encoding once per replica (raydit.models.text_encoding): only the encoding
         # rank holds the encoders; the others drop them before the pipeline goes to the
         # device, and a rank that dropped them reloads them when a re-plan makes it rank 0.
@@ -133,15 +132,21 @@ class Runner:
         self.handles = []
 
     # -- prepare -------------------------------------------------------------------------
-    def _branches(self, request: GenerationRequest, positive: dict, negative: dict | None) -> tuple:
-        """The model inputs of the guidance branches this rank evaluates."""
-        if not self.family.do_cfg(self.pipe, request) or negative is None:
-            return (positive,)
-        if self.cfg_parallel:
-            return (positive if self.mesh.cfg_rank == COND else negative,)
-        if self.family.batch_branches:
-            return (_cat_branches([negative, positive]),)
-        return (negative, positive)
+    def _branches(self, request: GenerationRequest, positive: dict, negative: dict | None) -> tuple[tuple, int]:
+        """(the model inputs of the transformer calls that evaluate this rank's share of the
+        guidance branches, the number of branches of a step on all groups)."""
+        branches = self.family.guidance_branches(self.pipe, request, positive, negative)
+        n, C = len(branches), self.branch_degree
+        if n > self.family.max_branches:
+            raise RuntimeError(f"{self.family.name} made {n} guidance branches, more than its max_branches "
+                               f"{self.family.max_branches}")
+        if n > 1 and C > 1:
+            if n % C:
+                raise ValueError(f"this request runs {n} guidance branches per step, which the mesh's cfg degree "
+                                 f"{C} does not share out evenly; run it on a plan of cfg 1")
+            k = n // C
+            branches = branches[self.mesh.cfg_rank * k:(self.mesh.cfg_rank + 1) * k]
+        return tuple(self.family.group_calls(branches)), n
 
     @torch.no_grad()
     def prepare(self, request: GenerationRequest, checkpoint: dict | None = None) -> DenoiseState:
@@ -175,12 +180,14 @@ class Runner:
         if self.init_dtype != self.dtype:
             prepared = dataclasses.replace(prepared, latents=self._from_init_dtype(prepared.latents),
                                            context={k: self._from_init_dtype(v) for k, v in prepared.context.items()})
+        calls, branch_count = self._branches(request, positive, negative)
         state = DenoiseState(
             request=request,
             latents=prepared.latents,
             step_index=0,
             timesteps=prepared.timesteps,
-            branches=self._branches(request, positive, negative),
+            branches=calls,
+            branch_count=branch_count,
             context=prepared.context,
             scheduler_state=live_scheduler_state(pipe.scheduler),
             carry=prepared.carry,
@@ -290,20 +297,21 @@ class Runner:
         )
 
     # -- step ----------------------------------------------------------------------------
-    def _exchange_branches(self, noise_local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cfg = 2: all-gather the two branches' predictions -> (uncond, cond) on every rank."""
-        noise_local = noise_local.contiguous()
-        gathered = [torch.empty_like(noise_local) for _ in range(2)]
-        # The cfg group's ranks ascend with cfg_rank, so position c holds cfg_rank c's branch.
-        dist.all_gather(gathered, noise_local, group=self.mesh.cfg_group)
-        return gathered[UNCOND], gathered[COND]
+    def _gather_branches(self, rows: torch.Tensor) -> torch.Tensor:
+        """cfg > 1: this group's branch predictions (one row each) -> every branch's, in
+        `guidance_branches` order, on every rank."""
+        rows = rows.contiguous()
+        gathered = [torch.empty_like(rows) for _ in range(self.branch_degree)]
+        # The cfg group's ranks ascend with cfg_rank, so position c holds cfg_rank c's share.
+        dist.all_gather(gathered, rows, group=self.mesh.cfg_group)
+        return torch.cat(gathered)
 
     @torch.no_grad()
     def step(self, state: DenoiseState) -> DenoiseState:
         """One denoising step. Collective: every rank of the mesh calls it with its state."""
         if state.done:
             raise ValueError(f"all {state.num_steps} steps are done; call decode(state)")
-        family, pipe, request = self.family, self.pipe, state.request
+        family, pipe = self.family, self.pipe
         # The scheduler object is shared by every request this runner serves: load this
         # request's state into it, step, and read the state back out.
         load_scheduler_state(pipe.scheduler, state.scheduler_state, self.device)
@@ -315,10 +323,9 @@ class Runner:
         with cache:  # step caching: the transformer calls of this step may skip blocks
             noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
         noise = torch.cat(noises) if len(noises) > 1 else noises[0]
-        if family.do_cfg(pipe, request):
-            # The family returns both branches whenever guidance is on (see _branches).
-            uncond, cond = self._exchange_branches(noise) if self.cfg_parallel else noise.chunk(2)
-            noise = family.combine_guidance(pipe, state, t, uncond, cond)
+        if state.branch_count > 1:  # one row per branch: this group's share, then all of them
+            rows = self._gather_branches(noise) if self.cfg_parallel else noise
+            noise = family.combine_guidance(pipe, state, t, *rows.chunk(state.branch_count))
 
         generator = torch.Generator("cpu")
         generator.set_state(state.generator_state)

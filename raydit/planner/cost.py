@@ -7,7 +7,8 @@ Notation (all per denoising step, per rank):
     U, R   ulysses degree, ring degree;  sp = U * R
     T' = ceil(T / sp) * sp,  V' = ceil(V / sp) * sp,  S' = T' + V'   (docs/design.md padding)
     s  = S' / sp                        local tokens on each rank
-    b  = 2 if guidance runs both branches in one group (cfg = 1), else 1
+    b  = samples one group carries: the step's guidance branches / C (C: the cfg degree, the
+         branch degree: 2 classifier-free branches on cfg 1 make b 2; LTX-2's 4 on cfg 2: 2)
     h  = heads * head_dim,  f = FFN width,  L = layers,  e = bytes per activation sent
          (2: bf16 on GPUs; 4: float32 on CPU slots)
     P  = achievable FLOP/s of the slowest device in the group (peak x efficiency); P_a: the
@@ -68,8 +69,9 @@ Communication:
              B_ring is the network when the ring group spans nodes, else the node's link.
              On a CPU slot's link (shm) nothing overlaps: each step costs t_blk + t_kv + o.
     Edges:   once per step the split/gather of the transformer input/output across sp
-             (b V' c e bytes, c = latent channels x patch volume) and, with cfg = 2, the
-             exchange of the noise prediction between the two groups (same size).
+             (b V' c e bytes, c = latent channels x patch volume) and, with cfg C > 1, the
+             all-gather of the predictions over the C groups (each rank receives C - 1 of
+             that size).
 
 Step time of one replica:
 
@@ -80,8 +82,8 @@ text encoding (2 x encoder params x text tokens FLOP per prompt, one prompt per 
 branch, on the replica's encoding rank, then the embeddings' broadcast to the other ranks)
 and the VAE decode split over the replica's ranks (raydit.planner.decode.decode_cost).
 
-A replica (cfg groups of sp ranks) finishes one step of one request in t_step: CFG = 2
-halves b, so each group does half the work, at the price of the edge exchange. Replicas
+A replica (cfg groups of sp ranks) finishes one step of one request in t_step: cfg C divides
+b by C, so each group does 1/C of the work, at the price of the edge exchange. Replicas
 serve separate requests: throughput = sum over replicas of 1 / t_step; latency is not
 changed by them.
 
@@ -171,9 +173,12 @@ def split_kind(geo: VideoGeometry, sp: int) -> str:
 SPLIT_ORDER = {"frames": 0, "rows": 1, "tokens": 2}
 
 
-def batch_per_group(guidance: bool, cfg: int) -> int:
-    """Samples one sequence-parallel group carries through the transformer per step."""
-    return 2 if guidance and cfg == 1 else 1
+def batch_per_group(branches: int, cfg: int) -> int:
+    """Samples one sequence-parallel group carries through the transformer per step: its share
+    of the step's `branches` guidance branches (1: guidance off) over `cfg` groups."""
+    if branches < 1 or cfg < 1 or (branches > 1 and branches % cfg):
+        raise ValueError(f"cfg {cfg} does not share {branches} guidance branches evenly")
+    return max(1, branches // cfg)
 
 
 def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
@@ -331,8 +336,8 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     edges = 0.0
     if sp > 1:
         edges += 2 * edge_link.seconds(out_bytes * (sp - 1) / sp)
-    if cfg == 2:
-        edges += edge_link.seconds(out_bytes)
+    if cfg > 1:
+        edges += edge_link.seconds(out_bytes * (cfg - 1))
 
     compute = t_lin + L * t_attn_compute
     total = compute + L * (t_a2a + ring_exposed) + edges
@@ -423,5 +428,6 @@ def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, 
         geo = geo if geo is not None else spec.geometry()
         gb_s, latency_us = (link.gb_s, link.latency_us) if link is not None else (1.0, 0.0)
         decode_seconds = decode_cost(spec, geo, ranks, flops_per_s, gb_s, latency_us).seconds
-    return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, branches, flops_per_s, ranks, link),
+    prompts = min(branches, 2)  # the positive and negative prompts; LTX-2's other branches reuse the positive
+    return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, prompts, flops_per_s, ranks, link),
                     decode_seconds)

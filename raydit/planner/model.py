@@ -83,17 +83,12 @@ class ModelSpec:
     vae_temporal: int = 4
     bytes_per_param: int = 2
     experts: int = 1  # transformers of `params` each held (Wan 2.2 A14B: 2, one per step)
-    cfg_branches: int = 2  # transformer passes per step with guidance on (HunyuanVideo: 1, embedded)
+    cfg_branches: int = 2  # transformer passes per step with guidance on (HunyuanVideo: 1, embedded; LTX-2: 4)
     adapter_bytes: float = 0.0  # LoRA adapters resident on every rank (raydit.models.lora.adapter_bytes)
-    # Samples each guidance branch carries through the transformer (LTX-2: 2, the [negative,
-    # positive] pass on one branch, the STG and modality passes on the other): a step is
-    # cfg_branches x this many samples' work.
-    samples_per_branch: int = 1
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
-                           "vae_spatial", "vae_temporal", "bytes_per_param", "experts", "cfg_branches",
-                           "samples_per_branch"):
+                           "vae_spatial", "vae_temporal", "bytes_per_param", "experts", "cfg_branches"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model {self.name!r}: {field_name} must be a positive integer, got {value!r}")
@@ -124,8 +119,7 @@ class ModelSpec:
         pt = self.patch_size_t or 1
         text = f"{self.text_tokens}{'s' if self.text_in_sequence else 'x'}"
         return (f"{self.family}:{self.heads}x{self.head_dim}:L{self.layers}:ffn{self.ffn_hidden}:"
-                f"p{self.patch_size}x{pt}:c{self.in_channels}:t{text}:b{self.cfg_branches}"
-                + (f"x{self.samples_per_branch}" if self.samples_per_branch != 1 else ""))
+                f"p{self.patch_size}x{pt}:c{self.in_channels}:t{text}:b{self.cfg_branches}")
 
     @property
     def pixel_multiple(self) -> int:
@@ -298,11 +292,11 @@ def _builtin_specs() -> dict[str, ModelSpec]:
         # ~25 tokens per second stay whole on every rank). Gemma 3 text reaches both streams by
         # cross-attention, 1024 tokens (max_sequence_length). VAEs: video 32x / 8x (the pipeline's),
         # 1.22e9 + audio VAE 0.05e9 + vocoder 0.06e9. LTX2Pipeline's defaults: 121 x 512 x 768.
-        # Guidance: two branches per step (raydit runs the [negative, positive] pass on one, the STG
-        # and modality passes on the other: cfg 2 splits them), two samples each.
+        # Guidance: four branches per step (the negative and positive passes, STG, modality), shared
+        # out over cfg 1, 2 or 4 groups.
         ModelSpec("ltx-2", "ltx2", 32, 128, 48, 16384, 1, 1, 1024, False, "rotary",
                   128, 18.88e9, _LTX2_TEXT, 1.33e9, 121, 512, 768, vae_spatial=32, vae_temporal=8,
-                  samples_per_branch=2),
+                  cfg_branches=4),
         # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),

@@ -23,9 +23,11 @@ tokens, then the split (frames, rows, tokens), then fewer devices, then publishe
 The cost model decides; the practice only breaks its ties.
 
 Guidance: with guidance on, a step runs `branches` transformer passes: the model's
-`cfg_branches` (2 for classifier-free guidance; 1 where guidance is embedded, HunyuanVideo),
-2 when cfg 2 is forced (asking for true CFG), or what `branches=` says. Two branches either
-share one group (batch 2) or run on two (cfg 2); one branch never plans a cfg axis.
+`cfg_branches` (2 for classifier-free guidance; 1 where guidance is embedded, HunyuanVideo; 4
+for LTX-2's cfg pair, STG and modality passes), 2 when cfg 2 is forced on a one-branch model
+(asking for true CFG), or what `branches=` says. The cfg axis is a branch degree: C groups
+share the branches evenly (C divides branches, each group carries branches / C samples);
+one branch never plans a cfg axis.
 
 Mixed device types: a layout packed fastest-first may put a group across types (paced by
 its slowest member), replicas of one shape on different types, or leave the slow devices
@@ -247,7 +249,7 @@ class PlanResult:
     guidance: bool
     candidates: tuple[Plan, ...]
     rejected: tuple[Rejection, ...] = field(default=())
-    branches: int = 2  # transformer passes per step (1: guidance off or embedded)
+    branches: int = 2  # transformer passes per step (1: guidance off or embedded; LTX-2: 4)
 
     @property
     def best(self) -> Plan:
@@ -335,10 +337,10 @@ class _NodeInfo:
 class _Layouts:
     """Judges layouts for one (model, request, cluster); holds the per-call caches."""
 
-    def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, guidance: bool,
+    def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, branches: int,
                  one_branch_why: str = "guidance is off (--no-cfg)"):
-        # guidance: two branches per step (cfg 2 possible); one_branch_why: why there is one.
-        self.spec, self.geo, self.cluster, self.guidance = spec, geo, cluster, guidance
+        # branches: transformer passes per step (module docstring); one_branch_why: why there is one.
+        self.spec, self.geo, self.cluster, self.branches = spec, geo, cluster, branches
         self.one_branch_why = one_branch_why
         # Fastest first; stable on the order given.
         order = sorted(enumerate(cluster.nodes),
@@ -413,9 +415,12 @@ class _Layouts:
         def reject(kind, reason):
             return Rejection(U, R, C, k_shown, reason, kind)
 
-        if C == 2 and not self.guidance:
-            return reject("guidance", "cfg 2 runs the two guidance branches on separate groups, but "
+        if C > 1 and self.branches == 1:
+            return reject("guidance", f"cfg {C} runs guidance branches on separate groups, but "
                           f"{self.one_branch_why}; use cfg 1")
+        if self.branches % C:
+            return reject("guidance", f"cfg {C} does not share the {self.branches} guidance branches of a step "
+                          f"evenly; use {_degrees_text(self.branches)}")
         if spec.heads % U:
             return reject("heads", f"ulysses {U} does not divide the {spec.heads} attention heads; "
                           f"feasible: {_divisors_text(spec)}")
@@ -429,8 +434,7 @@ class _Layouts:
         if sp > geo.video_tokens:
             return reject("tokens", f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video "
                           "tokens; every rank must hold video tokens: use fewer devices")
-        # Samples one group carries per step: its branches, each of the model's samples per branch.
-        b = costmod.batch_per_group(self.guidance, C) * (spec.samples_per_branch if self.guidance else 1)
+        b = costmod.batch_per_group(self.branches, C)  # samples one group carries per step
         # The largest rank: rank 0 (text encoder), with the decode split over the replica.
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0, decode_ranks=C * sp)
         resident_gb, offload_gb = base_gb, 0.0
@@ -611,13 +615,18 @@ def _rank(plans) -> list[Plan]:
     return ranked
 
 
-def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world_size=None,
+def _degrees_text(branches: int) -> str:
+    """The cfg degrees that share `branches` evenly, as words."""
+    return " or ".join(f"cfg {d}" for d in range(1, branches + 1) if branches % d == 0)
+
+
+def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world_size=None,
                one_branch_why="guidance is off (--no-cfg)"):
-    L = _Layouts(spec, geo, cluster, guidance, one_branch_why)
+    L = _Layouts(spec, geo, cluster, branches, one_branch_why)
     N = cluster.total
     feasible: list[Plan] = []
     rejected: list[Rejection] = []
-    cfgs = [cfg] if cfg is not None else ([1, 2] if guidance else [1])
+    cfgs = [cfg] if cfg is not None else [d for d in range(1, branches + 1) if branches % d == 0]
     for C in cfgs:
         if ulysses is not None:
             us = [ulysses]
@@ -649,12 +658,12 @@ def _enumerate(spec, geo, cluster, guidance, ulysses, ring, cfg, replicas, world
     return _rank(feasible), rejected
 
 
-def _per_type(spec, geo, cluster, guidance, one_branch_why) -> Plan | None:
+def _per_type(spec, geo, cluster, branches, one_branch_why) -> Plan | None:
     """One best layout per device type, run side by side as replicas of different shapes."""
     parts = []
     for t in cluster.types:
         sub = cluster.only(t)
-        feasible, _ = _enumerate(spec, geo, sub, guidance, None, None, None, None,
+        feasible, _ = _enumerate(spec, geo, sub, branches, None, None, None, None,
                                  one_branch_why=one_branch_why)
         if feasible:
             parts.append(feasible[0])
@@ -717,7 +726,7 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     only layouts that use exactly that many devices (cfg x ulysses x ring x replicas);
     PlanError when no layout remains feasible. guidance=False: one branch per step, cfg 1.
     branches: transformer passes per step with guidance on (default: the model's
-    cfg_branches, or 2 when cfg=2 is forced; module docstring).
+    cfg_branches, or 2 when cfg=2 is forced on a one-branch model; module docstring).
     """
     spec = model_spec(model)
     geo = spec.geometry(frames, height, width)
@@ -727,31 +736,31 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         _check_forced(name, value)
     if world_size is not None and world_size > cl.total:
         raise PlanError(f"world_size {world_size} is more than the {cl.total} devices offered")
-    if cfg is not None and cfg > 2:
-        raise ValueError(f"cfg {cfg} is not 1 or 2 (classifier-free guidance has two branches)")
-    if cfg == 2 and not guidance:
-        raise PlanError("cfg 2 runs the two guidance branches on separate groups, but guidance is "
-                        "off (--no-cfg); use cfg 1")
-    if branches is not None and (isinstance(branches, bool) or branches not in (1, 2)):
-        raise ValueError(f"branches {branches!r} is not 1 or 2 (transformer passes per step)")
-    if branches == 2 and not guidance:
-        raise PlanError("branches 2 runs two guidance branches per step, but guidance is off (--no-cfg); "
-                        "drop branches or turn guidance on")
+    most = max(2, spec.cfg_branches)  # a one-branch model still takes true CFG's two
+    if branches is not None and (isinstance(branches, bool) or not isinstance(branches, int)
+                                 or not 1 <= branches <= most):
+        raise ValueError(f"branches {branches!r} must be an integer in 1..{most} (transformer passes per step)")
+    if branches is not None and branches > 1 and not guidance:
+        raise PlanError(f"branches {branches} runs {branches} guidance branches per step, but guidance is off "
+                        "(--no-cfg); drop branches or turn guidance on")
     if not guidance:
         branches, why = 1, "guidance is off (--no-cfg)"
     else:
         if branches is None:
-            branches = 2 if cfg == 2 else spec.cfg_branches
+            branches = 2 if cfg == 2 and spec.cfg_branches == 1 else spec.cfg_branches
         why = (f"{spec.name} runs one branch per step (embedded guidance)" if spec.cfg_branches == 1
                else "branches=1 was asked")
-    if cfg == 2 and branches == 1:
-        raise PlanError(f"cfg 2 runs the two guidance branches on separate groups, but {why}; "
-                        "use cfg 1, or branches=2 for true classifier-free guidance")
-    two = branches == 2
-    feasible, rejected = _enumerate(spec, geo, cl, two, ulysses, ring, cfg, replicas, world_size, why)
+    if cfg is not None and cfg > 1:
+        if branches == 1:
+            raise PlanError(f"cfg {cfg} runs guidance branches on separate groups, but {why}; "
+                            "use cfg 1" + (", or branches=2 for true classifier-free guidance" if guidance else ""))
+        if branches % cfg:
+            raise PlanError(f"cfg {cfg} does not share the {branches} guidance branches of a {spec.name} step "
+                            f"evenly; use {_degrees_text(branches)}")
+    feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))
     if len(cl.types) > 1 and not forced:
-        combo = _per_type(spec, geo, cl, two, why)
+        combo = _per_type(spec, geo, cl, branches, why)
         if combo is not None:
             feasible.append(combo)
             feasible = _rank(feasible)

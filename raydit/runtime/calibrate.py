@@ -365,7 +365,7 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
         if own:
             del pipe
     step = statistics.median(seconds[1:])
-    batch = spec.cfg_branches * spec.samples_per_branch  # guidance on: every sample of the step, on one device
+    batch = spec.cfg_branches  # guidance on: every sample of the step, on one device
     tokens = geo.sequence_tokens
     choice = measure_kernels(dev, dtype, spec.head_dim, tokens=tokens, heads=spec.heads, batch=batch,
                              warmup=1, iters=repeats, plain=True)

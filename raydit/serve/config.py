@@ -80,7 +80,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--ulysses", type=int)
     p.add_argument("--ring", type=int)
-    p.add_argument("--cfg", type=int, choices=[1, 2])
+    p.add_argument("--cfg", type=int, choices=[1, 2, 4])
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
@@ -153,8 +153,8 @@ def check_serve_options(opts: dict) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0 <= value < float("inf")):
             raise ValueError(f"--{key.replace('_', '-')} {value!r} must be a number of seconds >= 0")
-    if opts.get("cfg") not in (None, 1, 2):
-        raise ValueError(f"--cfg {opts['cfg']!r} must be 1 or 2")
+    if opts.get("cfg") not in (None, 1, 2, 4):
+        raise ValueError(f"--cfg {opts['cfg']!r} must be 1, 2 or 4 (4: LTX-2's four guidance branches)")
     if opts["max_queue"] < 0:
         raise ValueError(f"--max-queue {opts['max_queue']} must be 0 or more")
     if not 1 <= opts["port"] <= 65535:

@@ -28,7 +28,7 @@ from raydit.models.families import cogvideox
 from raydit.models.runner import Runner
 
 WORLDS = (1, 2, 3, 4, 5, 6, 8)  # 8: the 480p case xDiT refuses
-CFG_WORLDS = (2, 4)  # cfg = 2 plans are run on these world sizes
+CFG_WORLDS = (2, 4)  # cfg plans (2; 4 where a family runs four branches) are run on these world sizes
 LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
@@ -123,8 +123,7 @@ def _runner_params():
         pytest.param(case.name, plan, id=f"{case.name}-{plan}")
         for case in LISTED["runner"]
         for world in harness.case_worlds(case, WORLDS)
-        for plan in harness.feasible_plans(
-            world, case.heads, cfg_degrees=(1, 2) if world in CFG_WORLDS and case.cfg else (1,))
+        for plan in harness.feasible_plans(world, case.heads, cfg_degrees=case.cfg_degrees(world, CFG_WORLDS))
     ]
 
 

@@ -113,8 +113,8 @@ def test_n_ranks_encode_once_and_equal_one_process(results, name):
             got = results[rank][(name, plan)]
             where = f"{name} {plan} rank {rank}"
             expected = ref["branches"]
-            if plan[2] == 2:  # cfg 2: each cfg rank holds its own branch
-                expected = (ref["positive"] if got["cfg_rank"] == 0 else ref["negative"],)
+            if plan[2] == 2:  # cfg 2: each cfg rank holds its own branch (pipeline order: uncond, cond)
+                expected = (ref["negative"] if got["cfg_rank"] == 0 else ref["positive"],)
             assert len(got["branches"]) == len(expected), where
             for mine, theirs in zip(got["branches"], expected):
                 assert mine.keys() == theirs.keys(), where

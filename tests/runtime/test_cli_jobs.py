@@ -68,7 +68,7 @@ def test_generate_config_file_names_the_offending_key(tmp_path):
     # The command line's --cfg choices do not apply to a file: checked before connecting.
     cfg.write_text("prompt: a cat\ncfg: 3\n")
     out = raydit("generate", "--config", str(cfg), "--address", "127.0.0.1:9", cwd=tmp_path)
-    assert out.returncode == 2 and "--cfg 3 must be 1 or 2" in out.stderr, out.stderr
+    assert out.returncode == 2 and "--cfg 3 must be 1, 2 or 4" in out.stderr, out.stderr
 
 
 def test_example_job_yaml_is_valid():

@@ -20,14 +20,17 @@ std (guidance_rescale, per stream) and turned back into a velocity for FlowMatch
 knobs beyond `guidance_scale` travel in GenerationRequest.guidance_options (OPTION_DEFAULTS:
 the pipeline's defaults, with its `audio_x or x` fallbacks).
 
-Branches. The runner's two guidance branches are LTX-2's two kinds of passes: "main" (pass 1,
-or the positive pass alone without classifier-free guidance) and "perturbed" (passes 2 and 3).
-Each returns its x0 predictions ([1, 2N]: two slots, zeros for a pass that is off) and
-`combine_guidance` (the runner's hook, after the cfg exchange on a cfg = 2 mesh) puts them
-together as above. cfg 1 runs both branches on every group; cfg 2 gives each group one (the
-main pass's batch of 2 against two passes of 1). Without perturbed passes (stg and modality
-off) `do_cfg` is False: one branch runs the whole step. Each pass keeps the pipeline's batching
-and input layout, which bf16 needs to be bit-equal to diffusers.
+Branches. A guided step has four guidance branches (`max_branches` 4), in this order: negative,
+positive, STG, modality. A branch whose pass is off (its scales at their neutral values) is a
+slot that predicts zeros without a transformer call, so every guided request has four and any
+branch degree (cfg 1, 2 or 4) shares them out evenly: cfg 2 gives one group the [negative,
+positive] pass (a batch of 2, as the pipeline runs it) and the other the STG and modality
+passes; cfg 4 gives each group one pass. Each branch predicts x0 as one row [1, N] and
+`combine_guidance` (the runner's hook, after the gather on a cfg mesh) puts them together as
+above. A request with the positive pass alone (every guidance scale neutral) has one branch,
+whose prediction is the velocity itself, run on every group. Each pass keeps the pipeline's
+batching (negative and positive as one batch where one group runs both) and input layout, which
+bf16 needs to be bit-equal to diffusers.
 
 State. The runner's latents are one tensor [1, Lv*Cv + La*Ca] (float32): the packed video then
 the packed audio latents, flattened. FlowMatchEuler's step is elementwise, so one scheduler
@@ -320,7 +323,8 @@ class LTX2Family(Family):
     pipelines = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
     image_pipelines = ("LTX2ImageToVideoPipeline",)
     adapter = LTX2Adapter
-    batch_branches = False  # the two branches are different passes, not one batch
+    batch_branches = False  # different passes, not one batch (group_calls batches the cfg pair alone)
+    max_branches = 4  # negative, positive, STG, modality (module docstring)
     option_names = tuple(OPTION_DEFAULTS)
 
     def tiny(self):
@@ -369,7 +373,7 @@ class LTX2Family(Family):
             vae_params=params("vae", "audio_vae", "vocoder"),
             default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
             default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
-            samples_per_branch=2,  # [negative, positive] on one branch, the STG and modality passes on the other
+            cfg_branches=self.max_branches,
         )
 
     def conformance_cases(self, base_dirs):
@@ -380,10 +384,9 @@ class LTX2Family(Family):
         return [m for m in (getattr(pipe, "text_encoder", None), getattr(pipe, "connectors", None)) if m is not None]
 
     def do_cfg(self, pipe, request) -> bool:
-        """Whether the step's passes are split in two branches (module docstring): only when
-        there are perturbed passes (STG, modality) beside the main one; else one branch runs all."""
+        """Whether the step runs more than the positive pass (module docstring: then four branches)."""
         g = guidance(pipe, request)
-        return g["stg"] or g["modality"]
+        return g["cfg"] or g["stg"] or g["modality"]
 
     # -- checks ----------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
@@ -439,9 +442,33 @@ class LTX2Family(Family):
         if g["cfg"]:  # the pipeline's batch order
             embeds, mask = torch.cat([negative, embeds]), torch.cat([negative_mask, mask])
         side = getattr(pipe.tokenizer, "padding_side", "left")
+        # The connectors run on the pipeline's batch; their rows are the two prompts' inputs.
         video, audio, connector_mask = pipe.connectors(embeds, mask, padding_side=side)
-        branch = {"video_embeds": video, "audio_embeds": audio, "mask": connector_mask}
-        return {**branch, "passes": "main"}, {**branch, "passes": "perturbed"}
+        rows = [{"video_embeds": v, "audio_embeds": a, "mask": m}
+                for v, a, m in zip(video.split(1), audio.split(1), connector_mask.split(1))]
+        return rows[-1], (rows[0] if g["cfg"] else None)
+
+    def guidance_branches(self, pipe, request, positive, negative):
+        """[negative, positive, STG, modality] with guidance (a pass that is off: a slot of
+        zeros), the positive pass alone without (module docstring)."""
+        g = guidance(pipe, request)
+        if not self.do_cfg(pipe, request):
+            return [{**positive, "pass": "alone"}]
+        off = {"pass": None}
+        return [{**negative, "pass": "neg"} if g["cfg"] else off, {**positive, "pass": "pos"},
+                {**positive, "pass": "stg"} if g["stg"] else off, {**positive, "pass": "mod"} if g["modality"] else off]
+
+    def group_calls(self, branches):
+        """One call per pass; the negative and positive passes as one batch where both are here."""
+        from raydit.models.family import cat_branches
+
+        calls = []
+        for branch in branches:
+            if branch["pass"] == "pos" and calls and calls[-1]["pass"] == "neg":
+                calls[-1] = {**cat_branches([calls[-1], branch]), "pass": "cfg"}
+            else:
+                calls.append(branch)
+        return calls
 
     def init(self, pipe, request, generator, device, dtype):
         import numpy as np
@@ -516,46 +543,40 @@ class LTX2Family(Family):
         return latents[:, :lv * cv].view(1, lv, cv), latents[:, lv * cv:].view(1, la, ca)
 
     def predict(self, pipe, state, t, branch):
-        """One guidance branch's passes. Without a split (do_cfg False) the whole step: every
-        pass, combined -> the guided velocity [1, N] (N = Lv Cv + La Ca). With a split, the x0
-        predictions of its passes as [1, 2N]: "main" (x0_pos, x0_neg), "perturbed" (x0_stg,
-        x0_mod); a pass that is off leaves zeros. combine_guidance puts them together."""
+        """One call's x0 predictions as rows [k, N] (N = Lv Cv + La Ca): "cfg" the negative and
+        positive rows, one batch; "neg", "pos", "stg", "mod" one row; an off slot a row of zeros.
+        The positive pass "alone" (no guidance): the velocity [1, N] itself."""
         import torch
 
-        if not self.do_cfg(pipe, state.request):
-            x0 = self._passes(pipe, state, t, branch, main=True, perturbed=True)
-            return self._guide(pipe, state, x0)
-        x0 = self._passes(pipe, state, t, branch, main=branch["passes"] == "main",
-                          perturbed=branch["passes"] == "perturbed")
-        names = ("pos", "neg") if branch["passes"] == "main" else ("stg", "mod")
-        n = state.latents.shape[1]
-        return torch.cat([torch.cat([x0[name][0].flatten(1), x0[name][1].flatten(1)], dim=1) if name in x0
-                          else state.latents.new_zeros(1, n) for name in names], dim=1)
+        kind = branch["pass"]
+        if kind is None:
+            return state.latents.new_zeros(1, state.latents.shape[1])
+        video, audio = self._call(pipe, state, t, branch)
+        if kind == "alone":
+            return self._guide(pipe, state, {"pos": (video, audio)})
+        return torch.cat([video.flatten(1), audio.flatten(1)], dim=1)
 
-    def combine_guidance(self, pipe, state, t, uncond, cond):
-        """The branches' x0 predictions (module docstring: cond = main, uncond = perturbed) ->
-        the guided velocity, as the pipeline combines them."""
+    def combine_guidance(self, pipe, state, t, *predictions):
+        """The four branches' x0 rows (negative, positive, STG, modality) -> the guided velocity,
+        as the pipeline combines them."""
         g = state.context["guidance"]
-        n = cond.shape[1] // 2
 
         def streams(flat):
             video, audio = self.split(state, flat)
             return video.transpose(1, 2).contiguous().transpose(1, 2), audio  # the pipeline's layout
 
-        x0 = {"pos": streams(cond[:, :n])}
-        if g["cfg"]:
-            x0["neg"] = streams(cond[:, n:])
-        if g["stg"]:
-            x0["stg"] = streams(uncond[:, :n])
-        if g["modality"]:
-            x0["mod"] = streams(uncond[:, n:])
+        neg, pos, stg, mod = predictions
+        x0 = {"pos": streams(pos)}
+        for name, row, on in (("neg", neg, g["cfg"]), ("stg", stg, g["stg"]), ("mod", mod, g["modality"])):
+            if on:
+                x0[name] = streams(row)
         return self._guide(pipe, state, x0)
 
-    def _passes(self, pipe, state, t, branch, main: bool, perturbed: bool) -> dict:
-        """The transformer calls of one step, in the pipeline's order and batching -> x0
-        predictions {"pos", "neg", "stg", "mod": (video [1, Lv, Cv], audio [1, La, Ca])} of
-        the passes run (main: the [negative, positive] batch, or positive alone; perturbed: STG
-        and modality isolation, each on the positive prompt)."""
+    def _call(self, pipe, state, t, branch) -> tuple:
+        """One transformer call of the step, as the pipeline makes it -> x0 predictions, video
+        [b, Lv, Cv] and audio [b, La, Ca]: "cfg" the [negative, positive] batch, "stg" with
+        self-attention skipped in the STG blocks, "mod" with audio<->video attention off, the
+        others plain, each on its branch's prompt."""
         import torch
 
         c, g, i = state.context, state.context["guidance"], state.step_index
@@ -566,47 +587,28 @@ class LTX2Family(Family):
         video = video.transpose(1, 2).contiguous().transpose(1, 2)
         embeds, audio_embeds, mask = branch["video_embeds"], branch["audio_embeds"], branch["mask"]
         dtype = embeds.dtype
-        b = embeds.shape[0]  # 2 with classifier-free guidance: [negative, positive]
-        image = "conditioning_mask" in c
-
-        def call(x, a, e, ae, m, reps, **kwargs):
-            timestep = t.expand(reps)
-            video_timestep = timestep
-            if image:  # image-to-video: [reps, Lv], 0 on the image's tokens
-                video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * reps))
-            vc = c["video_coords"].repeat((reps,) + (1,) * (c["video_coords"].ndim - 1)) if reps > 1 else c["video_coords"]
-            ac = c["audio_coords"].repeat((reps,) + (1,) * (c["audio_coords"].ndim - 1)) if reps > 1 else c["audio_coords"]
-            v_out, a_out = pipe.transformer(
-                hidden_states=x, audio_hidden_states=a, encoder_hidden_states=e, audio_encoder_hidden_states=ae,
-                timestep=video_timestep, audio_timestep=timestep if image else None, sigma=timestep,
-                encoder_attention_mask=m, audio_encoder_attention_mask=m, num_frames=c["latent_frames"],
-                height=c["latent_height"], width=c["latent_width"], fps=c["fps"], audio_num_frames=c["audio_frames"],
-                video_coords=vc, audio_coords=ac, perturbation_mask=None, use_cross_timestep=g["use_cross_timestep"],
-                return_dict=False, **kwargs)
-            # x0 = latents - v sigma (the pipeline's convert_velocity_to_x0)
-            return (pipe.convert_velocity_to_x0(video, v_out.float(), i, pipe.scheduler),
-                    pipe.convert_velocity_to_x0(audio, a_out.float(), i, pipe.scheduler))
-
-        out = {}
-        if main:
-            x = torch.cat([video] * b) if b > 1 else video
-            a = torch.cat([audio] * b) if b > 1 else audio
-            v_x0, a_x0 = call(x.to(dtype), a.to(dtype), embeds, audio_embeds, mask, b, isolate_modalities=False,
-                              spatio_temporal_guidance_blocks=None)
-            if b > 1:
-                (v_neg, v_pos), (a_neg, a_pos) = v_x0.chunk(2), a_x0.chunk(2)
-                out["pos"], out["neg"] = (v_pos, a_pos), (v_neg, a_neg)
-            else:
-                out["pos"] = (v_x0, a_x0)
-        if b > 1:  # the positive branch alone for the other passes (coords: one row)
-            embeds, audio_embeds, mask = embeds.chunk(2)[1], audio_embeds.chunk(2)[1], mask.chunk(2)[1]
-        if perturbed and g["stg"]:
-            out["stg"] = call(video.to(dtype), audio.to(dtype), embeds, audio_embeds, mask, 1, isolate_modalities=False,
-                              spatio_temporal_guidance_blocks=list(g["stg_blocks"]))
-        if perturbed and g["modality"]:
-            out["mod"] = call(video.to(dtype), audio.to(dtype), embeds, audio_embeds, mask, 1, isolate_modalities=True,
-                              spatio_temporal_guidance_blocks=None)
-        return out
+        reps = embeds.shape[0]  # 2 for the [negative, positive] batch
+        timestep = t.expand(reps)
+        video_timestep = timestep
+        if "conditioning_mask" in c:  # image-to-video: [reps, Lv], 0 on the image's tokens
+            video_timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * reps))
+        vc = c["video_coords"].repeat((reps,) + (1,) * (c["video_coords"].ndim - 1)) if reps > 1 else c["video_coords"]
+        ac = c["audio_coords"].repeat((reps,) + (1,) * (c["audio_coords"].ndim - 1)) if reps > 1 else c["audio_coords"]
+        x = torch.cat([video] * reps) if reps > 1 else video
+        a = torch.cat([audio] * reps) if reps > 1 else audio
+        v_out, a_out = pipe.transformer(
+            hidden_states=x.to(dtype), audio_hidden_states=a.to(dtype), encoder_hidden_states=embeds,
+            audio_encoder_hidden_states=audio_embeds, timestep=video_timestep,
+            audio_timestep=timestep if "conditioning_mask" in c else None, sigma=timestep,
+            encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=c["latent_frames"],
+            height=c["latent_height"], width=c["latent_width"], fps=c["fps"], audio_num_frames=c["audio_frames"],
+            video_coords=vc, audio_coords=ac, perturbation_mask=None, use_cross_timestep=g["use_cross_timestep"],
+            isolate_modalities=branch["pass"] == "mod",
+            spatio_temporal_guidance_blocks=list(g["stg_blocks"]) if branch["pass"] == "stg" else None,
+            return_dict=False)
+        # x0 = latents - v sigma (the pipeline's convert_velocity_to_x0)
+        return (pipe.convert_velocity_to_x0(video, v_out.float(), i, pipe.scheduler),
+                pipe.convert_velocity_to_x0(audio, a_out.float(), i, pipe.scheduler))
 
     def _guide(self, pipe, state, x0: dict):
         """x0 predictions -> the guided velocity [1, N]: x0_pos plus the guidance deltas, rescaled
@@ -908,14 +910,15 @@ def forward_cases() -> list:
 
 def runner_cases(base_dir: str, i2v_dir: str | None = None) -> list:
     """The main case on 2 and 4 ranks (the suite's time budget: its forward case runs every
-    world): Ulysses, ring, hybrid, uneven chunks (39 tokens) and cfg 2 (the main pass on one
-    group, the perturbed passes on the other); its variants on one world each."""
+    world): Ulysses, ring, hybrid, uneven chunks (39 tokens), cfg 2 (the [negative, positive]
+    pass on one group, the STG and modality passes on the other) and cfg 4 (a pass per group);
+    its variants on one world each."""
     from raydit.models.conformance import RunnerCase
 
     cases = [
         RunnerCase("ltx2-t2v", _BUILD_PIPELINE, TINY_HEADS, dict(TINY_REQUEST), dict(base_dir=base_dir),
-                   worlds=(2, 4)),
-        # guidance without the perturbed passes: one branch runs the whole step
+                   worlds=(2, 4), branch_degrees=(2, 4)),
+        # guidance without the perturbed passes: their slots are zeros
         RunnerCase("ltx2-t2v-cfg-only", _BUILD_PIPELINE, TINY_HEADS,
                    dict(TINY_REQUEST, seed=12, guidance_options=NO_STG_NO_MODALITY), dict(base_dir=base_dir),
                    cfg=False, worlds=(3,)),
