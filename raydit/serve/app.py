@@ -28,6 +28,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from raydit.models.registry import families
 from raydit.serve.auth import TOKEN_ENV, bearer_ok, token_digest
 from raydit.serve.page import PAGE_HTML
 from raydit.serve.schema import Limits, RequestError, lora_error, parse_body, resolve, scheduler_step_limit
@@ -211,6 +212,7 @@ class VideoAPI:
             default_steps=min(options["default_steps"], max_steps),
             fps=options["fps"],
             vae_temporal=spec.vae_temporal,
+            guidance_options=tuple(getattr(families().get(spec.family), "option_names", ())),
         )
         # capacity: the engine's replicas as they are now (they may follow the queue).
         self.service = VideoService(self.engine, store, self.limits, max_queue=options["max_queue"])

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # raydit's own fields, sent by the openai client through `extra_body`.
-RAYDIT_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt", "seed", "num_frames", "lora")
+RAYDIT_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt", "seed", "num_frames", "lora",
+                 "guidance_options")
 
 
 class RequestError(ValueError):
@@ -55,6 +56,9 @@ class VideoCreate(BaseModel):
     # None: the base model (on a --fuse-lora server: its LoRA); a name (scale 1.0) or {name: scale};
     # in a form, the name or that object as JSON text.
     lora: str | dict[str, Any] | None = None
+    # The model's further guidance knobs (GenerationRequest.guidance_options), {name: value}; in
+    # a form, that object as JSON text. LTX-2: stg_scale, modality_scale, audio_guidance_scale ...
+    guidance_options: dict[str, Any] | str | None = None
 
 
 class LoraCreate(BaseModel):
@@ -81,6 +85,7 @@ class Limits:
     vae_temporal: int
     default_guidance: float = 6.0
     steps_limited_by: str = "--max-steps"
+    guidance_options: tuple[str, ...] = ()  # the names of the guidance options the model takes
 
 
 def parse_body(data: dict[str, Any], model: type[BaseModel] = VideoCreate) -> Any:
@@ -181,7 +186,35 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
         **cache_choice(body),
         "lora": lora_choice(body.lora, loras, fused),
+        "guidance_options": guidance_choice(body.guidance_options, limits),
     }
+
+
+def guidance_choice(value, limits: Limits) -> dict[str, Any]:
+    """The `guidance_options` field -> {name: value} (lists for block indices; {} when not
+    given), in GenerationRequest's normal form, each name one the model takes. A form sends
+    the object as JSON text. RequestError (param "guidance_options") otherwise; the values'
+    ranges are the family's to check when the video starts (its error is the video's)."""
+    import json
+
+    from raydit.models.family import normalize_options
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except ValueError:
+            raise RequestError(f"guidance_options: {value!r} is not valid JSON; give an object such as "
+                               '{"stg_scale": 0}', param="guidance_options") from None
+    try:
+        options = normalize_options(value)
+    except ValueError as exc:
+        raise RequestError(f"guidance_options: {exc}", param="guidance_options") from None
+    unknown = [name for name, _ in options if name not in limits.guidance_options]
+    if unknown:
+        takes = ", ".join(limits.guidance_options) or "none"
+        raise RequestError(f"guidance_options: {', '.join(unknown)} not taken by {limits.model} (it takes: {takes})",
+                           param="guidance_options")
+    return {name: list(v) if isinstance(v, tuple) else v for name, v in options}
 
 
 def lora_choice(value, loaded, fused: dict | None = None) -> dict[str, float] | None:

@@ -328,6 +328,7 @@ class VideoService:
             prompt=p["prompt"], negative_prompt=p["negative_prompt"], num_frames=p["num_frames"],
             height=p["height"], width=p["width"], num_inference_steps=p["num_inference_steps"],
             guidance_scale=p["guidance_scale"], seed=p["seed"], lora=p.get("lora"), progress=False,
+            guidance_options=p.get("guidance_options") or None,
             callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step),
         )
         args.update({k: p[k] for k in ("cache", "cache_threshold") if k in p})  # else the engine's

@@ -70,6 +70,7 @@ class VideoJob:
                 "negative_prompt": self.params["negative_prompt"],
                 "seed": self.params["seed"],
                 "lora": self.params.get("lora"),
+                "guidance_options": self.params.get("guidance_options") or {},
                 "fps": self.fps,
                 **self.info,
             },

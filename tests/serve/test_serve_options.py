@@ -158,7 +158,8 @@ def test_form_strings_and_json_values_parse_alike():
     assert form == as_json
     params = resolve(form, LIMITS, TINY)
     assert params == {"prompt": "a fox", "negative_prompt": "", "num_frames": 9, "height": 16, "width": 32,
-                      "num_inference_steps": 3, "guidance_scale": 5.5, "seed": 7, "lora": None}
+                      "num_inference_steps": 3, "guidance_scale": 5.5, "seed": 7, "lora": None,
+                      "guidance_options": {}}
 
 
 def test_defaults_come_from_the_limits():
