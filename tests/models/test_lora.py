@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from raydit.models import lora
+from raydit.models.families import ltx2
 from raydit.models.family import GenerationRequest
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.registry import family_for_pipeline
@@ -26,19 +27,28 @@ REQUESTS = {
     # timesteps 999, 857, 600 with the switch at 875: both experts run.
     "tiny-wan-a14b": dict(prompt="waves", negative_prompt="blur", num_frames=5, height=32, width=32,
                           num_inference_steps=3, guidance_scale=5.0, guidance_scale_2=3.0, seed=5),
+    # LTX-2 (LTX2LoraLoaderMixin): every guidance pass (cfg, STG in block 1, modality) runs the
+    # LoRA's layers; write_random_lora's targets hit all six attentions of a block (video and
+    # audio self-attention and prompt cross-attention, audio-to-video, video-to-audio).
+    "tiny-ltx2": dict(ltx2.TINY_REQUEST),
 }
+# Tests of adapter switching and resuming run many requests: LTX-2's without the perturbed
+# passes (one transformer call a step instead of three; the LoRA still runs in every call).
+SWITCHING = {**REQUESTS, "tiny-ltx2": dict(ltx2.TINY_REQUEST, guidance_options=ltx2.NO_STG_NO_MODALITY)}
 
 
 def rel(actual, expected) -> float:
     return float((actual - expected).abs().max() / expected.abs().max())
 
 
-def run(pipe, request: GenerationRequest):
-    runner = Runner(pipe)
+def run(pipe, request: GenerationRequest, runner: Runner | None = None):
+    """The latents as the pipeline's output_type="latent" gives them (LTX-2 unpacks and
+    denormalizes its two streams; the other families' runner latents are that already)."""
+    runner = runner or Runner(pipe)
     state = runner.prepare(request)
     while not state.done:
         state = runner.step(state)
-    return state.latents
+    return runner.family.output_latents(pipe, state)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +75,7 @@ def _raydit(model, specs):
     return pipe
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-wan"])
+@pytest.mark.parametrize("model", ["tiny", "tiny-wan", "tiny-ltx2"])
 def test_runner_with_two_loras_equals_diffusers(loras, model):
     """One LoRA, then two at different scales, against diffusers' pipeline with the same
     load_lora_weights / set_adapters: max relative difference <= 1e-5, and each visibly
@@ -87,19 +97,17 @@ def test_runner_with_two_loras_equals_diffusers(loras, model):
                run(pipe, GenerationRequest(**request, lora={"a": 0.8}))) > 1e-3
 
 
-def test_switching_adapters_is_exact_and_leaves_nothing(loras):
+@pytest.mark.parametrize("model", ["tiny", "tiny-ltx2"])
+def test_switching_adapters_is_exact_and_leaves_nothing(loras, model):
     """base, a, base, a@0.3, a: every base request equals a pipeline that never saw a LoRA bit
     for bit; every LoRA request equals its first run bit for bit (no reload, no leak)."""
-    request = REQUESTS["tiny"]
-    plain = run(load_pipeline("tiny"), GenerationRequest(**request))
-    pipe = _raydit("tiny", [("a", loras["tiny"]["a"], "transformer")])
+    request = SWITCHING[model]
+    plain = run(load_pipeline(model), GenerationRequest(**request))
+    pipe = _raydit(model, [("a", loras[model]["a"], "transformer")])
     runner = Runner(pipe)
 
     def go(choice):
-        state = runner.prepare(GenerationRequest(**request, lora=choice))
-        while not state.done:
-            state = runner.step(state)
-        return state.latents
+        return run(pipe, GenerationRequest(**request, lora=choice), runner)
 
     first_a, first_low = go("a"), go({"a": 0.3})
     assert rel(first_a, plain) > 1e-3 and rel(first_low, first_a) > 1e-4
@@ -128,9 +136,10 @@ def test_a14b_loras_per_expert_equal_diffusers(loras):
     assert torch.equal(run(pipe, GenerationRequest(**request)), run(load_pipeline(model), GenerationRequest(**request)))
 
 
-def test_checkpoint_records_adapters_and_resume_keeps_them(loras):
-    request = GenerationRequest(**REQUESTS["tiny"], lora={"a": 0.8})
-    pipe = _raydit("tiny", [("a", loras["tiny"]["a"], "transformer")])
+@pytest.mark.parametrize("model", ["tiny", "tiny-ltx2"])
+def test_checkpoint_records_adapters_and_resume_keeps_them(loras, model):
+    request = GenerationRequest(**SWITCHING[model], lora={"a": 0.8})
+    pipe = _raydit(model, [("a", loras[model]["a"], "transformer")])
     runner = Runner(pipe)
     state = runner.step(runner.prepare(request))
     checkpoint = runner.checkpoint(state)
@@ -139,11 +148,41 @@ def test_checkpoint_records_adapters_and_resume_keeps_them(loras):
     assert GenerationRequest(**{**checkpoint["request"], "lora": [["a", 0.8]]}) == request
     full = runner.step(state).latents
     # Resumed after a base request ran on the same runner: the adapters come back with it.
-    run(pipe, GenerationRequest(**REQUESTS["tiny"]))
+    run(pipe, GenerationRequest(**SWITCHING[model]), runner)
     resumed = runner.step(runner.prepare(request, checkpoint=checkpoint)).latents
     assert torch.equal(resumed, full)
     with pytest.raises(ValueError, match="checkpoint belongs to request"):
-        runner.prepare(GenerationRequest(**REQUESTS["tiny"], lora={"a": 0.5}), checkpoint=checkpoint)
+        runner.prepare(GenerationRequest(**SWITCHING[model], lora={"a": 0.5}), checkpoint=checkpoint)
+
+
+def test_ltx2_original_key_format_loads_and_connector_loras_are_refused(loras, tmp_path):
+    """LTX-2's original (non-diffusers) key names, `diffusion_model.<module>`, are converted by
+    LTX2Pipeline.lora_state_dict into the diffusers-format tensors, which load as such; a LoRA
+    that also holds the text connectors' layers (`text_embedding_projection.`, diffusers'
+    `connectors.`) is refused in one line before anything is loaded: raydit switches adapters on
+    the transformer only, and only the encoding rank holds the connectors."""
+    from diffusers import LTX2Pipeline
+    from safetensors.torch import load_file, save_file
+
+    diffusers_format = load_file(str(lora.lora_file(loras["tiny-ltx2"]["a"])))
+    original = {"diffusion_model." + k.removeprefix("transformer."): v for k, v in diffusers_format.items()}
+    save_file(original, tmp_path / "original.safetensors")
+    read = lora.read_state_dict(LTX2Pipeline, tmp_path / "original.safetensors")
+    assert read.keys() == diffusers_format.keys()
+    assert all(torch.equal(read[k], diffusers_format[k]) for k in read)
+    pipe = _raydit("tiny-ltx2", [("orig", tmp_path / "original.safetensors", "transformer")])
+    assert lora.loaded(pipe) == {"transformer": ["orig"]}
+
+    connector = {"text_embedding_projection.aggregate_embed.lora_A.weight": torch.ones(4, 48),
+                 "text_embedding_projection.aggregate_embed.lora_B.weight": torch.ones(16, 4)}
+    save_file({**original, **connector}, tmp_path / "with-connectors.safetensors")
+    spec = lora.LoraSpec("conn", str(tmp_path / "with-connectors.safetensors"))
+    with pytest.raises(ValueError, match="is for 'connectors'; raydit loads LoRAs into the transformer only") as info:
+        lora.load(pipe, family_for_pipeline(pipe), spec)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="transformer only"):  # the driver's check, before Ray
+        lora.check_for_model(resolve_model_dir("tiny-ltx2"), spec)
+    assert lora.loaded(pipe) == {"transformer": ["orig"]}
 
 
 def test_bad_loras_are_refused_in_one_line_and_nothing_stays(loras, tmp_path):

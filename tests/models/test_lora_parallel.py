@@ -1,4 +1,6 @@
-"""LoRA adapters under every plan up to 4 gloo ranks (cfg 2 on 2 and 4 ranks) equal one process.
+"""LoRA adapters under every plan up to 4 gloo ranks (cfg 2 on 2 and 4 ranks) equal one process;
+LTX-2 on its 2-rank plans only (Ulysses, ring, cfg 2), as its own conformance cases keep to a few
+worlds for the suite's time.
 
 The conformance harness runs each case on every feasible plan in one spawned group of 4
 (raydit.models.conformance); the builder loads the LoRAs on every rank through
@@ -14,20 +16,24 @@ import torch
 
 from raydit.models import conformance as harness
 from raydit.models import lora
+from raydit.models.families import ltx2
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.runner import Runner
 
 WORLDS = (1, 2, 3, 4)
 CFG_WORLDS = (2, 4)
 TOL = dict(rtol=1e-4, atol=1e-4)
-MODELS = {
+MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: every one))
     # CogVideoX: 2 heads (Ulysses 1, 2), text and video in one sequence.
     "tiny": ("raydit.models.families.cogvideox:cogvideox_pipeline", 2, dict(num_attention_heads=2),
-             dict(prompt="a red fox", num_frames=5, height=32, width=48, num_inference_steps=2, seed=3)),
+             dict(prompt="a red fox", num_frames=5, height=32, width=48, num_inference_steps=2, seed=3), None),
     # Wan 2.1: 6 heads (Ulysses 1, 2, 3), 2 x 3 x 5 = 30 video tokens (4 ranks pad).
     "tiny-wan": ("raydit.models.families.wan:wan_pipeline", 6, dict(),
                  dict(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=2,
-                      guidance_scale=5.0, seed=3)),
+                      guidance_scale=5.0, seed=3), None),
+    # LTX-2: 6 heads, 39 video tokens and 18 audio tokens; cfg, STG and modality passes, so cfg 2
+    # puts the main pass on one group and the perturbed passes on the other, each with the LoRAs.
+    "tiny-ltx2": ("raydit.models.families.ltx2:ltx2_pipeline", ltx2.TINY_HEADS, dict(), dict(ltx2.TINY_REQUEST), (2,)),
 }
 
 
@@ -38,7 +44,7 @@ def rel(actual, expected) -> float:
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     out = []
-    for model, (build, heads, overrides, request) in MODELS.items():
+    for model, (build, heads, overrides, request, worlds) in MODELS.items():
         base_dir = str(resolve_model_dir(model))
         kwargs = dict(base_dir=base_dir, **overrides) if model == "tiny" else dict(base_dir=base_dir)
         pipe = load_pipeline(model)
@@ -48,7 +54,7 @@ def cases(tmp_path_factory):
         out.append(harness.RunnerCase(
             f"lora-{model}", "raydit.models.lora:conformance_pipeline", heads,
             dict(request, lora={"a": 0.7, "b": 1.3}),
-            dict(build=build, build_kwargs=kwargs, loras=loras)))
+            dict(build=build, build_kwargs=kwargs, loras=loras), worlds=worlds))
     return out
 
 
@@ -75,7 +81,7 @@ def test_every_plan_with_loras_equals_one_process(cases, references):
                               timeout=900)
     seen, largest = 0, 0.0
     for case in cases:
-        for world in WORLDS:
+        for world in harness.case_worlds(case, WORLDS):
             cfgs = (1, 2) if world in CFG_WORLDS else (1,)
             for plan in harness.feasible_plans(world, case.heads, cfg_degrees=cfgs):
                 for kind in ("fresh", "resumed"):
@@ -86,4 +92,4 @@ def test_every_plan_with_loras_equals_one_process(cases, references):
                     for rank in range(1, plan.world_size):
                         assert torch.equal(outputs[rank]["runner"][(case.name, str(plan), kind)], got)
                 seen += 1
-    assert seen == 19  # 9 CogVideoX plans and 10 Wan plans, cfg 2 included
+    assert seen == 22  # 9 CogVideoX plans, 10 Wan plans and 3 LTX-2 plans, cfg 2 included
