@@ -158,6 +158,45 @@ def run_steps(runner, request, steps: int, checkpoint: dict | None = None):
     return state
 
 
+def run_batched(runner, requests: list, joins: list[int]) -> list:
+    """Step-level batching as a replica runs it: request i is prepared at tick joins[i] and
+    joins the batch from then on; every tick steps the batch's unfinished requests as one
+    (Runner.step_batch); a request leaves when its own steps are done. Returns each
+    request's final state, in order."""
+    states: dict[int, object] = {}
+    tick = 0
+    while len(states) < len(requests) or any(not s.done for s in states.values()):
+        for i, request in enumerate(requests):
+            if joins[i] == tick:
+                states[i] = runner.prepare(request)
+        live = [i for i in sorted(states) if not states[i].done]
+        if live:
+            for i, new in zip(live, runner.step_batch([states[i] for i in live])):
+                states[i] = new
+        tick += 1
+    return [states[i] for i in range(len(requests))]
+
+
+def batching_worker(rank: int, world_size: int, build: str, kwargs: dict, requests: list[dict], joins: list[int],
+                    plans: list[tuple[int, int, int]]) -> dict[str, list]:
+    """`run_batched` of the requests under every (ulysses, ring, cfg) plan of this world:
+    {plan: [latents per request]}."""
+    from raydit.models.family import GenerationRequest
+    from raydit.models.runner import Runner
+
+    pipe = _resolve(build)(**kwargs)
+    out = {}
+    for u, r, c in plans:
+        plan = MeshPlan(u, r, c)
+        runner = Runner(pipe, prefix_mesh(plan))
+        try:
+            states = run_batched(runner, [GenerationRequest(**q) for q in requests], joins)
+            out[str(plan)] = [s.latents for s in states]
+        finally:
+            runner.close()
+    return out
+
+
 # -- bfloat16 against float64 (raydit.models.precision) -------------------------------------
 def gather_attention_call(calls: list[dict]) -> dict[str, torch.Tensor]:
     """One sp_attention call as every rank of its sp group recorded it (`recording_attention`)

@@ -371,8 +371,48 @@ class Family:
         raise NotImplementedError
 
     def predict(self, pipe, state: DenoiseState, t, branch: dict):
-        """One transformer call for `branch` (batched inputs) at timestep t -> noise [b, ...]."""
+        """One transformer call for `branch` (batched inputs) at timestep t -> noise [b, ...].
+        The default calls `model_inputs`' transformer with its arguments."""
+        model, kwargs = self.model_inputs(pipe, state, t, branch)
+        return model(**kwargs, return_dict=False)[0]
+
+    def model_inputs(self, pipe, state: DenoiseState, t, branch: dict) -> tuple[Any, dict]:
+        """(transformer, its keyword arguments) of one call, every tensor named in
+        `batched_inputs` with the call's rows first: what lets requests share a call
+        (`predict_batch`). A family that builds its call otherwise overrides `predict`."""
         raise NotImplementedError
+
+    # Step-level batching (raydit.models.runner.Runner.step_batch): the keyword arguments of
+    # `model_inputs` that carry the call's rows first (concatenated across requests); every
+    # other argument must be the same for the requests that share a call. Empty: this family's
+    # requests never share a call.
+    batched_inputs: tuple[str, ...] = ()
+
+    def batch_key(self, pipe, request: GenerationRequest):
+        """Requests with equal keys can share the transformer calls of a step (module
+        raydit.models.runner: step_batch); None: this request runs alone. The default: the
+        geometry, the guidance branches, the LoRA choice and no step caching, where the
+        family declares `batched_inputs`."""
+        if not self.batched_inputs or request.cache is not None:
+            return None
+        return (request.num_frames, request.height, request.width, request.image is not None,
+                self.do_cfg(pipe, request), request.lora, request.guidance_options)
+
+    def predict_batch(self, pipe, states: list, ts: list, branches: list):
+        """One transformer call for several requests (equal `batch_key`, the same transformer
+        at their own timesteps `ts`): their `model_inputs` concatenated -> the rows of every
+        request in order, as `predict` returns them one at a time."""
+        import torch
+
+        calls = [self.model_inputs(pipe, s, t, b) for s, t, b in zip(states, ts, branches)]
+        model = calls[0][0]
+        if any(m is not model for m, _ in calls):
+            raise ValueError("requests sharing a call must run the same transformer at their steps")
+        kwargs = dict(calls[0][1])
+        for name in self.batched_inputs:
+            if kwargs.get(name) is not None:
+                kwargs[name] = torch.cat([c[1][name] for c in calls])
+        return model(**kwargs, return_dict=False)[0]
 
     def do_cfg(self, pipe, request: GenerationRequest) -> bool:
         """Whether `request` runs more than one guidance branch each step (the default: the

@@ -322,6 +322,51 @@ class Runner:
         cache = self._cache_step(state)
         with cache:  # step caching: the transformer calls of this step may skip blocks
             noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
+        return self._advance(state, t, noises, cache)
+
+    @torch.no_grad()
+    def step_batch(self, states: list[DenoiseState]) -> list[DenoiseState]:
+        """One denoising step of several requests whose transformer calls run as one batch
+        (step-level batching): each at its own step and timestep, with its own guidance,
+        seed, scheduler state and step count; their `Family.batch_key` must be equal and not
+        None. Each returned state equals what `step` gives it alone (up to the batch size's
+        rounding of the dtype). Collective like `step`: every rank calls it with the same
+        requests in the same order."""
+        if len(states) == 1:
+            return [self.step(states[0])]
+        family, pipe = self.family, self.pipe
+        keys = {family.batch_key(pipe, s.request) for s in states}
+        if len(keys) != 1 or None in keys:
+            raise ValueError("these requests cannot share a step: their geometry, guidance, LoRA or caching "
+                             "differ, or the family runs each alone (Family.batch_key)")
+        if self.offload_idle:
+            raise ValueError("requests cannot share a step with idle experts offloaded to host memory")
+        for s in states:
+            if s.done:
+                raise ValueError(f"all {s.num_steps} steps are done; call decode(state)")
+        ts = [s.timesteps[s.step_index] for s in states]
+        noises: list[list] = [[] for _ in states]
+        # Requests at timesteps on different experts (Wan 2.2 A14B) share calls per expert.
+        experts: dict[int, list[int]] = {}
+        for i, (s, t) in enumerate(zip(states, ts)):
+            experts.setdefault(id(family.active_transformer(pipe, s, t)), []).append(i)
+        for part in experts.values():
+            for call in range(len(states[part[0]].branches)):
+                out = family.predict_batch(pipe, [states[i] for i in part], [ts[i] for i in part],
+                                           [states[i].branches[call] for i in part])
+                for i, rows in zip(part, out.chunk(len(part))):
+                    noises[i].append(rows)
+        out = []
+        for s, t, n in zip(states, ts, noises):
+            load_scheduler_state(pipe.scheduler, s.scheduler_state, self.device)
+            out.append(self._advance(s, t, n))
+        return out
+
+    def _advance(self, state: DenoiseState, t, noises: list, cache=None) -> DenoiseState:
+        """The transformer calls' rows of one step -> guidance (gathered over the cfg group,
+        combined) and the scheduler's step -> the new state (the scheduler holds this
+        request's state)."""
+        family, pipe = self.family, self.pipe
         noise = torch.cat(noises) if len(noises) > 1 else noises[0]
         if state.branch_count > 1:  # one row per branch: this group's share, then all of them
             rows = self._gather_branches(noise) if self.cfg_parallel else noise
@@ -330,7 +375,8 @@ class Runner:
         generator = torch.Generator("cpu")
         generator.set_state(state.generator_state)
         latents, carry = family.scheduler_step(pipe, state, noise, t, generator)
-        carry = cache.merge(carry)
+        if cache is not None:
+            carry = cache.merge(carry)
         if not family.keeps_scheduler_dtype:
             latents = latents.to(state.latents.dtype)
         new = dataclasses.replace(

@@ -309,7 +309,10 @@ class WanFamily(Family):
         mask = context["first_frame_mask"]
         return (1 - mask) * context["condition"] + mask * latents
 
-    def predict(self, pipe, state, t, branch):
+    # Every input of a call carries its rows first: requests of one geometry share calls.
+    batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image")
+
+    def model_inputs(self, pipe, state, t, branch):
         import torch
 
         model = self.active_transformer(pipe, state, t)
@@ -325,13 +328,12 @@ class WanFamily(Family):
             timestep = t.expand(b)
         if b > 1:
             x = torch.cat([x] * b)
-        return model(
+        return model, dict(
             hidden_states=x.to(model.dtype),
             timestep=timestep,
             encoder_hidden_states=branch["encoder_hidden_states"],
             encoder_hidden_states_image=branch.get("encoder_hidden_states_image"),
-            return_dict=False,
-        )[0]
+        )
 
     def guidance_scale(self, pipe, state, t) -> float:
         request = state.request

@@ -1,0 +1,111 @@
+"""Step-level batching (issue 33 item 1, the model layer): requests of one geometry share the
+transformer calls of a step (`Runner.step_batch`), each with its own timestep, seed, step count
+and guidance scale, joining at a step boundary and leaving when its own steps are done. Every
+request's latents equal its run alone: float32 within 1e-5 (the batch changes only the GEMMs'
+blocking), on one process and on 2-rank plans (Ulysses, ring, cfg 2); bf16 within the rounding
+of one bf16 step, stated below. Families without batched inputs, or requests whose geometry,
+guidance, LoRA or caching differ, never share a call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydit.models import conformance as harness
+from raydit.models.families import wan
+from raydit.models.family import GenerationRequest
+from raydit.models.runner import Runner
+
+BUILD = "raydit.models.families.wan:wan_pipeline"
+BASE = dict(prompt="a red fox runs", num_frames=9, height=16, width=112)
+# A 3-step request, a 4-step one with another guidance scale, and a third that joins after the
+# first step with guidance off (other branches: it cannot share their calls) ... and one that can.
+REQUESTS = [
+    dict(BASE, num_inference_steps=3, guidance_scale=5.0, seed=1),
+    dict(BASE, num_inference_steps=4, guidance_scale=3.0, seed=2, negative_prompt="blur"),
+    dict(BASE, num_inference_steps=3, guidance_scale=4.0, seed=3),  # joins at tick 1
+]
+JOINS = [0, 0, 1]
+FLOAT32 = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def base_dir():
+    return str(wan.tiny_pipeline_dir("tiny-wan"))
+
+
+@pytest.fixture(scope="module")
+def alone(base_dir):
+    runner = Runner(wan.wan_pipeline(base_dir))
+    return [harness.run_steps(runner, GenerationRequest(**q), q["num_inference_steps"]).latents for q in REQUESTS]
+
+
+def test_a_batch_gives_each_request_its_own_run(base_dir, alone):
+    runner = Runner(wan.wan_pipeline(base_dir))
+    calls = []
+    original = runner.family.predict_batch
+
+    def counting(pipe, states, ts, branches):
+        calls.append([float(t) for t in ts])
+        return original(pipe, states, ts, branches)
+
+    runner.family.predict_batch = counting
+    try:
+        states = harness.run_batched(runner, [GenerationRequest(**q) for q in REQUESTS], JOINS)
+    finally:
+        del runner.family.predict_batch
+    for i, (state, ref) in enumerate(zip(states, alone)):
+        assert state.done and state.step_index == REQUESTS[i]["num_inference_steps"]
+        torch.testing.assert_close(state.latents, ref, **FLOAT32, msg=lambda m: f"request {i}: {m}")
+    # Shared calls at different timesteps: the joiner's first step beside the others' second.
+    assert any(len(ts) == 3 and len(set(ts)) > 1 for ts in calls), calls
+    assert any(len(ts) == 2 for ts in calls)  # the last request alone with one other at the end
+
+
+def test_in_bf16_each_request_stays_within_the_rounding_of_a_step(base_dir):
+    """bf16: a batched GEMM may round differently from a solo one; the latents of each request
+    stay within 2 bf16 ulps (2 x 2^-8 relative to their largest value) of its run alone."""
+    pipe = wan.wan_pipeline(base_dir)
+    runner = Runner(pipe, dtype=torch.bfloat16)
+    requests = [GenerationRequest(**q) for q in REQUESTS]
+    alone = [harness.run_steps(runner, r, r.num_inference_steps).latents for r in requests]
+    states = harness.run_batched(runner, requests, JOINS)
+    for i, (state, ref) in enumerate(zip(states, alone)):
+        scale = float(ref.abs().max())
+        torch.testing.assert_close(state.latents.float(), ref.float(), rtol=0, atol=2 * 2 ** -8 * scale,
+                                   msg=lambda m: f"request {i}: {m}")
+
+
+@pytest.mark.slow
+def test_two_rank_plans_batch_as_one_process(base_dir, alone):
+    from raydit.parallel.testing import run_distributed
+
+    plans = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+    out = run_distributed(harness.batching_worker, 2, BUILD, dict(base_dir=base_dir), REQUESTS, JOINS, plans,
+                          timeout=600)
+    assert set(out[0]) == {"u2r1c1", "u1r2c1", "u1r1c2"}
+    for plan, latents in out[0].items():
+        for i, (got, ref) in enumerate(zip(latents, alone)):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"{plan} request {i}: {m}")
+
+
+def test_requests_that_differ_do_not_share_a_step(base_dir):
+    from raydit.models.families import cogvideox
+
+    runner = Runner(wan.wan_pipeline(base_dir))
+    family, pipe = runner.family, runner.pipe
+    one = GenerationRequest(**REQUESTS[0])
+    assert family.batch_key(pipe, one) == family.batch_key(pipe, GenerationRequest(**REQUESTS[2]))
+    for change in (dict(num_frames=13), dict(width=96), dict(guidance_scale=1.0), dict(lora=(("style", 1.0),)),
+                   dict(cache="fbcache")):
+        other = GenerationRequest(**{**REQUESTS[0], **change})
+        assert family.batch_key(pipe, other) != family.batch_key(pipe, one), change
+    a = runner.prepare(one)
+    b = runner.prepare(GenerationRequest(**{**REQUESTS[0], "num_frames": 13}))
+    with pytest.raises(ValueError, match="these requests cannot share a step: their geometry, guidance, LoRA or "
+                                         "caching differ"):
+        runner.step_batch([a, b])
+    # A family without batched inputs runs each request alone.
+    cog = cogvideox.FAMILY
+    assert cog.batched_inputs == () and cog.batch_key(None, one) is None
