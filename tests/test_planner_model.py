@@ -271,3 +271,83 @@ def test_builtin_matches_the_published_transformer_config(name, cls, config):
     ff = next(m for n, m in model.named_modules() if n.startswith("transformer_blocks.0.") and n.endswith("ff.net.0.proj"))
     assert spec.ffn_hidden == ff.out_features
     assert spec.params == pytest.approx(params, rel=0.01), f"{name}: diffusers builds {params:.4e} parameters"
+    # LTX-2's audio stream: the heads and FFN of its blocks' audio attention and audio FFN.
+    block = model.transformer_blocks[0]
+    if hasattr(block, "audio_attn1"):
+        assert (spec.audio_heads, spec.audio_head_dim) == (block.audio_attn1.heads, block.audio_attn1.head_dim)
+        for attn in (block.audio_attn2, block.audio_to_video_attn, block.video_to_audio_attn):
+            assert attn.inner_dim == spec.audio_hidden
+        assert spec.audio_ffn_hidden == block.audio_ff.net[0].proj.out_features
+    else:
+        assert spec.audio_hidden == 0
+
+
+# -- LTX-2's audio stream -------------------------------------------------------------------------
+
+
+def test_ltx2_audio_tokens_follow_the_duration():
+    """La = round(frames / 24 x 25), as LTX2Pipeline sizes its audio latents; no other model has any."""
+    spec = model_spec("ltx-2")
+    assert (spec.audio_heads, spec.audio_head_dim, spec.audio_hidden, spec.audio_ffn_hidden) == (32, 64, 2048, 8192)
+    assert {f: spec.geometry(f, 512, 768).audio_tokens for f in (9, 121, 161, 241)} == {
+        9: 9, 121: 126, 161: 168, 241: 251}
+    assert spec.geometry().to_dict()["audio_tokens"] == 126
+    assert all(BUILTIN_MODELS[n].geometry().audio_tokens == 0 for n in BUILTIN_MODELS if n != "ltx-2")
+
+
+def test_ltx2_audio_rate_is_the_pipelines():
+    """25 tokens a second: AutoencoderKLLTX2Audio's defaults (16000 Hz, mel hop 160) over its
+    fixed 4x temporal compression; 24 fps: LTX2Pipeline's frame_rate."""
+    import inspect
+
+    from diffusers import AutoencoderKLLTX2Audio, LTX2Pipeline
+    from diffusers.models.autoencoders import autoencoder_kl_ltx2_audio
+
+    from raydit.models.families import ltx2
+
+    vae = inspect.signature(AutoencoderKLLTX2Audio.__init__).parameters
+    assert autoencoder_kl_ltx2_audio.LATENT_DOWNSAMPLE_FACTOR == ltx2.AUDIO_VAE_TEMPORAL_COMPRESSION
+    spec = model_spec("ltx-2")
+    assert spec.audio_tokens_per_second == (vae["sample_rate"].default / vae["mel_hop_length"].default
+                                            / ltx2.AUDIO_VAE_TEMPORAL_COMPRESSION)
+    assert spec.frame_rate == inspect.signature(LTX2Pipeline.__call__).parameters["frame_rate"].default == ltx2.FRAME_RATE
+
+
+def test_spec_from_ltx2_dir_reads_the_audio_stream(tmp_path):
+    """The tiny LTX-2 pipeline's directory: its audio stream (6 heads x 4, FFN 4 x) at the audio
+    rate of the built-in (its audio VAE has LTX-2's 16000 Hz and hop 160); 17 frames give the 18
+    audio tokens its conformance request runs. A directory whose audio VAE hops 320 samples has
+    half the tokens."""
+    from raydit.models.families import ltx2
+
+    spec = model_spec(str(ltx2.tiny_pipeline_dir()))
+    builtin = model_spec("ltx-2")
+    assert (spec.audio_heads, spec.audio_head_dim) == (ltx2.TINY_HEADS, ltx2.TINY_AUDIO_HEAD_DIM)
+    assert spec.audio_ffn_hidden == 4 * spec.audio_hidden and builtin.audio_ffn_hidden == 4 * builtin.audio_hidden
+    assert (spec.audio_tokens_per_second, spec.frame_rate) == (builtin.audio_tokens_per_second, builtin.frame_rate)
+    assert spec.geometry().audio_tokens == 18 == builtin.geometry(17, 512, 768).audio_tokens
+    assert spec.calibration_key.endswith(f":a{spec.audio_hidden}:affn{spec.audio_ffn_hidden}")
+
+    root = _pipeline_dir(tmp_path, {"_class_name": "LTX2VideoTransformer3DModel", "num_attention_heads": 32,
+                                    "attention_head_dim": 128, "audio_num_attention_heads": 16,
+                                    "audio_attention_head_dim": 128}, "LTX2Pipeline")
+    for folder, config in (("vae", {"spatial_compression_ratio": 32, "temporal_compression_ratio": 8}),
+                           ("audio_vae", {"sample_rate": 16000, "mel_hop_length": 320})):
+        (root / folder).mkdir()
+        (root / folder / "config.json").write_text(json.dumps(config))
+    spec = model_spec(str(root))
+    assert (spec.audio_hidden, spec.audio_ffn_hidden, spec.audio_tokens_per_second) == (2048, 8192, 12.5)
+    assert spec.geometry(121, 512, 768).audio_tokens == 63  # round(121 / 24 x 12.5)
+
+
+def test_audio_fields_come_together():
+    base = model_spec("ltx-2")
+    fields = {k: getattr(base, k) for k in base.__dataclass_fields__}
+    with pytest.raises(ValueError, match="an audio stream needs audio_heads, audio_head_dim, audio_ffn_hidden, "
+                                         "audio_tokens_per_second and frame_rate all > 0"):
+        ModelSpec(**{**fields, "audio_tokens_per_second": 0.0})
+    with pytest.raises(ValueError, match="audio_head_dim must be an integer >= 0, got -1"):
+        ModelSpec(**{**fields, "audio_head_dim": -1})
+    silent = ModelSpec(**{**fields, "audio_heads": 0, "audio_head_dim": 0, "audio_ffn_hidden": 0,
+                          "audio_tokens_per_second": 0, "frame_rate": 0})
+    assert silent.geometry().audio_tokens == 0 and ":a" not in silent.calibration_key

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from raydit.planner import ClusterSpec, NodeSpec, PlanError, model_spec, plan
+from raydit.planner import BUILTIN_MODELS, ClusterSpec, NodeSpec, PlanError, model_spec, plan
 from raydit.planner import cost as costmod
 from raydit.planner.search import _rank
 
@@ -853,3 +853,158 @@ def test_four_guidance_branches_plan_a_branch_degree_of_1_2_or_4():
     off = plan(spec, gpus=2, gpu_type="H100", ulysses=2, ring=1, guidance=False).best
     assert off.cost.compute == pytest.approx(plan(two, gpus=2, gpu_type="H100", ulysses=2, ring=1,
                                                   guidance=False).best.cost.compute)
+
+
+# -- LTX-2's audio stream ----------------------------------------------------------------------
+
+NO_AUDIO = dict(audio_heads=0, audio_head_dim=0, audio_ffn_hidden=0, audio_tokens_per_second=0.0, frame_rate=0.0)
+
+
+def _audio_flop(spec, geo, sp, b):
+    """(F_aud, F_av) of the cost docstring written out term by term for LTX-2 (no text in the
+    split sequence: a rank's s tokens are its video chunk)."""
+    La, V, X, L = geo.audio_tokens, geo.video_tokens, geo.cross_text_tokens, spec.layers
+    h, ha, fa = spec.hidden, spec.audio_hidden, spec.audio_ffn_hidden
+    s = math.ceil(V / sp)
+    whole = (2 * b * La * 4 * ha * ha  # audio self-attention q, k, v, out
+             + 2 * b * La * 2 * ha * ha + 2 * b * X * 2 * ha * ha  # prompt attention q, out; the prompt's K, V
+             + 2 * b * La * 2 * ha * ha  # audio->video k, v (made from the audio)
+             + 2 * b * La * 2 * ha * ha  # video->audio q, out
+             + 2 * b * La * 2 * ha * fa  # audio FFN
+             + 4 * b * La * (La + X + V) * ha)  # attention: audio, prompt and every video key
+    split = (2 * b * s * (h * ha + ha * h)  # audio->video q (h -> h_a), out (h_a -> h)
+             + 2 * b * s * 2 * h * ha  # video->audio k, v (h -> h_a)
+             + 4 * b * s * La * ha)  # audio->video attention over the audio keys
+    return L * whole, L * split
+
+
+@pytest.mark.parametrize("U,R,b", [(1, 1, 4), (1, 1, 1), (2, 2, 1), (4, 1, 2), (8, 1, 1), (1, 8, 4)])
+def test_ltx2_step_adds_the_audio_stream(U, R, b):
+    """Compute with the audio stream minus compute without it is F_aud + F_av (efficiencies
+    off, as on CPU slots); F_aud is the same on every rank at any sp, F_av shrinks with it."""
+    spec = model_spec("ltx-2")
+    geo = spec.geometry()
+    none = dataclasses.replace(spec, **NO_AUDIO)
+    assert geo.audio_tokens == 126 and none.geometry().audio_tokens == 0
+    flops, link = 1e14, costmod.Link(450, 8)
+    kw = dict(small_rows=0, wave_slots=0)
+    whole, split = _audio_flop(spec, geo, U * R, b)
+    assert costmod.audio_work(spec, geo, U, R, b, **kw) == (pytest.approx(whole), pytest.approx(split))
+    with_audio = costmod.step_cost(spec, geo, U, R, 1, b, flops, link, link, link, **kw)
+    without = costmod.step_cost(none, none.geometry(), U, R, 1, b, flops, link, link, link, **kw)
+    assert with_audio.compute - without.compute == pytest.approx((whole + split) / flops)
+    assert (with_audio.audio_compute, with_audio.audio_whole) == (pytest.approx((whole + split) / flops),
+                                                                  pytest.approx(whole / flops))
+    assert with_audio.total - without.total == pytest.approx(with_audio.audio_compute + with_audio.audio_gather)
+    for field in ("all_to_all", "ring_exposed", "edges"):
+        assert getattr(with_audio, field) == getattr(without, field)
+    # The whole stream on every rank: the audio's own work does not shrink with sp, its video side does.
+    whole_1, split_1 = costmod.audio_work(spec, geo, 1, 1, b, **kw)
+    assert whole == pytest.approx(whole_1)
+    assert split == pytest.approx(split_1 / (U * R))
+
+
+def test_ltx2_audio_terms_with_kernel_efficiencies():
+    """On GPUs the audio's kernels take the shard and wave rules: the whole stream (126 rows)
+    costs more than its FLOP, still the same at sp 1 and sp 8, and per rank it is a larger share
+    of a step the more ranks split the video."""
+    spec = model_spec("ltx-2")
+    geo = spec.geometry()
+    link = costmod.Link(450, 8)
+    shares = []
+    for U in (1, 8):
+        whole, split = costmod.audio_work(spec, geo, U, 1, 4)
+        plain_whole, plain_split = costmod.audio_work(spec, geo, U, 1, 4, small_rows=0, wave_slots=0)
+        assert whole > plain_whole and split > plain_split
+        c = costmod.step_cost(spec, geo, U, 1, 1, 4, 1e15, link, link, link)
+        shares.append(c.audio_whole / c.compute)
+        assert c.audio_whole == pytest.approx(whole / 1e15)
+    assert costmod.audio_work(spec, geo, 1, 1, 4)[0] == pytest.approx(costmod.audio_work(spec, geo, 8, 1, 4)[0])
+    assert shares[1] > 5 * shares[0]
+
+
+@pytest.mark.parametrize("U,R", [(1, 1), (4, 1), (2, 2), (1, 8)])
+def test_ltx2_video_to_audio_gathers_the_video_keys_and_values(U, R):
+    """Each layer all-gathers every rank's K and V chunk (V'/sp tokens x h_a) over the sp group
+    for video->audio attention: t_av = 2 ((sp-1) a + b V' h_a e (sp-1)/sp / B), on the ring's
+    link where R > 1; nothing at sp 1, nothing for a model without audio."""
+    spec = model_spec("ltx-2")
+    geo = spec.geometry()
+    sp, b, e = U * R, 2, 2
+    intra, slow = costmod.Link(450, 8), costmod.Link(25, 20, "network")
+    got = costmod.step_cost(spec, geo, U, R, 1, b, 1e15, intra, slow, intra)
+    link = slow if R > 1 else intra
+    video = math.ceil(geo.video_tokens / sp) * sp
+    per_tensor = (sp - 1) * link.latency_us * 1e-6 + b * video * spec.audio_hidden * e * (sp - 1) / sp / (link.gb_s * 1e9)
+    assert got.audio_gather == pytest.approx(spec.layers * 2 * per_tensor)
+    assert (got.audio_gather > 0) == (sp > 1)
+    none = dataclasses.replace(spec, **NO_AUDIO)
+    assert costmod.step_cost(none, none.geometry(), U, R, 1, b, 1e15, intra, slow, intra).audio_gather == 0
+
+
+def test_ltx2_model_rates_give_the_timed_step_back_with_its_audio():
+    """A measured one-device step holds the audio stream; fit_model_rates counts it in the
+    linear part, so step_cost gives that step back, and the audio's share of it is F_aud + F_av
+    at the fitted rate."""
+    spec = model_spec("ltx-2")
+    geo = spec.geometry()
+    rates = costmod.fit_model_rates(spec, geo, 4, 3.0, 0.01)
+    link = costmod.Link(450, 8)
+    c = costmod.step_cost(spec, geo, 1, 1, 1, 4, rates.linear, link, link, link, attn_flops_per_s=rates.plain_attention)
+    assert c.total == pytest.approx(3.0)
+    assert c.audio_compute == pytest.approx(sum(costmod.audio_work(spec, geo, 1, 1, 4)) / rates.linear)
+
+
+def test_ltx2_longer_video_more_audio_tokens_more_audio_work():
+    spec = model_spec("ltx-2")
+    short, long = spec.geometry(121, 512, 768), spec.geometry(241, 512, 768)
+    assert (short.audio_tokens, long.audio_tokens) == (126, 251)  # round(frames / 24 x 25)
+    plain = dict(small_rows=0, wave_slots=0)
+    for geo in (short, long):
+        assert costmod.audio_work(spec, geo, 2, 1, 2, **plain) == tuple(map(pytest.approx, _audio_flop(spec, geo, 2, 2)))
+    for kw in (plain, {}):
+        w_short, w_long = costmod.audio_work(spec, short, 2, 1, 2, **kw), costmod.audio_work(spec, long, 2, 1, 2, **kw)
+        assert w_long[0] > 1.5 * w_short[0] and w_long[1] > 1.5 * w_short[1]
+
+
+def test_ltx2_memory_holds_the_audio_activations():
+    """A += e b La (10 h_a + f_a) + 2 e b V' h_a: the whole audio stream's activations and the
+    gathered video K/V of video->audio attention (one rank, where denoising sets the peak)."""
+    spec = model_spec("ltx-2")
+    geo = spec.geometry()
+    none = dataclasses.replace(spec, **NO_AUDIO)
+    b, La, ha = 4, geo.audio_tokens, spec.audio_hidden
+    want = (2 * b * La * (10 * ha + spec.audio_ffn_hidden) + 2 * 2 * b * geo.video_tokens * ha) / 1e9
+    got = costmod.memory_gb(spec, geo, 1, 1, b, 0.0) - costmod.memory_gb(none, none.geometry(), 1, 1, b, 0.0)
+    assert got == pytest.approx(want)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in BUILTIN_MODELS if n != "ltx-2"))
+def test_models_without_audio_cost_no_audio(name):
+    spec = model_spec(name)
+    geo = spec.geometry()
+    assert (spec.audio_hidden, geo.audio_tokens) == (0, 0)
+    assert costmod.audio_work(spec, geo, 1, 2, 2) == (0.0, 0.0)
+    link = costmod.Link(450, 8)
+    c = costmod.step_cost(spec, geo, 1, 2, 1, 2, 1e14, link, link, link)
+    assert (c.audio_compute, c.audio_whole, c.audio_gather) == (0.0, 0.0, 0.0)
+    assert c.total == pytest.approx(c.compute + c.all_to_all + c.ring_exposed + c.edges, rel=1e-12)
+
+
+def test_ltx2_plan_says_the_audio_stays_whole():
+    from raydit.planner.report import format_plan_table
+
+    result = plan("ltx-2", gpus=8, gpu_type="H100", ulysses=2, ring=1, cfg=4)
+    best = result.best
+    note = next(n for n in best.notes if "audio" in n)
+    assert note.startswith("126 audio tokens stay whole on every rank (not split by sp)")
+    assert f"{best.cost.audio_whole:.3g} s a step at any sp" in note and "all-gathers the video keys" in note
+    table = format_plan_table(result)
+    assert "+ 126 audio tokens, whole on every rank" in table and "audio gather" in table
+    assert result.to_dict()["model"]["audio_tokens"] == 126
+    one = plan("ltx-2", gpus=1, gpu_type="H100").best
+    assert any(n.startswith("126 audio tokens stay whole") for n in one.notes)
+    assert not any("all-gathers" in n for n in one.notes)  # nothing to gather on one rank
+    other = plan("wan2.1-t2v-1.3b", gpus=8, gpu_type="H100")
+    assert not any("audio" in n for n in other.best.notes)
+    assert "audio" not in format_plan_table(other) and "audio_tokens" not in other.to_dict()["model"]

@@ -16,6 +16,9 @@ Notation (all per denoising step, per rank):
          --calibrate`: the linear part of a DiT block and the attention kernel, timed
          separately), else P_a = P
     B, a   link bandwidth (bytes/s, one direction) and latency of the link a collective uses
+    La     audio tokens (LTX-2: round(frames / 24 fps x 25 a second); 0 for every other family),
+           whole on every rank: never split, not in S';  H_a, h_a = H_a x audio head_dim, f_a: the
+           audio stream's heads, width and FFN width;  V: the video tokens, unpadded
 
 Compute (padding included: pad queries are computed and dropped, pad keys are masked but
 still go through the kernel):
@@ -26,6 +29,17 @@ still go through the kernel):
              F_blk = 4 b (S'/R)^2 (h/U)     per ring step and layer (QK^T and PV, 2 FLOP/MAC),
              at P_a
     cross    F_x   = 4 b s X h L
+    audio    LTX-2's audio stream runs in every block beside the video (the text reaches it at
+             width h_a), at the linear rate:
+             F_aud = 2 b La L (10 h_a^2 + 2 h_a f_a) + 2 b X L 2 h_a^2 + 4 b La (La + X + V) h_a L
+                     whole on every rank, the same at any sp: audio self-attention q k v out,
+                     prompt q out, audio->video k v and video->audio q out (10 GEMMs h_a x h_a),
+                     the FFN; the prompt's audio K/V; attention of the La audio queries over the
+                     La audio, X text and all V video keys (video->audio, after the gather below)
+             F_av  = 2 b s L 4 h h_a + 4 b s La h_a L
+                     the video side, split with the video: audio->video q (h -> h_a) and out
+                     (h_a -> h), video->audio k and v (h -> h_a) of the s local tokens; their
+                     audio->video attention over the La audio keys
 
 Kernel efficiency at small shards: a GEMM or attention kernel with m rows reaches
 m / (m + m0) of its large-size rate (m0 = SMALL_SHARD_ROWS on GPUs, 0 for CPU slots);
@@ -42,6 +56,13 @@ its last wave runs as long as a full one, so n tiles reach n / (ceil(n / W) W) o
 
 Sharding shrinks n: HunyuanVideo at 720p on 8 ranks (Ulysses 8: 3 heads, 14.9k rows) loses
 4% of its attention rate to the tail wave against 0.5% on one GPU.
+The audio terms take the same rules: GEMMs of F_av and the prompt's audio K/V as the linear
+layers (m = b s, b X); the audio kernels as attention (H_a heads, ceil(rows / 128) x H_a x b
+tiles; rows La for F_aud, s for F_av). The GEMMs of the La audio rows take the shard efficiency
+alone (m = b La): a GEMM of one or a few row tiles splits its K loop over the idle SMs (cuBLAS's
+split-K / stream-K), which the 128 x 256 tail-wave rule does not describe: it would give LTX-2's
+126 x 2048 x 2048 q projection 8 tiles for 132 SMs, 93 us on an H100, where reading its 8 MB of
+weights takes 2.5 us.
 
 Communication:
 
@@ -68,6 +89,10 @@ Communication:
              is cheap, and ring wins where links are slow.
              B_ring is the network when the ring group spans nodes, else the node's link.
              On a CPU slot's link (shm) nothing overlaps: each step costs t_blk + t_kv + o.
+    Audio:   video->audio attention needs every video key: per layer the rank's K and V chunks
+             (b V'/sp tokens x h_a each) are all-gathered over the sp group, then attended; nothing
+             overlaps it:  t_av = 2 ((sp-1) a + b V' h_a e (sp-1)/sp / B)   (sp > 1; B, a: the ring
+             link where R > 1, else the node's)
     Edges:   once per step the split/gather of the transformer input/output across sp
              (b V' c e bytes, c = latent channels x patch volume) and, with cfg C > 1, the
              all-gather of the predictions over the C groups (each rank receives C - 1 of
@@ -75,7 +100,7 @@ Communication:
 
 Step time of one replica:
 
-    t_step = L (F_lin/L + F_x/L) / P + L (t_a2a + t_ring) + t_edges
+    t_step = L (F_lin/L + F_x/L) / P + (F_aud + F_av) / P + L (t_a2a + t_ring + t_av) + t_edges
 
 End to end (`end_to_end`): steps x t_step plus the parts published figures include: the
 text encoding (2 x encoder params x text tokens FLOP per prompt, one prompt per guidance
@@ -92,14 +117,16 @@ parallelism: every rank holds the transformers and the VAE; the text encoder liv
 alone, which encodes the prompts and broadcasts the embeddings):
 
     M = max(W + A, W_t + M_dec) + W_text + reserve
-    A = e b s (10 h + f) + [R > 1] 4 b (S'/R) (h/U) e
+    A = e b s (10 h + f) + [R > 1] 4 b (S'/R) (h/U) e + e b La (10 h_a + f_a) + [La > 0] 2 e b V' h_a
         W: transformer(s), adapters and VAE weights; W_t: W without the VAE; A: 10 h:
         residual, norm output, q, k, v, attention output, two all-to-all buffers and slack;
         f: the FFN intermediate; the ring term: current and next K/V block. M_dec: the VAE
         weights and the decoder's peak activations on the rank's band of latent rows, the
-        decode split over the replica's C x U x R ranks (raydit.planner.decode). W_text: the
-        text encoder. reserve: CUDA context, workspaces, fragmentation (1.5 GB on GPUs, 0.5 GB
-        for a CPU slot). Flash-style attention: no S x S matrix.
+        decode split over the replica's C x U x R ranks (raydit.planner.decode). The audio
+        terms: the whole audio stream's activations, counted as the video's, and the gathered
+        video K and V of video->audio attention. W_text: the text encoder. reserve: CUDA
+        context, workspaces, fragmentation (1.5 GB on GPUs, 0.5 GB for a CPU slot).
+        Flash-style attention: no S x S matrix.
 
 A model's own rates (`fit_model_rates`, from `raydit doctor --calibrate --model`): one
 measured step on one device (U = R = 1) is split into L x the self-attention kernel timed at
@@ -193,6 +220,11 @@ def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
     act = ACT_BYTES * batch * s * (10 * h + f)
     if ring > 1:
         act += 4 * batch * (seq // ring) * (h // ulysses) * ACT_BYTES
+    if spec.audio_hidden and geo.audio_tokens:
+        # The whole audio stream, and video->audio attention's gathered video K and V.
+        h_a = spec.audio_hidden
+        act += ACT_BYTES * batch * geo.audio_tokens * (10 * h_a + spec.audio_ffn_hidden)
+        act += 2 * ACT_BYTES * batch * video * h_a
     denoise_gb = (spec.weight_bytes - spec.text_encoder_params * spec.bytes_per_param + act) / GB
     ranks = sp if decode_ranks is None else decode_ranks
     return rank_memory_gb(spec, denoise_gb, decode_peak_gb(spec, geo, ranks), "one-rank",
@@ -233,6 +265,9 @@ class StepCost:
     ring_exposed: float  # ring K/V transfer time not hidden behind compute
     edges: float  # split/gather and the CFG exchange
     total: float
+    audio_compute: float = 0.0  # of `compute`: LTX-2's audio stream, (F_aud + F_av) / P
+    audio_whole: float = 0.0  # of `audio_compute`: F_aud / P, the part every rank repeats at any sp
+    audio_gather: float = 0.0  # video->audio attention's all-gather of the video K/V, L t_av
 
     def to_dict(self) -> dict:
         return {k: round(v, 6) for k, v in self.__dict__.items()}
@@ -255,12 +290,46 @@ def _gemm_tiles(rows: float, width: float) -> float:
     return -(-rows // GEMM_TILE[0]) * -(-width // GEMM_TILE[1])
 
 
+def audio_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
+               small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS) -> tuple[float, float]:
+    """(whole, split) work of the audio stream in one step on one rank, FLOP divided by the
+    shard and wave efficiencies (module docstring): whole, F_aud, is the same on every rank at
+    any sp (the audio tokens are not split); split, F_av, the video side of the audio<->video
+    attention, shrinks with the rank's video tokens. (0, 0) without an audio stream."""
+    h_a, La = spec.audio_hidden, geo.audio_tokens
+    if not (h_a and La):
+        return 0.0, 0.0
+    sp = ulysses * ring
+    text, video = padded_parts(geo, sp)
+    s = (text + video) // sp
+    h, f_a, H_a, L = spec.hidden, spec.audio_ffn_hidden, spec.audio_heads, spec.layers
+    X, V, b = geo.cross_text_tokens, geo.video_tokens, batch
+
+    def kernel_eff(rows: int) -> float:  # an attention kernel of `rows` queries per head
+        tiles = -(-rows // ATTENTION_TILE_ROWS) * H_a * b
+        return shard_efficiency(b * rows * H_a, small_rows) * wave_efficiency(tiles, wave_slots)
+
+    def gemm_eff(rows: int, width: int) -> float:  # the linear layers' rule
+        return shard_efficiency(rows, small_rows) * wave_efficiency(_gemm_tiles(rows, width), wave_slots)
+
+    m_a = b * La
+    whole = 2 * m_a * L * (10 * h_a * h_a + 2 * h_a * f_a) / shard_efficiency(m_a, small_rows)
+    if X:
+        whole += 2 * b * X * L * 2 * h_a * h_a / gemm_eff(b * X, h_a)
+    whole += 4 * m_a * (La + X + V) * h_a * L / kernel_eff(La)
+
+    m = b * s
+    split = 2 * m * L * (3 * h * h_a / gemm_eff(m, h_a) + h_a * h / gemm_eff(m, h))
+    split += 4 * m * La * h_a * L / kernel_eff(s)
+    return whole, split
+
+
 def step_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
               small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS) -> tuple[float, float]:
     """(linear, attention block) work of one step on one rank, in FLOP divided by the shard
     and wave efficiencies (module docstring): seconds = work / FLOP/s of the part's rate.
-    linear: every layer's GEMMs and cross-attention; attention block: one layer's one ring
-    step, F_blk, at the kernel's rate."""
+    linear: every layer's GEMMs and cross-attention, and the audio stream (`audio_work`);
+    attention block: one layer's one ring step, F_blk, at the kernel's rate."""
     sp = ulysses * ring
     text, video = padded_parts(geo, sp)
     seq = text + video
@@ -274,7 +343,8 @@ def step_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
     if X:
         lin_time_flops += (2 * m * L * 2 * h * h + 4 * m * X * h * L) / wave(h)
         lin_time_flops += 2 * b * X * L * 2 * h * h / wave_efficiency(_gemm_tiles(b * X, h), wave_slots)
-    linear = lin_time_flops / shard_efficiency(m, small_rows)
+    linear = lin_time_flops / shard_efficiency(m, small_rows) + sum(
+        audio_work(spec, geo, ulysses, ring, batch, small_rows, wave_slots))
 
     block = seq // ring
     heads_here = spec.heads / ulysses
@@ -339,9 +409,18 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     if cfg > 1:
         edges += edge_link.seconds(out_bytes * (cfg - 1))
 
+    audio_whole, audio_split = (w / flops_per_s for w in audio_work(spec, geo, ulysses, ring, batch, small_rows,
+                                                                      wave_slots))
+    audio_gather = 0.0
+    if sp > 1 and spec.audio_hidden and geo.audio_tokens:
+        # The K and V chunks of every rank to every rank, each layer, before video->audio attention.
+        gather_link = ring_link if ring > 1 else intra
+        audio_gather = L * 2 * gather_link.seconds(b * video * spec.audio_hidden * e * (sp - 1) / sp, hops=sp - 1)
+
     compute = t_lin + L * t_attn_compute
-    total = compute + L * (t_a2a + ring_exposed) + edges
-    return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total)
+    total = compute + L * (t_a2a + ring_exposed) + edges + audio_gather
+    return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total, audio_whole + audio_split, audio_whole,
+                    audio_gather)
 
 
 @dataclass(frozen=True)

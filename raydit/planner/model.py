@@ -9,6 +9,12 @@ height, width)` validates a request and gives the token grid:
     token grid    = (latent_frames / patch_t) x (latent_height / patch) x (latent_width / patch)
 
 CogVideoX-2b, 49 x 480 x 720: 13 x 30 x 45 = 17550 video tokens + 226 text = 17776.
+
+A model with an audio stream (LTX-2) also carries the sound's tokens, as its pipeline makes them:
+
+    audio_tokens  = round(frames / frame_rate x audio_tokens_per_second)
+
+LTX-2, 121 frames at 24 fps, 25 audio tokens a second: round(126.04) = 126.
 """
 
 from __future__ import annotations
@@ -59,6 +65,13 @@ class ModelSpec:
     default_frames/height/width: the request used when the user gives none.
     adapter_bytes: LoRA adapters every rank holds beside the weights (unfused; each counted
         once per transformer it loads into), as the runtime measured them; 0 for none.
+    audio_heads, audio_head_dim, audio_ffn_hidden: an audio stream run in the same blocks as the
+        video (LTX-2: 32 heads x 64 = 2048 wide, FFN 8192; audio_hidden = heads x head_dim); 0
+        for none.
+    audio_tokens_per_second: audio tokens per second of sound (LTX-2: sample rate / mel hop /
+        the audio VAE's temporal compression = 16000 / 160 / 4 = 25); frame_rate: frames per
+        second a request's video is read at to give the sound's length (LTX2Pipeline's 24).
+        Both 0 without an audio stream.
     """
 
     name: str
@@ -85,6 +98,11 @@ class ModelSpec:
     experts: int = 1  # transformers of `params` each held (Wan 2.2 A14B: 2, one per step)
     cfg_branches: int = 2  # transformer passes per step with guidance on (HunyuanVideo: 1, embedded; LTX-2: 4)
     adapter_bytes: float = 0.0  # LoRA adapters resident on every rank (raydit.models.lora.adapter_bytes)
+    audio_heads: int = 0  # LTX-2's audio stream; 0: none
+    audio_head_dim: int = 0
+    audio_ffn_hidden: int = 0
+    audio_tokens_per_second: float = 0.0
+    frame_rate: float = 0.0
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
@@ -97,6 +115,20 @@ class ModelSpec:
         if isinstance(self.adapter_bytes, bool) or not isinstance(self.adapter_bytes, (int, float)) \
                 or not self.adapter_bytes >= 0:
             raise ValueError(f"model {self.name!r}: adapter_bytes must be a number >= 0, got {self.adapter_bytes!r}")
+        for field_name in ("audio_heads", "audio_head_dim", "audio_ffn_hidden"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"model {self.name!r}: {field_name} must be an integer >= 0, got {value!r}")
+        for field_name in ("audio_tokens_per_second", "frame_rate"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"model {self.name!r}: {field_name} must be a number >= 0, got {value!r}")
+        audio = (self.audio_heads, self.audio_head_dim, self.audio_ffn_hidden, self.audio_tokens_per_second,
+                 self.frame_rate)
+        if any(audio) and not all(audio):
+            raise ValueError(
+                f"model {self.name!r}: an audio stream needs audio_heads, audio_head_dim, audio_ffn_hidden, "
+                f"audio_tokens_per_second and frame_rate all > 0 (none: all 0), got {', '.join(map(str, audio))}")
         if self.text_tokens < 0:
             raise ValueError(f"model {self.name!r}: text_tokens must be >= 0, got {self.text_tokens}")
         if self.positional not in POSITIONAL_KINDS:
@@ -112,14 +144,20 @@ class ModelSpec:
         return self.heads * self.head_dim
 
     @property
+    def audio_hidden(self) -> int:
+        """Width of the audio stream (0: none)."""
+        return self.audio_heads * self.audio_head_dim
+
+    @property
     def calibration_key(self) -> str:
         """What a model calibration of this transformer is filed under on a device type: its
         family and the shape that sets its cost (a built-in spec and a saved pipeline of the
         same shape share it; weights and the name do not matter)."""
         pt = self.patch_size_t or 1
         text = f"{self.text_tokens}{'s' if self.text_in_sequence else 'x'}"
+        audio = f":a{self.audio_hidden}:affn{self.audio_ffn_hidden}" if self.audio_hidden else ""
         return (f"{self.family}:{self.heads}x{self.head_dim}:L{self.layers}:ffn{self.ffn_hidden}:"
-                f"p{self.patch_size}x{pt}:c{self.in_channels}:t{text}:b{self.cfg_branches}")
+                f"p{self.patch_size}x{pt}:c{self.in_channels}:t{text}:b{self.cfg_branches}{audio}")
 
     @property
     def pixel_multiple(self) -> int:
@@ -138,6 +176,13 @@ class ModelSpec:
         """Bytes that need not stay on the device during denoising: the experts not running
         this step and the text encoder once the prompt is encoded."""
         return (self.params * (self.experts - 1) + self.text_encoder_params) * self.bytes_per_param
+
+    def audio_tokens(self, frames: int) -> int:
+        """Audio tokens of a request of `frames` frames: the sound lasts as the video (LTX2Pipeline:
+        round(frames / frame_rate x tokens per second)); 0 without an audio stream."""
+        if not self.audio_hidden:
+            return 0
+        return round(frames / self.frame_rate * self.audio_tokens_per_second)
 
     def heads_divisors(self) -> list[int]:
         """The Ulysses degrees this model allows: divisors of the head count."""
@@ -184,11 +229,13 @@ class ModelSpec:
             token_cols=width // m,
             text_tokens=self.text_tokens if self.text_in_sequence else 0,
             cross_text_tokens=0 if self.text_in_sequence else self.text_tokens,
+            audio_tokens=self.audio_tokens(frames),
         )
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["hidden"] = self.hidden
+        d["audio_hidden"] = self.audio_hidden
         return d
 
 
@@ -208,6 +255,7 @@ class VideoGeometry:
     token_cols: int
     text_tokens: int  # text tokens inside the attention sequence
     cross_text_tokens: int  # text tokens only cross-attended (not in the sequence)
+    audio_tokens: int = 0  # LTX-2's audio stream: whole on every rank, not in the split sequence
 
     @property
     def video_tokens(self) -> int:
@@ -287,16 +335,19 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                   128, 13.04e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
         # LTX-2 (Lightricks/LTX-2, LTX2Pipeline): the 19B audio-video transformer, diffusers'
         # LTX2VideoTransformer3DModel defaults (its LTX-2 config): video 32 heads x 128, 48
-        # blocks, 128 latent channels, patch 1; the audio stream (32 x 64) runs in the same blocks
-        # and is counted in the parameters (1.888e10 on the meta device), not in the sequence (its
-        # ~25 tokens per second stay whole on every rank). Gemma 3 text reaches both streams by
+        # blocks, 128 latent channels, patch 1; the audio stream (32 x 64 = 2048 wide, FFN 4 x) runs
+        # in the same blocks and is counted in the parameters (1.888e10 on the meta device), not in
+        # the split sequence: its tokens (AutoencoderKLLTX2Audio's defaults: 16000 Hz / hop 160 /
+        # 4x temporal compression = 25 a second, read at the pipeline's 24 fps) stay whole on every
+        # rank, costed apart (raydit.planner.cost). Gemma 3 text reaches both streams by
         # cross-attention, 1024 tokens (max_sequence_length). VAEs: video 32x / 8x (the pipeline's),
         # 1.22e9 + audio VAE 0.05e9 + vocoder 0.06e9. LTX2Pipeline's defaults: 121 x 512 x 768.
         # Guidance: four branches per step (the negative and positive passes, STG, modality), shared
         # out over cfg 1, 2 or 4 groups.
         ModelSpec("ltx-2", "ltx2", 32, 128, 48, 16384, 1, 1, 1024, False, "rotary",
                   128, 18.88e9, _LTX2_TEXT, 1.33e9, 121, 512, 768, vae_spatial=32, vae_temporal=8,
-                  cfg_branches=4),
+                  cfg_branches=4, audio_heads=32, audio_head_dim=64, audio_ffn_hidden=4 * 32 * 64,
+                  audio_tokens_per_second=25.0, frame_rate=24.0),
         # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),
@@ -415,7 +466,7 @@ _SPEC_READERS: dict[str, Callable] = {}
 # Component folders whose config a reader may need; `configs[""]` is model_index.json.
 _COMPONENT_CONFIGS = {
     "transformer": "config.json", "transformer_2": "config.json", "vae": "config.json",
-    "text_encoder": "config.json", "image_encoder": "config.json",
+    "text_encoder": "config.json", "image_encoder": "config.json", "audio_vae": "config.json",
     "tokenizer": "tokenizer_config.json", "scheduler": "scheduler_config.json",
 }
 

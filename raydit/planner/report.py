@@ -29,6 +29,8 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     types = ", ".join(f"{sum(n.count for n in cl.nodes if n.device.name == t)} x {t}" for t in cl.types)
     text = (f" + {g.text_tokens} text = {g.sequence_tokens} tokens" if g.text_tokens
             else f" tokens (+ {g.cross_text_tokens} cross-attended text)")
+    if g.audio_tokens:
+        text += f" + {g.audio_tokens} audio tokens, whole on every rank"
     lines = [
         f"model   {m.name}: {m.heads} heads x {m.head_dim}, {m.layers} layers, "
         f"{m.weight_bytes / 1e9:.1f} GB of weights",
@@ -44,7 +46,9 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     lines += [f"        {n}" for n in best.notes]
     c = best.cost
     lines.append(f"        step = compute {c.compute:.4f} + all-to-all {c.all_to_all:.4f} + ring exposed "
-                 f"{c.ring_exposed:.4f} + edges {c.edges:.4f} s")
+                 f"{c.ring_exposed:.4f} + edges {c.edges:.4f}"
+                 + (f" + audio gather {c.audio_gather:.4f}" if c.audio_gather else "") + " s"
+                 + (f" (compute holds the audio stream's {c.audio_compute:.4f})" if c.audio_compute else ""))
     if best.decode is not None:
         d = best.decode
         lines.append(f"        decode {d.seconds:.3f} s per video on {d.ranks} rank{'s' if d.ranks != 1 else ''} "

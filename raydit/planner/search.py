@@ -273,6 +273,8 @@ class PlanResult:
                 "latent_frames": g.latent_frames, "latent_height": g.latent_height,
                 "latent_width": g.latent_width, "token_frames": g.token_frames,
                 "token_rows": g.token_rows, "token_cols": g.token_cols,
+                **({"audio_heads": m.audio_heads, "audio_head_dim": m.audio_head_dim, "audio_hidden": m.audio_hidden,
+                    "audio_ffn_hidden": m.audio_ffn_hidden, "audio_tokens": g.audio_tokens} if g.audio_tokens else {}),
             },
             "cluster": self.cluster.to_dict(),
             "guidance": self.guidance,
@@ -556,6 +558,8 @@ class _Layouts:
             notes.append(f"{left} device{'s' if left != 1 else ''} left out: groups of "
                          f"{C * sp} (cfg {C} x sp {sp}) do not fill the rest"
                          + (" with Ulysses groups inside nodes" if U > 1 else ""))
+        if geo.audio_tokens:
+            notes.append(_audio_note(geo, sp, fastest_cost))
         if offload_gb:
             link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
             switch_s = spec.params * spec.bytes_per_param / 1e9 / link if spec.experts > 1 else 0.0
@@ -583,6 +587,17 @@ class _Layouts:
             decode=decode_cost(spec, geo, C * sp, self.nodes[0].node.device.flops_per_second, self.nodes[0].intra.gb_s,
                                self.nodes[0].intra.latency_us),
         )
+
+
+def _audio_note(geo: VideoGeometry, sp: int, cost: StepCost) -> str:
+    """What a plan does with an audio stream (LTX-2): its tokens stay whole on every rank."""
+    note = (f"{geo.audio_tokens} audio tokens stay whole on every rank (not split by sp): each rank computes "
+            f"the whole audio stream, {cost.audio_whole:.3g} s a step at any sp, and its video tokens' side of "
+            f"the audio<->video attention, {cost.audio_compute - cost.audio_whole:.3g} s")
+    if sp > 1:
+        note += (f"; video-to-audio attention all-gathers the video keys and values every block, "
+                 f"{cost.audio_gather:.3g} s")
+    return note
 
 
 def _tie_key(p: Plan, best_throughput: float):
@@ -676,6 +691,8 @@ def _per_type(spec, geo, cluster, branches, one_branch_why) -> Plan | None:
     notes = ["one layout per device type, side by side (replicas of different shapes): " + "; ".join(
         f"{p.runs[0].gpu_type}: cfg {p.cfg} x ulysses {p.ulysses} x ring {p.ring} x {p.replicas} at "
         f"{p.predicted_step_seconds:.3g} s/step" for p in parts)]
+    if geo.audio_tokens:
+        notes.append(_audio_note(geo, lead.sp, lead.cost))
     left = cluster.total - world
     if left:
         notes.append(f"{left} device{'s' if left != 1 else ''} left out")

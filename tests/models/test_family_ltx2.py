@@ -114,3 +114,15 @@ def test_guidance_options_from_the_command_line(capsys):
         assert main(["generate", "--prompt", "a fox", "--device", "cpu", "--guidance-option", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("frames", [9, 17, 41])
+def test_the_planner_counts_the_audio_tokens_init_makes(pipe, frames):
+    """The planner's La for a request is the audio latent length `init` prepares for it."""
+    import raydit
+
+    spec = raydit.model_spec(str(ltx2.tiny_pipeline_dir()))
+    request = dataclasses.replace(REQUEST, num_frames=frames, guidance_options={"stg_blocks": (1,)})
+    state = Runner(pipe).prepare(request)
+    assert state.context["audio_frames"] == spec.geometry(frames, 32, 416).audio_tokens
+    assert state.context["audio_shape"][0] == state.context["audio_frames"]  # the packed latents [La, Ca]

@@ -64,6 +64,9 @@ PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipe
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default (a tokenizer with a smaller limit: its own)
 FRAME_RATE = 24.0  # the pipeline's default (audio length, rotary positions in time)
 STG_BLOCK = 28  # the pipeline's default spatio_temporal_guidance_blocks = [28]
+# AutoencoderKLLTX2Audio.temporal_compression_ratio: mel frames per audio latent frame, a constant
+# of diffusers' class (LATENT_DOWNSAMPLE_FACTOR), not in its config.
+AUDIO_VAE_TEMPORAL_COMPRESSION = 4
 
 # GenerationRequest.guidance_options this family takes, with LTX2Pipeline's defaults. None: the
 # pipeline's fallback (audio_x or x; stg_blocks: [28], or the last block of a transformer with
@@ -125,7 +128,8 @@ def guidance(pipe, request) -> dict:
 # Sequence parallelism. The video tokens are split over the sp ranks as for LTX-Video (before
 # the first block, gathered after the last); the audio tokens stay whole on every rank (La is
 # ~25 per second of sound, 1-2 % of the video's tokens at 512 x 768: splitting them would buy
-# nothing and cost a second layout). Per block:
+# nothing and cost a second layout; the planner costs their stream as whole on every rank,
+# raydit.planner.cost). Per block:
 #   attn1 (video self-attention)      Ulysses / ring over the video chunks (sp_attention); its
 #                                      rotary table cut to this rank's chunk; the STG pass's
 #                                      perturbed blocks use the values alone (per token, local);
@@ -331,10 +335,13 @@ class LTX2Family(Family):
         return {"tiny-ltx2": tiny_pipeline_dir, "tiny-ltx2-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path, configs):
-        """Geometry from transformer/, vae/ and tokenizer/ configs; parameters from the weights'
-        headers. The planner sees the video stream (its tokens set the attention cost; the audio
-        stream, ~La = 25 per second of sound, is small beside them and kept whole per rank) and
-        the prompt as cross-attended text (max_sequence_length tokens)."""
+        """Geometry from transformer/, vae/, audio_vae/ and tokenizer/ configs; parameters from the
+        weights' headers. The planner sees the video stream as the split sequence, the prompt as
+        cross-attended text (max_sequence_length tokens) and the audio stream apart, whole on every
+        rank: its heads and width (transformer/ audio_*; FFN 4 x, diffusers' FeedForward) and its
+        tokens per second as `init` makes them (audio_vae/ sample_rate / mel_hop_length /
+        AUDIO_VAE_TEMPORAL_COMPRESSION, read at FRAME_RATE; without audio_vae/, the pipeline's
+        16000 / 160). The vocoder turns mel frames into samples and sets no token count."""
         from raydit.planner.model import ModelSpec, component_params, require
 
         cfg = configs["transformer"]
@@ -345,7 +352,13 @@ class LTX2Family(Family):
         heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
         layers = int(cfg.get("num_layers", 48))
         hidden = heads * head_dim
-        audio_hidden = int(cfg.get("audio_num_attention_heads", 32)) * int(cfg.get("audio_attention_head_dim", 64))
+        # diffusers' defaults where the config leaves them out (LTX-2's: 32 x 64)
+        audio_heads = int(cfg.get("audio_num_attention_heads", 32))
+        audio_head_dim = int(cfg.get("audio_attention_head_dim", 64))
+        audio_hidden = audio_heads * audio_head_dim
+        audio_vae = configs.get("audio_vae", {})
+        audio_per_second = (float(audio_vae.get("sample_rate", 16000)) / float(audio_vae.get("mel_hop_length", 160))
+                            / AUDIO_VAE_TEMPORAL_COMPRESSION)
         vae = configs.get("vae", {})
         scaling = vae.get("spatio_temporal_scaling", [True] * 4)
         scaling = [scaling] * 4 if isinstance(scaling, bool) else scaling
@@ -373,7 +386,8 @@ class LTX2Family(Family):
             vae_params=params("vae", "audio_vae", "vocoder"),
             default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
             default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
-            cfg_branches=self.max_branches,
+            cfg_branches=self.max_branches, audio_heads=audio_heads, audio_head_dim=audio_head_dim,
+            audio_ffn_hidden=4 * audio_hidden, audio_tokens_per_second=audio_per_second, frame_rate=FRAME_RATE,
         )
 
     def conformance_cases(self, base_dirs):
