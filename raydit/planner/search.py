@@ -630,6 +630,22 @@ def _rank(plans) -> list[Plan]:
     return ranked
 
 
+def batch_capacity(result: "PlanResult", plan: "Plan", limit: int = 64) -> int:
+    """The most requests of the planned geometry one replica of `plan` can carry through a
+    step side by side (step-level batching), by the memory model: their activations together,
+    the weights once, within its smallest device's capacity less the reserve; at least 1."""
+    spec, geo = result.model, result.geometry
+    b = costmod.batch_per_group(result.branches, plan.cfg)
+    types = {r.gpu_type for r in plan.runs} or {n.device.name for n in result.cluster.nodes}
+    capacity = min(n.device.memory_gb - _reserve(n.device) for n in result.cluster.nodes if n.device.name in types)
+    ranks = plan.cfg * plan.ulysses * plan.ring
+    n = 1
+    while n < limit and costmod.memory_gb(spec, geo, plan.ulysses, plan.ring, b * (n + 1), 0.0,
+                                          decode_ranks=ranks) <= capacity:
+        n += 1
+    return n
+
+
 def _degrees_text(branches: int) -> str:
     """The cfg degrees that share `branches` evenly, as words."""
     return " or ".join(f"cfg {d}" for d in range(1, branches + 1) if branches % d == 0)

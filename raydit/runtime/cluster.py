@@ -482,24 +482,31 @@ class WorkerPool:
                 return
             time.sleep(0.1)
 
-    def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None) -> dict:
-        refs = [m.actor.prepare.remote(request, checkpoint) for m in self.active]
+    def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None,
+                slot: int = 0) -> dict:
+        refs = [m.actor.prepare.remote(request, checkpoint, slot) for m in self.active]
         return self._call_all(refs, timeout_s, where="prepare")[0]
 
-    def step(self, timeout_s: float | None = None) -> dict:
+    def step(self, timeout_s: float | None = None, slots: list | None = None):
         """The finished step's checkpoint, in its wire form (raydit.runtime.wire: tensors as
-        NumPy buffers, read back with from_wire where the driver needs tensors);
-        `last_step_seconds`: the step as rank 0 measured it, without Ray's round trip."""
-        refs = [m.actor.step.remote(rank == 0) for rank, m in enumerate(self.active)]
+        NumPy buffers, read back with from_wire where the driver needs tensors); with `slots`
+        (a batch) {slot: checkpoint}. `last_step_seconds`: the step as rank 0 measured it,
+        without Ray's round trip."""
+        refs = [m.actor.step.remote(rank == 0, slots) for rank, m in enumerate(self.active)]
         answer = self._call_all(refs, timeout_s, where="step")[0]
         self.last_step_seconds = answer["seconds"]
-        return answer["checkpoint"]
+        return answer["checkpoints"] if slots is not None else answer["checkpoints"][0]
 
-    def decode(self, timeout_s: float | None = None):
+    def forget(self, slot: int) -> None:
+        """Every rank drops the request in `slot` (it left its batch unfinished); best effort."""
+        for m in self.active:
+            m.actor.forget.remote(slot)
+
+    def decode(self, timeout_s: float | None = None, slot: int = 0):
         # Every rank decodes its band of latent rows (raydit.models.vae_parallel); rank 0's
         # frames are the answer. decode_ranks: how many ranks the last decode ran on;
         # decoded_audio: the sound rank 0 decoded with them (None for a silent family).
-        refs = [m.actor.decode.remote(all_ranks=True) for m in self.active]
+        refs = [m.actor.decode.remote(all_ranks=True, slot=slot) for m in self.active]
         answers = self._call_all(refs, timeout_s, self.active, where="decode")
         frames, self.decode_ranks, self.decoded_audio = next(a for a in answers if a is not None)  # rank 0's
         return frames

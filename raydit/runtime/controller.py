@@ -68,6 +68,7 @@ class Job:
     timings: dict = field(default_factory=dict)
     # Recoverable failures at the step in flight since the last finished step.
     failures_at_step: int = 0
+    slot: int = 0  # where the workers hold it (a batch: one slot per request)
 
 
 NO_CAPACITY = "no workers are left alive and no free devices remain in the cluster"
@@ -235,39 +236,12 @@ class Controller:
                 self.ensure_group(job)
                 return "recovered"
             if not job.prepared:
-                t0 = time.perf_counter()
-                info = self.group.prepare(job.request, job.checkpoint, timeout_s=self.deadlines.for_call("prepare", self.plan))
-                seconds = time.perf_counter() - t0
-                self.deadlines.observe("prepare", seconds)
-                # A compiled engine compiles for a new shape inside prepare: reported apart.
-                warmup = float(info.get("warmup_seconds", 0.0))
-                job.timings["compile_seconds"] = job.timings.get("compile_seconds", 0.0) + warmup
-                job.timings.setdefault("prepare_seconds", seconds - warmup)
-                job.num_steps = info["num_steps"]
-                job.step_index = info["step_index"]
-                job.timesteps = info["timesteps"]
-                job.prepared = True
+                self._prepare(job)
                 return "prepared"
             if job.step_index < job.num_steps:
-                t0 = time.perf_counter()
-                job.checkpoint = self.group.step(timeout_s=self.deadlines.for_call("step", self.plan))
-                seconds = time.perf_counter() - t0
-                self.deadlines.observe("step", seconds)
-                job.step_seconds.append(seconds)
-                rank_seconds = getattr(self.group, "last_step_seconds", None)
-                if rank_seconds is not None:
-                    job.rank_step_seconds.append(rank_seconds)
-                job.step_index += 1
-                job.failures_at_step = 0
+                self._step([job])
                 return "stepped"
-            t0 = time.perf_counter()
-            job.frames = self.group.decode(timeout_s=self.deadlines.for_call("decode", self.plan))
-            seconds = time.perf_counter() - t0
-            self.deadlines.observe("decode", seconds)
-            job.timings["decode_seconds"] = seconds
-            job.timings["decode_ranks"] = getattr(self.group, "decode_ranks", 1)
-            job.audio = getattr(self.group, "decoded_audio", None)
-            job.done = True
+            self._decode(job)
             return "decoded"
         except WorkerFailure as failure:
             self.recover(job, failure)
@@ -275,6 +249,102 @@ class Controller:
         except OutOfMemory as oom:
             self.recover_oom(job, oom)
             return "recovered"
+
+    def tick_batch(self, jobs: list[Job]) -> tuple[str, list[Job]]:
+        """Advance a batch (step-level batching: unfinished jobs in distinct slots whose
+        requests share a step) by one unit of work: prepare one job that is not prepared, else
+        decode one whose steps are done (it leaves the batch), else one step of every job, as
+        one batch. Returns
+        (what it did, the jobs it did it for). A recovery re-prepares every job of the batch
+        from its checkpoint (their states lived on the old group). Raises as `tick` does; an
+        application error of a job's own prepare or decode names that job in
+        `failed_job` on the exception."""
+        lead = jobs[0]
+        try:
+            if not self.group.active:
+                self.ensure_group(lead)
+                return self._lost_states(jobs)
+            for job in jobs:
+                if not job.prepared:
+                    try:
+                        self._prepare(job)
+                    except (WorkerFailure, OutOfMemory):
+                        raise
+                    except Exception as exc:
+                        exc.failed_job = job
+                        raise
+                    return "prepared", [job]
+            for job in jobs:
+                if job.step_index >= job.num_steps:  # its own steps are done: it leaves
+                    try:
+                        self._decode(job)
+                    except (WorkerFailure, OutOfMemory):
+                        raise
+                    except Exception as exc:
+                        exc.failed_job = job
+                        raise
+                    return "decoded", [job]
+            self._step(jobs)
+            return "stepped", list(jobs)
+        except WorkerFailure as failure:
+            self.recover(lead, failure)
+            return self._lost_states(jobs)
+        except OutOfMemory as oom:
+            self.recover_oom(lead, oom)
+            return self._lost_states(jobs)
+
+    @staticmethod
+    def _lost_states(jobs: list[Job]) -> tuple[str, list[Job]]:
+        for job in jobs:
+            job.prepared = False  # re-prepared from its checkpoint on the new group
+        return "recovered", list(jobs)
+
+    def _prepare(self, job: Job) -> None:
+        t0 = time.perf_counter()
+        timeout = self.deadlines.for_call("prepare", self.plan)
+        info = (self.group.prepare(job.request, job.checkpoint, timeout_s=timeout) if job.slot == 0
+                else self.group.prepare(job.request, job.checkpoint, timeout_s=timeout, slot=job.slot))
+        seconds = time.perf_counter() - t0
+        self.deadlines.observe("prepare", seconds)
+        # A compiled engine compiles for a new shape inside prepare: reported apart.
+        warmup = float(info.get("warmup_seconds", 0.0))
+        job.timings["compile_seconds"] = job.timings.get("compile_seconds", 0.0) + warmup
+        job.timings.setdefault("prepare_seconds", seconds - warmup)
+        job.num_steps = info["num_steps"]
+        job.step_index = info["step_index"]
+        job.timesteps = info["timesteps"]
+        job.prepared = True
+
+    def _step(self, jobs: list[Job]) -> None:
+        """One step of `jobs` (one job: as ever; several: as one batch, their slots)."""
+        t0 = time.perf_counter()
+        timeout = self.deadlines.for_call("step", self.plan)
+        if len(jobs) == 1 and jobs[0].slot == 0:
+            checkpoints = {0: self.group.step(timeout_s=timeout)}
+        else:
+            checkpoints = self.group.step(timeout_s=timeout, slots=[j.slot for j in jobs])
+        seconds = time.perf_counter() - t0
+        self.deadlines.observe("step", seconds)
+        rank_seconds = getattr(self.group, "last_step_seconds", None)
+        for job in jobs:
+            job.checkpoint = checkpoints[job.slot]
+            job.step_seconds.append(seconds)
+            if rank_seconds is not None:
+                job.rank_step_seconds.append(rank_seconds)
+            job.step_index += 1
+            job.failures_at_step = 0
+
+    def _decode(self, job: Job) -> None:
+        t0 = time.perf_counter()
+        timeout = self.deadlines.for_call("decode", self.plan)
+        job.frames = (self.group.decode(timeout_s=timeout) if job.slot == 0
+                      else self.group.decode(timeout_s=timeout, slot=job.slot))
+        seconds = time.perf_counter() - t0
+        self.deadlines.observe("decode", seconds)
+        job.timings["decode_seconds"] = seconds
+        job.timings["decode_ranks"] = getattr(self.group, "decode_ranks", 1)
+        job.audio = getattr(self.group, "decoded_audio", None)
+        job.done = True
 
     def ensure_group(self, job: Job) -> None:
         """Re-form a group that an application error (or a failed recovery) left unformed:

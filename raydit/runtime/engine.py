@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ import numpy as np
 from raydit.runtime.cluster import RayCluster, WorkerPool
 from raydit.runtime.controller import Controller, ElasticPolicy, Job
 from raydit.runtime.errors import HandBack
-from raydit.runtime.queue import Dispatcher, Item, load_progress, save_progress
+from raydit.runtime.queue import RESOLVED, Dispatcher, Item, load_progress, save_progress
 from raydit.runtime.wire import from_wire, to_wire
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -45,6 +46,10 @@ class GenerationResult:
     events: list[dict] = field(default_factory=list)
     replica: int = 0
     audio: Any = None  # raydit.models.family.Audio: the sound the model made with the video, or None
+    # Step-level batching: the requests (their `tag`s) this one shared a step with, in the
+    # order they joined; empty when it ran alone. tag: this request's (submit's, else request-N).
+    batched_with: list = field(default_factory=list)
+    tag: str = ""
 
     def save(self, path: str, fps: int | None = None) -> str:
         """Write the frames as an H.264 mp4 with imageio-ffmpeg, with the sound as an AAC stream
@@ -68,6 +73,7 @@ class Replica:
     plan: Any = None
     busy: bool = False
     in_rotation: bool = True  # False after it handed a request back, until repaired
+    batch_size: int = 0  # requests in its running batch (step-level batching; 1: one alone)
     idle_since: float = field(default_factory=time.monotonic)  # when it last finished a request
 
 
@@ -93,6 +99,12 @@ class Engine:
     `max_replicas=K` (> replicas): replicas follow the queue: one more (the planner's best
     layout, on free devices) while a request has waited `scale_up_wait_s`, up to K; one idle
     for `scale_down_idle_s` with nothing waiting is taken out, down to `replicas`.
+    `max_batch=N` (> 1): step-level batching: queued requests that can share a step with the
+    one a replica runs (the family's batch key: same geometry, guidance branches, LoRA, no
+    caching; Wan today) join it at the next step boundary, up to N and what the plan's memory
+    model holds, each with its own timestep, seed, steps and guidance scale, and leave when
+    their own steps are done; `result.batched_with` names the requests (their `tag`s) each
+    shared a step with.
     """
 
     def __init__(
@@ -126,6 +138,7 @@ class Engine:
         max_replicas: int | None = None,
         scale_up_wait_s: float = 30.0,
         scale_down_idle_s: float = 300.0,
+        max_batch: int = 1,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
         from raydit.models.registry import load_families
@@ -133,7 +146,8 @@ class Engine:
 
         if device not in DEVICES:
             raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-        for name, value in (("workers", workers), ("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas)):
+        for name, value in (("workers", workers), ("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas),
+                            ("max_batch", max_batch)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} {value!r} must be a positive integer")
         if max_replicas is not None and (isinstance(max_replicas, bool) or not isinstance(max_replicas, int)
@@ -232,6 +246,9 @@ class Engine:
         for r in self.replicas:
             self._attach_controller(r)
         self._dispatcher = Dispatcher(self.replicas, self._execute, self._repair, self._capacity_left)
+        self.max_batch = max_batch
+        self._tags = 0
+        self._family = None  # the model's Family, for batch keys (looked up once)
         # Replicas that follow the queue: between `replicas` and `max_replicas`.
         self.min_replicas, self.max_replicas = replicas, max_replicas or replicas
         self.scale_up_wait_s, self.scale_down_idle_s = float(scale_up_wait_s), float(scale_down_idle_s)
@@ -522,6 +539,7 @@ class Engine:
         cache=ENGINE_DEFAULT,
         cache_threshold=ENGINE_DEFAULT,
         guidance_options=None,
+        tag: str | None = None,
     ) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
 
@@ -566,7 +584,7 @@ class Engine:
             lora=self._fused_default(lora),
         )
         self._check_request(request)
-        return self._enqueue(request, callback_on_step_end, progress, checkpoint_dir)
+        return self._enqueue(request, callback_on_step_end, progress, checkpoint_dir, tag=tag)
 
     def _cache_choice(self, cache, cache_threshold) -> dict:
         """A request's step caching: the Engine's unless the call names it. Only the request
@@ -643,7 +661,8 @@ class Engine:
                 f"frames/height/width of this size so it plans for them"
             ) from None
 
-    def _enqueue(self, request, callback, progress, checkpoint_dir, job: Job | None = None) -> Future:
+    def _enqueue(self, request, callback, progress, checkpoint_dir, job: Job | None = None,
+                 tag: str | None = None) -> Future:
         if checkpoint_dir is None and self.checkpoint_dir is not None:
             with self._capacity_lock:
                 self._submitted += 1
@@ -651,25 +670,50 @@ class Engine:
             checkpoint_dir = os.path.join(self.checkpoint_dir, f"request-{n:04d}")
         if checkpoint_dir is not None and job is None:
             save_progress(checkpoint_dir, request, None)  # the request itself, before step 0
+        with self._capacity_lock:
+            self._tags += 1
+            n = self._tags
         item = Item(request=request, future=Future(), callback=callback, progress=progress,
-                    checkpoint_dir=checkpoint_dir, job=job)
+                    checkpoint_dir=checkpoint_dir, job=job, tag=tag or f"request-{n}")
         return self._dispatcher.put(item)
 
     def _execute(self, replica: Replica, item: Item) -> GenerationResult:
         """Run (or resume) `item` on `replica`. Raises HandBack when the replica cannot
-        finish it; the dispatcher then gives it, with its progress, to another."""
+        finish it; the dispatcher then gives it, with its progress, to another. With
+        max_batch > 1 a request that can share steps runs as a batch (_execute_batch)."""
+        key = self._batch_key(item.request)
+        if key is not None and self._batch_limit(replica) > 1:
+            return self._execute_batch(replica, item, key)
+        job = self._begin(replica, item)
+        on_step, bar = self._step_hooks(item)
+        try:
+            replica.controller.run(job, on_step=on_step)
+        finally:
+            if bar is not None:
+                bar.close()
+        return self._result(replica, item)
+
+    def _begin(self, replica: Replica, item: Item, slot: int = 0) -> Job:
+        """`item`'s job, to be (re-)prepared on `replica` in `slot`, from its checkpoint."""
         request = item.request
         if item.job is None:
             item.job = Job(request=request)
         job = item.job
+        job.slot = slot
         if not item.t_start:
             item.first_event, item.t_start = len(self.events), time.perf_counter()
         else:
             self._event("request_resumed", replica=replica.index, step=job.step_index)
         job.prepared = False  # (re-)prepared on this replica, from job.checkpoint
-        if self.elastic and self._grow != "never":
+        if self.elastic and self._grow != "never" and slot == 0:
             replica.controller.maybe_grow(replica.plan, request.num_inference_steps - job.step_index, job)
-        bar = _progress(request.num_inference_steps, enabled=item.progress, initial=job.step_index)
+        return job
+
+    def _step_hooks(self, item: Item):
+        """(on_step(job) after each finished step: progress bar, the caller's callback, the
+        durable checkpoint; the bar, to close)."""
+        request = item.request
+        bar = _progress(request.num_inference_steps, enabled=item.progress, initial=item.job.step_index)
 
         def on_step(job: Job) -> None:
             if bar is not None:
@@ -681,11 +725,107 @@ class Engine:
             if item.checkpoint_dir is not None:
                 save_progress(item.checkpoint_dir, request, from_wire(job.checkpoint))
 
-        try:
-            replica.controller.run(job, on_step=on_step)
-        finally:
+        return on_step, bar
+
+    # -- step-level batching -------------------------------------------------------------
+
+    def _batch_key(self, request):
+        """Requests with equal keys share steps on a replica (Family.batch_key); None: alone."""
+        if self.max_batch <= 1:
+            return None
+        if self._family is None:
+            from raydit.models.loading import _pipeline_class
+            from raydit.models.registry import family_for_class
+
+            self._family = family_for_class(_pipeline_class(Path(self.model_dir)))
+        return self._family.batch_key(None, request)  # the driver holds no pipeline
+
+    def _batch_limit(self, replica: Replica) -> int:
+        """The most requests `replica` carries per step: max_batch, within its plan's memory."""
+        from raydit.planner.search import batch_capacity
+
+        return min(self.max_batch, batch_capacity(self.plan_result, replica.plan))
+
+    def _execute_batch(self, replica: Replica, first: Item, key) -> Any:
+        """Run `first` and the queued requests of the same batch key that join it, each at
+        the step boundary after it arrives, up to the replica's batch limit; each leaves when
+        its own steps are done (its future is resolved then). A request whose callback raises
+        (a cancel) or whose own prepare or decode fails leaves alone; a failure of the shared
+        step fails them all; a replica that must hand back gives every request back with its
+        progress. Returns RESOLVED: every future is set here."""
+        limit = self._batch_limit(replica)
+        batch: list[Item] = []
+        hooks: dict[int, tuple] = {}
+
+        def admit(item: Item) -> None:
+            used = {it.job.slot for it in batch}
+            slot = min(s for s in range(limit) if s not in used)
+            self._begin(replica, item, slot)
+            hooks[id(item)] = self._step_hooks(item)
+            item.batched_with = []
+            if batch:
+                self._event("batch_joined", replica=replica.index, tag=item.tag, slot=slot,
+                            batch=[it.tag for it in batch] + [item.tag])
+            batch.append(item)
+
+        def leave(item: Item, exc: BaseException | None = None, result=None) -> None:
+            batch.remove(item)
+            bar = hooks.pop(id(item))[1]
             if bar is not None:
                 bar.close()
+            if exc is not None:
+                if item.job.prepared and not item.job.done:
+                    replica.pool.forget(item.job.slot)
+                item.future.set_exception(exc)
+            else:
+                item.future.set_result(result)
+
+        admit(first)
+        replica.batch_size = 1
+        try:
+            while batch:
+                if len(batch) < limit:
+                    for item in self._dispatcher.take_matching(lambda r: self._batch_key(r) == key, limit - len(batch)):
+                        admit(item)
+                replica.batch_size = len(batch)
+                jobs = [it.job for it in batch]
+                try:
+                    what, did = replica.controller.tick_batch(jobs)
+                except HandBack:  # every request goes back with its progress; `first` by the dispatcher
+                    self._dispatcher.hand_back([it for it in batch if it is not first])
+                    raise
+                except Exception as exc:
+                    failed = getattr(exc, "failed_job", None)
+                    owner = [it for it in batch if it.job is failed]
+                    for item in (owner or list(batch)):
+                        leave(item, exc)
+                    continue
+                by_job = {id(it.job): it for it in batch}
+                if what == "stepped":
+                    tags = [by_job[id(j)].tag for j in did]
+                    for job in did:
+                        item = by_job[id(job)]
+                        for tag in tags:
+                            if tag != item.tag and tag not in item.batched_with:
+                                item.batched_with.append(tag)
+                        try:
+                            hooks[id(item)][0](job)
+                        except BaseException as exc:  # a callback's refusal (a cancel): it alone leaves
+                            leave(item, exc)
+                elif what == "decoded":
+                    item = by_job[id(did[0])]
+                    leave(item, result=self._result(replica, item))
+        finally:
+            replica.batch_size = 0
+            for item in list(batch):
+                bar = hooks.pop(id(item), (None, None))[1]
+                if bar is not None:
+                    bar.close()
+        return RESOLVED
+
+    def _result(self, replica: Replica, item: Item) -> GenerationResult:
+        job = item.job
+        request = item.request
         timings = dict(job.timings)
         timings["step_seconds"] = list(job.step_seconds)
         # Rank 0's own time of each step: step_seconds less these is what Ray's round trip
@@ -710,6 +850,8 @@ class Engine:
             request=request,
             events=self.events[item.first_event:],
             replica=replica.index,
+            batched_with=list(getattr(item, "batched_with", [])),
+            tag=item.tag,
         )
 
     def _repair(self, replica: Replica) -> bool:

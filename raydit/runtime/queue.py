@@ -28,6 +28,9 @@ from raydit.runtime.controller import NO_CAPACITY, Job
 from raydit.runtime.errors import HandBack, NoCapacity
 
 PROGRESS_FILE = "progress.pt"
+# What `execute` returns when it has set the item's future itself (a batch resolves each of its
+# requests as it leaves).
+RESOLVED = type("Resolved", (), {"__repr__": lambda self: "RESOLVED"})()
 
 
 @dataclass
@@ -45,6 +48,8 @@ class Item:
     handbacks: list = field(default_factory=list)  # reasons, in order
     started: bool = False  # the future is marked running (it can no longer be cancelled)
     queued_at: float = field(default_factory=time.monotonic)  # when it joined the queue
+    tag: str = ""  # the request's name in results (step-level batching: whom it shared steps with)
+    batched_with: list = field(default_factory=list)  # the tags of the requests it shared a step with
 
 
 class Dispatcher:
@@ -134,6 +139,38 @@ class Dispatcher:
                     self._items.popleft()
                     item.future.set_exception(self._no_capacity(item))
 
+    # -- step-level batching -------------------------------------------------------------
+
+    def take_matching(self, match: Callable[[Any], bool], n: int) -> list[Item]:
+        """Up to `n` queued items whose request `match`es, in queue order, taken out of the
+        queue and marked running (a cancelled one is dropped): they join a running batch."""
+        taken: list[Item] = []
+        with self.cond:
+            if self._closing:
+                return taken
+            for item in list(self._items):
+                if len(taken) >= n:
+                    break
+                if not match(item.request):
+                    continue
+                self._items.remove(item)
+                if not item.started:
+                    if not item.future.set_running_or_notify_cancel():
+                        continue  # cancelled while it waited
+                    item.started = True
+                taken.append(item)
+        return taken
+
+    def hand_back(self, items: list[Item]) -> None:
+        """Items a batch could not finish go back to the front of the queue, in order."""
+        with self.cond:
+            for item in reversed(items):
+                if self._closing:
+                    item.future.set_exception(RuntimeError("engine shut down before the request finished"))
+                else:
+                    self._items.appendleft(item)
+            self.cond.notify_all()
+
     # -- replicas that follow the queue (Engine's autoscaler) ------------------------------
 
     def oldest_wait(self) -> float:
@@ -184,9 +221,11 @@ class Dispatcher:
             handed_back = True
             item.handbacks.append(f"replica {replica.index}: {exc.reason}")
         except BaseException as exc:  # the caller of .result() sees it
-            item.future.set_exception(exc)
+            if not item.future.done():
+                item.future.set_exception(exc)
         else:
-            item.future.set_result(result)
+            if result is not RESOLVED:
+                item.future.set_result(result)
         with self.cond:
             replica.busy = False
             replica.idle_since = time.monotonic()

@@ -48,7 +48,7 @@ class RankWorker:
         self._dtype_name = dtype
         self._pipe = None
         self._runner = None
-        self._state = None
+        self._states: dict = {}  # slot -> the DenoiseState of a request in progress here (a batch: several)
         self._store = None
         self._loras: dict = {}  # name -> LoraSpec of the LoRA adapters loaded here
         self._kernels_seeded = False  # calibration's attention-kernel rates read (once)
@@ -232,7 +232,7 @@ class RankWorker:
             if self._runner is not None:
                 self._runner.close()
                 self._runner = None
-            self._state = None
+            self._states = {}
             leave_default_group()
         # The store is kept: rank 0 may already have opened the next group's store, and a
         # new group always gets a new store on a new port (reusing one hangs).
@@ -254,47 +254,58 @@ class RankWorker:
     # -- one request -------------------------------------------------------------------
 
     @_reported("prepare")
-    def prepare(self, request, checkpoint: dict | None = None) -> dict[str, Any]:
+    def prepare(self, request, checkpoint: dict | None = None, slot: int = 0) -> dict[str, Any]:
+        """Prepare (or resume) `request` in `slot` (a batch holds several requests, one per slot)."""
         from raydit.runtime.wire import from_wire
 
         t0 = time.perf_counter()
-        self._state = self._runner.prepare(request, checkpoint=from_wire(checkpoint))
+        state = self._states[slot] = self._runner.prepare(request, checkpoint=from_wire(checkpoint))
         return {
             "seconds": time.perf_counter() - t0,
-            "num_steps": int(self._state.num_steps),
-            "step_index": int(self._state.step_index),
-            "timesteps": [float(t) for t in self._state.timesteps],
+            "num_steps": int(state.num_steps),
+            "step_index": int(state.step_index),
+            "timesteps": [float(t) for t in state.timesteps],
             "warmup_seconds": float(self._runner.warmup_seconds),  # compiling for a new shape
         }
 
     @_reported("step")
-    def step(self, want_checkpoint: bool) -> dict | None:
-        """One denoising step, collective across the group. Rank 0 returns the checkpoint
-        so the driver always holds the last finished step where no worker can lose it:
-        {"checkpoint": its wire form (raydit.runtime.wire), "seconds": the step here, up to
-        the checkpoint on the host}. The host copy waits for the step's device work, so those
-        seconds are the rank's own step; the driver's round trip adds Ray's part to them."""
+    def step(self, want_checkpoint: bool, slots: list | None = None) -> dict | None:
+        """One denoising step of the requests in `slots` (default: slot 0 alone), as one batch
+        (Runner.step_batch), collective across the group. Rank 0 returns the checkpoints so
+        the driver always holds the last finished step where no worker can lose it:
+        {"checkpoints": {slot: its wire form (raydit.runtime.wire)}, "seconds": the step here,
+        up to the checkpoints on the host}. The host copy waits for the step's device work, so
+        those seconds are the rank's own step; the driver's round trip adds Ray's part."""
         from raydit.runtime.wire import to_wire
 
+        slots = [0] if slots is None else list(slots)
         t0 = time.perf_counter()
-        self._state = self._runner.step(self._state)
+        states = [self._states[s] for s in slots]
+        states = [self._runner.step(states[0])] if len(states) == 1 else self._runner.step_batch(states)
+        self._states.update(zip(slots, states))
         if not want_checkpoint:
             return None
-        checkpoint = to_wire(self._runner.checkpoint(self._state))
-        return {"checkpoint": checkpoint, "seconds": time.perf_counter() - t0}
+        checkpoints = {s: to_wire(self._runner.checkpoint(state)) for s, state in zip(slots, states)}
+        return {"checkpoints": checkpoints, "seconds": time.perf_counter() - t0}
+
+    def forget(self, slot: int = 0) -> None:
+        """Drop the request in `slot` (a request that left its batch unfinished)."""
+        self._states.pop(slot, None)
 
     @_reported("decode")
-    def decode(self, all_ranks: bool = False):
-        """Frames of the current request. all_ranks: every rank of the group is called and the
-        decode is split over them; rank 0 returns (frames, ranks that decoded, audio), the others
-        None. audio: the sound the family made with the video (raydit.models.family.Audio) or None."""
+    def decode(self, all_ranks: bool = False, slot: int = 0):
+        """Frames of the request in `slot`, which then leaves it. all_ranks: every rank of the
+        group is called and the decode is split over them; rank 0 returns (frames, ranks that
+        decoded, audio), the others None. audio: the sound the family made with the video
+        (raydit.models.family.Audio) or None."""
         import torch
         import torch.distributed as dist
 
+        state = self._states.pop(slot)
         with torch.no_grad():
             if not all_ranks:
-                return self._runner.decode(self._state)
-            frames = self._runner.decode(self._state, on_ranks=True)
+                return self._runner.decode(state)
+            frames = self._runner.decode(state, on_ranks=True)
         if dist.is_initialized() and dist.get_rank() != 0:
             return None
         return frames, self._runner.decode_ranks, self._runner.decoded_audio

@@ -1,0 +1,91 @@
+"""Step-level batching on a replica (issue 33 item 1, the runtime): an Engine with max_batch
+runs queued requests of one geometry as one batch against a real local Ray. A request joins at
+the step boundary after it arrives, each leaves when its own steps are done, every request's
+latents equal its run alone (float32, 1e-5), a request whose callback raises (a cancel) leaves
+without touching the others, and a request of another geometry waits for its own turn.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+PROMPT = "a red fox runs"
+FLOAT32 = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def engine(ray_local):
+    from raydit.runtime.engine import Engine
+
+    with Engine(model="tiny-wan", workers=1, device="cpu", show_plan=False, max_batch=4) as e:
+        yield e
+
+
+def _kwargs(seed, steps, scale):
+    return dict(num_inference_steps=steps, guidance_scale=scale, seed=seed, progress=False)
+
+
+def test_queued_requests_share_steps_and_each_equals_its_run_alone(engine):
+    runs = [(1, 3, 5.0), (2, 4, 3.0), (3, 2, 4.0), (4, 3, 5.0)]
+    alone = {seed: torch.from_numpy(engine.generate(PROMPT, **_kwargs(seed, steps, scale)).latents)
+             for seed, steps, scale in runs}
+    late: dict = {}
+    lock = threading.Lock()
+
+    def bring_a_latecomer(pipe, step, timestep, kwargs):
+        # After the batch's first step, a fifth request arrives: it joins at the next boundary.
+        with lock:
+            if "future" not in late:
+                late["future"] = engine.submit(PROMPT, tag="late", **_kwargs(5, 2, 6.0))
+        return kwargs
+
+    start = len(engine.events)
+    futures = {seed: engine.submit(PROMPT, tag=f"seed-{seed}", callback_on_step_end=bring_a_latecomer if seed == 1 else None,
+                                   **_kwargs(seed, steps, scale)) for seed, steps, scale in runs}
+    other = engine.submit(PROMPT, num_frames=13, tag="other", **_kwargs(6, 2, 5.0))  # another geometry
+    results = {seed: f.result(timeout=300) for seed, f in futures.items()}
+    late_result = late["future"].result(timeout=300)
+    other_result = other.result(timeout=300)
+    for seed, result in results.items():
+        torch.testing.assert_close(torch.from_numpy(result.latents), alone[seed], **FLOAT32,
+                                   msg=lambda m: f"seed {seed}: {m}")
+        assert result.tag == f"seed-{seed}"
+    # The four shared steps; each names the others it stepped with.
+    assert set(results[1].batched_with) >= {"seed-2", "seed-3", "seed-4"}, results[1].batched_with
+    assert "seed-1" in results[2].batched_with and "late" in results[2].batched_with
+    # The latecomer joined mid-way (after step 1 of the others) and still equals its run alone.
+    torch.testing.assert_close(torch.from_numpy(late_result.latents),
+                               torch.from_numpy(engine.generate(PROMPT, **_kwargs(5, 2, 6.0)).latents), **FLOAT32)
+    joined = [e for e in engine.events[start:] if e["event"] == "batch_joined"]
+    assert any(e["tag"] == "late" for e in joined), joined
+    # Another geometry never shares their steps.
+    assert other_result.batched_with == [] and "other" not in sum((r.batched_with for r in results.values()), [])
+    assert other_result.frames.shape[0] == 13
+
+
+def test_a_request_that_leaves_does_not_touch_the_others(engine):
+    alone = torch.from_numpy(engine.generate(PROMPT, **_kwargs(11, 3, 5.0)).latents)
+
+    class Cancelled(Exception):
+        pass
+
+    def cancel(pipe, step, timestep, kwargs):
+        raise Cancelled("stopped by its caller")
+
+    futures = [engine.submit(PROMPT, tag="stays", **_kwargs(11, 3, 5.0)),
+               engine.submit(PROMPT, tag="leaves", callback_on_step_end=cancel, **_kwargs(12, 3, 5.0))]
+    with pytest.raises(Cancelled, match="stopped by its caller"):
+        futures[1].result(timeout=300)
+    kept = futures[0].result(timeout=300)
+    torch.testing.assert_close(torch.from_numpy(kept.latents), alone, **FLOAT32)
+    assert kept.batched_with == ["leaves"]
+
+
+def test_max_batch_is_checked_before_ray():
+    from raydit.runtime.engine import Engine
+
+    with pytest.raises(ValueError, match="max_batch 0 must be a positive integer"):
+        Engine(model="tiny-wan", workers=1, device="cpu", max_batch=0)
