@@ -19,6 +19,15 @@ gives its workers, which the Serve replica has).
 Throughput = N / (first submit -> last result) x 60. Target: HTTP >= 98% of direct.
 
     python bench/bench_serve.py [--requests 16] [--steps 2] [--rounds 3] [--client wait|poll] [--name serve]
+    python bench/bench_serve.py --batched [--requests 16] [--steps 4] [--rounds 3] [--max-batch 16]
+
+`--batched` (step-level batching, issue 33): two Engines of one rank each on one local Ray (2 CPU
+slots), one with batching off (max_batch 1), one with `--max-batch`, serve the same bursts of
+small requests of one geometry (a Wan-1.3B-shaped transformer of 2 layers, float32, 9 x 48 x 80:
+45 video tokens, where a step is mostly overhead that a batch shares); rounds alternate which
+side runs first. Throughput, p50 / p95 latency per side and the batch sizes seen
+(NAME serve-batched). The requests go to `Engine.submit` (the HTTP front's own cost is the
+default run's subject).
 
 The front's cost per request is about fixed (the mp4, the polls, the download, the hand-offs on
 the Serve replica), so its share falls as requests get longer: run_all measures 4-step
@@ -35,7 +44,6 @@ import secrets
 import socket
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -78,9 +86,85 @@ def burst_direct(engine, n: int, steps: int, seed0: int) -> dict:
         f = engine.submit(PROMPT, num_inference_steps=steps, seed=seed0 + i)
         f.add_done_callback(lambda f, i=i: done.__setitem__(i, time.perf_counter()))
         futures.append(f)
-    busy = [f.result(timeout=1800).timings["total_seconds"] for f in futures]
+    results = [f.result(timeout=1800) for f in futures]
+    busy = [r.timings["total_seconds"] for r in results]
     wall = max(done.values()) - t0
-    return _stats([done[i] - starts[i] for i in range(n)], wall, busy)
+    out = _stats([done[i] - starts[i] for i in range(n)], wall, busy)
+    out["shared_with_mean"] = round(sum(len(r.batched_with) for r in results) / n, 3)  # peers per request
+    return out
+
+
+BATCH_MODEL = {"num_frames": 9, "height": 48, "width": 80}
+
+
+def run_batched(requests: int, steps: int, rounds: int, max_batch: int) -> dict:
+    """Batching off against on, same bursts, one run (module docstring)."""
+    import ray
+
+    from raydit.runtime.engine import Engine
+
+    model_dir = benchlib.wan_bench_dir(layers=2, dtype="float32", defaults=BATCH_MODEL)
+    env = {k: os.environ[k] for k in ("RAYDIT_CACHE", "RAYDIT_NO_PROGRESS") if k in os.environ}
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             object_store_memory=256 * 1024 * 1024, runtime_env={"env_vars": env})
+    engines: dict = {}
+    records = []
+    try:
+        for side, batch in (("off", 1), ("on", max_batch)):
+            engines[side] = Engine(model=model_dir, device="cpu", show_plan=False, max_batch=batch, **ENGINE)
+            engines[side].generate(PROMPT, num_inference_steps=1, seed=0, progress=False)  # warm-up
+        for rnd in range(rounds):
+            for side in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+                load = benchlib.loadavg()
+                r = burst_direct(engines[side], requests, steps, 1000 * rnd)
+                records.append({"round": rnd, "side": side, "load": load, **r})
+                print(f"round {rnd} batching {side:3s}: {r['requests_per_minute']:7.1f} requests/min, "
+                      f"p50 {r['p50_s']:.2f} s, p95 {r['p95_s']:.2f} s, {r['shared_with_mean']:.1f} peers per request, "
+                      f"load {load[0] if load else '?'}", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
+        ray.shutdown()
+    by = {s: [r for r in records if r["side"] == s] for s in ("off", "on")}
+    ratios = [on["requests_per_minute"] / off["requests_per_minute"] for off, on in zip(by["off"], by["on"])]
+    return {
+        "machine": benchlib.machine(), "model": {"dir": model_dir, "transformer": "wan-1.3b-shaped, 2 layers, float32",
+                                                  **BATCH_MODEL},
+        "engine": ENGINE, "requests_per_burst": requests, "steps": steps, "max_batch": max_batch,
+        "rows": {s: {k: benchlib.summary([r[k] for r in rs], 4)
+                     for k in ("requests_per_minute", "p50_s", "p95_s", "seconds", "shared_with_mean")}
+                 for s, rs in by.items()},
+        "throughput_ratio_on_over_off": benchlib.summary(ratios, 4),
+        "rounds": records,
+    }
+
+
+def write_batched_md(result: dict, path: Path) -> None:
+    rows, m = result["rows"], result["machine"]
+    lines = [
+        "# Step-level batching: one replica, batching off against on",
+        "",
+        f"Command: `python bench/bench_serve.py --batched --requests {result['requests_per_burst']} --steps "
+        f"{result['steps']} --rounds {result['throughput_ratio_on_over_off']['n']} --max-batch {result['max_batch']}` "
+        f"({m['date_utc']} UTC). Machine: {m['processor']}, {m['cpu_count']} cores, no GPU, torch {m['torch']}, "
+        f"Ray {m.get('ray')}; 1-min load {', '.join(str(r['load'][0]) for r in result['rounds'])} at each burst.",
+        "",
+        f"A burst is {result['requests_per_burst']} requests of {result['model']['num_frames']} x "
+        f"{result['model']['height']} x {result['model']['width']} submitted at once to one replica of 1 rank "
+        f"({result['model']['transformer']}, {result['steps']} steps each, one seed each). Figures: median (min-max, "
+        "n rounds).",
+        "",
+        "| batching | requests / min | p50 latency | p95 latency | burst | peers per request |",
+        "|---|---|---|---|---|---|",
+    ]
+    for side in ("off", "on"):
+        r = rows[side]
+        lines.append(f"| {side}{'' if side == 'off' else ' (max ' + str(result['max_batch']) + ')'} | "
+                     f"{benchlib.fmt(r['requests_per_minute'], '')} | {benchlib.fmt(r['p50_s'])} | "
+                     f"{benchlib.fmt(r['p95_s'])} | {benchlib.fmt(r['seconds'])} | "
+                     f"{benchlib.fmt(r['shared_with_mean'], '')} |")
+    lines += ["", f"Throughput, on / off: {benchlib.fmt(result['throughput_ratio_on_over_off'], 'x')}.", ""]
+    path.write_text("\n".join(lines))
 
 
 def burst_http(client, n: int, steps: int, seed0: int, how: str = "wait") -> dict:
@@ -340,8 +424,20 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="serve", help="result files NAME.json / NAME.md (serve-short: 1-step requests)")
     ap.add_argument("--rewrite-md", action="store_true",
                     help="measure nothing: write NAME.md again from the rounds stored in NAME.json")
+    ap.add_argument("--batched", action="store_true",
+                    help="step-level batching: one replica with batching off against on (NAME serve-batched)")
+    ap.add_argument("--max-batch", type=int, default=16, help="with --batched: the batching side's max_batch")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.batched:
+        os.environ.setdefault("RAYDIT_NO_PROGRESS", "1")
+        name = args.name if args.name != "serve" else "serve-batched"
+        result = run_batched(args.requests, args.steps, args.rounds, args.max_batch)
+        result["name"] = name
+        print("wrote", benchlib.write_json(name, result, out))
+        write_batched_md(result, out / f"{name}.md")
+        print("wrote", out / f"{name}.md")
+        return 0
     if args.rewrite_md:
         import json
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from raydit.models.tiny import resolve_builder as _resolve
 
@@ -264,7 +265,11 @@ def prefix_mesh(plan: MeshPlan):
     from raydit.parallel.mesh import build_mesh, release_mesh
 
     # Callers use one mesh at a time, every rank in step: the previous mesh's groups are done
-    # with, and each holds gloo threads that would otherwise pile up (see release_mesh).
+    # with, and each holds gloo threads that would otherwise pile up (see release_mesh). Its
+    # release is local: first every rank must be past its groups' connection (on a loaded
+    # machine a peer may still be connecting them: "Connection closed by peer" otherwise).
+    if _LAST_MESH:
+        dist.barrier()
     release_mesh(_LAST_MESH.pop() if _LAST_MESH else None)
     mesh = build_mesh(plan.ulysses, plan.ring, plan.cfg, ranks=list(range(plan.world_size)))
     _LAST_MESH.append(mesh)

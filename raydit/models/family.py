@@ -374,7 +374,11 @@ class Family:
         """One transformer call for `branch` (batched inputs) at timestep t -> noise [b, ...].
         The default calls `model_inputs`' transformer with its arguments."""
         model, kwargs = self.model_inputs(pipe, state, t, branch)
-        return model(**kwargs, return_dict=False)[0]
+        return self.model_output(model(**kwargs, return_dict=False)[0])
+
+    def model_output(self, out):
+        """The transformer's output as the pipeline keeps it (CogVideoX: float32)."""
+        return out
 
     def model_inputs(self, pipe, state: DenoiseState, t, branch: dict) -> tuple[Any, dict]:
         """(transformer, its keyword arguments) of one call, every tensor named in
@@ -412,7 +416,7 @@ class Family:
         for name in self.batched_inputs:
             if kwargs.get(name) is not None:
                 kwargs[name] = torch.cat([c[1][name] for c in calls])
-        return model(**kwargs, return_dict=False)[0]
+        return self.model_output(model(**kwargs, return_dict=False)[0])
 
     def do_cfg(self, pipe, request: GenerationRequest) -> bool:
         """Whether `request` runs more than one guidance branch each step (the default: the

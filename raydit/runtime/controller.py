@@ -318,13 +318,15 @@ class Controller:
     def _step(self, jobs: list[Job]) -> None:
         """One step of `jobs` (one job: as ever; several: as one batch, their slots)."""
         t0 = time.perf_counter()
-        timeout = self.deadlines.for_call("step", self.plan)
+        # A batch's step costs at most its requests' steps one after another: the deadline
+        # scales with it, and what is learned is the step of one request.
+        timeout = self.deadlines.for_call("step", self.plan) * len(jobs)
         if len(jobs) == 1 and jobs[0].slot == 0:
             checkpoints = {0: self.group.step(timeout_s=timeout)}
         else:
             checkpoints = self.group.step(timeout_s=timeout, slots=[j.slot for j in jobs])
         seconds = time.perf_counter() - t0
-        self.deadlines.observe("step", seconds)
+        self.deadlines.observe("step", seconds / len(jobs))
         rank_seconds = getattr(self.group, "last_step_seconds", None)
         for job in jobs:
             job.checkpoint = checkpoints[job.slot]

@@ -101,8 +101,8 @@ class Engine:
     for `scale_down_idle_s` with nothing waiting is taken out, down to `replicas`.
     `max_batch=N` (> 1): step-level batching: queued requests that can share a step with the
     one a replica runs (the family's batch key: same geometry, guidance branches, LoRA, no
-    caching; Wan today) join it at the next step boundary, up to N and what the plan's memory
-    model holds, each with its own timestep, seed, steps and guidance scale, and leave when
+    caching; Wan and CogVideoX today) join it at the next step boundary, up to N and what the
+    plan's memory model holds, each with its own timestep, seed, steps and guidance scale, and leave when
     their own steps are done; `result.batched_with` names the requests (their `tag`s) each
     shared a step with.
     """

@@ -44,6 +44,7 @@ SERVE_OPTIONS: dict[str, type] = {
     "max_replicas": int,  # replicas follow the queue between --replicas and this
     "scale_up_wait": float,  # seconds a request waits before a replica is added
     "scale_down_idle": float,  # seconds a replica idles before it is taken out
+    "max_batch": int,  # step-level batching: requests of one geometry sharing a replica's steps
 }
 
 SERVE_DEFAULTS: dict = {
@@ -77,6 +78,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a request waits before a replica is added (default 30)")
     p.add_argument("--scale-down-idle", dest="scale_down_idle", type=float, metavar="S",
                    help="seconds a replica idles before it is taken out (default 300)")
+    p.add_argument("--max-batch", dest="max_batch", type=int, metavar="N",
+                   help="step-level batching: up to N requests of one geometry share a replica's steps, each "
+                        "joining at a step boundary (within the plan's memory; default 1: one at a time)")
     p.add_argument("--device", choices=DEVICES)
     p.add_argument("--ulysses", type=int)
     p.add_argument("--ring", type=int)
@@ -141,7 +145,7 @@ def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
 
 def check_serve_options(opts: dict) -> None:
     for key in ("workers", "replicas", "ulysses", "ring", "frames", "height", "width",
-                "max_steps", "default_steps", "fps", "max_replicas"):
+                "max_steps", "default_steps", "fps", "max_replicas", "max_batch"):
         value = opts.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"--{key.replace('_', '-')} {value!r} must be a positive integer")
@@ -215,6 +219,7 @@ def engine_kwargs(opts: dict) -> dict:
         compile=bool(opts.get("compile")),
         warmup=bool(opts.get("warmup")),
         max_replicas=opts.get("max_replicas"),
+        max_batch=opts.get("max_batch") or 1,
         **{f"{k}_s": float(opts[k]) for k in ("scale_up_wait", "scale_down_idle") if opts.get(k) is not None},
     )
 

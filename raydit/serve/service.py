@@ -4,10 +4,11 @@ Independent of HTTP: the Serve deployment (raydit.serve.app) calls `create`, `ge
 `list`, `delete`, `metrics_text`; everything here is thread-safe.
 
 The service keeps its own queue and hands the engine at most two requests per engine
-replica: one running and one waiting in the engine's own queue, so a replica starts its
-next request the moment it finishes one, with no round trip through this service (the
+replica slot (a replica runs one request, or up to --max-batch with step-level batching):
+one running and one waiting in the engine's own queue, so a replica starts its next request
+(or a batch takes a joiner at its next step) with no round trip through this service (the
 engine runs requests in submission order, so the oldest `capacity` requests it holds are
-the running ones). A request is `queued` while it waits here or in the engine's queue
+taken as the running ones; with batching, one of another geometry waits for its turn). A request is `queued` while it waits here or in the engine's queue
 (a DELETE drops it: here, or by cancelling its engine future) and `in_progress` once it
 is one of the requests the engine runs. A running request reports each finished step
 through the engine's `callback_on_step_end` (progress, the step counter); a DELETE flags it
@@ -105,7 +106,9 @@ class VideoService:
         """Replicas serving now (the engine's, which may follow the queue; or as given)."""
         if self._fixed_capacity:
             return self._fixed_capacity
-        return max(1, len(getattr(self.engine, "replicas", []) or [1]))
+        # Step-level batching: a replica runs up to max_batch requests at once.
+        batch = max(1, int(getattr(self.engine, "max_batch", 1) or 1))
+        return max(1, len(getattr(self.engine, "replicas", []) or [1])) * batch
 
     def __init__(self, engine, store: VideoStore, limits: Limits, max_queue: int = 64,
                  capacity: int | None = None):
@@ -328,7 +331,7 @@ class VideoService:
             prompt=p["prompt"], negative_prompt=p["negative_prompt"], num_frames=p["num_frames"],
             height=p["height"], width=p["width"], num_inference_steps=p["num_inference_steps"],
             guidance_scale=p["guidance_scale"], seed=p["seed"], lora=p.get("lora"), progress=False,
-            guidance_options=p.get("guidance_options") or None,
+            guidance_options=p.get("guidance_options") or None, tag=run.job.id,
             callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step),
         )
         args.update({k: p[k] for k in ("cache", "cache_threshold") if k in p})  # else the engine's
@@ -402,6 +405,8 @@ class VideoService:
         if self._step_s is None and timings.get("step_seconds"):  # 1-step requests time no step apart
             self._step_s = sum(timings["step_seconds"]) / len(timings["step_seconds"])
         self._metrics.recoveries.inc(recoveries)
+        if getattr(result, "batched_with", None):
+            self._metrics.batched.inc()
         with self._cond:
             if job.id not in self._jobs:  # deleted while its mp4 was being written
                 self.store.delete(job.id)
@@ -411,6 +416,7 @@ class VideoService:
                 "plan": {"ulysses": result.plan.ulysses, "ring": result.plan.ring, "cfg": result.plan.cfg,
                          "world_size": result.plan.world_size},
                 "replica": int(getattr(result, "replica", 0)),
+                "batched_with": list(getattr(result, "batched_with", []) or []),  # videos it shared steps with
                 "recoveries": recoveries,
                 "timings": {k: round(float(v), 4) for k, v in timings.items() if isinstance(v, (int, float))},
             }
@@ -486,6 +492,11 @@ class _ReplicaLayouts:
             family.add_metric([str(r.index), str(plan.ulysses), str(plan.ring), str(plan.cfg),
                                str(plan.ulysses * plan.ring * plan.cfg)], 1.0)
         yield family
+        batch = GaugeMetricFamily("raydit_replica_batch", "Requests in each replica's running batch (step-level "
+                                  "batching; 1: one alone, 0: idle)", labels=["replica"])
+        for r in list(getattr(self.engine, "replicas", []) or []):
+            batch.add_metric([str(r.index)], float(getattr(r, "batch_size", 0)))
+        yield batch
 
 
 class _Metrics:
@@ -508,6 +519,8 @@ class _Metrics:
         self.failures = Counter("raydit_failures", "Requests that failed", registry=r)
         self.recoveries = Counter("raydit_recoveries", "Regroups after lost ranks, during requests", registry=r)
         self.steps = Counter("raydit_denoise_steps", "Denoising steps finished", registry=r)
+        self.batched = Counter("raydit_batched_requests", "Requests that shared denoising steps with others",
+                               registry=r)
         self.step_seconds = Histogram("raydit_step_seconds", "Seconds per denoising step", buckets=STEP_BUCKETS,
                                       registry=r)
         self.request_seconds = Histogram("raydit_request_seconds", "Seconds from POST to a stored video",

@@ -2,9 +2,9 @@
 transformer calls of a step (`Runner.step_batch`), each with its own timestep, seed, step count
 and guidance scale, joining at a step boundary and leaving when its own steps are done. Every
 request's latents equal its run alone: float32 within 1e-5 (the batch changes only the GEMMs'
-blocking), on one process and on 2-rank plans (Ulysses, ring, cfg 2); bf16 within the rounding
-of one bf16 step, stated below. Families without batched inputs, or requests whose geometry,
-guidance, LoRA or caching differ, never share a call.
+blocking), on one process (Wan and CogVideoX) and on 2-rank plans (Ulysses, ring, cfg 2); bf16
+within the rounding of one bf16 step, stated below. Families without batched inputs, or
+requests whose geometry, guidance, LoRA or caching differ, never share a call.
 """
 
 from __future__ import annotations
@@ -13,19 +13,33 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import wan
+from raydit.models.families import cogvideox, wan
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
 BUILD = "raydit.models.families.wan:wan_pipeline"
-BASE = dict(prompt="a red fox runs", num_frames=9, height=16, width=112)
-# A 3-step request, a 4-step one with another guidance scale, and a third that joins after the
-# first step with guidance off (other branches: it cannot share their calls) ... and one that can.
-REQUESTS = [
-    dict(BASE, num_inference_steps=3, guidance_scale=5.0, seed=1),
-    dict(BASE, num_inference_steps=4, guidance_scale=3.0, seed=2, negative_prompt="blur"),
-    dict(BASE, num_inference_steps=3, guidance_scale=4.0, seed=3),  # joins at tick 1
-]
+# Wan 2.1 T2V (UniPC: its multistep history per request; two guidance calls per step) and
+# CogVideoX 5B-like (rotary table, DPM with its previous x0 carried per request, the guidance
+# pair as one batch of 2, so a shared call holds 2 x the requests).
+MODELS = {
+    "tiny-wan": (lambda: wan.wan_pipeline(str(wan.tiny_pipeline_dir("tiny-wan"))),
+                 dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
+    "cogvideox-rotary-dpm": (lambda: cogvideox.cogvideox_pipeline(
+        str(cogvideox.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
+        max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
+        dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
+}
+
+
+def _requests(base: dict) -> list[dict]:
+    # A 3-step request, a 4-step one with another guidance scale and a negative prompt, and a
+    # third (3 steps) that joins after the first step.
+    return [dict(base, num_inference_steps=3, guidance_scale=5.0, seed=1),
+            dict(base, num_inference_steps=4, guidance_scale=3.0, seed=2, negative_prompt="blur"),
+            dict(base, num_inference_steps=3, guidance_scale=4.0, seed=3)]
+
+
+REQUESTS = _requests(MODELS["tiny-wan"][1])
 JOINS = [0, 0, 1]
 FLOAT32 = dict(rtol=1e-5, atol=1e-5)
 
@@ -41,8 +55,12 @@ def alone(base_dir):
     return [harness.run_steps(runner, GenerationRequest(**q), q["num_inference_steps"]).latents for q in REQUESTS]
 
 
-def test_a_batch_gives_each_request_its_own_run(base_dir, alone):
-    runner = Runner(wan.wan_pipeline(base_dir))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_a_batch_gives_each_request_its_own_run(model):
+    build, base = MODELS[model]
+    requests = _requests(base)
+    runner = Runner(build())
+    alone = [harness.run_steps(runner, GenerationRequest(**q), q["num_inference_steps"]).latents for q in requests]
     calls = []
     original = runner.family.predict_batch
 
@@ -52,23 +70,24 @@ def test_a_batch_gives_each_request_its_own_run(base_dir, alone):
 
     runner.family.predict_batch = counting
     try:
-        states = harness.run_batched(runner, [GenerationRequest(**q) for q in REQUESTS], JOINS)
+        states = harness.run_batched(runner, [GenerationRequest(**q) for q in requests], JOINS)
     finally:
         del runner.family.predict_batch
     for i, (state, ref) in enumerate(zip(states, alone)):
-        assert state.done and state.step_index == REQUESTS[i]["num_inference_steps"]
+        assert state.done and state.step_index == requests[i]["num_inference_steps"]
         torch.testing.assert_close(state.latents, ref, **FLOAT32, msg=lambda m: f"request {i}: {m}")
     # Shared calls at different timesteps: the joiner's first step beside the others' second.
     assert any(len(ts) == 3 and len(set(ts)) > 1 for ts in calls), calls
     assert any(len(ts) == 2 for ts in calls)  # the last request alone with one other at the end
 
 
-def test_in_bf16_each_request_stays_within_the_rounding_of_a_step(base_dir):
+@pytest.mark.parametrize("model", list(MODELS))
+def test_in_bf16_each_request_stays_within_the_rounding_of_a_step(model):
     """bf16: a batched GEMM may round differently from a solo one; the latents of each request
     stay within 2 bf16 ulps (2 x 2^-8 relative to their largest value) of its run alone."""
-    pipe = wan.wan_pipeline(base_dir)
-    runner = Runner(pipe, dtype=torch.bfloat16)
-    requests = [GenerationRequest(**q) for q in REQUESTS]
+    build, base = MODELS[model]
+    runner = Runner(build(), dtype=torch.bfloat16)
+    requests = [GenerationRequest(**q) for q in _requests(base)]
     alone = [harness.run_steps(runner, r, r.num_inference_steps).latents for r in requests]
     states = harness.run_batched(runner, requests, JOINS)
     for i, (state, ref) in enumerate(zip(states, alone)):
@@ -91,8 +110,6 @@ def test_two_rank_plans_batch_as_one_process(base_dir, alone):
 
 
 def test_requests_that_differ_do_not_share_a_step(base_dir):
-    from raydit.models.families import cogvideox
-
     runner = Runner(wan.wan_pipeline(base_dir))
     family, pipe = runner.family, runner.pipe
     one = GenerationRequest(**REQUESTS[0])
@@ -107,5 +124,6 @@ def test_requests_that_differ_do_not_share_a_step(base_dir):
                                          "caching differ"):
         runner.step_batch([a, b])
     # A family without batched inputs runs each request alone.
-    cog = cogvideox.FAMILY
-    assert cog.batched_inputs == () and cog.batch_key(None, one) is None
+    from raydit.models.families import hunyuanvideo
+
+    assert hunyuanvideo.FAMILY.batched_inputs == () and hunyuanvideo.FAMILY.batch_key(None, one) is None

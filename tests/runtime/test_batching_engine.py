@@ -89,3 +89,40 @@ def test_max_batch_is_checked_before_ray():
 
     with pytest.raises(ValueError, match="max_batch 0 must be a positive integer"):
         Engine(model="tiny-wan", workers=1, device="cpu", max_batch=0)
+
+
+def test_a_rank_killed_mid_batch_loses_no_request(ray_local):
+    """Rank 1 of a 2-rank replica is killed as the batch's third step starts: the replica
+    re-plans on what is left, every request of the batch resumes from its last step, and each
+    ends equal to its run alone on the intact replica (1e-4: the plan changes under it)."""
+    import os
+    import signal
+
+    from raydit.runtime.engine import Engine
+
+    runs = [(21, 4, 5.0), (22, 5, 3.0), (23, 4, 4.0)]
+    with Engine(model="tiny-wan", workers=2, device="cpu", show_plan=False, max_batch=3) as engine:
+        alone = {seed: torch.from_numpy(engine.generate(PROMPT, **_kwargs(seed, steps, scale)).latents)
+                 for seed, steps, scale in runs}
+        pool = engine.replicas[0].pool
+        original, calls, killed = type(pool).step, [0], []
+
+        def step(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 3 and len(pool.active) > 1:
+                killed.append(pool.active[1].info["pid"])
+                os.kill(killed[0], signal.SIGKILL)
+            return original(pool, *args, **kwargs)
+
+        pool.step = step
+        try:
+            futures = {seed: engine.submit(PROMPT, **_kwargs(seed, steps, scale)) for seed, steps, scale in runs}
+            results = {seed: f.result(timeout=300) for seed, f in futures.items()}
+        finally:
+            pool.__dict__.pop("step", None)
+    assert killed
+    for seed, result in results.items():
+        assert len(result.batched_with) == 2, result.batched_with
+        assert any(e["event"] == "failure" for e in result.events), result.events
+        torch.testing.assert_close(torch.from_numpy(result.latents), alone[seed], rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"seed {seed}: {m}")

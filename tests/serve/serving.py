@@ -30,9 +30,10 @@ class Server:
     """`raydit serve` in a subprocess; restartable on the same output directory. `model` and
     `args` (its geometry and anything else; default: tiny at 17 x SIZE x SIZE)."""
 
-    def __init__(self, root: Path, model: str = "tiny", args: tuple[str, ...] | None = None):
+    def __init__(self, root: Path, model: str = "tiny", args: tuple[str, ...] | None = None, workers: int = 2):
         self.root = root
         self.model = model
+        self.workers = workers
         self.args = list(args) if args is not None else ["--frames", "17", "--height", str(SIZE), "--width", str(SIZE)]
         self.out = root / "videos"
         self.token_file = root / "secrets" / "api_token"
@@ -56,7 +57,7 @@ class Server:
         env["RAYDIT_NO_PROGRESS"] = "1"
         self.starts += 1
         self.log = self.root / f"serve-{self.starts}.log"
-        argv = [sys.executable, "-m", "raydit.cli", "serve", "--model", self.model, "--workers", "2",
+        argv = [sys.executable, "-m", "raydit.cli", "serve", "--model", self.model, "--workers", str(self.workers),
                 "--device", "cpu", "--port", str(self.port), "--output-dir", str(self.out),
                 "--token-file", str(self.token_file), "--max-queue", "7", *self.args,
                 "--default-steps", "2", "--max-steps", "5000", "--lora-dir", str(self.lora_dir)]

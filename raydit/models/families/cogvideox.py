@@ -254,28 +254,34 @@ class CogVideoXFamily(Family):
 
         return isinstance(pipe.scheduler, CogVideoXDPMScheduler)
 
-    def predict(self, pipe, state, t, branch):
+    # The rows of a call lead these inputs (the rotary table and ofs follow the geometry, which
+    # requests sharing a call have in common): requests of one geometry share calls.
+    batched_inputs = ("hidden_states", "encoder_hidden_states", "timestep")
+
+    def model_inputs(self, pipe, state, t, branch):
         import torch
 
         embeds = branch["encoder_hidden_states"]
         b = embeds.shape[0]  # 2 when this rank runs both guidance branches
         # [1, F, C, H, W] -> [b, F, C(+C_image), H, W]
         x = torch.cat([state.latents] * b) if b > 1 else state.latents
-        x = pipe.scheduler.scale_model_input(x, t)
+        x = pipe.scheduler.scale_model_input(x, t)  # the identity for CogVideoX's schedulers
         if "image_latents" in state.context:
             image = state.context["image_latents"]
             x = torch.cat([x, torch.cat([image] * b) if b > 1 else image], dim=2)
         kwargs = {}
         if "ofs" in state.context:
             kwargs["ofs"] = state.context["ofs"]
-        return pipe.transformer(
+        return pipe.transformer, dict(
             hidden_states=x,
             encoder_hidden_states=embeds,
             timestep=t.expand(b),
             image_rotary_emb=state.context.get("image_rotary_emb"),
-            return_dict=False,
             **kwargs,
-        )[0].float()
+        )
+
+    def model_output(self, out):
+        return out.float()
 
     def scheduler_step(self, pipe, state, noise, t, generator):
         if "old_pred_original_sample" in state.carry:

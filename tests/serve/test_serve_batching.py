@@ -1,0 +1,94 @@
+"""`raydit serve --max-batch 6` (step-level batching) called with OpenAI's client: concurrent
+requests of one geometry share a replica's steps (each video's record names the videos it
+shared steps with; /metrics counts them and shows the running batch), each video is the one its
+request makes alone, one of another geometry runs on its own, and a DELETE of a running request
+lets the others of its batch finish."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.serve, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
+
+openai = pytest.importorskip("openai")
+requests = pytest.importorskip("requests")
+pytest.importorskip("psutil")
+
+from serving import Server  # noqa: E402
+
+STEPS = 30  # long enough that all six are queued before the first one's steps are done
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("serve-batch"), model="tiny-wan", workers=1,
+                 args=("--frames", "9", "--height", "48", "--width", "80", "--max-batch", "6"))
+    try:
+        srv.start()
+        yield srv
+    finally:
+        code = srv.stop()
+    assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"
+
+
+def _metric(server, name: str) -> float:
+    text = requests.get(f"{server.url}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not in /metrics:\n{text}")
+
+
+def _frames(client, video_id, tmp_path):
+    from raydit.runtime.video import read_mp4
+
+    path = tmp_path / f"{video_id}.mp4"
+    path.write_bytes(client.videos.download_content(video_id).read())
+    return read_mp4(str(path))
+
+
+def test_concurrent_requests_share_steps_and_each_is_its_own_video(server, tmp_path):
+    client = server.client()
+    before = _metric(server, "raydit_batched_requests_total")
+
+    def create(seed, frames=9):
+        return client.videos.create(prompt="a red fox runs", extra_body={"num_inference_steps": STEPS, "seed": seed,
+                                                                         "num_frames": frames})
+
+    with cf.ThreadPoolExecutor(7) as pool:
+        created = list(pool.map(lambda s: create(s, 5 if s == 6 else 9), range(7)))
+    done = [client.videos.poll(v.id, poll_interval_ms=100) for v in created]
+    assert all(v.status == "completed" for v in done), [(v.status, v.error) for v in done]
+    same, other = done[:6], done[6]
+    ids = {v.id for v in same}
+    for v in same:
+        peers = v.model_extra["raydit"]["batched_with"]
+        assert peers and set(peers) <= ids - {v.id}, (v.id, peers)
+    assert other.model_extra["raydit"]["batched_with"] == []  # another geometry: alone
+    assert _metric(server, "raydit_batched_requests_total") - before == 6
+    assert _metric(server, "raydit_replica_batch") == 0  # idle now
+    # Each video is its request's own: seed 0 run again alone gives the same frames.
+    again = client.videos.poll(create(0).id, poll_interval_ms=100)
+    assert again.model_extra["raydit"]["batched_with"] == []
+    a, b = _frames(client, same[0].id, tmp_path), _frames(client, again.id, tmp_path)
+    assert a.shape == b.shape == (9, 48, 80, 3)
+    assert np.abs(a.astype(int) - b.astype(int)).max() <= 2, "the batched video is not its request's own"
+    assert not np.array_equal(a, _frames(client, same[1].id, tmp_path))  # and not another seed's
+
+
+def test_a_request_deleted_mid_batch_leaves_the_others_to_finish(server):
+    client = server.client()
+    videos = [client.videos.create(prompt="a lantern", extra_body={"num_inference_steps": 200, "seed": s,
+                                                                   "num_frames": 9}) for s in range(3)]
+    deadline = time.time() + 120
+    while time.time() < deadline and client.videos.retrieve(videos[1].id).progress < 2:
+        time.sleep(0.1)
+    assert client.videos.delete(videos[1].id).deleted
+    for v in (videos[0], videos[2]):
+        finished = client.videos.poll(v.id, poll_interval_ms=100)
+        assert finished.status == "completed", finished.error
+        assert videos[1].id in finished.model_extra["raydit"]["batched_with"]  # they shared steps before it left
