@@ -66,12 +66,10 @@ class ModelSpec:
     adapter_bytes: LoRA adapters every rank holds beside the weights (unfused; each counted
         once per transformer it loads into), as the runtime measured them; 0 for none.
     audio_heads, audio_head_dim, audio_ffn_hidden: an audio stream run in the same blocks as the
-        video (LTX-2: 32 heads x 64 = 2048 wide, FFN 8192; audio_hidden = heads x head_dim); 0
-        for none.
-    audio_tokens_per_second: audio tokens per second of sound (LTX-2: sample rate / mel hop /
-        the audio VAE's temporal compression = 16000 / 160 / 4 = 25); frame_rate: frames per
-        second a request's video is read at to give the sound's length (LTX2Pipeline's 24).
-        Both 0 without an audio stream.
+        video (audio_hidden = heads x head_dim; the family's spec reader sets them); 0 for none.
+    audio_tokens_per_second: audio tokens per second of sound (sample rate / mel hop / the audio
+        VAE's temporal compression); frame_rate: frames per second a request's video is read at
+        to give the sound's length. Both 0 without an audio stream.
     """
 
     name: str
@@ -178,8 +176,8 @@ class ModelSpec:
         return (self.params * (self.experts - 1) + self.text_encoder_params) * self.bytes_per_param
 
     def audio_tokens(self, frames: int) -> int:
-        """Audio tokens of a request of `frames` frames: the sound lasts as the video (LTX2Pipeline:
-        round(frames / frame_rate x tokens per second)); 0 without an audio stream."""
+        """Audio tokens of a request of `frames` frames: the sound lasts as the video,
+        round(frames / frame_rate x tokens per second); 0 without an audio stream."""
         if not self.audio_hidden:
             return 0
         return round(frames / self.frame_rate * self.audio_tokens_per_second)

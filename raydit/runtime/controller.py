@@ -266,23 +266,11 @@ class Controller:
                 return self._lost_states(jobs)
             for job in jobs:
                 if not job.prepared:
-                    try:
-                        self._prepare(job)
-                    except (WorkerFailure, OutOfMemory):
-                        raise
-                    except Exception as exc:
-                        exc.failed_job = job
-                        raise
+                    self._own_call(self._prepare, job)
                     return "prepared", [job]
             for job in jobs:
                 if job.step_index >= job.num_steps:  # its own steps are done: it leaves
-                    try:
-                        self._decode(job)
-                    except (WorkerFailure, OutOfMemory):
-                        raise
-                    except Exception as exc:
-                        exc.failed_job = job
-                        raise
+                    self._own_call(self._decode, job)
                     return "decoded", [job]
             self._step(jobs)
             return "stepped", list(jobs)
@@ -292,6 +280,18 @@ class Controller:
         except OutOfMemory as oom:
             self.recover_oom(lead, oom)
             return self._lost_states(jobs)
+
+    @staticmethod
+    def _own_call(call: Callable[[Job], None], job: Job) -> None:
+        """`call(job)` for one job of a batch: an application error names the job
+        (`failed_job`), so it alone leaves; lost ranks and out of memory are the batch's."""
+        try:
+            call(job)
+        except (WorkerFailure, OutOfMemory):
+            raise
+        except Exception as exc:
+            exc.failed_job = job
+            raise
 
     @staticmethod
     def _lost_states(jobs: list[Job]) -> tuple[str, list[Job]]:

@@ -791,7 +791,8 @@ class Engine:
                 jobs = [it.job for it in batch]
                 try:
                     what, did = replica.controller.tick_batch(jobs)
-                except HandBack:  # every request goes back with its progress; `first` by the dispatcher
+                except HandBack:  # every request left goes back with its progress; `first`, if
+                    # still here, by the dispatcher (which requeues no finished request)
                     self._dispatcher.hand_back([it for it in batch if it is not first])
                     raise
                 except Exception as exc:

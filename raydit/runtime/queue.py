@@ -231,7 +231,9 @@ class Dispatcher:
             replica.idle_since = time.monotonic()
             if handed_back:
                 replica.in_rotation = False
-                if self._closing:
+                if item.future.done():
+                    pass  # it finished in a batch before the batch was handed back
+                elif self._closing:
                     item.future.set_exception(RuntimeError("engine shut down before the request finished"))
                 else:
                     self._items.appendleft(item)

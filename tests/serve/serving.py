@@ -138,3 +138,12 @@ class Server:
         return requests.request(method, self.url + path, headers=headers, timeout=60, **kw)
 
 
+def running(srv: Server):
+    """A module fixture's body: start `srv`, hand it to the tests, stop it; its SIGTERM exit
+    status must be 0 (`yield from running(Server(...))`)."""
+    try:
+        srv.start()
+        yield srv
+    finally:
+        code = srv.stop()
+    assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"

@@ -18,21 +18,15 @@ openai = pytest.importorskip("openai")
 requests = pytest.importorskip("requests")
 pytest.importorskip("psutil")
 
-from serving import Server  # noqa: E402
+from serving import Server, running  # noqa: E402
 
 STEPS = 30  # long enough that all six are queued before the first one's steps are done
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("serve-batch"), model="tiny-wan", workers=1,
-                 args=("--frames", "9", "--height", "48", "--width", "80", "--max-batch", "6"))
-    try:
-        srv.start()
-        yield srv
-    finally:
-        code = srv.stop()
-    assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"
+    yield from running(Server(tmp_path_factory.mktemp("serve-batch"), model="tiny-wan", workers=1,
+                              args=("--frames", "9", "--height", "48", "--width", "80", "--max-batch", "6")))
 
 
 def _metric(server, name: str) -> float:

@@ -27,20 +27,14 @@ requests = pytest.importorskip("requests")
 psutil = pytest.importorskip("psutil")
 
 
-from serving import SIZE, START_TIMEOUT_S, Server
+from serving import SIZE, START_TIMEOUT_S, Server, running
 
 WAIT_S = 240
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("serve"))
-    try:
-        srv.start()
-        yield srv
-    finally:
-        code = srv.stop()
-    assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"
+    yield from running(Server(tmp_path_factory.mktemp("serve")))
 
 
 def _metric(text: str, name: str) -> float:

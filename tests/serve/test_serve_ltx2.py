@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("requests")
 pytest.importorskip("psutil")
 
-from serving import Server  # noqa: E402
+from serving import Server, running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +24,9 @@ def server(tmp_path_factory):
     from raydit.models.families.ltx2 import TINY_DEFAULTS
 
     d = TINY_DEFAULTS
-    srv = Server(tmp_path_factory.mktemp("serve-ltx2"), model="tiny-ltx2",
-                 args=("--frames", str(d["num_frames"]), "--height", str(d["height"]), "--width", str(d["width"])))
-    try:
-        srv.start()
-        yield srv
-    finally:
-        code = srv.stop()
-    assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"
+    yield from running(Server(tmp_path_factory.mktemp("serve-ltx2"), model="tiny-ltx2",
+                              args=("--frames", str(d["num_frames"]), "--height", str(d["height"]),
+                                    "--width", str(d["width"]))))
 
 
 def test_videos_keep_their_sound_and_take_guidance_options(server, tmp_path):
