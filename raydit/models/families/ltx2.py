@@ -260,7 +260,7 @@ class _GatheredKeysAttention:
         # The gather is a collective torch.compile cannot keep in a block's graph: a compiled
         # block calls it (and the attention after it) as one opaque op (raydit.parallel.opaque),
         # whose output is like the queries. One name per mesh: every block shares one graph.
-        self._key = register_call(self._attend, like=(0,), name=(type(self).__qualname__, context.mesh.key))
+        self._key = register_call(self._attend, like=(0,), name=(type(self).__qualname__, keys_part, context.mesh.key))
 
     def _attend(self, tensors, ints):
         """q [B, H, Lq, D], k and v [B, chunk, C] (this rank's keys) -> [B, H, Lq, D]."""
