@@ -32,6 +32,10 @@ whose prediction is the velocity itself, run on every group. Each pass keeps the
 batching (negative and positive as one batch where one group runs both) and input layout, which
 bf16 needs to be bit-equal to diffusers.
 
+Step caching (raydit.models.cache): each pass is a guidance branch with its own residuals,
+for both output streams (the audio's cut per rank where it is split); the decision is made at
+the first call of a one-process step (the [negative, positive] pass, or the positive alone).
+
 State. The runner's latents are one tensor [1, Lv*Cv + La*Ca] (float32): the packed video then
 the packed audio latents, flattened. FlowMatchEuler's step is elementwise, so one scheduler
 stepping both streams gives the numbers of the pipeline's two (its audio scheduler is a copy with
@@ -479,9 +483,6 @@ class LTX2Family(Family):
         super().check_request(pipe, request)
         if request.guidance_scale_2 is not None:
             raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-2 has one: drop it")
-        if request.cache is not None:
-            raise ValueError(f"step caching ({request.cache}) is not supported for LTX-2 (a step runs up to three "
-                             "differently perturbed passes through the blocks): drop the cache option")
         for name in ("stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale", "audio_stg_scale",
                      "audio_modality_scale", "audio_guidance_rescale"):
             value = request.option(name)
@@ -555,6 +556,12 @@ class LTX2Family(Family):
             else:
                 calls.append(branch)
         return calls
+
+    def call_branch_counts(self, calls, branches):
+        return [2 if call["pass"] == "cfg" else 1 for call in calls]
+
+    def call_runs_model(self, call):
+        return call["pass"] is not None  # an off slot predicts zeros without the transformer
 
     def init(self, pipe, request, generator, device, dtype):
         import numpy as np
