@@ -479,7 +479,13 @@ class HunyuanVideoFamily(Family):
         context["guidance"] = guidance
         return Prepared(latents=latents, timesteps=timesteps, context=context)
 
-    def predict(self, pipe, state, t, branch):
+    # Step-level batching: requests of one geometry share a call, each with its own timestep,
+    # embedded guidance and prompt (its own mask: the joint attention takes each sample's valid
+    # text apart).
+    batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask",
+                      "pooled_projections", "guidance")
+
+    def model_inputs(self, pipe, state, t, branch):
         import torch
 
         transformer, context, latents = pipe.transformer, state.context, state.latents
@@ -489,15 +495,14 @@ class HunyuanVideoFamily(Family):
         elif context["condition"] == "latent_concat":  # [noise ; image on frame 0 ; mask] channels
             latents = torch.cat([latents, context["image_latents"], context["mask"]], dim=1)
         guidance = context["guidance"]
-        return transformer(
+        return transformer, dict(
             hidden_states=latents.to(transformer.dtype).expand(b, *latents.shape[1:]),
             timestep=t.expand(b).to(state.latents.dtype),
             encoder_hidden_states=branch["encoder_hidden_states"],
             encoder_attention_mask=branch["encoder_attention_mask"],
             pooled_projections=branch["pooled_projections"],
             guidance=None if guidance is None else guidance.expand(b),
-            return_dict=False,
-        )[0]
+        )
 
     def scheduler_step(self, pipe, state, noise, t, generator):
         """token_replace: only frames 1.. are denoised; frame 0 becomes the image's latents."""

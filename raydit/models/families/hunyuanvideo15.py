@@ -376,7 +376,12 @@ class HunyuanVideo15Family(Family):
         context["condition"] = torch.cat([cond, mask], dim=1)  # [1, C + 1, F, H, W]
         return Prepared(latents=latents, timesteps=timesteps, context=context)
 
-    def predict(self, pipe, state, t, branch):
+    # Step-level batching: requests of one geometry share a call, each with its own timestep
+    # (and refiner timestep), image features and prompts (their masks per sample).
+    batched_inputs = ("hidden_states", "image_embeds", "timestep", "encoder_hidden_states", "encoder_attention_mask",
+                      "encoder_hidden_states_2", "encoder_attention_mask_2", "timestep_r")
+
+    def model_inputs(self, pipe, state, t, branch):
         import torch
 
         transformer = pipe.transformer
@@ -389,7 +394,7 @@ class HunyuanVideo15Family(Family):
             i = state.step_index
             nxt = state.timesteps[i + 1] if i + 1 < len(state.timesteps) else torch.tensor(0.0, device=t.device)
             timestep_r = nxt.expand(b).to(model_input.dtype)
-        return transformer(
+        return transformer, dict(
             hidden_states=model_input,
             image_embeds=image_embeds.expand(b, -1, -1),
             timestep=t.expand(b).to(model_input.dtype),
@@ -398,8 +403,7 @@ class HunyuanVideo15Family(Family):
             encoder_hidden_states_2=branch["encoder_hidden_states_2"],
             encoder_attention_mask_2=branch["encoder_attention_mask_2"],
             timestep_r=timestep_r,
-            return_dict=False,
-        )[0]
+        )
 
     def guidance_scale(self, pipe, state, t) -> float:
         return state.request.guidance_scale
