@@ -275,11 +275,22 @@ class Controller:
             self._step(jobs)
             return "stepped", list(jobs)
         except WorkerFailure as failure:
-            self.recover(lead, failure)
+            self._recover_batch(jobs, lambda: self.recover(lead, failure))
             return self._lost_states(jobs)
         except OutOfMemory as oom:
-            self.recover_oom(lead, oom)
+            self._recover_batch(jobs, lambda: self.recover_oom(lead, oom))
             return self._lost_states(jobs)
+
+    @staticmethod
+    def _recover_batch(jobs: list[Job], recover: Callable[[], None]) -> None:
+        """Run `recover` for the batch (on its lead, whose counts the policy reads) and give
+        every other job of the batch the same recovery: its count and its seconds."""
+        lead = jobs[0]
+        recoveries, seconds = lead.recoveries, len(lead.timings.get("recovery_seconds", []))
+        recover()
+        for job in jobs[1:]:
+            job.recoveries += lead.recoveries - recoveries
+            job.timings.setdefault("recovery_seconds", []).extend(lead.timings.get("recovery_seconds", [])[seconds:])
 
     @staticmethod
     def _own_call(call: Callable[[Job], None], job: Job) -> None:

@@ -517,7 +517,8 @@ class _Metrics:
         self.rejected = self.requests.labels("rejected_queue_full")
         self.cancelled = Counter("raydit_cancelled_running", "Running requests stopped by a DELETE", registry=r)
         self.failures = Counter("raydit_failures", "Requests that failed", registry=r)
-        self.recoveries = Counter("raydit_recoveries", "Regroups after lost ranks, during requests", registry=r)
+        self.recoveries = Counter("raydit_recoveries", "Recoveries from lost ranks, counted per request "
+                                  "(a regroup under a batch of n requests counts n)", registry=r)
         self.steps = Counter("raydit_denoise_steps", "Denoising steps finished", registry=r)
         self.batched = Counter("raydit_batched_requests", "Requests that shared denoising steps with others",
                                registry=r)

@@ -1,8 +1,8 @@
 """`raydit serve --max-batch 6` (step-level batching) called with OpenAI's client: concurrent
 requests of one geometry share a replica's steps (each video's record names the videos it
 shared steps with; /metrics counts them and shows the running batch), each video is the one its
-request makes alone, one of another geometry runs on its own, and a DELETE of a running request
-lets the others of its batch finish."""
+request makes alone, one of another geometry runs on its own, a DELETE of a running request
+lets the others of its batch finish, and a rank killed mid-batch loses none of its requests."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ STEPS = 30  # long enough that all six are queued before the first one's steps a
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    yield from running(Server(tmp_path_factory.mktemp("serve-batch"), model="tiny-wan", workers=1,
+    yield from running(Server(tmp_path_factory.mktemp("serve-batch"), model="tiny-wan", workers=2,
                               args=("--frames", "9", "--height", "48", "--width", "80", "--max-batch", "6")))
 
 
@@ -43,6 +43,14 @@ def _frames(client, video_id, tmp_path):
     path = tmp_path / f"{video_id}.mp4"
     path.write_bytes(client.videos.download_content(video_id).read())
     return read_mp4(str(path))
+
+
+def _assert_same_video(a, b, what: str) -> None:
+    """Two decodes of latents equal to 1e-4 (batched or re-planned against solo), each through
+    H.264: a few pixels may differ by some levels (up to 9 seen on 2 ranks), the video as a whole
+    by almost nothing (mean 0.015 seen; two seeds' videos differ by tens of levels on average)."""
+    diff = np.abs(a.astype(int) - b.astype(int))
+    assert diff.max() <= 16 and diff.mean() <= 0.05, f"{what}: max {diff.max()}, mean {diff.mean():.4f}"
 
 
 def test_concurrent_requests_share_steps_and_each_is_its_own_video(server, tmp_path):
@@ -70,8 +78,9 @@ def test_concurrent_requests_share_steps_and_each_is_its_own_video(server, tmp_p
     assert again.model_extra["raydit"]["batched_with"] == []
     a, b = _frames(client, same[0].id, tmp_path), _frames(client, again.id, tmp_path)
     assert a.shape == b.shape == (9, 48, 80, 3)
-    assert np.abs(a.astype(int) - b.astype(int)).max() <= 2, "the batched video is not its request's own"
-    assert not np.array_equal(a, _frames(client, same[1].id, tmp_path))  # and not another seed's
+    _assert_same_video(a, b, "the batched video is not its request's own")
+    other_seed = np.abs(a.astype(int) - _frames(client, same[1].id, tmp_path).astype(int)).mean()
+    assert other_seed > 1.0, other_seed  # and not another seed's
 
 
 def test_a_request_deleted_mid_batch_leaves_the_others_to_finish(server):
@@ -118,5 +127,39 @@ def test_a_request_joins_a_running_batch_and_one_with_a_lora_runs_apart(server, 
     alone = client.videos.poll(create(22).id, poll_interval_ms=100)
     assert alone.model_extra["raydit"]["batched_with"] == []
     a, b = _frames(client, joined.id, tmp_path), _frames(client, alone.id, tmp_path)
-    assert np.abs(a.astype(int) - b.astype(int)).max() <= 2, "the request that joined mid-way is not its own video"
+    _assert_same_video(a, b, "the request that joined mid-way is not its own video")
     assert server.http("DELETE", "/v1/loras/wan-style").status_code == 200
+
+
+def test_a_rank_killed_mid_batch_loses_no_request(server, tmp_path):
+    """SIGKILL one of the replica's two ranks while three requests share its steps: the replica
+    re-plans on the rank left, every request of the batch resumes from its last step and
+    completes (each record counts the recovery), and each video is its request's own (its solo
+    run on the re-planned replica gives the same frames)."""
+    import os
+    import signal
+
+    client = server.client()
+    before = _metric(server, "raydit_recoveries_total")
+
+    def create(seed):
+        return client.videos.create(prompt="a lighthouse", extra_body={"num_inference_steps": 40, "seed": seed,
+                                                                       "num_frames": 9})
+
+    videos = [create(s) for s in (31, 32, 33)]
+    deadline = time.time() + 120
+    while time.time() < deadline and min(client.videos.retrieve(v.id).progress for v in videos) < 2:
+        time.sleep(0.05)
+    ranks = server.rank_pids()
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[-1], signal.SIGKILL)
+    done = [client.videos.poll(v.id, poll_interval_ms=100) for v in videos]
+    assert all(v.status == "completed" for v in done), [(v.status, v.error) for v in done]
+    ids = {v.id for v in done}
+    for v in done:
+        assert set(v.model_extra["raydit"]["batched_with"]) == ids - {v.id}, v.model_extra["raydit"]
+        assert v.model_extra["raydit"]["recoveries"] >= 1, "the kill landed after the batch finished"
+    assert _metric(server, "raydit_recoveries_total") >= before + 3
+    alone = client.videos.poll(create(32).id, poll_interval_ms=100)
+    a, b = _frames(client, done[1].id, tmp_path), _frames(client, alone.id, tmp_path)
+    _assert_same_video(a, b, "a request of the batch lost its own video in the recovery")
