@@ -35,7 +35,9 @@ def _diff(actual, expected) -> dict:
     return {"max_abs": err, "max_rel": err / top if top else float("inf"), "max_abs_reference": top}
 
 
-def run(prefixes: list[str] | None) -> dict:
+def run(prefixes: list[str] | None, all_worlds: bool = False) -> dict:
+    import dataclasses
+
     import torch
 
     from raydit.models import conformance as harness
@@ -49,6 +51,9 @@ def run(prefixes: list[str] | None) -> dict:
     cases = harness.family_cases(build=True)
     forward_cases = [c for c in cases["forward"] if chosen(c)]
     runner_cases = [c for c in cases["runner"] if chosen(c)]
+    if all_worlds:  # every world of WORLDS, not the few the suite gives a variant case
+        forward_cases = [dataclasses.replace(c, worlds=None) for c in forward_cases]
+        runner_cases = [dataclasses.replace(c, worlds=None) for c in runner_cases]
     forward_refs = {c.name: harness.forward_once(*c.make()) for c in forward_cases}
     refs, checkpoints, diffusers_rows = {}, {}, []
     for case in runner_cases:
@@ -73,8 +78,7 @@ def run(prefixes: list[str] | None) -> dict:
                 rows.append({"kind": "forward", "case": case.name, "plan": str(plan), **worst})
     for case in runner_cases:
         for world in harness.case_worlds(case, worlds):
-            cfgs = (1, 2) if world in CFG_WORLDS and case.cfg else (1,)
-            for plan in harness.feasible_plans(world, case.heads, cfg_degrees=cfgs):
+            for plan in harness.feasible_plans(world, case.heads, cfg_degrees=case.cfg_degrees(world, CFG_WORLDS)):
                 for kind in ("fresh", "resumed"):
                     got = results[0]["runner"].get((case.name, str(plan), kind))
                     if got is None:
@@ -114,13 +118,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="*", default=None, help="case-name prefixes (default: all)")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
+    ap.add_argument("--all-worlds", action="store_true",
+                    help="run every case on every world of the suite (the suite gives variant cases a few)")
+    ap.add_argument("--name", default="conformance", help="file name of the results (.json, .md)")
     args = ap.parse_args(argv)
-    result = run(args.cases)
+    result = run(args.cases, args.all_worlds)
     out = Path(args.out)
-    command = "python bench/bench_conformance.py" + (f" --cases {' '.join(args.cases)}" if args.cases else "")
-    print("wrote", benchlib.write_json("conformance", result, out))
-    write_md(result, out / "conformance.md", command)
-    print("wrote", out / "conformance.md")
+    command = ("python bench/bench_conformance.py" + (f" --cases {' '.join(args.cases)}" if args.cases else "")
+               + (" --all-worlds" if args.all_worlds else "") + (f" --name {args.name}" if args.name != "conformance" else ""))
+    print("wrote", benchlib.write_json(args.name, result, out))
+    write_md(result, out / f"{args.name}.md", command)
+    print("wrote", out / f"{args.name}.md")
     return 0
 
 
