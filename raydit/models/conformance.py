@@ -58,8 +58,18 @@ class RunnerCase:
     # world and its variants on a few, to keep the suite's one spawned group affordable.
     worlds: tuple[int, ...] | None = None
 
-    def make(self):
-        return _resolve(self.build)(**self.kwargs)
+    def make(self, dtype: torch.dtype | None = None):
+        """The pipeline; in `dtype`, loaded in it where the builder takes a `dtype` (as
+        from_pretrained(dtype=...) loads: modules a model keeps in float32 stay so, Kandinsky 5's
+        time embedding), else cast with .to(dtype=...)."""
+        import inspect
+
+        build = _resolve(self.build)
+        if dtype is None:
+            return build(**self.kwargs)
+        if "dtype" in inspect.signature(build).parameters:
+            return build(**self.kwargs, dtype=dtype)
+        return build(**self.kwargs).to(dtype=dtype)
 
     def cfg_degrees(self, world_size: int, cfg_world_sizes) -> tuple[int, ...]:
         """The cfg degrees of its plans on `world_size` ranks (cfg plans on `cfg_world_sizes`)."""
