@@ -508,6 +508,7 @@ def tiny_i2v_pipeline_dir() -> Path:
 # -- conformance -------------------------------------------------------------------------------
 _BUILD_FORWARD = "raydit.models.families.kandinsky5:kandinsky5_forward"
 _BUILD_PIPELINE = "raydit.models.families.kandinsky5:kandinsky5_pipeline"
+_CAST = "raydit.models.families.kandinsky5:cast_transformer"
 
 
 def kandinsky5_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, axes: tuple,
@@ -530,6 +531,20 @@ def kandinsky5_forward(latent_frames: int, latent_height: int, latent_width: int
         scale_factor=(1.0, 2.0, 2.0),
     )
     return transformer, kwargs
+
+
+def cast_transformer(transformer, dtype):
+    """The transformer in `dtype` as from_pretrained(dtype=...) loads it: in half precision its
+    `_keep_in_fp32_modules` (time embedding, modulations) stay float32; in float64 everything
+    but the time embedding, whose input is float32 by construction (the model casts it)."""
+    import torch
+
+    transformer.to(dtype)
+    keep = transformer._keep_in_fp32_modules if dtype in (torch.float16, torch.bfloat16) else ["time_embeddings"]
+    for name, module in transformer.named_modules():
+        if name and any(k in name.split(".") for k in keep):
+            module.to(torch.float32)
+    return transformer
 
 
 def kandinsky5_pipeline(base_dir: str, dtype=None):
@@ -556,12 +571,12 @@ def forward_cases() -> list:
     return [
         # 3 x 3 x 5 = 45 video tokens (latents 3 x 6 x 10, patch 2), a batch of two samples.
         ForwardCase("kandinsky5-h6", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, axes=(2, 2, 4))),
+                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, axes=(2, 2, 4)), cast=_CAST),
         # 1 x 1 x 7 = 7 video tokens on 5 and 6 ranks (pad rows on most of them), one block.
         ForwardCase("kandinsky5-h5-7tokens", _BUILD_FORWARD, 5,
                     dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, axes=(2, 2, 4), batch=1,
                          visual_blocks=1),
-                    worlds=(5, 6)),
+                    worlds=(5, 6), cast=_CAST),
     ]
 
 
