@@ -182,6 +182,11 @@ class Kandinsky5Family(Family):
     adapter = Kandinsky5Adapter
     batch_branches = False  # the pipelines call the transformer once per branch
 
+    @staticmethod
+    def round_frames(num_frames: int, vae_temporal: int) -> int:
+        # Kandinsky5T2VPipeline / I2V: num_frames // t * t + 1 ("Rounding to the nearest number").
+        return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+
     def tiny(self):
         return {"tiny-kandinsky5": tiny_pipeline_dir, "tiny-kandinsky5-i2v": tiny_i2v_pipeline_dir}
 

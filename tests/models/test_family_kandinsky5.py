@@ -1,0 +1,123 @@
+"""Kandinsky 5: what the shared conformance suite does not cover.
+
+The suite (tests/models/test_conformance.py) runs the family's cases on every plan and checks
+one process against diffusers' own pipelines (float32 1e-5, bf16 and fp16 bit for bit). Here:
+the tiny tokenizer's template (the pipeline's 128-token crop leaves the prompt), guidance off,
+the empty negative prompt, frame rounding, the one-line refusals (bad requests, NABLA sparse
+attention and a Ulysses degree that does not divide the heads under sequence parallelism).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from raydit.models.conformance import test_image as checker_image
+from raydit.models.family import GenerationRequest, image_to_png
+from raydit.models.families import kandinsky5 as k5
+from raydit.models.runner import Runner
+from raydit.parallel.mesh import build_mesh
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return k5.kandinsky5_pipeline(str(k5.tiny_pipeline_dir()))
+
+
+@pytest.fixture(scope="module")
+def i2v_pipe():
+    return k5.kandinsky5_pipeline(str(k5.tiny_i2v_pipeline_dir()))
+
+
+REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=32, width=48,
+                            num_inference_steps=2, guidance_scale=3.0, seed=3)
+
+
+def test_the_prompt_survives_the_template_crop(pipe):
+    """The tiny chat template is 128 tokens before the prompt, the pipeline's crop: what the
+    transformer sees is the prompt's own tokens ("a", "c", "##a", "##t") and <|im_end|>."""
+    a, pooled_a, cu_a = pipe.encode_prompt("a cat", device="cpu")
+    b, pooled_b, _ = pipe.encode_prompt("a dog", device="cpu")
+    assert a.shape == (1, 5, k5.TINY_TEXT_DIM) and cu_a.tolist() == [0, 5]
+    assert pooled_a.shape == (1, k5.TINY_POOLED_DIM)
+    assert not torch.equal(a, b) and not torch.equal(pooled_a, pooled_b)
+
+
+def test_guidance_off_runs_one_branch_as_the_pipeline(pipe):
+    """guidance_scale 1: one transformer call per step, no negative prompt encoded; the same
+    latents as diffusers' pipeline (float32, 1e-5)."""
+    request = dataclasses.replace(REQUEST, guidance_scale=1.0)
+    runner = Runner(pipe)
+    state = runner.prepare(request)
+    assert len(state.branches) == 1 and state.branch_count == 1
+    while not state.done:
+        state = runner.step(state)
+    expected = k5.FAMILY.reference_latents(pipe, request)
+    torch.testing.assert_close(state.latents, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_negative_prompt_is_the_pipelines_default(pipe):
+    """negative_prompt "" runs the pipeline's default negative prompt (its negative_prompt=None),
+    which differs from an explicit one."""
+    runner = Runner(pipe)
+    empty = runner.prepare(dataclasses.replace(REQUEST, negative_prompt=""))
+    default = runner.prepare(dataclasses.replace(REQUEST, negative_prompt=k5.DEFAULT_NEGATIVE_PROMPT))
+    blur = runner.prepare(REQUEST)
+    assert torch.equal(empty.branches[0]["encoder_hidden_states"], default.branches[0]["encoder_hidden_states"])
+    assert empty.branches[0]["encoder_hidden_states"].shape != blur.branches[0]["encoder_hidden_states"].shape
+
+
+def test_frames_round_as_the_pipeline():
+    assert [k5.FAMILY.round_frames(n, 4) for n in (5, 6, 8, 12, 13)] == [5, 5, 9, 13, 13]
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(num_frames=8), "num_frames 8 must be 4k \\+ 1; nearest: 5 or 9"),
+    (dict(height=40), "height 40 must be a multiple of 16 .*; nearest: 32 or 48"),
+    (dict(width=8), "width 8 must be a multiple of 16 .*; nearest: 16"),
+    (dict(guidance_scale_2=2.0), "guidance_scale_2 is for two-expert pipelines"),
+    (dict(true_cfg_scale=2.0), "true_cfg_scale 2 is for pipelines whose guidance is embedded"),
+    (dict(image=image_to_png(checker_image(32, 48))), "text-to-video pipeline and takes no image"),
+])
+def test_bad_requests_get_one_line(pipe, change, message):
+    with pytest.raises(ValueError, match=message) as err:
+        Runner(pipe).prepare(dataclasses.replace(REQUEST, **change))
+    assert "\n" not in str(err.value)
+
+
+def test_i2v_needs_an_image_and_five_latent_frames(i2v_pipe):
+    """The I2V pipeline renormalizes latent frames 0-3 against the next ones: with fewer than 5
+    latent frames its output is NaN, so such a request is refused in one line."""
+    image = image_to_png(checker_image(32, 48))
+    with pytest.raises(ValueError, match="num_frames 9 is too few for Kandinsky5I2VPipeline.*at least 17") as err:
+        Runner(i2v_pipe).prepare(dataclasses.replace(REQUEST, num_frames=9, image=image))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="image-to-video pipeline; give an image"):
+        Runner(i2v_pipe).prepare(REQUEST)
+
+
+def test_nabla_attention_is_refused_under_sequence_parallelism():
+    """NABLA's block mask needs the whole sequence: parallelizing such a transformer is refused
+    in one line, and the processor refuses sparse parameters should they reach it."""
+    transformer = k5.tiny_transformer(1, attention_type="nabla", attention_P=0.9, attention_wT=11,
+                                      attention_wH=3, attention_wW=3, attention_add_sta=True,
+                                      attention_method="topcdf")
+    mesh = dataclasses.replace(build_mesh(1), ulysses=2)
+    with pytest.raises(ValueError, match="attention_type 'nabla' .* cannot run under sequence parallelism") as err:
+        k5.Kandinsky5Adapter().validate(transformer, mesh)
+    assert "\n" not in str(err.value)
+    from raydit.models.adapter import ForwardContext
+
+    processor = k5.Kandinsky5SPAttnProcessor(ForwardContext(mesh=mesh))
+    block = transformer.visual_transformer_blocks[0].self_attention
+    with pytest.raises(ValueError, match="NABLA sparse attention .* cannot run under sequence parallelism"):
+        processor(block, torch.zeros(1, 4, 48), sparse_params={"sta_mask": None})
+
+
+def test_ulysses_must_divide_the_heads():
+    transformer = k5.tiny_transformer(1)  # 6 heads: model_dim 48 / head dim 8
+    mesh = dataclasses.replace(build_mesh(1), ulysses=4)
+    with pytest.raises(ValueError, match=r"^ulysses_degree 4 does not divide the 6 attention heads; feasible: 1, 2, 3, 6$"):
+        k5.Kandinsky5Adapter().validate(transformer, mesh)
