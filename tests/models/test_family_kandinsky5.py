@@ -121,3 +121,49 @@ def test_ulysses_must_divide_the_heads():
     mesh = dataclasses.replace(build_mesh(1), ulysses=4)
     with pytest.raises(ValueError, match=r"^ulysses_degree 4 does not divide the 6 attention heads; feasible: 1, 2, 3, 6$"):
         k5.Kandinsky5Adapter().validate(transformer, mesh)
+
+
+# Kandinsky5Transformer3DModel configs of the released checkpoints, as kandinskylab's configs set
+# them (configs/k5_lite_t2v_*.yaml, k5_pro_{t2v,i2v}_*.yaml, whose dit_params the Diffusers
+# conversions carry; nothing can be downloaded here).
+_RELEASED_COMMON = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768,
+                        patch_size=(1, 2, 2), visual_cond=True)
+_LITE = dict(_RELEASED_COMMON, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2, num_visual_blocks=32,
+             axes_dims=(16, 24, 24))
+_PRO = dict(_RELEASED_COMMON, time_dim=1024, model_dim=4096, ff_dim=16384, num_text_blocks=4, num_visual_blocks=60,
+            axes_dims=(32, 48, 48))
+
+
+@pytest.mark.parametrize("name, config", [("kandinsky5-t2v-lite", _LITE), ("kandinsky5-t2v-pro", _PRO),
+                                          ("kandinsky5-i2v-pro", _PRO)])
+def test_builtin_matches_the_released_transformer_config(tmp_path, name, config):
+    """Each planner built-in's shape and parameter count (within 1%) is what diffusers builds
+    from the released config on the meta device; the family's spec_from_dir reads the same
+    geometry from a directory holding that config."""
+    import json
+
+    import diffusers
+    from accelerate import init_empty_weights
+
+    import raydit
+
+    with init_empty_weights():
+        model = diffusers.Kandinsky5Transformer3DModel(**config)
+    params = sum(p.numel() for p in model.parameters())
+    spec = raydit.model_spec(name)
+    attn = model.visual_transformer_blocks[0].self_attention
+    assert (spec.heads, spec.head_dim, spec.layers) == (attn.num_heads, sum(config["axes_dims"]), len(model.visual_transformer_blocks))
+    assert spec.ffn_hidden == model.visual_transformer_blocks[0].feed_forward.in_layer.out_features
+    assert spec.in_channels == model.visual_embeddings.in_layer.in_features // 4  # patch 1 x 2 x 2
+    assert (spec.patch_size_t, spec.patch_size) == tuple(config["patch_size"][:2])
+    assert spec.params == pytest.approx(params, rel=0.01), f"{name}: diffusers builds {params:.4e} parameters"
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(
+        {"_class_name": "Kandinsky5Transformer3DModel", **config}))
+    (tmp_path / "model_index.json").write_text(json.dumps(
+        {"_class_name": "Kandinsky5I2VPipeline" if "i2v" in name else "Kandinsky5T2VPipeline"}))
+    from_dir = raydit.model_spec(str(tmp_path))
+    for field in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "patch_size_t", "in_channels",
+                  "text_tokens", "text_in_sequence", "default_frames", "default_height", "default_width"):
+        assert getattr(from_dir, field) == getattr(spec, field), field
+    assert from_dir.params == pytest.approx(params, rel=0.01)  # the estimate without weights
