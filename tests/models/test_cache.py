@@ -2,7 +2,7 @@
 
 One spawned group of 4 gloo processes runs every feasible plan of 1..4 ranks (cfg = 2 on 2
 and 4) for a CogVideoX case (guidance branches batched in one call), a Wan case (two
-calls per step), a HunyuanVideo case (true CFG) and an LTX-Video case, with fbcache and teacache; the tests compare each plan with the
+calls per step), a HunyuanVideo case (true CFG), an LTX-Video case and a Kandinsky 5 case, with fbcache and teacache; the tests compare each plan with the
 single-process run here. The thresholds are chosen so that some steps are cached and no
 step's decision quantity lies within 5% of the threshold (checked below), so a plan's
 rounding cannot flip a decision.
@@ -47,7 +47,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, ltx, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, wan
 
     cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
@@ -74,6 +74,12 @@ def _cases() -> list[CacheCase]:
         CacheCase("ltx-fbcache", "raydit.models.families.ltx:ltx_pipeline", dict(base_dir=str(ltx.tiny_pipeline_dir())),
                   6, dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=64, width=96,
                           num_inference_steps=STEPS, guidance_scale=3.0, seed=4, cache="fbcache", cache_threshold=1.0)),
+        # Kandinsky 5: the visual blocks only (the text blocks run before them), channels-last
+        # latents; 3 latent frames x 2 x 3 = 18 video tokens (padded on 4 ranks).
+        CacheCase("kandinsky5-fbcache", "raydit.models.families.kandinsky5:kandinsky5_pipeline",
+                  dict(base_dir=str(kandinsky5.tiny_pipeline_dir())), 6,
+                  dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=32, width=48,
+                       num_inference_steps=STEPS, guidance_scale=5.0, seed=4, cache="fbcache", cache_threshold=1.0)),
     ]
 
 
