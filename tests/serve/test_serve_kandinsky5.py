@@ -1,6 +1,6 @@
 """`raydit serve --model tiny-kandinsky5` called with OpenAI's client: a Kandinsky 5 video comes
-back as an mp4 of the served geometry, the request's guidance reaches the workers (another
-guidance scale, another video), and a request the pipeline cannot take is a 400 naming it."""
+back as an mp4 of the served geometry, and the request's guidance reaches the workers (guidance
+off: one branch, another video)."""
 
 from __future__ import annotations
 
