@@ -59,8 +59,17 @@ def test_guidance_off_runs_one_branch_as_the_pipeline(pipe):
 
 
 def test_an_empty_negative_prompt_is_the_pipelines_default(pipe):
-    """negative_prompt "" runs the pipeline's default negative prompt (its negative_prompt=None),
-    which differs from an explicit one."""
+    """negative_prompt "" runs the pipeline's default negative prompt (its negative_prompt=None:
+    the text both pipelines' __call__ set, read from their source), which differs from an
+    explicit one."""
+    import inspect
+    import re
+
+    from diffusers import Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
+
+    for cls in (Kandinsky5T2VPipeline, Kandinsky5I2VPipeline):
+        found = re.findall(r'negative_prompt = "([^"]+)"', inspect.getsource(cls.__call__))
+        assert found == [k5.DEFAULT_NEGATIVE_PROMPT], (cls.__name__, found)
     runner = Runner(pipe)
     empty = runner.prepare(dataclasses.replace(REQUEST, negative_prompt=""))
     default = runner.prepare(dataclasses.replace(REQUEST, negative_prompt=k5.DEFAULT_NEGATIVE_PROMPT))
@@ -85,6 +94,16 @@ def test_bad_requests_get_one_line(pipe, change, message):
     with pytest.raises(ValueError, match=message) as err:
         Runner(pipe).prepare(dataclasses.replace(REQUEST, **change))
     assert "\n" not in str(err.value)
+
+
+def test_a_time_embedding_cast_off_float32_is_refused_in_one_line():
+    """diffusers' model breaks (a dtype mismatch deep in the forward) when its time embedding is
+    cast with .to(bfloat16) or to float64: the runner refuses such a pipeline up front."""
+    for dtype in (torch.bfloat16, torch.float64):
+        cast = k5.kandinsky5_pipeline(str(k5.tiny_pipeline_dir())).to(dtype=dtype)
+        with pytest.raises(ValueError, match="time embedding is .* needs it float32: load the pipeline with") as err:
+            Runner(cast, dtype=dtype).prepare(REQUEST)
+        assert "\n" not in str(err.value)
 
 
 def test_i2v_needs_an_image_and_five_latent_frames(i2v_pipe):

@@ -255,6 +255,12 @@ class Kandinsky5Family(Family):
         super().check_request(pipe, request)
         if request.guidance_scale_2 is not None:
             raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); Kandinsky 5 has one: drop it")
+        time_dtype = pipe.transformer.time_embeddings.in_layer.weight.dtype
+        if str(time_dtype) != "torch.float32":
+            raise ValueError(
+                f"the transformer's time embedding is {str(time_dtype).replace('torch.', '')}, but Kandinsky 5 computes "
+                "its sinusoids in float32 and needs it float32: load the pipeline with from_pretrained(dtype=...) "
+                "(which keeps it float32) instead of casting with .to(dtype); float64 runs are not supported")
         temporal = pipe.vae_scale_factor_temporal
         if (request.num_frames - 1) % temporal:
             lower = request.num_frames - (request.num_frames - 1) % temporal
