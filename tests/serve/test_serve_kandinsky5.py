@@ -1,6 +1,6 @@
 """`raydit serve --model tiny-kandinsky5` called with OpenAI's client: a Kandinsky 5 video comes
 back as an mp4 of the served geometry, and the request's guidance reaches the workers (guidance
-off: one branch, another video)."""
+off: one branch, another video). One worker: the 2-rank path is tests/runtime/test_cli_models.py's."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from serving import Server, running  # noqa: E402
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from running(Server(tmp_path_factory.mktemp("serve-kandinsky5"), model="tiny-kandinsky5",
-                              args=("--frames", "5", "--height", "32", "--width", "48")))
+                              args=("--frames", "5", "--height", "32", "--width", "48"), workers=1))
 
 
 def test_videos_come_back_and_take_the_guidance_scale(server, tmp_path):
