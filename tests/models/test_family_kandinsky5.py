@@ -215,3 +215,38 @@ def test_a_lora_on_the_attention_projections_equals_diffusers(tmp_path):
 
     assert rel(state.latents, expected) <= 1e-5
     assert rel(expected, base) > 1e-3
+
+
+def test_a_qwen2vl_processor_checkpoint_loads_without_torchvision(tmp_path):
+    """A checkpoint saved as the released ones are (its `tokenizer` a Qwen2VLProcessor, with an
+    image and a video processor config): without torchvision diffusers cannot load it, raydit's
+    loader gives the pipeline the processor's text tokenizer, and the pipeline makes the same
+    latents as with the tiny tokenizer (the same ids: the pipelines tokenize text only)."""
+    import json
+    import shutil
+
+    from transformers.utils import is_torchvision_available
+
+    from raydit.models.loading import load_pipeline
+
+    source = k5.tiny_pipeline_dir()
+    target = tmp_path / "released-layout"
+    shutil.copytree(source, target)
+    index = json.loads((target / "model_index.json").read_text())
+    index["tokenizer"] = ["transformers", "Qwen2VLProcessor"]
+    (target / "model_index.json").write_text(json.dumps(index))
+    tok = target / "tokenizer"
+    (tok / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))
+    (tok / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}))
+    (tok / "video_preprocessor_config.json").write_text(json.dumps(
+        {"video_processor_type": "Qwen2VLVideoProcessor", "processor_class": "Qwen2VLProcessor"}))
+    if not is_torchvision_available():
+        from diffusers import DiffusionPipeline
+
+        with pytest.raises(Exception, match="[Tt]orchvision"):
+            DiffusionPipeline.from_pretrained(str(target))
+    pipe = load_pipeline(str(target))
+    request = dataclasses.replace(REQUEST, num_inference_steps=1)
+    expected = k5.FAMILY.reference_latents(load_pipeline("tiny-kandinsky5"), request)
+    assert torch.equal(k5.FAMILY.reference_latents(pipe, request), expected)

@@ -40,7 +40,8 @@ text (`images=None, videos=None`) and `decode`: the image and video processors a
 transformers 5 cannot build a Qwen2VLProcessor without torchvision (its constructor checks the
 video processor against a torchvision-only base class, and from_pretrained loads one), so the
 tiny built-ins save a text-only Qwen-like tokenizer as the pipeline's `tokenizer`, which the
-pipeline calls the same way.
+pipeline calls the same way; and where torchvision is missing, raydit's loader hands a released
+checkpoint's pipeline the processor's own text tokenizer (`load_components`).
 
 Tiny. `tiny-kandinsky5` / `tiny-kandinsky5-i2v`: 6 heads x 8 (Ulysses 1, 2, 3, 6; 4 and 5
 ranks run ring or hybrid), one text block and two visual blocks, patch (1, 2, 2), a small
@@ -233,6 +234,21 @@ class Kandinsky5Family(Family):
             default_width=int(defaults["width"]), vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
             vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
         )
+
+    def load_components(self, path):
+        """Without torchvision, a checkpoint whose `tokenizer` is a Qwen2VLProcessor (the released
+        ones) gets the processor's own text tokenizer instead: transformers cannot load the
+        processor (its video processor needs torchvision), and the pipelines only ever tokenize
+        text with it (images=None, videos=None) and decode."""
+        from transformers.utils import is_torchvision_available
+
+        index = json.loads((path / "model_index.json").read_text())
+        entry = index.get("tokenizer") or [None, None]
+        if entry[1] != "Qwen2VLProcessor" or is_torchvision_available():
+            return {}
+        from transformers import AutoTokenizer
+
+        return {"tokenizer": AutoTokenizer.from_pretrained(str(path / "tokenizer"))}
 
     def reference_latents(self, pipe, request):
         import torch
@@ -600,7 +616,10 @@ def runner_cases(base_dir: str, i2v_dir: str) -> list:
     request = dict(prompt="a red fox runs through snow", negative_prompt="blur", num_frames=9, height=48, width=80,
                    num_inference_steps=2, guidance_scale=5.0, seed=11)
     return [
-        RunnerCase("kandinsky5-t2v", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir)),
+        # Every plan on 2..6 ranks (one rank is the reference itself), cfg 2 on 2 and 4; the
+        # forward cases cover 8 ranks.
+        RunnerCase("kandinsky5-t2v", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir),
+                   worlds=(2, 3, 4, 5, 6)),
         # 5 x 2 x 3 = 30 video tokens (4 ranks pad); an empty negative prompt: the pipeline's default.
         RunnerCase("kandinsky5-i2v", _BUILD_PIPELINE, TINY_HEADS,
                    dict(request, seed=5, negative_prompt="", **TINY_I2V_DEFAULTS),
