@@ -22,4 +22,21 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   fi
 fi
 "$VPY" -m pip install -q -e ".[test]"
+# torchvision, optional: transformers' Qwen2VLProcessor (the tokenizer of Kandinsky 5's released
+# checkpoints) loads a video processor that needs it; raydit's tiny models and tests need none.
+# With a CPU torch, try the matching CPU build (torch 2.N pairs with torchvision 0.(N+15)); keep
+# it only if it imports (with transformers), else remove it: a broken torchvision breaks
+# transformers' imports. Never fails the set-up.
+if ! "$VPY" -c "import torchvision" >/dev/null 2>&1; then
+  TV=$("$VPY" -c "import torch; m = int(torch.__version__.split('.')[1]); print('' if torch.version.cuda else f'0.{m + 15}.*')" 2>/dev/null || true)
+  if [ -n "$TV" ]; then
+    if "$VPY" -m pip install -q --no-deps "torchvision==$TV" --index-url https://download.pytorch.org/whl/cpu >/dev/null 2>&1 \
+        && "$VPY" -c "import torchvision, transformers.models.qwen2_vl" >/dev/null 2>&1; then
+      echo "torchvision $("$VPY" -c 'import torchvision; print(torchvision.__version__)') (CPU build) installed"
+    else
+      "$VPY" -m pip uninstall -q -y torchvision >/dev/null 2>&1 || true
+      echo "torchvision: no working CPU build for this torch here; continuing without it (only real Kandinsky 5 checkpoints' Qwen2VLProcessor needs it)"
+    fi
+  fi
+fi
 "$VPY" -c "import raydit, torch, ray, diffusers; print('raydit', raydit.__version__, '| torch', torch.__version__, '| ray', ray.__version__, '| diffusers', diffusers.__version__)"

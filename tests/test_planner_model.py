@@ -36,6 +36,11 @@ BUILTINS = [
     ("hunyuanvideo-1.5-720p", 16, 128, 54, 1, "rotary", True),
     ("tiny-hunyuan15", 6, 8, 2, 1, "rotary", True),
     ("tiny-hunyuan15-i2v", 6, 8, 2, 1, "rotary", True),
+    ("kandinsky5-t2v-lite", 28, 64, 32, 1, "rotary", False),
+    ("kandinsky5-t2v-pro", 32, 128, 60, 1, "rotary", False),
+    ("kandinsky5-i2v-pro", 32, 128, 60, 1, "rotary", False),
+    ("tiny-kandinsky5", 6, 8, 2, 1, "rotary", False),
+    ("tiny-kandinsky5-i2v", 6, 8, 2, 1, "rotary", False),
 ]
 
 

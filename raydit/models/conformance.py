@@ -38,6 +38,9 @@ class ForwardCase:
     kwargs: dict = field(default_factory=dict)
     worlds: tuple[int, ...] | None = None  # world sizes run (None: every one the suite runs)
     options: dict = field(default_factory=dict)  # parallelize options every plan runs with
+    # "package.module:function" (transformer, dtype) -> the transformer in dtype, for a model
+    # that a plain .to(dtype) breaks (Kandinsky 5 keeps its time embedding in float32); None: .to
+    cast: str | None = None
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
@@ -60,8 +63,18 @@ class RunnerCase:
     worlds: tuple[int, ...] | None = None
     options: dict = field(default_factory=dict)  # the Runner's parallel_options on every plan
 
-    def make(self):
-        return _resolve(self.build)(**self.kwargs)
+    def make(self, dtype: torch.dtype | None = None):
+        """The pipeline; in `dtype`, loaded in it where the builder takes a `dtype` (as
+        from_pretrained(dtype=...) loads: modules a model keeps in float32 stay so, Kandinsky 5's
+        time embedding), else cast with .to(dtype=...)."""
+        import inspect
+
+        build = _resolve(self.build)
+        if dtype is None:
+            return build(**self.kwargs)
+        if "dtype" in inspect.signature(build).parameters:
+            return build(**self.kwargs, dtype=dtype)
+        return build(**self.kwargs).to(dtype=dtype)
 
     def cfg_degrees(self, world_size: int, cfg_world_sizes) -> tuple[int, ...]:
         """The cfg degrees of its plans on `world_size` ranks (cfg plans on `cfg_world_sizes`)."""
@@ -146,11 +159,13 @@ def forward_once(transformer, forward_kwargs: dict) -> torch.Tensor:
     return torch.cat([o.flatten(1) for o in outputs], dim=1)
 
 
-def at_dtype(transformer, forward_kwargs: dict, dtype: torch.dtype):
-    """The transformer (in place) and its floating inputs in `dtype`; other inputs (token ids,
-    integer timesteps and masks, sizes) as they are. -> (transformer, forward kwargs)."""
+def at_dtype(transformer, forward_kwargs: dict, dtype: torch.dtype, cast_model: str | None = None):
+    """The transformer (in place; through `cast_model`, a ForwardCase's `cast`, where given) and
+    its floating inputs in `dtype`; other inputs (token ids, integer timesteps and masks, sizes)
+    as they are. -> (transformer, forward kwargs)."""
     cast = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in forward_kwargs.items()}
-    return transformer.to(dtype), cast
+    model = _resolve(cast_model)(transformer, dtype) if cast_model else transformer.to(dtype)
+    return model, cast
 
 
 def run_steps(runner, request, steps: int, checkpoint: dict | None = None):
@@ -234,9 +249,9 @@ def bf16_errors(case: ForwardCase, results: list[dict], world_sizes) -> list[dic
         return dict(plan=str(plan), where=where, error=error, one_process_error=one_error,
                     ratio=error_ratio(error, one_error), ok=within_bf16_rule(error, one_error))
 
-    transformer, forward_kwargs = at_dtype(*case.make(), torch.bfloat16)
+    transformer, forward_kwargs = at_dtype(*case.make(), torch.bfloat16, case.cast)
     one_process = forward_once(transformer, forward_kwargs)
-    reference = forward_once(*at_dtype(transformer, forward_kwargs, torch.float64))
+    reference = forward_once(*at_dtype(transformer, forward_kwargs, torch.float64, case.cast))
     rows = []
     for world_size in case_worlds(case, world_sizes):
         for plan in feasible_plans(world_size, case.heads):
@@ -319,7 +334,7 @@ def forward_worker(
         transformer, forward_kwargs = case.make()
         dtypes = (torch.float32, torch.bfloat16) if case.name in bf16_cases else (torch.float32,)
         for dtype in dtypes:
-            transformer, forward_kwargs = at_dtype(transformer, forward_kwargs, dtype)
+            transformer, forward_kwargs = at_dtype(transformer, forward_kwargs, dtype, case.cast)
             for world_size in case_worlds(case, world_sizes):
                 for plan in feasible_plans(world_size, case.heads):
                     mesh = prefix_mesh(plan)

@@ -309,6 +309,13 @@ class Family:
         tokenizers); absent components are missing keys."""
         raise NotImplementedError
 
+    def load_components(self, path: Path) -> dict:
+        """Components the pipeline gets in place of the ones it would load from `path` (a saved
+        component this machine cannot load as saved, e.g. Kandinsky 5's Qwen2VLProcessor without
+        torchvision): name -> object, set on the pipeline after from_pretrained, which skips
+        them (raydit.models.loading.load_pipeline); default: none."""
+        return {}
+
     def reference_latents(self, pipe, request: GenerationRequest):
         """What diffusers' own pipeline returns for `request` with its defaults, the same seed
         (a CPU generator) and output_type="latent": the single-process reference."""

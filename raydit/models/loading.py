@@ -73,14 +73,20 @@ def load_pipeline(model: str | Path, device=None, dtype=None):
     import diffusers
     import torch
 
+    from raydit.models.registry import family_for_class
     from raydit.models.tiny import quiet_hub
 
     path = resolve_model_dir(str(model))
     pipeline_cls = getattr(diffusers, _pipeline_class(path))
+    components = family_for_class(_pipeline_class(path)).load_components(path)
     # Loading bars from every rank would drown the generation's own progress bar; the
     # tokenizer's pre-truncation warning repeats what diffusers reports of the truncation.
     with quiet_hub():
-        pipe = pipeline_cls.from_pretrained(str(path), dtype=dtype or torch.float32)
+        # A family's own components are not loaded (None) and are set once the pipeline is built
+        # (diffusers checks a passed component against the saved class).
+        pipe = pipeline_cls.from_pretrained(str(path), dtype=dtype or torch.float32, **dict.fromkeys(components))
+    for name, component in components.items():
+        setattr(pipe, name, component)
     # For the pipeline's life: the tokenizer warns that a prompt is longer than the model
     # takes before the pipeline truncates it, and diffusers' own warning names the truncated
     # words, which is what a user needs (once, not from every rank).

@@ -42,6 +42,9 @@ _HUNYUAN15_TEXT = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encod
 # connectors (1.43e9: Linear 49 x 3840 -> 3840 and two 2-layer 30 x 128 transformers, LTX2TextConnectors'
 # defaults, which are LTX-2's).
 _LTX2_TEXT = 12.19e9 + 1.43e9
+# Kandinsky 5: Qwen2.5-VL-7B (the whole Qwen2_5_VLForConditionalGeneration the pipelines load,
+# 8.29e9) + CLIP ViT-L/14's text model (0.12e9).
+_KANDINSKY5_TEXT = 8.29e9 + 0.12e9
 
 
 @dataclass(frozen=True)
@@ -346,6 +349,22 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                   128, 18.88e9, _LTX2_TEXT, 1.33e9, 121, 512, 768, vae_spatial=32, vae_temporal=8,
                   cfg_branches=4, audio_heads=32, audio_head_dim=64, audio_ffn_hidden=4 * 32 * 64,
                   audio_tokens_per_second=25.0, frame_rate=24.0),
+        # Kandinsky 5 (kandinskylab/Kandinsky-5.0-*-Diffusers, Kandinsky5T2VPipeline / I2V),
+        # Kandinsky5Transformer3DModel as its configs set it: Lite 2B (model_dim 1792 = 28 heads x
+        # 64, 32 visual + 2 text blocks, FFN 7168, time_dim 512) and Pro 19B (4096 = 32 x 128,
+        # 60 + 4 blocks, FFN 16384, time_dim 1024); patch (1, 2, 2), 33 = 16 noise + 16
+        # conditioning + 1 mask channels; 2.008e9 / 1.931e10 parameters on the meta device
+        # (tests/models/test_family_kandinsky5.py). Layers count the visual blocks (the text
+        # blocks run on the text alone, whole on every rank); the text is cross-attended, at most
+        # 512 Qwen2.5-VL tokens. The HunyuanVideo VAE (8x / 4x, 0.25e9); the pipelines' defaults
+        # 121 x 512 x 768. The 10 s Lite checkpoints use NABLA sparse attention: one process per
+        # replica only (sequence parallelism refuses it).
+        ModelSpec("kandinsky5-t2v-lite", "kandinsky5", 28, 64, 32, 7168, 2, 1, 512, False, "rotary",
+                  33, 2.008e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
+        ModelSpec("kandinsky5-t2v-pro", "kandinsky5", 32, 128, 60, 16384, 2, 1, 512, False, "rotary",
+                  33, 19.31e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
+        ModelSpec("kandinsky5-i2v-pro", "kandinsky5", 32, 128, 60, 16384, 2, 1, 512, False, "rotary",
+                  33, 19.31e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
         # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
                   12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),
@@ -371,6 +390,11 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
     specs.append(ModelSpec("tiny-ltx", "ltx", 6, 12, 2, 288, 1, 1, 128, False, "rotary",
                            8, 2.3e5, 2.5e4, 1.1e5, 9, 64, 96, vae_spatial=32, vae_temporal=8))
+    # tiny-kandinsky5 / -i2v: Kandinsky 5's layout (patch (1, 2, 2), HunyuanVideo VAE, Qwen text
+    # cross-attended) at 6 heads x 8; I2V at 17 frames (its pipeline needs 5 latent frames).
+    for name, frames, height, width in (("tiny-kandinsky5", 9, 48, 80), ("tiny-kandinsky5-i2v", 17, 32, 48)):
+        specs.append(ModelSpec(name, "kandinsky5", 6, 8, 2, 64, 2, 1, 512, False, "rotary",
+                               9, 9.2e4, 2.2e4, 7.1e4, frames, height, width))
     return {s.name: s for s in specs}
 
 

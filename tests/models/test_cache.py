@@ -2,8 +2,8 @@
 
 One spawned group of 4 gloo processes runs every feasible plan of 1..4 ranks (cfg = 2 on 2
 and 4; LTX-2 cfg 4 on 4 too) for a CogVideoX case (guidance branches batched in one call), a Wan
-case (two calls per step), a HunyuanVideo case (true CFG), an LTX-Video case and LTX-2 (four
-passes, two output streams), with fbcache and teacache; the tests compare each plan with the
+case (two calls per step), a HunyuanVideo case (true CFG), an LTX-Video case, LTX-2 (four
+passes, two output streams) and a Kandinsky 5 case, with fbcache and teacache; the tests compare each plan with the
 single-process run here. The thresholds are chosen so that some steps are cached and no
 step's decision quantity lies within 5% of the threshold (checked below), so a plan's
 rounding cannot flip a decision.
@@ -50,7 +50,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, ltx, ltx2, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, wan
 
     ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
     ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
@@ -87,6 +87,12 @@ def _cases() -> list[CacheCase]:
                   dict(ltx2_request, cache="fbcache", cache_threshold=1.0), (2, 4), {"audio_split_tokens": 1}),
         CacheCase("ltx2-teacache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
                   dict(ltx2_request, cache="teacache", cache_threshold=1.3), (2, 4)),
+        # Kandinsky 5: the visual blocks only (the text blocks run before them), channels-last
+        # latents; 3 latent frames x 2 x 3 = 18 video tokens (padded on 4 ranks).
+        CacheCase("kandinsky5-fbcache", "raydit.models.families.kandinsky5:kandinsky5_pipeline",
+                  dict(base_dir=str(kandinsky5.tiny_pipeline_dir())), 6,
+                  dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=32, width=48,
+                       num_inference_steps=STEPS, guidance_scale=5.0, seed=4, cache="fbcache", cache_threshold=1.0)),
     ]
 
 

@@ -199,7 +199,7 @@ def test_runner_matches_diffusers_pipeline_bit_for_bit_in_bf16(runner_cases, cas
 
     dtype = getattr(torch, dtype)
     case = next(c for c in runner_cases if c.name == case_name)
-    pipe = case.make().to(dtype=dtype)
+    pipe = case.make(dtype=dtype)
     request = case.make_request()
     family = family_for_pipeline(pipe)
     expected = family.reference_latents(pipe, request)

@@ -1,6 +1,6 @@
 """LoRA adapters under every plan up to 4 gloo ranks (cfg 2 on 2 and 4 ranks) equal one process;
-LTX-2 on its 2-rank plans only (Ulysses, ring, cfg 2), as its own conformance cases keep to a few
-worlds for the suite's time.
+LTX-2 and Kandinsky 5 on their 2-rank plans only (Ulysses, ring, cfg 2), as their own conformance
+cases keep to a few worlds for the suite's time.
 
 The conformance harness runs each case on every feasible plan in one spawned group of 4
 (raydit.models.conformance); the builder loads the LoRAs on every rank through
@@ -34,7 +34,14 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
     # LTX-2: 6 heads, 39 video tokens and 18 audio tokens; cfg, STG and modality passes, so cfg 2
     # puts the main pass on one group and the perturbed passes on the other, each with the LoRAs.
     "tiny-ltx2": ("raydit.models.families.ltx2:ltx2_pipeline", ltx2.TINY_HEADS, dict(), dict(ltx2.TINY_REQUEST), (2,)),
+    # Kandinsky 5: 6 heads, 3 x 2 x 3 = 18 video tokens; the LoRA on every attention's
+    # to_query / to_key / to_value (the sequence-parallel processor calls the adapted layers).
+    "tiny-kandinsky5": ("raydit.models.families.kandinsky5:kandinsky5_pipeline", 6, dict(),
+                        dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=32, width=48,
+                             num_inference_steps=2, guidance_scale=5.0, seed=3), (2,)),
 }
+# The LoRA's target modules where the attention projections are not named to_q / to_k / to_v / to_out.0.
+LORA_TARGETS = {"tiny-kandinsky5": ("to_query", "to_key", "to_value")}
 
 
 def rel(actual, expected) -> float:
@@ -49,7 +56,8 @@ def cases(tmp_path_factory):
         kwargs = dict(base_dir=base_dir, **overrides) if model == "tiny" else dict(base_dir=base_dir)
         pipe = load_pipeline(model)
         root = tmp_path_factory.mktemp(f"lora-par-{model}")
-        loras = {name: (str(lora.write_random_lora(pipe, root / name, seed=seed)), "transformer")
+        targets = {"targets": LORA_TARGETS[model]} if model in LORA_TARGETS else {}
+        loras = {name: (str(lora.write_random_lora(pipe, root / name, seed=seed, **targets)), "transformer")
                  for name, seed in (("a", 11), ("b", 12))}
         out.append(harness.RunnerCase(
             f"lora-{model}", "raydit.models.lora:conformance_pipeline", heads,
@@ -92,4 +100,4 @@ def test_every_plan_with_loras_equals_one_process(cases, references):
                     for rank in range(1, plan.world_size):
                         assert torch.equal(outputs[rank]["runner"][(case.name, str(plan), kind)], got)
                 seen += 1
-    assert seen == 22  # 9 CogVideoX plans, 10 Wan plans and 3 LTX-2 plans, cfg 2 included
+    assert seen == 25  # 9 CogVideoX plans, 10 Wan plans, 3 LTX-2 and 3 Kandinsky 5 plans, cfg 2 included

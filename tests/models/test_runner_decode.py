@@ -57,19 +57,20 @@ def test_runner_decode_on_ranks_equals_one_process():
     assert diff <= 1, f"frames differ by {diff} levels"
 
 
-# -- the other families' VAEs (issue 18): HunyuanVideo, HunyuanVideo 1.5 and LTX-Video ---------
-FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx")
+# -- the other families' VAEs (issue 18): HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Kandinsky 5 --
+FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx", "kandinsky5")
 
 
 def _family_runner(name: str, mesh=None):
     """A Runner on the family's tiny pipeline (tiny-hunyuan: 8 latent rows, tiny-hunyuan15: 3,
-    tiny-ltx: 2) and a request at its tiny defaults."""
+    tiny-ltx: 2, tiny-kandinsky5: 6, channels-last latents) and a request at its tiny defaults."""
     import importlib
 
     from raydit.models import GenerationRequest, Runner
 
     module = importlib.import_module(f"raydit.models.families.{name}")
-    load = {"hunyuanvideo": "hunyuan_pipeline", "hunyuanvideo15": "hunyuan15_pipeline", "ltx": "ltx_pipeline"}[name]
+    load = {"hunyuanvideo": "hunyuan_pipeline", "hunyuanvideo15": "hunyuan15_pipeline", "ltx": "ltx_pipeline",
+            "kandinsky5": "kandinsky5_pipeline"}[name]
     pipe = getattr(module, load)(str(module.tiny_pipeline_dir()))
     request = GenerationRequest(prompt="a cat", num_inference_steps=2, seed=3, **module.TINY_DEFAULTS)
     return Runner(pipe, mesh=mesh), request

@@ -5,7 +5,7 @@
 - Frame counts the VAE cannot take as they are: rounded as each family's diffusers pipeline
   rounds them (proved against diffusers: the pipeline's own latents for the odd count equal
   those for the rounded count) and said in one logged line.
-- `raydit generate --model tiny-hunyuan | tiny-hunyuan-i2v | tiny-ltx | tiny-wan` writes a
+- `raydit generate --model tiny-hunyuan | tiny-hunyuan-i2v | tiny-ltx | tiny-wan | tiny-kandinsky5` writes a
   real mp4; the HunyuanVideo run uses true CFG on 2 ranks, the HunyuanVideo image-to-video
   run (token_replace: the image's latent frame split with the video tokens) sequence
   parallelism on 2 ranks, and the latents of both equal one process's
@@ -61,6 +61,7 @@ ROUNDING = [
     ("tiny-wan", 12, 13, 32, 32),  # Wan: n // 4 * 4 + 1
     ("tiny-hunyuan", 7, 5, 32, 32),  # HunyuanVideo: (n - 1) // 4 + 1
     ("tiny-ltx", 12, 9, 32, 32),  # LTX: (n - 1) // 8 + 1
+    ("tiny-kandinsky5", 6, 5, 32, 32),  # Kandinsky 5: n // 4 * 4 + 1
 ]
 
 
@@ -111,8 +112,11 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
                              "--image", str(png)],
         "tiny-ltx": ["--workers", "1", "--frames", "9", "--height", "32", "--width", "32"],
         "tiny-wan": ["--workers", "1", "--frames", "5", "--height", "32", "--width", "32"],
+        # Kandinsky 5 on 2 ranks (cfg 2 or sequence parallel, as the planner picks)
+        "tiny-kandinsky5": ["--workers", "2", "--frames", "5", "--height", "32", "--width", "32",
+                            "--negative-prompt", "blur"],
     }
-    # The four runs side by side on the session's Ray (6 of its 8 CPU slots): their start-ups overlap.
+    # The five runs side by side on the session's Ray (8 of its 8 CPU slots): their start-ups overlap.
     procs = {model: subprocess.Popen(
         [sys.executable, "-m", "raydit.cli", "generate", "--model", model, "--prompt", "a kite over the sea",
          "--steps", "2", "--seed", "3", "--device", "cpu", "--address", address, "--json",
@@ -150,6 +154,12 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             assert summary["plan"]["world_size"] == 2 and summary["plan"]["cfg"] == 1
             request = GenerationRequest(prompt="a kite over the sea", num_frames=5, height=32, width=32,
                                         num_inference_steps=2, seed=3, image=image_to_png(png))
+            expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
+        if model == "tiny-kandinsky5":
+            assert summary["plan"]["world_size"] == 2
+            request = GenerationRequest(prompt="a kite over the sea", negative_prompt="blur", num_frames=5,
+                                        height=32, width=32, num_inference_steps=2, seed=3)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
 

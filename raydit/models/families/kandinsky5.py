@@ -1,0 +1,627 @@
+"""The Kandinsky 5 family: `Kandinsky5T2VPipeline` (text-to-video) and `Kandinsky5I2VPipeline`
+(image-to-video).
+
+Adapter. `Kandinsky5Transformer3DModel` runs two lists of blocks: `text_transformer_blocks`
+(self-attention over the Qwen2.5-VL text alone, 1-D rotary) and then
+`visual_transformer_blocks`, each with self-attention over the video (3-D rotary) and
+cross-attention from the video to the text (no rotary, no mask), then a feed-forward. The
+text never attends to the video, so the text blocks run whole on every rank (the same
+numbers everywhere) and only the visual blocks are split: the split hook cuts the video
+tokens (`visual_embed`) and the rotary table of all video tokens (`rope`, the same tensor
+handed to every block, so it is cut once per forward) before the first visual block; the
+gather hook restores the video after the last one. Self-attention gets
+`Kandinsky5SPAttnProcessor` (projections, QK RMS norms and rotary on this rank's chunk, then
+`sp_attention`); cross-attention keeps diffusers' own processor: each local query attends to
+the whole text, as on one device. The timestep embedding is one per sample and stays whole.
+
+Sparse attention. A transformer configured with `attention_type="nabla"` (NABLA: a block mask
+from pooled q/k scores over 64-token blocks of the "fractal" token order, through
+flex_attention) runs on one process exactly as diffusers does, but is refused under sequence
+parallelism with one line: its mask is computed from the whole sequence's queries and keys
+and its token order is another one (8 x 8 pixel tiles), which raydit's layout does not split.
+
+Steps. As the pipelines: two transformer calls per step with guidance (conditional, then
+unconditional; cfg = 2 runs one on each rank group), combined uncond + s (cond - uncond);
+FlowMatchEulerDiscreteScheduler at its own sigmas (the scheduler config's shift). The latents
+are channels-last ([B, F, H, W, C], what output_type="latent" returns); the transformer's
+visual-conditioning channels (`visual_cond`: zeros and a frame mask; for I2V the mask marks
+frame 0) are kept in the request's context and concatenated for each call. Image-to-video:
+frame 0 of the latents is the image's VAE latents (drawn from the request's generator after
+the noise, as the pipeline does), the scheduler steps frames 1.. only, and the output's first
+four frames are renormalized (`normalize_first_frame`) before decode, as the pipeline does.
+An empty negative prompt stands for diffusers' default negative prompt (the pipeline's
+`negative_prompt=None`).
+
+Text. Qwen2.5-VL (a chat template whose first 128 tokens the pipeline crops; at most 512
+prompt tokens) gives the text tokens and CLIP's pooled output joins the timestep embedding;
+both run in `encode`, once per request on the replica's rank 0. The pipeline's tokenizer
+is a `Qwen2VLProcessor` in the released checkpoints, but Kandinsky 5 only ever calls it on
+text (`images=None, videos=None`) and `decode`: the image and video processors are unused.
+transformers 5 cannot build a Qwen2VLProcessor without torchvision (its constructor checks the
+video processor against a torchvision-only base class, and from_pretrained loads one), so the
+tiny built-ins save a text-only Qwen-like tokenizer as the pipeline's `tokenizer`, which the
+pipeline calls the same way; and where torchvision is missing, raydit's loader hands a released
+checkpoint's pipeline the processor's own text tokenizer (`load_components`).
+
+Tiny. `tiny-kandinsky5` / `tiny-kandinsky5-i2v`: 6 heads x 8 (Ulysses 1, 2, 3, 6; 4 and 5
+ranks run ring or hybrid), one text block and two visual blocks, patch (1, 2, 2), a small
+Qwen2.5-VL with a tokenizer built in code whose chat template is 128 tokens before the prompt
+(as the pipeline crops), a small CLIP text model, and HunyuanVideo's VAE (8x spatial, 4x
+temporal) with 4 channels; random weights.
+
+Module-level imports stay light (no torch, no diffusers): the planner reads this family
+through the registry without importing torch.
+
+Legend: B batch, S local video tokens (this rank's chunk), Lv all video tokens, Lt text
+tokens, H heads, D head dim, C = H*D; latents [B, F, H, W, C] are channels-last.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+
+VIDEO = 0  # the only part split across the visual blocks
+
+T2V, I2V = "Kandinsky5T2VPipeline", "Kandinsky5I2VPipeline"
+# Kandinsky5T2VPipeline.__call__'s defaults (the I2V pipeline's are the same).
+PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}
+MAX_SEQUENCE_LENGTH = 512
+# Kandinsky5I2VPipeline.normalize_first_frame matches latent frames 0-3 to frames 4..8: with
+# fewer than 5 latent frames the reference is empty and the output NaN.
+I2V_MIN_LATENT_FRAMES = 5  # the pipelines' default: Qwen tokens after the template crop
+# What the pipelines use when guidance is on and no negative prompt is given (their
+# `negative_prompt=None`); a request's empty negative prompt means the same.
+DEFAULT_NEGATIVE_PROMPT = (
+    "Static, 2D cartoon, cartoon, 2d animation, paintings, images, worst quality, low quality, ugly, deformed, "
+    "walking backwards"
+)
+
+
+# -- adapter -----------------------------------------------------------------------------------
+def transformer_heads(config) -> int:
+    """Attention heads of a Kandinsky5Transformer3DModel config: model_dim / sum(axes_dims)
+    (the head dim is the rotary axes' sum; the config has no head count of its own)."""
+    return int(config["model_dim"]) // sum(int(a) for a in config["axes_dims"])
+
+
+def apply_rotary(x, rope):
+    """Kandinsky 5's rotary on [B, S, H, D] with a table [B, S, 1, D/2, 2, 2], as its processor
+    computes it (in float32, the result rounded through bfloat16, then the input's dtype)."""
+    import torch
+
+    pairs = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    return (rope * pairs).sum(dim=-1).reshape(*x.shape).to(torch.bfloat16).type_as(x)
+
+
+class Kandinsky5SPAttnProcessor:
+    """Sequence-parallel replacement for Kandinsky5AttnProcessor in a visual block's
+    self-attention. hidden_states: [B, S, C], this rank's video chunk; rotary_emb: the table of
+    this rank's chunk (the split hook cut it). Returns [B, S, C]."""
+
+    def __init__(self, context: ForwardContext):
+        self.context = context
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, rotary_emb=None, sparse_params=None):
+        from raydit.parallel.attention import sp_attention
+
+        if encoder_hidden_states is not None:
+            raise ValueError("Kandinsky5SPAttnProcessor serves the visual self-attention only; cross-attention keeps its own")
+        if sparse_params is not None:
+            raise ValueError("NABLA sparse attention (attention_type='nabla') cannot run under sequence parallelism; "
+                             "run this checkpoint on one rank per replica (sp 1)")
+        mesh, layout = self.context.mesh, self.context.layout
+        if layout is None:
+            raise RuntimeError("the split hook did not run before attention")
+
+        def heads(x_BSC):
+            return x_BSC.unflatten(2, (attn.num_heads, -1))  # [B, S, C] -> [B, S, H, D]
+
+        q = heads(attn.to_query(hidden_states))
+        k = heads(attn.to_key(hidden_states))
+        v = heads(attn.to_value(hidden_states))
+        q = attn.query_norm(q.float()).type_as(q)
+        k = attn.key_norm(k.float()).type_as(k)
+        if rotary_emb is not None:
+            if rotary_emb.shape[1] != layout.local_len:
+                raise ValueError(f"rotary table has {rotary_emb.shape[1]} rows for this rank's {layout.local_len} tokens")
+            q, k = apply_rotary(q, rotary_emb), apply_rotary(k, rotary_emb)
+        out_BHSD = sp_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mesh, layout)
+        out_BSC = out_BHSD.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.out_layer(out_BSC)
+
+
+class Kandinsky5Adapter(ModelAdapter):
+    name = "kandinsky5"
+    transformer_classes = ("Kandinsky5Transformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="visual_transformer_blocks",
+        # Kandinsky5TransformerDecoderBlock.forward(visual_embed, text_embed, time_embed, rope,
+        # sparse_params): the video and its rotary table are split (the model hands the same
+        # table to every block); the text and the per-sample timestep embedding stay whole.
+        split_inputs=(SplitInput("visual_embed", VIDEO), SplitInput("rope", VIDEO, every_block=True)),
+        gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns the video alone
+        attention="self_attention",
+    )
+    block_outputs = ("visual_embed",)
+    block_temb = "time_embed"
+
+    def validate(self, transformer, mesh) -> None:
+        from raydit.parallel.attention import feasible_ulysses
+
+        config = transformer.config
+        if not self.plan.block_list(transformer):
+            raise ValueError("the transformer has no visual blocks to parallelize (num_visual_blocks = 0)")
+        if config.attention_type != "regular":
+            raise ValueError(
+                f"attention_type {config.attention_type!r} (NABLA sparse attention) cannot run under sequence "
+                "parallelism: its block mask needs the whole sequence; run it with sp 1 (cfg or data parallel only)"
+            )
+        heads = transformer_heads(config)  # FrozenDict: indexable
+        if heads % mesh.ulysses != 0:
+            raise ValueError(
+                f"ulysses_degree {mesh.ulysses} does not divide the {heads} attention heads; "
+                f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
+            )
+
+    def make_processor(self, context: ForwardContext) -> Kandinsky5SPAttnProcessor:
+        return Kandinsky5SPAttnProcessor(context)
+
+
+# -- the family --------------------------------------------------------------------------------
+class Kandinsky5Family(Family):
+    """Kandinsky5T2VPipeline / Kandinsky5I2VPipeline steps: classifier-free guidance, two
+    transformer calls per step (conditional and unconditional), as the pipelines make them."""
+
+    name = "kandinsky5"
+    pipelines = (T2V, I2V)
+    image_pipelines = (I2V,)
+    adapter = Kandinsky5Adapter
+    batch_branches = False  # the pipelines call the transformer once per branch
+
+    @staticmethod
+    def round_frames(num_frames: int, vae_temporal: int) -> int:
+        # Kandinsky5T2VPipeline / I2V: num_frames // t * t + 1 ("Rounding to the nearest number").
+        return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+
+    def tiny(self):
+        return {"tiny-kandinsky5": tiny_pipeline_dir, "tiny-kandinsky5-i2v": tiny_i2v_pipeline_dir}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
+        absent keys); request defaults: the pipeline's 121 frames at 512 x 768 unless the
+        directory says otherwise (DEFAULTS_FILE); sizes from the weights' headers."""
+        from raydit.planner.model import ModelSpec, component_params
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "Kandinsky5Transformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a Kandinsky 5 pipeline")
+        axes = [int(a) for a in cfg.get("axes_dims", (16, 24, 24))]
+        head_dim = sum(axes)
+        hidden = int(cfg.get("model_dim", 2048))
+        if hidden % head_dim:
+            raise ValueError(f"{where}: model_dim {hidden} is not a multiple of the head dim sum(axes_dims) = {head_dim}")
+        heads = hidden // head_dim
+        layers = int(cfg.get("num_visual_blocks", 32))
+        text_layers = int(cfg.get("num_text_blocks", 2))
+        ffn = int(cfg.get("ff_dim", 5120))
+        time_dim = int(cfg.get("time_dim", 512))
+        patch = [int(p) for p in cfg.get("patch_size", (1, 2, 2))]
+        vae = configs.get("vae", {})
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        # visual block: self- and cross-attention 8 h^2, FFN 2 h ffn, modulation 9 h time_dim;
+        # text block: attention 4 h^2, FFN 2 h ffn, modulation 6 h time_dim
+        estimate = float(layers * (8 * hidden * hidden + 2 * hidden * ffn + 9 * hidden * time_dim)
+                         + text_layers * (4 * hidden * hidden + 2 * hidden * ffn + 6 * hidden * time_dim))
+        encoders = sum(component_params(path / c) or 0.0 for c in ("text_encoder", "text_encoder_2"))
+        visual_dim = int(cfg.get("in_visual_dim", 4))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=ffn,
+            patch_size=patch[1], patch_size_t=patch[0],
+            text_tokens=MAX_SEQUENCE_LENGTH, text_in_sequence=False, positional="rotary",
+            in_channels=2 * visual_dim + 1 if cfg.get("visual_cond", False) else visual_dim,
+            params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
+            vae_params=component_params(path / "vae") or 0.0,
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]), vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
+            vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
+        )
+
+    def load_components(self, path):
+        """Without torchvision, a checkpoint whose `tokenizer` is a Qwen2VLProcessor (the released
+        ones) gets the processor's own text tokenizer instead: transformers cannot load the
+        processor (its video processor needs torchvision), and the pipelines only ever tokenize
+        text with it (images=None, videos=None) and decode."""
+        from transformers.utils import is_torchvision_available
+
+        index = json.loads((path / "model_index.json").read_text())
+        entry = index.get("tokenizer") or [None, None]
+        if entry[1] != "Qwen2VLProcessor" or is_torchvision_available():
+            return {}
+        from transformers import AutoTokenizer
+
+        return {"tokenizer": AutoTokenizer.from_pretrained(str(path / "tokenizer"))}
+
+    def reference_latents(self, pipe, request):
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        kwargs = dict(prompt=request.prompt, negative_prompt=request.negative_prompt or None,
+                      num_frames=request.num_frames, height=request.height, width=request.width,
+                      num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
+                      generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent")
+        if type(pipe).__name__ == I2V:
+            kwargs["image"] = png_to_image(request.image)
+        return pipe(**kwargs).frames
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(),
+                "runner": runner_cases(base_dirs["tiny-kandinsky5"], base_dirs["tiny-kandinsky5-i2v"])}
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        if request.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); Kandinsky 5 has one: drop it")
+        time_dtype = pipe.transformer.time_embeddings.in_layer.weight.dtype
+        if str(time_dtype) != "torch.float32":
+            raise ValueError(
+                f"the transformer's time embedding is {str(time_dtype).replace('torch.', '')}, but Kandinsky 5 computes "
+                "its sinusoids in float32 and needs it float32: load the pipeline with from_pretrained(dtype=...) "
+                "(which keeps it float32) instead of casting with .to(dtype); float64 runs are not supported")
+        temporal = pipe.vae_scale_factor_temporal
+        if (request.num_frames - 1) % temporal:
+            lower = request.num_frames - (request.num_frames - 1) % temporal
+            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        patch = pipe.transformer.config.patch_size
+        multiple = pipe.vae_scale_factor_spatial * int(patch[1])
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % multiple:
+                lower = value - value % multiple
+                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+                raise ValueError(f"{label} {value} must be a multiple of {multiple} (VAE scale "
+                                 f"{pipe.vae_scale_factor_spatial} x patch {patch[1]}); nearest: {nearest}")
+        if type(pipe).__name__ == I2V and (request.num_frames - 1) // temporal + 1 < I2V_MIN_LATENT_FRAMES:
+            least = (I2V_MIN_LATENT_FRAMES - 1) * temporal + 1
+            raise ValueError(f"num_frames {request.num_frames} is too few for {I2V}: it renormalizes the first 4 "
+                             f"latent frames against the next ones (NaN without them); give at least {least}")
+
+    def encode(self, pipe, request, device, dtype):
+        model_dtype = pipe.transformer.dtype
+
+        def branch(prompt):
+            qwen, clip, cu_seqlens = pipe.encode_prompt(prompt=prompt, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                                                        device=device, dtype=model_dtype)
+            if int(cu_seqlens[-1]) != qwen.shape[1]:  # one prompt, no padding: every token valid
+                raise RuntimeError(f"the Qwen encoding has {qwen.shape[1]} tokens but {int(cu_seqlens[-1])} are valid")
+            return {"encoder_hidden_states": qwen, "pooled_projections": clip}
+
+        positive = branch(request.prompt)
+        negative = branch(request.negative_prompt or DEFAULT_NEGATIVE_PROMPT) if self.do_cfg(pipe, request) else None
+        return positive, negative
+
+    def init(self, pipe, request, generator, device, dtype):
+        import torch
+
+        pipe.scheduler.set_timesteps(request.num_inference_steps, device=device)
+        timesteps = pipe.scheduler.timesteps
+        channels = pipe.transformer.config.in_visual_dim
+        shape = dict(batch_size=1, num_channels_latents=channels, height=request.height, width=request.width,
+                     num_frames=request.num_frames, dtype=dtype, device=device, generator=generator)
+        if type(pipe).__name__ == I2V:
+            full = pipe.prepare_latents(image=png_to_image(request.image), **shape)
+        else:
+            full = pipe.prepare_latents(**shape)
+        spatial = pipe.vae_scale_factor_spatial
+        frames = (request.num_frames - 1) // pipe.vae_scale_factor_temporal + 1
+        context = {
+            "visual_rope_pos": [torch.arange(frames, device=device),
+                                torch.arange(request.height // spatial // 2, device=device),
+                                torch.arange(request.width // spatial // 2, device=device)],
+            "scale_factor": pipe._get_scale_factor(request.height, request.width),
+        }
+        sparse = pipe.get_sparse_params(full, device)
+        if sparse is not None:
+            context["sparse_params"] = sparse
+        if full.shape[-1] > channels:  # visual_cond: zeros and the frame mask, fixed for the request
+            context["condition"] = full[..., channels:].clone()
+        return Prepared(latents=full[..., :channels].clone(), timesteps=timesteps, context=context)
+
+    def predict(self, pipe, state, t, branch):
+        import torch
+
+        transformer = pipe.transformer
+        dtype = transformer.dtype
+        text = branch["encoder_hidden_states"]
+        b = text.shape[0]
+        condition = state.context.get("condition")
+        latents = state.latents if condition is None else torch.cat([state.latents, condition], dim=-1)
+        return transformer(
+            hidden_states=latents.to(dtype).expand(b, -1, -1, -1, -1),
+            encoder_hidden_states=text.to(dtype),
+            pooled_projections=branch["pooled_projections"].to(dtype),
+            timestep=t.unsqueeze(0).repeat(b).to(dtype),
+            visual_rope_pos=state.context["visual_rope_pos"],
+            text_rope_pos=torch.arange(text.shape[1], device=text.device),
+            scale_factor=state.context["scale_factor"],
+            sparse_params=state.context.get("sparse_params"),
+            return_dict=False,
+        )
+
+    def guidance_scale(self, pipe, state, t) -> float:
+        return state.request.guidance_scale
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        import torch
+
+        latents = state.latents
+        if type(pipe).__name__ != I2V:
+            return pipe.scheduler.step(noise, t, latents, return_dict=False)[0], dict(state.carry)
+        # The image's frame stays; frames 1.. are stepped (as the I2V pipeline's loop).
+        stepped = pipe.scheduler.step(noise[:, 1:], t, latents[:, 1:], return_dict=False)[0]
+        return torch.cat([latents[:, :1], stepped.to(latents.dtype)], dim=1), dict(state.carry)
+
+    def output_latents(self, pipe, state, latents=None):
+        latents = state.latents if latents is None else latents
+        if type(pipe).__name__ == I2V:
+            return pipe.normalize_first_frame(latents)  # the I2V pipeline's last step ("mesh artifacts")
+        return latents
+
+    def decode_video(self, pipe, state, latents):
+        vae = pipe.vae
+        latents = self.output_latents(pipe, state, latents)  # [1, F, H, W, C]
+        video = latents.to(vae.device, vae.dtype).permute(0, 4, 1, 2, 3) / vae.config.scaling_factor
+        return vae.decode(video, return_dict=False)[0]
+
+
+FAMILY = Kandinsky5Family()
+
+
+# -- the tiny pipelines ------------------------------------------------------------------------
+TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
+TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
+TINY_AXES = (2, 2, 4)  # frames, rows, columns: the head dim is their sum, 8
+TINY_TEXT_DIM = 16  # Qwen hidden size == transformer in_text_dim
+TINY_POOLED_DIM = 16  # CLIP hidden size == transformer in_text_dim2
+TINY_LATENT_CHANNELS = 4
+TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
+TINY_I2V_DEFAULTS = {"num_frames": 17, "height": 32, "width": 48}  # 5 x 2 x 3 = 30 video tokens
+TEMPLATE_TOKENS = 128  # the pipelines' prompt_template_encode_start_idx
+
+_SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+# The words of the pipelines' system message kept whole; "scren" and "pay" are spelled out in
+# characters so that the template is exactly TEMPLATE_TOKENS tokens before the prompt.
+_WHOLE_WORDS = (
+    "a action actions and angle animation are attention camera characters content describe detail dynamism effects "
+    "engineer follows footage game generated how if in is it key kind location main moves name objects of or order "
+    "postprocessing presented professional prompt scene shakes shown some style system the their they to "
+    "transitions user video view visual whether you zoom"
+).split()
+
+
+def qwen_tokenizer(max_length: int = 2048):
+    """A Qwen-like fast tokenizer built in code (text only): the template's words are single
+    tokens, any other word is split into characters."""
+    import string
+
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    vocab = {"<|endoftext|>": 0, "<unk>": 1}
+    for word in (*_SPECIAL[:2], *_WHOLE_WORDS, *chars, *("##" + c for c in chars)):
+        vocab.setdefault(word, len(vocab))
+    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in _SPECIAL])
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", unk_token="<unk>",
+                                   eos_token="<|im_end|>", model_max_length=max_length)
+
+
+def _template_prefix(pipe_template: str, tok) -> int:
+    """How many tokens `tok` gives the pipeline's template before the prompt."""
+    with_prompt = tok(pipe_template.format("x"))["input_ids"]
+    return len(with_prompt) - 2  # after the prompt "x": <|im_end|>
+
+
+def _qwen_encoder(vocab_size: int, seed: int):
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=vocab_size, hidden_size=TINY_TEXT_DIM, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+                         rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                         rope_theta=1e6, pad_token_id=0, bos_token_id=0, eos_token_id=2),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=TINY_TEXT_DIM,
+                           patch_size=2, spatial_merge_size=1, temporal_patch_size=1, fullatt_block_indexes=[0],
+                           window_size=4),
+        image_token_id=vocab_size + 1, video_token_id=vocab_size + 2, vision_start_token_id=vocab_size + 3,
+    )
+    return Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
+def _clip_encoder(vocab_size: int, seed: int):
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    # eos 1 is the shared tokenizer's </s>: the pooled output is the first eos position.
+    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=TINY_POOLED_DIM, intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77, pad_token_id=0,
+                            bos_token_id=0, eos_token_id=1)
+    return CLIPTextModel(config).eval()
+
+
+def tiny_transformer(seed: int, **overrides):
+    """A Kandinsky5Transformer3DModel of the tiny geometry (or `overrides`), every parameter
+    drawn from `seed` (diffusers zero-initialises the modulations: the blocks would be identities)."""
+    import torch
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(
+        in_visual_dim=TINY_LATENT_CHANNELS, out_visual_dim=TINY_LATENT_CHANNELS, in_text_dim=TINY_TEXT_DIM,
+        in_text_dim2=TINY_POOLED_DIM, time_dim=16, patch_size=(1, 2, 2), model_dim=TINY_HEADS * sum(TINY_AXES),
+        ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=TINY_AXES, visual_cond=True,
+    )
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(Kandinsky5Transformer3DModel(**config), seed)
+
+
+def _tiny_vae(seed: int):
+    import torch
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    torch.manual_seed(seed)
+    return AutoencoderKLHunyuanVideo(
+        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
+        spatial_compression_ratio=8, temporal_compression_ratio=4,
+    ).eval()
+
+
+def tiny_pipeline(image: bool = False):
+    """The tiny Kandinsky5T2VPipeline (or, `image`, Kandinsky5I2VPipeline), built in memory."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
+
+    from raydit.models.tiny import SEED, tokenizer
+
+    tok, tok_2 = qwen_tokenizer(), tokenizer(77)
+    cls = Kandinsky5I2VPipeline if image else Kandinsky5T2VPipeline
+    pipe = cls(
+        transformer=tiny_transformer(SEED + 10),
+        vae=_tiny_vae(SEED + 2),
+        text_encoder=_qwen_encoder(len(tok), SEED + 1),
+        tokenizer=tok,
+        text_encoder_2=_clip_encoder(len(tok_2), SEED + 3),
+        tokenizer_2=tok_2,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+    )
+    prefix = _template_prefix(pipe.prompt_template, tok)
+    if prefix != pipe.prompt_template_encode_start_idx or prefix != TEMPLATE_TOKENS:
+        raise RuntimeError(f"the tiny Qwen template is {prefix} tokens; the pipeline crops "
+                           f"{pipe.prompt_template_encode_start_idx}")
+    return pipe
+
+
+def tiny_pipeline_dir() -> Path:
+    """The directory of `tiny-kandinsky5`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-kandinsky5-{TINY_VERSION}",
+                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+def tiny_i2v_pipeline_dir() -> Path:
+    """The directory of `tiny-kandinsky5-i2v`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-kandinsky5-i2v-{TINY_VERSION}",
+                          lambda: WithDefaults(tiny_pipeline(image=True), TINY_I2V_DEFAULTS))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.kandinsky5:kandinsky5_forward"
+_BUILD_PIPELINE = "raydit.models.families.kandinsky5:kandinsky5_pipeline"
+_CAST = "raydit.models.families.kandinsky5:cast_transformer"
+
+
+def kandinsky5_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, axes: tuple,
+                       text_len: int = 11, batch: int = 2, visual_blocks: int = 2, seed: int = 41):
+    """A tiny-weight Kandinsky5Transformer3DModel and the kwargs of one forward call (patch
+    (1, 2, 2): latent height and width are twice the token rows and columns)."""
+    import torch
+
+    transformer = tiny_transformer(seed, model_dim=heads * sum(axes), axes_dims=tuple(axes),
+                                   num_visual_blocks=visual_blocks)
+    g = torch.Generator().manual_seed(7)
+    channels = 2 * TINY_LATENT_CHANNELS + 1
+    kwargs = dict(
+        hidden_states=torch.randn(batch, latent_frames, latent_height, latent_width, channels, generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+        pooled_projections=torch.randn(batch, TINY_POOLED_DIM, generator=g),
+        visual_rope_pos=[torch.arange(latent_frames), torch.arange(latent_height // 2), torch.arange(latent_width // 2)],
+        text_rope_pos=torch.arange(text_len),
+        scale_factor=(1.0, 2.0, 2.0),
+    )
+    return transformer, kwargs
+
+
+def cast_transformer(transformer, dtype):
+    """The transformer in `dtype` as from_pretrained(dtype=...) loads it: in half precision its
+    `_keep_in_fp32_modules` (time embedding, modulations) stay float32; in float64 everything
+    but the time embedding, whose input is float32 by construction (the model casts it)."""
+    import torch
+
+    transformer.to(dtype)
+    keep = transformer._keep_in_fp32_modules if dtype in (torch.float16, torch.bfloat16) else ["time_embeddings"]
+    for name, module in transformer.named_modules():
+        if name and any(k in name.split(".") for k in keep):
+            module.to(torch.float32)
+    return transformer
+
+
+def kandinsky5_pipeline(base_dir: str, dtype=None):
+    """A tiny Kandinsky 5 pipeline loaded from its directory (as a real checkpoint is); in
+    `dtype` as from_pretrained(dtype=...) loads it: the transformer's time embedding and
+    modulations stay float32 (`_keep_in_fp32_modules`; the model breaks when they are cast)."""
+    if dtype is None:
+        return load_pipeline_dir(base_dir)
+    from diffusers import DiffusionPipeline
+
+    from raydit.models.tiny import quiet_hub
+
+    with quiet_hub():
+        pipe = DiffusionPipeline.from_pretrained(base_dir, dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def forward_cases() -> list:
+    """Token counts no world size 2..6 divides; 6 and 5 heads (Ulysses 1, 2, 3, 6 / 1, 5; the
+    rest ring or hybrid)."""
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 3 x 5 = 45 video tokens (latents 3 x 6 x 10, patch 2), a batch of two samples.
+        ForwardCase("kandinsky5-h6", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, axes=(2, 2, 4)), cast=_CAST),
+        # 1 x 1 x 7 = 7 video tokens on 5 and 6 ranks (pad rows on most of them), one block.
+        ForwardCase("kandinsky5-h5-7tokens", _BUILD_FORWARD, 5,
+                    dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, axes=(2, 2, 4), batch=1,
+                         visual_blocks=1),
+                    worlds=(5, 6), cast=_CAST),
+    ]
+
+
+def runner_cases(base_dir: str, i2v_dir: str) -> list:
+    """Denoising on the tiny pipelines: 3 x 3 x 5 = 45 video tokens (3 and 5 divide it, 2, 4,
+    6 and 8 do not), classifier-free guidance (cfg = 2 runs one branch on each group);
+    image-to-video (17 frames: the pipeline needs 5 latent frames) on 3 and 4 ranks."""
+    from raydit.models.conformance import RunnerCase
+
+    request = dict(prompt="a red fox runs through snow", negative_prompt="blur", num_frames=9, height=48, width=80,
+                   num_inference_steps=2, guidance_scale=5.0, seed=11)
+    return [
+        # Every plan on 2..6 ranks (one rank is the reference itself), cfg 2 on 2 and 4; the
+        # forward cases cover 8 ranks.
+        RunnerCase("kandinsky5-t2v", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir),
+                   worlds=(2, 3, 4, 5, 6)),
+        # 5 x 2 x 3 = 30 video tokens (4 ranks pad); an empty negative prompt: the pipeline's default.
+        RunnerCase("kandinsky5-i2v", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(request, seed=5, negative_prompt="", **TINY_I2V_DEFAULTS),
+                   dict(base_dir=i2v_dir), image="checker", worlds=(3, 4), cfg=False),
+    ]
