@@ -25,7 +25,7 @@ def test_runner_matches_diffusers_bit_for_bit_on_cuda(runner_cases, case_name, d
 
     dtype = getattr(torch, dtype)
     case = next(c for c in runner_cases if c.name == case_name)
-    pipe = case.make().to("cuda", dtype=dtype)
+    pipe = case.make(dtype=dtype).to("cuda")  # loaded in dtype as from_pretrained does (Kandinsky 5: its float32 parts)
     pipe.set_progress_bar_config(disable=True)
     request = case.make_request()
     family = family_for_pipeline(pipe)
