@@ -162,6 +162,20 @@ def t5_encoder(vocab_size: int, d_model: int, seed: int = SEED + 1, umt5: bool =
     return model_cls(config).eval()
 
 
+def clip_text_encoder(vocab_size: int, hidden: int, seed: int):
+    """A 2-layer CLIP text encoder of width `hidden` (its pooled output: HunyuanVideo's and
+    Kandinsky 5's second prompt), seeded weights. eos 1 is the shared tokenizer's </s>: the
+    pooled output is the first eos position."""
+    import torch
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77, pad_token_id=0,
+                            bos_token_id=0, eos_token_id=1)
+    return CLIPTextModel(config).eval()
+
+
 def resolve_builder(path: str):
     """"package.module:function" -> that function (how conformance cases name their builders)."""
     import importlib

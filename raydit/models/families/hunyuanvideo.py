@@ -72,7 +72,7 @@ from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, clip_text_encoder, load_pipeline_dir
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -582,18 +582,6 @@ def _llama_encoder(vocab_size: int, seed: int):
     return LlamaModel(config).eval()
 
 
-def _clip_encoder(vocab_size: int, seed: int):
-    import torch
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    torch.manual_seed(seed)
-    # eos 1 is the shared tokenizer's </s>: the pooled output is the first eos position.
-    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=TINY_POOLED_DIM, intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77, pad_token_id=0,
-                            bos_token_id=0, eos_token_id=1)
-    return CLIPTextModel(config).eval()
-
-
 def tiny_transformer(seed: int, **overrides):
     """A HunyuanVideoTransformer3DModel of the tiny geometry (or `overrides`), every parameter
     drawn from `seed` (zero-initialised gates would make parallel tests trivial)."""
@@ -637,7 +625,7 @@ def tiny_pipeline():
         transformer=tiny_transformer(SEED + 10),
         vae=_tiny_vae(SEED + 2),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),  # HunyuanVideo's
-        text_encoder_2=_clip_encoder(len(tok_2), SEED + 3),
+        text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,
     )
 
@@ -724,7 +712,7 @@ def tiny_i2v_pipeline():
         transformer=tiny_transformer(SEED + 11, image_condition_type="token_replace"),
         vae=_tiny_vae(SEED + 2),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        text_encoder_2=_clip_encoder(len(tok_2), SEED + 3),
+        text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,
         image_processor=processor,
     )

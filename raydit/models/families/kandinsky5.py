@@ -63,7 +63,7 @@ from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, clip_text_encoder, load_pipeline_dir
 
 VIDEO = 0  # the only part split across the visual blocks
 
@@ -451,18 +451,6 @@ def _qwen_encoder(vocab_size: int, seed: int):
     return Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
-def _clip_encoder(vocab_size: int, seed: int):
-    import torch
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    torch.manual_seed(seed)
-    # eos 1 is the shared tokenizer's </s>: the pooled output is the first eos position.
-    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=TINY_POOLED_DIM, intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77, pad_token_id=0,
-                            bos_token_id=0, eos_token_id=1)
-    return CLIPTextModel(config).eval()
-
-
 def tiny_transformer(seed: int, **overrides):
     """A Kandinsky5Transformer3DModel of the tiny geometry (or `overrides`), every parameter
     drawn from `seed` (diffusers zero-initialises the modulations: the blocks would be identities)."""
@@ -505,7 +493,7 @@ def tiny_pipeline(image: bool = False):
         vae=_tiny_vae(SEED + 2),
         text_encoder=_qwen_encoder(len(tok), SEED + 1),
         tokenizer=tok,
-        text_encoder_2=_clip_encoder(len(tok_2), SEED + 3),
+        text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
     )
