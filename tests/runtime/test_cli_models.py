@@ -111,6 +111,9 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
                              "--image", str(png)],
         "tiny-ltx": ["--workers", "1", "--frames", "9", "--height", "32", "--width", "32"],
         "tiny-wan": ["--workers", "1", "--frames", "5", "--height", "32", "--width", "32"],
+        # Mochi 1 on 2 ranks, sequence parallel (ulysses 2; with it the runs take all 8 CPU slots)
+        "tiny-mochi": ["--workers", "2", "--ulysses", "2", "--cfg", "1", "--frames", "7", "--height", "32",
+                       "--width", "32"],
     }
     # The four runs side by side on the session's Ray (6 of its 8 CPU slots): their start-ups overlap.
     procs = {model: subprocess.Popen(
@@ -150,6 +153,12 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             assert summary["plan"]["world_size"] == 2 and summary["plan"]["cfg"] == 1
             request = GenerationRequest(prompt="a kite over the sea", num_frames=5, height=32, width=32,
                                         num_inference_steps=2, seed=3, image=image_to_png(png))
+            expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
+        if model == "tiny-mochi":
+            assert (summary["plan"]["world_size"], summary["plan"]["ulysses"]) == (2, 2) and summary["frames"][0] == 7
+            request = GenerationRequest(prompt="a kite over the sea", num_frames=7, height=32, width=32,
+                                        num_inference_steps=2, seed=3)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
 

@@ -21,6 +21,8 @@ CASES = {
     "tiny-ltx": (dict(workers=2, ring=2), dict()),
     # LTX-2: its two guidance branches on two groups, video and audio latents in one tensor.
     "tiny-ltx2": (dict(workers=2, cfg=2), dict()),
+    # Mochi: sequence parallel on 2 ranks (the valid text laid out across them in every block).
+    "tiny-mochi": (dict(workers=2, ulysses=2), dict()),
 }
 
 
