@@ -34,6 +34,9 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
     # LTX-2: 6 heads, 39 video tokens and 18 audio tokens; cfg, STG and modality passes, so cfg 2
     # puts the main pass on one group and the perturbed passes on the other, each with the LoRAs.
     "tiny-ltx2": ("raydit.models.families.ltx2:ltx2_pipeline", ltx2.TINY_HEADS, dict(), dict(ltx2.TINY_REQUEST), (2,)),
+    # Mochi 1: 6 heads, 2 x 2 x 3 = 12 video tokens with the valid text laid out across the ranks.
+    "tiny-mochi": ("raydit.models.families.mochi:mochi_pipeline", 6, dict(),
+                   dict(prompt="a red fox", num_frames=7, height=32, width=48, num_inference_steps=2, seed=3), (2,)),
 }
 
 
@@ -92,4 +95,4 @@ def test_every_plan_with_loras_equals_one_process(cases, references):
                     for rank in range(1, plan.world_size):
                         assert torch.equal(outputs[rank]["runner"][(case.name, str(plan), kind)], got)
                 seen += 1
-    assert seen == 22  # 9 CogVideoX plans, 10 Wan plans and 3 LTX-2 plans, cfg 2 included
+    assert seen == 25  # 9 CogVideoX plans, 10 Wan plans, 3 LTX-2 and 3 Mochi plans, cfg 2 included
