@@ -12,7 +12,7 @@ H100 = dict(flops_per_s=989e12 * 0.35, link_gb_s=450, link_latency_us=8)
     ("cogvideox-5b", 8, 8), ("cogvideox-5b", 1, 1), ("wan2.1-t2v-14b", 8, 8),
     ("wan2.2-ti2v-5b", 8, 8),       # 16x VAE: 44 latent rows at 704 px
     ("hunyuanvideo", 8, 8), ("hunyuanvideo-1.5-720p", 8, 8), ("ltx-video-2b", 8, 8),  # issue 18
-    ("mochi-1", 8, 1),              # its VAE is not split: every rank decodes the whole video
+    ("mochi-1", 8, 8),              # issue 34: AutoencoderKLMochi is split by rows too
     ("tiny", 16, 1),                # 8 latent rows cannot feed 16 ranks
 ])
 def test_decode_ranks(model, ranks, split):

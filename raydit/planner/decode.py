@@ -126,8 +126,17 @@ DECODERS["hunyuanvideo15"] = HUNYUAN15
 # full resolution; the whole video in one call.
 LTX = DecoderShape(2 * 4.46e5, 590, 8.6, 0.0, 8, 0)
 DECODERS["ltx"] = LTX
+# Mochi 1 (AutoencoderKLMochi(latent_channels=12), its conversion script's config: decoder 768 ...
+# 128 channels, replicate-padded causal convolutions, per-frame group norms, no attention), counted
+# the same way on the meta device on 5 x 16 x 16 latents (30 decoded frames of 128 x 128, the first
+# 5 dropped): 1.897e7 FLOP per kept output pixel-frame, i.e. 1.63e7 at 28 latent frames (168
+# decoded, 163 kept); 5606 halo values per kept frame and column there (4.8e3 at 163 frames); 38
+# convolutions with a 1-row halo per call (9.5 per latent frame at the pipeline's 19 frames: 4
+# latent frames) and 16.4 group-norm calls per latent frame (each norm runs per 8 frames); the
+# whole video in one call at 128 channels at full resolution. raydit splits it by rows (issue 34).
+DECODERS["mochi"] = DecoderShape(1.63e7, 4800, 9.5, 16.4, 128, 0)
 # Families whose VAE raydit does not split and whose decoder is not counted (decoded
-# replicated, on one rank's time; Mochi): a Wan-2.1-like cost per pixel stands in for their decoder.
+# replicated, on one rank's time): a Wan-2.1-like cost per pixel stands in for their decoder.
 _OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 
 
