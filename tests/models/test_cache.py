@@ -47,7 +47,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, ltx, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, ltx, mochi, wan
 
     cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
@@ -74,6 +74,12 @@ def _cases() -> list[CacheCase]:
         CacheCase("ltx-fbcache", "raydit.models.families.ltx:ltx_pipeline", dict(base_dir=str(ltx.tiny_pipeline_dir())),
                   6, dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=64, width=96,
                           num_inference_steps=STEPS, guidance_scale=3.0, seed=4, cache="fbcache", cache_threshold=1.0)),
+        # Mochi 1: the video and the whole text stream are both residual streams of its blocks;
+        # the guidance pair batched in one call; 3 latent frames x 2 x 3 = 18 video tokens.
+        CacheCase("mochi-teacache", "raydit.models.families.mochi:mochi_pipeline",
+                  dict(base_dir=str(mochi.tiny_pipeline_dir())), 6,
+                  dict(prompt="a kite", negative_prompt="blur", num_frames=13, height=32, width=48,
+                       num_inference_steps=STEPS, guidance_scale=4.5, seed=4, cache="teacache", cache_threshold=1.0)),
     ]
 
 

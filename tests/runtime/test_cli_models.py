@@ -61,6 +61,7 @@ ROUNDING = [
     ("tiny-wan", 12, 13, 32, 32),  # Wan: n // 4 * 4 + 1
     ("tiny-hunyuan", 7, 5, 32, 32),  # HunyuanVideo: (n - 1) // 4 + 1
     ("tiny-ltx", 12, 9, 32, 32),  # LTX: (n - 1) // 8 + 1
+    ("tiny-mochi", 10, 7, 32, 32),  # Mochi: (n - 1) // 6 + 1
 ]
 
 
