@@ -890,7 +890,7 @@ def test_ltx2_step_adds_the_audio_stream(U, R, b):
     kw = dict(small_rows=0, wave_slots=0)
     whole, split = _audio_flop(spec, geo, U * R, b)
     assert costmod.audio_work(spec, geo, U, R, b, **kw) == (pytest.approx(whole), pytest.approx(split))
-    with_audio = costmod.step_cost(spec, geo, U, R, 1, b, flops, link, link, link, **kw)
+    with_audio = costmod.step_cost(spec, geo, U, R, 1, b, flops, link, link, link, audio_split=False, **kw)
     without = costmod.step_cost(none, none.geometry(), U, R, 1, b, flops, link, link, link, **kw)
     assert with_audio.compute - without.compute == pytest.approx((whole + split) / flops)
     assert (with_audio.audio_compute, with_audio.audio_whole) == (pytest.approx((whole + split) / flops),
@@ -916,7 +916,7 @@ def test_ltx2_audio_terms_with_kernel_efficiencies():
         whole, split = costmod.audio_work(spec, geo, U, 1, 4)
         plain_whole, plain_split = costmod.audio_work(spec, geo, U, 1, 4, small_rows=0, wave_slots=0)
         assert whole > plain_whole and split > plain_split
-        c = costmod.step_cost(spec, geo, U, 1, 1, 4, 1e15, link, link, link)
+        c = costmod.step_cost(spec, geo, U, 1, 1, 4, 1e15, link, link, link, audio_split=False)
         shares.append(c.audio_whole / c.compute)
         assert c.audio_whole == pytest.approx(whole / 1e15)
     assert costmod.audio_work(spec, geo, 1, 1, 4)[0] == pytest.approx(costmod.audio_work(spec, geo, 8, 1, 4)[0])
@@ -932,7 +932,7 @@ def test_ltx2_video_to_audio_gathers_the_video_keys_and_values(U, R):
     geo = spec.geometry()
     sp, b, e = U * R, 2, 2
     intra, slow = costmod.Link(450, 8), costmod.Link(25, 20, "network")
-    got = costmod.step_cost(spec, geo, U, R, 1, b, 1e15, intra, slow, intra)
+    got = costmod.step_cost(spec, geo, U, R, 1, b, 1e15, intra, slow, intra, audio_split=False)
     link = slow if R > 1 else intra
     video = math.ceil(geo.video_tokens / sp) * sp
     per_tensor = (sp - 1) * link.latency_us * 1e-6 + b * video * spec.audio_hidden * e * (sp - 1) / sp / (link.gb_s * 1e9)
@@ -991,20 +991,101 @@ def test_models_without_audio_cost_no_audio(name):
     assert c.total == pytest.approx(c.compute + c.all_to_all + c.ring_exposed + c.edges, rel=1e-12)
 
 
-def test_ltx2_plan_says_the_audio_stays_whole():
+def test_ltx2_plan_says_whether_the_audio_is_split():
+    """8 H100, cfg 4 x Ulysses 2: LTX-2's 126 audio tokens at 121 frames are past the layout's
+    crossover, so the plan splits them and says from which length; 49 frames (51 audio tokens)
+    are below it and stay whole, and the note says from where splitting would pay."""
     from raydit.planner.report import format_plan_table
 
     result = plan("ltx-2", gpus=8, gpu_type="H100", ulysses=2, ring=1, cfg=4)
     best = result.best
+    assert 1 < best.audio_split_tokens <= 126 and best.cost.audio_split
     note = next(n for n in best.notes if "audio" in n)
-    assert note.startswith("126 audio tokens stay whole on every rank (not split by sp)")
-    assert f"{best.cost.audio_whole:.3g} s a step at any sp" in note and "all-gathers the video keys" in note
+    assert note.startswith(f"126 audio tokens are split over the 2 sp ranks (the cost model prefers it from "
+                           f"{best.audio_split_tokens} tokens on this layout)")
+    assert f"add {best.cost.audio_exchange:.3g} s" in note and "all-gathers the video keys" in note
     table = format_plan_table(result)
-    assert "+ 126 audio tokens, whole on every rank" in table and "audio gather" in table
+    assert "+ 126 audio tokens, split over the sp ranks" in table and "audio exchange" in table
     assert result.to_dict()["model"]["audio_tokens"] == 126
+    short = plan("ltx-2", gpus=8, gpu_type="H100", ulysses=2, ring=1, cfg=4, frames=49).best
+    assert not short.cost.audio_split and short.cost.audio_exchange == 0
+    note = next(n for n in short.notes if "audio" in n)
+    assert note.startswith("51 audio tokens stay whole on every rank")
+    assert f"splitting them would pay from {short.audio_split_tokens} audio tokens on this layout" in note
+    assert short.audio_split_tokens > 51
     one = plan("ltx-2", gpus=1, gpu_type="H100").best
-    assert any(n.startswith("126 audio tokens stay whole") for n in one.notes)
-    assert not any("all-gathers" in n for n in one.notes)  # nothing to gather on one rank
+    assert any(n.startswith("126 audio tokens stay whole") for n in one.notes) and one.audio_split_tokens is None
+    assert not any("all-gathers" in n or "would pay" in n for n in one.notes)  # nothing to split on one rank
     other = plan("wan2.1-t2v-1.3b", gpus=8, gpu_type="H100")
-    assert not any("audio" in n for n in other.best.notes)
+    assert not any("audio" in n for n in other.best.notes) and other.best.audio_split_tokens is None
     assert "audio" not in format_plan_table(other) and "audio_tokens" not in other.to_dict()["model"]
+
+
+@pytest.mark.parametrize("U,R,ring_kind", [(2, 1, "nvlink"), (1, 2, "network"), (2, 2, "nvlink"), (8, 1, "nvlink")])
+def test_ltx2_audio_split_threshold_is_the_cost_models_crossover(U, R, ring_kind):
+    """audio_split_tokens t is where step_cost's split step drops below its whole one (split pays
+    at t, not at t - 1). The two predictions are jagged near the crossover (the kernels' wave
+    quantization), so a few lengths above t may prefer whole by a hair: the rule "split from t on"
+    costs at most 1% over choosing per length, at every length from 1 to min(3t, t + 1500) and on a grid up to
+    the search's end; and step_cost's own choice (audio_split None) is the cheaper one."""
+    spec = model_spec("ltx-2")
+    geo = spec.geometry()
+    intra, net = costmod.Link(450, 8), costmod.Link(25, 20, "network")
+    args = (spec, geo, U, R, 1, 2, 4e14, intra, net if ring_kind == "network" else intra, intra)
+    t = costmod.audio_split_tokens(*args)
+    assert t is not None and 1 < t < costmod.AUDIO_SPLIT_SEARCH_TOKENS
+
+    def at(tokens):
+        g = dataclasses.replace(geo, audio_tokens=tokens)
+        return [costmod.step_cost(spec, g, *args[2:], audio_split=split) for split in (False, True, None)]
+
+    whole, split, chosen = at(t)
+    assert split.total < whole.total and chosen == split
+    whole, split, chosen = at(t - 1)
+    assert split.total >= whole.total and chosen == whole
+    regrets = []
+    for tokens in [*range(1, min(3 * t, t + 1500)), *range(min(3 * t, t + 1500), costmod.AUDIO_SPLIT_SEARCH_TOKENS, 997)]:
+        whole, split, chosen = at(tokens)
+        assert chosen.total == min(whole.total, split.total)
+        rule = split if tokens >= t else whole
+        regrets.append(rule.total / chosen.total - 1)
+    assert max(regrets) < 0.01, max(regrets)
+
+
+def test_ltx2_split_audio_work_and_exchanges():
+    """Split over sp, a rank runs the audio stream's per-token work on its La'/sp tokens (La'
+    padded), attends them to all La' audio keys, and keeps the prompt's audio K/V whole; the
+    exchanges: per layer the audio->video K/V all-gather, the Ulysses all-to-alls of q, k, v and
+    the output, the ring's K/V blocks; once a step the audio stream's gather (efficiencies off)."""
+    spec = model_spec("ltx-2")
+    geo = dataclasses.replace(spec.geometry(), audio_tokens=125)
+    plain = dict(small_rows=0, wave_slots=0)
+    b, L, ha, fa = 2, spec.layers, spec.audio_hidden, spec.audio_ffn_hidden
+    X, V = geo.cross_text_tokens, geo.video_tokens
+    intra, ring = costmod.Link(450, 8), costmod.Link(25, 20, "network")
+    e = costmod.ACT_BYTES
+    for U, R in ((2, 1), (2, 2), (1, 4)):
+        sp = U * R
+        padded = -(-125 // sp) * sp
+        a = padded // sp
+        whole, split = costmod.audio_work(spec, geo, U, R, b, audio_split=True, **plain)
+        assert whole == pytest.approx(2 * b * X * L * 2 * ha * ha)  # the prompt's audio K/V
+        s = -(-V // sp)
+        video_side = 2 * b * s * L * 4 * 2 * ha * spec.hidden / 2 + 4 * b * s * padded * ha * L
+        own = 2 * b * a * L * (10 * ha * ha + 2 * ha * fa) + 4 * b * a * (padded + X + V) * ha * L
+        assert split == pytest.approx(video_side + own)
+        gather_link = ring if R > 1 else intra
+        layer = 2 * gather_link.seconds(b * padded * ha * e * (sp - 1) / sp, hops=sp - 1)
+        if U > 1:
+            layer += 4 * intra.seconds(b * a * ha * e * (U - 1) / U, hops=U - 1)
+        if R > 1:
+            layer += (R - 1) * (ring.seconds(2 * b * padded / R * ha / U * e) + costmod.RING_STEP_OVERHEAD_S)
+        got = costmod.step_cost(spec, geo, U, R, 1, b, 1e15, intra, ring, intra, audio_split=True, **plain)
+        assert got.audio_exchange == pytest.approx(L * layer + intra.seconds(b * padded * ha * e * (sp - 1) / sp,
+                                                                             hops=sp - 1))
+        assert got.audio_split
+        whole_cost = costmod.step_cost(spec, geo, U, R, 1, b, 1e15, intra, ring, intra, audio_split=False, **plain)
+        assert got.total - whole_cost.total == pytest.approx(
+            got.audio_exchange + got.audio_compute - whole_cost.audio_compute)
+    # Ulysses must divide the audio heads too: 32 audio heads, Ulysses 64 cannot split them.
+    assert not costmod.can_split_audio(spec, geo, 64, 1) and costmod.can_split_audio(spec, geo, 32, 1)

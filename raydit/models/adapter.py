@@ -39,8 +39,14 @@ class SplitInput:
     # split only tensors at least this long along `dim` (LTX's temb: [B, 1, 6C] per sample, or
     # [B, L, 6C] with the image-to-video per-token timestep)
     min_len: int | None = None
+    # split only in forwards where ForwardContext.flags[when] is true (None: always); in the
+    # others the part is whole on every rank and has length 0 in the layout (LTX-2's audio
+    # stream, split or whole by its length: raydit/models/families/ltx2.py)
+    when: str | None = None
 
-    def applies_to(self, x) -> bool:
+    def applies_to(self, x, flags=None) -> bool:
+        if self.when is not None and not (flags or {}).get(self.when):
+            return False
         if self.ndim is not None and getattr(x, "ndim", None) != self.ndim:
             return False
         return self.min_len is None or (hasattr(x, "shape") and x.shape[self.dim] >= self.min_len)
@@ -56,6 +62,7 @@ class GatherOutput:
     index: int  # position in the output tuple
     part: int
     dim: int = 1
+    when: str | None = None  # gathered only where its split inputs were split (SplitInput.when)
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,11 @@ class ForwardContext:
     layout: Any = None  # raydit.parallel.sharding.SeqLayout of the current forward
     # arg -> (full tensor, local shard) of `every_block` split inputs, for this forward only
     split_cache: dict = field(default_factory=dict)
+    # what the plan asks of this model beyond the degrees (`parallelize(..., options=)`; e.g.
+    # audio_split_tokens), read by the adapter's hooks and processors
+    options: dict = field(default_factory=dict)
+    # per-forward switches an adapter's hook sets before the first block (SplitInput.when)
+    flags: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -168,8 +180,8 @@ def apply_split(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
 
     def shard_into(found, args, kwargs):
         for spec, x, (kind, pos) in found:
-            if not spec.applies_to(x):
-                continue  # per sample: every rank keeps it whole
+            if not spec.applies_to(x, ctx.flags):
+                continue  # per sample (or not split in this forward): every rank keeps it whole
             cached = ctx.split_cache.get(spec.arg)
             if cached is not None and cached[0] is x:
                 local = cached[1]
@@ -190,14 +202,16 @@ def apply_split(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
         found = locate(module, plan.split_inputs, args, kwargs)
         lengths: dict[int, int] = {}
         for spec, x, _ in found:
-            if spec.applies_to(x):
+            if spec.applies_to(x, ctx.flags):
                 n = x.shape[spec.dim]
                 if lengths.setdefault(spec.part, n) != n:
                     raise ValueError(
                         f"`{spec.arg}` has {n} tokens of part {spec.part} along dim {spec.dim}, "
                         f"but another input of that part has {lengths[spec.part]}"
                     )
-        ctx.layout = SeqLayout(part_lengths=tuple(lengths[p] for p in range(plan.num_parts)), sp=_sp_degree(ctx.mesh))
+        # A part split only in some forwards (SplitInput.when) and whole in this one: length 0.
+        ctx.layout = SeqLayout(part_lengths=tuple(lengths.get(p, 0) for p in range(plan.num_parts)),
+                               sp=_sp_degree(ctx.mesh))
         ctx.split_cache.clear()
         shard_into(found, args, kwargs)
         return tuple(args), kwargs
@@ -232,6 +246,8 @@ def apply_gather(handle: ParallelHandle, plan: SequenceParallelPlan) -> None:
             return gather_sequence(output, ctx.mesh, ctx.layout, spec.part, dim=spec.dim)
         out = list(output)
         for spec in plan.gather_outputs:
+            if spec.when is not None and not ctx.flags.get(spec.when):
+                continue  # whole on every rank in this forward
             # [B, chunk_part, C] -> [B, L_part, C]
             out[spec.index] = gather_sequence(out[spec.index], ctx.mesh, ctx.layout, spec.part, dim=spec.dim)
         return type(output)(out) if isinstance(output, tuple) else out
@@ -291,7 +307,17 @@ class ModelAdapter:
     def make_processor(self, context: ForwardContext):
         raise NotImplementedError
 
-    def parallelize(self, transformer: nn.Module, mesh) -> ParallelHandle:
+    # Keys of `parallelize(options=)` this adapter takes (a plan's further choices for it).
+    options: tuple[str, ...] = ()
+
+    def parallelize(self, transformer: nn.Module, mesh, options: dict | None = None) -> ParallelHandle:
+        """Install the plan on `transformer`. options: the plan's further choices for this model
+        (`options` names those taken; any other key is refused)."""
+        options = {k: v for k, v in (options or {}).items() if v is not None}
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(f"{type(self).__name__} takes no parallel option {', '.join(unknown)} "
+                             f"(it takes: {', '.join(self.options) or 'none'}); drop it")
         existing = getattr(transformer, HANDLE_ATTR, None)
         if existing is not None:
             raise ValueError(
@@ -299,7 +325,8 @@ class ModelAdapter:
                 "call handle.remove() or raydit.models.unparallelize(transformer) first"
             )
         self.validate(transformer, mesh)
-        handle = ParallelHandle(transformer=transformer, adapter_name=self.name, context=ForwardContext(mesh=mesh))
+        handle = ParallelHandle(transformer=transformer, adapter_name=self.name,
+                                context=ForwardContext(mesh=mesh, options=options))
         try:
             apply_attention(handle, self.plan, self.make_processor)
             apply_split(handle, self.plan)

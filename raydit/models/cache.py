@@ -24,11 +24,14 @@ on the plan: one transformer call of one process. With the branches batched (Cog
 call holds both branches, so on a cfg-2 mesh both cfg ranks contribute; with two calls per
 step (Wan) the decision is made at the step's first call (the unconditional branch, or the
 only one) and the second call follows it, so on a cfg-2 mesh only the rank running that
-branch contributes. A step is cached or computed as a whole, on every rank.
+branch contributes. A family with more branches (LTX-2: the negative and positive pass as one
+call, then STG and modality passes) decides the same way: `BranchPlan` says, from the request
+alone, which branches each call of each cfg group covers, and which one-process call decides.
+A step is cached or computed as a whole, on every rank.
 
 State. The residuals live in `DenoiseState.carry` (checkpointed): FULL sequences (gathered,
-padding removed), one tensor per guidance branch ("uncond"/"cond", batch 1) and output stream,
-exchanged over the cfg pair, so every rank holds all of them and a checkpoint from any rank
+padding removed), one tensor per guidance branch ("uncond"/"cond", or branch0.. for more, batch
+1) and output stream, exchanged over the cfg group, so every rank holds all of them and a checkpoint from any rank
 resumes on any world size: each rank cuts its local shard from the full tensor at every step.
 The cost is one all-gather of the first block's output per COMPUTED step (fbcache; teacache
 needs none: its residual is taken against the full input) and, on a cfg-2 mesh, one exchange
@@ -63,25 +66,55 @@ _ACCUM = PREFIX + "accumulated"  # teacache: relative change accumulated since t
 
 
 
-def forward_branches(do_cfg: bool, cfg_parallel: bool, cfg_rank: int, batch_branches: bool) -> list[tuple[str, ...]]:
-    """The guidance branches each transformer call of this rank covers in one step, in call
-    order (mirrors Runner._branches: the pipeline order is uncond, cond)."""
-    from raydit.models.family import COND
-
-    if not do_cfg:
-        return [("cond",)]
-    if cfg_parallel:
-        return [("cond",) if cfg_rank == COND else ("uncond",)]
-    if batch_branches:
-        return [("uncond", "cond")]
-    return [("uncond",), ("cond",)]
-
-
-def deciding_branches(do_cfg: bool, batch_branches: bool) -> tuple[str, ...]:
-    """What the decision quantity covers: the first call of a one-process step."""
-    if not do_cfg:
+def branch_labels(n: int) -> tuple[str, ...]:
+    """The names of a step's guidance branches in the carry, in `guidance_branches` order: the
+    classifier-free pair keeps its names ("uncond", "cond"; one branch: "cond"), others are
+    numbered (LTX-2's four passes: branch0..branch3)."""
+    if n == 1:
         return ("cond",)
-    return ("uncond", "cond") if batch_branches else ("uncond",)
+    if n == 2:
+        return ("uncond", "cond")
+    return tuple(f"branch{i}" for i in range(n))
+
+
+@dataclass(frozen=True)
+class BranchPlan:
+    """Which guidance branches the transformer calls of one step cover, as every rank computes
+    them from the request alone: `groups[g]` the label tuples of the calls group g makes that
+    run the model (a slot that predicts without one, LTX-2's pass turned off, has none), in
+    call order; `live` every branch some call runs; `deciding` the branches of a one-process
+    step's first call (what the decision quantity covers)."""
+
+    labels: tuple[str, ...]
+    live: tuple[str, ...]
+    deciding: tuple[str, ...]
+    groups: tuple[tuple[tuple[str, ...], ...], ...]
+
+
+def branch_plan(family, pipe, request, groups: int) -> BranchPlan:
+    """The BranchPlan of `request` on `groups` cfg groups (mirrors Runner._branches: group g
+    takes the g-th of `groups` equal consecutive shares; one branch runs on every group)."""
+    # The branches' structure does not depend on the embeddings: stand-ins are enough.
+    dummies = family.guidance_branches(pipe, request, {}, {} if family.do_cfg(pipe, request) else None)
+    labels = branch_labels(len(dummies))
+
+    def calls_of(indices: list[int]) -> tuple[tuple[str, ...], ...]:
+        calls = family.group_calls([dummies[i] for i in indices])
+        out, at = [], 0
+        for call, k in zip(calls, family.call_branch_counts(calls, len(indices))):
+            if family.call_runs_model(call):
+                out.append(tuple(labels[i] for i in indices[at:at + k]))
+            at += k
+        return tuple(out)
+
+    n = len(labels)
+    one = calls_of(list(range(n)))
+    if n > 1 and groups > 1:
+        k = n // groups
+        per_group = tuple(calls_of(list(range(g * k, (g + 1) * k))) for g in range(groups))
+    else:
+        per_group = (one,) * groups
+    return BranchPlan(labels, tuple(b for call in one for b in call), one[0] if one else (), per_group)
 
 
 @dataclass(frozen=True)
@@ -93,6 +126,7 @@ class _Stream:
     arg: str
     part: int | None
     dim: int = 1
+    when: str | None = None  # split only in forwards where the adapter's flag is set (GatherOutput.when)
 
 
 def _streams(adapter, block, count: int | None) -> tuple[_Stream, ...] | None:
@@ -106,7 +140,8 @@ def _streams(adapter, block, count: int | None) -> tuple[_Stream, ...] | None:
         names = tuple(inspect.signature(block.forward).parameters)[:count]
     gathered = {g.index: g for g in adapter.plan.gather_outputs}
     return tuple(_Stream(i, name, gathered[i].part if i in gathered else None,
-                         gathered[i].dim if i in gathered else 1) for i, name in enumerate(names))
+                         gathered[i].dim if i in gathered else 1, gathered[i].when if i in gathered else None)
+                 for i, name in enumerate(names))
 
 
 def _key(kind: str, branch: str, index: int | None = None) -> str:
@@ -185,16 +220,21 @@ class StepCache:
 
     def begin(self, state) -> "_Run":
         runner, request = self.runner, state.request
-        do_cfg = runner.family.do_cfg(runner.pipe, request)
-        batched = runner.family.batch_branches
+        groups = runner.branch_degree if runner.cfg_parallel else 1
+        plan = branch_plan(runner.family, runner.pipe, request, groups)
+        if len(plan.labels) != state.branch_count:
+            raise RuntimeError(f"the step cache counted {len(plan.labels)} guidance branches, the runner "
+                               f"{state.branch_count}")
+        if not all(plan.groups):
+            # Every rank computes this from the request alone, so every rank refuses together.
+            raise ValueError(f"step caching needs a transformer call on every cfg group, but with this request's "
+                             f"guidance a group of cfg {groups} has none; run it on a plan of a lower cfg degree")
         return _Run(
             self, state,
             method=request.cache,
             threshold=cache_threshold(request.cache, request.cache_threshold),
-            do_cfg=do_cfg,
-            forwards=forward_branches(do_cfg, runner.cfg_parallel, runner.mesh.cfg_rank if runner.cfg_parallel else 0,
-                                      batched),
-            deciding=deciding_branches(do_cfg, batched),
+            plan=plan,
+            forwards=plan.groups[runner.mesh.cfg_rank if runner.cfg_parallel else 0],
         )
 
 
@@ -217,9 +257,10 @@ NO_CACHE = _NoCache()
 class _Run:
     """One step of one request: decides once, then serves every transformer call of the step."""
 
-    def __init__(self, cache: StepCache, state, method: str, threshold: float, do_cfg: bool, forwards, deciding):
-        self.cache, self.state, self.method, self.threshold, self.do_cfg = cache, state, method, threshold, do_cfg
-        self.forwards, self.deciding = forwards, deciding
+    def __init__(self, cache: StepCache, state, method: str, threshold: float, plan: BranchPlan, forwards):
+        self.cache, self.state, self.method, self.threshold, self.plan = cache, state, method, threshold, plan
+        self.forwards, self.deciding = forwards, plan.deciding
+        self.several = len(plan.labels) > 1  # guidance branches (else one, run on every cfg group)
         self.carry = {k: v for k, v in state.carry.items() if k.startswith(PREFIX)}
         self.calls = 0  # transformer calls started in this step
         self.skip: bool | None = None  # the step's decision, made at its first call
@@ -318,8 +359,7 @@ class _Run:
         carry, state = self.carry, self.state
         if state.step_index == 0 or carry.get(_MODEL) != m:
             return False
-        branches = ("uncond", "cond") if self.do_cfg else ("cond",)
-        needed = [_key("rest", b, 0) for b in branches]
+        needed = [_key("rest", b, 0) for b in self.plan.live]
         if self.method == "fbcache":
             needed += [_key("r1", b) for b in self.deciding]
         else:
@@ -333,10 +373,10 @@ class _Run:
         runner = self.cache.runner
         if not runner.cfg_parallel:
             return True
-        if not self.do_cfg:
+        if not self.several:
             from raydit.models.family import COND
 
-            return runner.mesh.cfg_rank == COND  # both cfg ranks run cond: count it once
+            return runner.mesh.cfg_rank == COND  # every cfg group runs cond: count it once
         return set(self.branches) <= set(self.deciding)
 
     def _reduce(self, sums):
@@ -411,32 +451,39 @@ class _Run:
         _, handle = self.cache.models[m]
         return None if handle is None else handle.context.layout
 
+    def _split_part(self, m: int, s: _Stream) -> int | None:
+        """The layout part stream `s` is split as in this forward; None: whole on every rank."""
+        _, handle = self.cache.models[m]
+        if handle is None or s.part is None or (s.when is not None and not handle.context.flags.get(s.when)):
+            return None
+        return s.part
+
     def _valid(self, m: int, s: _Stream) -> int:
-        layout = self._layout(m)
-        if layout is None or s.part is None:
+        part = self._split_part(m, s)
+        if part is None:
             return self.inputs[s.arg].size(s.dim)
-        return layout.valid_counts(self.cache.mesh.sp_index)[s.part]
+        return self._layout(m).valid_counts(self.cache.mesh.sp_index)[part]
 
     def _local(self, m: int, s: _Stream, full_per_branch):
         """Full tensors of the branches of this call -> this rank's local chunk [B, chunk, ...]."""
         import torch
 
         full = torch.cat(full_per_branch) if len(full_per_branch) > 1 else full_per_branch[0]
-        layout = self._layout(m)
-        if layout is None or s.part is None:
+        part = self._split_part(m, s)
+        if part is None:
             return full
-        return layout.shard(full, s.part, self.cache.mesh.sp_index, dim=s.dim)
+        return self._layout(m).shard(full, part, self.cache.mesh.sp_index, dim=s.dim)
 
     def _cached_rest(self, m: int, s: _Stream):
         return self._local(m, s, [self.carry[_key("rest", b, s.index)] for b in self.branches])
 
     def _gather(self, m: int, local, s: _Stream):
-        layout = self._layout(m)
-        if layout is None or s.part is None:
+        part = self._split_part(m, s)
+        if part is None:
             return local
         from raydit.parallel.mesh import gather_sequence
 
-        return gather_sequence(local, self.cache.mesh, layout, s.part, dim=s.dim)
+        return gather_sequence(local, self.cache.mesh, self._layout(m), part, dim=s.dim)
 
     def _store(self, kind: str, full, index: int | None) -> None:
         """A full residual of this call [B, L, ...] -> one entry per branch, batch 1."""
@@ -445,27 +492,32 @@ class _Run:
         self.new[_MODEL] = self.model
 
     def _exchange(self, new: dict) -> dict:
-        """cfg-2 mesh with guidance: each rank computed its branch; every rank gets both."""
+        """cfg mesh with several branches: each group computed its share; every rank gets all.
+        The keys name their branches, so a group's entries keep their names: each group's are
+        listed (names, shapes, dtypes) to all, then broadcast from it over the cfg group."""
         runner = self.cache.runner
-        if not (runner.cfg_parallel and self.do_cfg):
+        if not (runner.cfg_parallel and self.several):
             return new
         import torch
         import torch.distributed as dist
 
-        from raydit.models.family import COND, UNCOND
-
-        mine = self.forwards[0][0]
-        names = {COND: "cond", UNCOND: "uncond"}
+        group, mine = runner.mesh.cfg_group, runner.mesh.cfg_rank
+        tensors = {k: v for k, v in new.items() if isinstance(v, torch.Tensor)}
         out = {k: v for k, v in new.items() if not isinstance(v, torch.Tensor)}
-        # The same keys in the same order on both ranks, up to the branch name.
-        for key in sorted(k for k, v in new.items() if isinstance(v, torch.Tensor)):
-            gathered = [torch.empty_like(new[key]) for _ in range(2)]
-            dist.all_gather(gathered, new[key].contiguous(), group=runner.mesh.cfg_group)
-            for c, tensor in enumerate(gathered):
-                out[key.replace(f"/{mine}", f"/{names[c]}", 1)] = tensor
+        listing = [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in sorted(tensors.items())]
+        listings = [None] * runner.mesh.cfg
+        dist.all_gather_object(listings, listing, group=group)
+        device = next(iter(tensors.values())).device if tensors else torch.device(runner.device)
+        for c, entries in enumerate(listings):
+            src = dist.get_global_rank(group, c)
+            for key, shape, dtype in entries:
+                tensor = tensors[key].contiguous() if c == mine else torch.empty(shape, dtype=getattr(torch, dtype),
+                                                                                  device=device)
+                dist.broadcast(tensor, src=src, group=group)
+                out[key] = tensor
         return out
 
     def _exchange_tembs(self, tembs: dict) -> dict:
-        if not self.do_cfg:
+        if not self.several:
             return tembs
         return {k.rsplit("/", 1)[1]: v for k, v in self._exchange({_key("temb", b): t for b, t in tembs.items()}).items()}

@@ -37,6 +37,7 @@ class ForwardCase:
     heads: int  # feasible ulysses degrees divide it
     kwargs: dict = field(default_factory=dict)
     worlds: tuple[int, ...] | None = None  # world sizes run (None: every one the suite runs)
+    options: dict = field(default_factory=dict)  # parallelize options every plan runs with
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
@@ -57,6 +58,7 @@ class RunnerCase:
     # World sizes run (None: every one the suite runs). A family runs its main case on every
     # world and its variants on a few, to keep the suite's one spawned group affordable.
     worlds: tuple[int, ...] | None = None
+    options: dict = field(default_factory=dict)  # the Runner's parallel_options on every plan
 
     def make(self):
         return _resolve(self.build)(**self.kwargs)
@@ -324,7 +326,7 @@ def forward_worker(
                     if mesh is None:
                         continue
                     key = (case.name, str(plan))
-                    with parallelize(transformer, mesh):
+                    with parallelize(transformer, mesh, case.options):
                         if dtype == torch.float32:
                             outputs["float32"][key] = forward_once(transformer, forward_kwargs)
                             continue
@@ -354,7 +356,7 @@ def runner_worker(
                 mesh = prefix_mesh(plan)
                 if mesh is None:
                     continue
-                runner = Runner(pipe, mesh)
+                runner = Runner(pipe, mesh, parallel_options=case.options)
                 try:
                     outputs[(case.name, str(plan), "fresh")] = run_steps(runner, request, case.steps).latents
                     if case.name in checkpoints:

@@ -442,6 +442,20 @@ class Family:
             return [cat_branches(branches)]
         return list(branches)
 
+    def call_branch_counts(self, calls: list, branches: int) -> list[int]:
+        """How many of the `branches` consecutive guidance branches each of `group_calls`'
+        `calls` covers, in order (the default's calls: one with all of them, or one each)."""
+        if len(calls) == branches:
+            return [1] * branches
+        if len(calls) == 1:
+            return [branches]
+        raise NotImplementedError(f"{type(self).__name__} groups {branches} branches into {len(calls)} calls: "
+                                  "it must say how many each covers (call_branch_counts)")
+
+    def call_runs_model(self, call: dict) -> bool:
+        """Whether `predict` on this call runs the transformer (LTX-2's pass turned off does not)."""
+        return True
+
     def guidance_scale(self, pipe, state: DenoiseState, t) -> float:
         return state.request.guidance_scale
 

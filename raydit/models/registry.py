@@ -120,9 +120,10 @@ def get_adapter(transformer):
     )
 
 
-def parallelize(transformer, mesh):
-    """Make `transformer` sequence-parallel on `mesh`; returns a handle whose remove() undoes it."""
-    return get_adapter(transformer).parallelize(transformer, mesh)
+def parallelize(transformer, mesh, options: dict | None = None):
+    """Make `transformer` sequence-parallel on `mesh`; returns a handle whose remove() undoes it.
+    options: the plan's further choices for this model (its adapter's `options`)."""
+    return get_adapter(transformer).parallelize(transformer, mesh, options)
 
 
 def unparallelize(transformer) -> None:

@@ -47,11 +47,14 @@ class Runner:
     """Runs one pipeline's requests step by step, alone or as one rank of a mesh."""
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
-                 offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None):
+                 offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
+                 parallel_options: dict | None = None):
         """init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
-        draw their noise in the run's dtype, and bf16 and float64 draws differ)."""
+        draw their noise in the run's dtype, and bf16 and float64 draws differ).
+        parallel_options: the plan's further choices for the model (its adapter's `options`,
+        e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`."""
         from raydit.models.registry import family_for_pipeline
 
         self.family = family_for_pipeline(pipe)
@@ -95,7 +98,7 @@ class Runner:
 
             try:
                 for transformer in self.family.transformers(pipe):
-                    self.handles.append(parallelize(transformer, mesh))
+                    self.handles.append(parallelize(transformer, mesh, parallel_options))
             except BaseException:
                 self.close()
                 raise

@@ -17,8 +17,10 @@ Notation (all per denoising step, per rank):
          separately), else P_a = P
     B, a   link bandwidth (bytes/s, one direction) and latency of the link a collective uses
     La     audio tokens (LTX-2: round(frames / 24 fps x 25 a second); 0 for every other family),
-           whole on every rank: never split, not in S';  H_a, h_a = H_a x audio head_dim, f_a: the
-           audio stream's heads, width and FFN width;  V: the video tokens, unpadded
+           not in S': whole on every rank, or split over the sp ranks where that is cheaper
+           (below);  La' = ceil(La / sp) sp,  a = La' / sp where split (La where whole);
+           H_a, h_a = H_a x audio head_dim, f_a: the audio stream's heads, width and FFN width;
+           V: the video tokens, unpadded
 
 Compute (padding included: pad queries are computed and dropped, pad keys are masked but
 still go through the kernel):
@@ -40,6 +42,8 @@ still go through the kernel):
                      the video side, split with the video: audio->video q (h -> h_a) and out
                      (h_a -> h), video->audio k and v (h -> h_a) of the s local tokens; their
                      audio->video attention over the La audio keys
+             Split audio: F_aud's per-token terms run on the rank's a tokens (La -> a in the
+             GEMMs, a queries over La' + X + V keys); the prompt's audio K/V stays whole.
 
 Kernel efficiency at small shards: a GEMM or attention kernel with m rows reaches
 m / (m + m0) of its large-size rate (m0 = SMALL_SHARD_ROWS on GPUs, 0 for CPU slots);
@@ -93,6 +97,14 @@ Communication:
              (b V'/sp tokens x h_a each) are all-gathered over the sp group, then attended; nothing
              overlaps it:  t_av = 2 ((sp-1) a + b V' h_a e (sp-1)/sp / B)   (sp > 1; B, a: the ring
              link where R > 1, else the node's)
+             Split audio adds, per layer, its self-attention's exchanges (Ulysses: q, k, v and
+             the output, 4 (U-1) a_intra + 4 b a h_a e (U-1)/U / B_intra; ring: R-1 K/V blocks of
+             2 b (La'/R)(h_a/U) e bytes and o each, nothing hidden: the audio kernels are tiny)
+             and audio->video attention's all-gather of the audio K and V (as t_av with La' for
+             V'); and once a step the gather of the audio stream after the last block. The plan
+             splits the audio where this total is below the whole stream's; `audio_split_tokens`
+             is the length from which it is, for the plan's layout and video (the runtime
+             splits a request's audio from that length on).
     Edges:   once per step the split/gather of the transformer input/output across sp
              (b V' c e bytes, c = latent channels x patch volume) and, with cfg C > 1, the
              all-gather of the predictions over the C groups (each rank receives C - 1 of
@@ -151,7 +163,7 @@ show.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raydit.planner.decode import broadcast_seconds, decode_cost, decode_peak_gb, rank_memory_gb
 from raydit.planner.model import ModelSpec, VideoGeometry
@@ -268,6 +280,8 @@ class StepCost:
     audio_compute: float = 0.0  # of `compute`: LTX-2's audio stream, (F_aud + F_av) / P
     audio_whole: float = 0.0  # of `audio_compute`: F_aud / P, the part every rank repeats at any sp
     audio_gather: float = 0.0  # video->audio attention's all-gather of the video K/V, L t_av
+    audio_split: bool = False  # the audio tokens are split over the sp ranks (else whole on each)
+    audio_exchange: float = 0.0  # what splitting them adds: their attention's exchanges and gathers
 
     def to_dict(self) -> dict:
         return {k: round(v, 6) for k, v in self.__dict__.items()}
@@ -291,15 +305,22 @@ def _gemm_tiles(rows: float, width: float) -> float:
 
 
 def audio_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
-               small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS) -> tuple[float, float]:
+               small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS,
+               audio_split: bool = False) -> tuple[float, float]:
     """(whole, split) work of the audio stream in one step on one rank, FLOP divided by the
     shard and wave efficiencies (module docstring): whole, F_aud, is the same on every rank at
     any sp (the audio tokens are not split); split, F_av, the video side of the audio<->video
-    attention, shrinks with the rank's video tokens. (0, 0) without an audio stream."""
+    attention, shrinks with the rank's video tokens. audio_split: the audio tokens are split
+    too; then whole is the prompt's audio K/V alone and F_aud's per-token terms join split.
+    (0, 0) without an audio stream."""
     h_a, La = spec.audio_hidden, geo.audio_tokens
     if not (h_a and La):
         return 0.0, 0.0
     sp = ulysses * ring
+    keys = La
+    if audio_split and sp > 1:
+        keys = -(-La // sp) * sp  # La': padded; pad keys go through the kernel
+        La = keys // sp  # this rank's audio queries
     text, video = padded_parts(geo, sp)
     s = (text + video) // sp
     h, f_a, H_a, L = spec.hidden, spec.audio_ffn_hidden, spec.audio_heads, spec.layers
@@ -313,19 +334,21 @@ def audio_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, bat
         return shard_efficiency(rows, small_rows) * wave_efficiency(_gemm_tiles(rows, width), wave_slots)
 
     m_a = b * La
-    whole = 2 * m_a * L * (10 * h_a * h_a + 2 * h_a * f_a) / shard_efficiency(m_a, small_rows)
-    if X:
-        whole += 2 * b * X * L * 2 * h_a * h_a / gemm_eff(b * X, h_a)
-    whole += 4 * m_a * (La + X + V) * h_a * L / kernel_eff(La)
+    gemms = 2 * m_a * L * (10 * h_a * h_a + 2 * h_a * f_a) / shard_efficiency(m_a, small_rows)
+    prompt = 2 * b * X * L * 2 * h_a * h_a / gemm_eff(b * X, h_a) if X else 0.0
+    attention = 4 * m_a * (keys + X + V) * h_a * L / kernel_eff(La)
 
     m = b * s
     split = 2 * m * L * (3 * h * h_a / gemm_eff(m, h_a) + h_a * h / gemm_eff(m, h))
-    split += 4 * m * La * h_a * L / kernel_eff(s)
-    return whole, split
+    split += 4 * m * keys * h_a * L / kernel_eff(s)
+    if audio_split and sp > 1:
+        return prompt, split + gemms + attention
+    return gemms + prompt + attention, split
 
 
 def step_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batch: int,
-              small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS) -> tuple[float, float]:
+              small_rows: float = SMALL_SHARD_ROWS, wave_slots: int = WAVE_SLOTS,
+              audio_split: bool = False) -> tuple[float, float]:
     """(linear, attention block) work of one step on one rank, in FLOP divided by the shard
     and wave efficiencies (module docstring): seconds = work / FLOP/s of the part's rate.
     linear: every layer's GEMMs and cross-attention, and the audio stream (`audio_work`);
@@ -344,7 +367,7 @@ def step_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
         lin_time_flops += (2 * m * L * 2 * h * h + 4 * m * X * h * L) / wave(h)
         lin_time_flops += 2 * b * X * L * 2 * h * h / wave_efficiency(_gemm_tiles(b * X, h), wave_slots)
     linear = lin_time_flops / shard_efficiency(m, small_rows) + sum(
-        audio_work(spec, geo, ulysses, ring, batch, small_rows, wave_slots))
+        audio_work(spec, geo, ulysses, ring, batch, small_rows, wave_slots, audio_split))
 
     block = seq // ring
     heads_here = spec.heads / ulysses
@@ -353,11 +376,21 @@ def step_work(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
     return linear, 4 * b * block * block * (h / ulysses) / attn_eff
 
 
+# The longest audio stream `audio_split_tokens` looks at: 20 minutes of LTX-2's sound.
+AUDIO_SPLIT_SEARCH_TOKENS = 1 << 15
+
+
+def can_split_audio(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int) -> bool:
+    """Whether a layout could split the audio tokens: an audio stream, sp > 1, and a Ulysses
+    degree that divides the audio heads too."""
+    return bool(spec.audio_hidden and geo.audio_tokens and ulysses * ring > 1 and spec.audio_heads % ulysses == 0)
+
+
 def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
               flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link,
               small_rows: float = SMALL_SHARD_ROWS, head_chunks: int = ULYSSES_HEAD_CHUNKS,
               wave_slots: int = WAVE_SLOTS, attn_flops_per_s: float | None = None,
-              act_bytes: int = ACT_BYTES) -> StepCost:
+              act_bytes: int = ACT_BYTES, audio_split: bool | None = None) -> StepCost:
     """Predicted time of one denoising step on one replica (formula in the module docstring).
 
     attn_flops_per_s: the attention kernel's rate where it was measured apart from the rest
@@ -365,7 +398,51 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     activation element on the links (DeviceType.activation_bytes).
     head_chunks: the Ulysses pipeline depth (1: no overlap, as in systems whose all-to-all
     is synchronous). wave_slots: thread blocks per wave (0: no wave quantization, CPU slots).
+    audio_split: split the audio tokens (True), keep them whole (False), or the cheaper (None).
     """
+    args = (spec, geo, ulysses, ring, cfg, batch, flops_per_s, intra, ring_link, edge_link, small_rows, head_chunks,
+            wave_slots, attn_flops_per_s, act_bytes)
+    if not can_split_audio(spec, geo, ulysses, ring):
+        return _step_cost(*args, False)
+    if audio_split is not None:
+        return _step_cost(*args, audio_split)
+    whole, split = _step_cost(*args, False), _step_cost(*args, True)
+    return split if split.total < whole.total else whole
+
+
+def audio_split_tokens(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
+                       flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link, **rates) -> int | None:
+    """The fewest audio tokens from which splitting them over the sp ranks makes `step_cost`'s
+    step shorter than keeping them whole, for this layout and the geometry's video; None where
+    no length up to AUDIO_SPLIT_SEARCH_TOKENS does (or the layout cannot split them). Splitting
+    saves work in proportion to the audio and adds exchanges whose latency it does not shrink, so
+    it pays from a length on: found by bisection between a length where it does not pay and one
+    where it does. Near the crossover the two predictions are jagged (the kernels' wave
+    quantization) and a few longer lengths may prefer whole by a hair: the rule "split from
+    this length on" stays within 1% of choosing per length (tests/test_planner_search.py)."""
+    if not can_split_audio(spec, geo, ulysses, ring):
+        return None
+
+    def pays(tokens: int) -> bool:
+        g = replace(geo, audio_tokens=tokens)
+        args = (spec, g, ulysses, ring, cfg, batch, flops_per_s, intra, ring_link, edge_link)
+        return step_cost(*args, audio_split=True, **rates).total < step_cost(*args, audio_split=False, **rates).total
+
+    low, high = 1, AUDIO_SPLIT_SEARCH_TOKENS
+    if not pays(high):
+        return None
+    if pays(low):
+        return low
+    while high - low > 1:  # pays(high), not pays(low)
+        mid = (low + high) // 2
+        low, high = (low, mid) if pays(mid) else (mid, high)
+    return high
+
+
+def _step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg: int, batch: int,
+               flops_per_s: float, intra: Link, ring_link: Link, edge_link: Link, small_rows: float,
+               head_chunks: int, wave_slots: int, attn_flops_per_s: float | None, act_bytes: int,
+               audio_split: bool) -> StepCost:
     sp = ulysses * ring
     active = sp * cfg
     intra, ring_link, edge_link = (lk.shared_by(active) for lk in (intra, ring_link, edge_link))
@@ -375,7 +452,7 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     h, L, b = spec.hidden, spec.layers, batch
     e = act_bytes
 
-    linear_work, block_work = step_work(spec, geo, ulysses, ring, batch, small_rows, wave_slots)
+    linear_work, block_work = step_work(spec, geo, ulysses, ring, batch, small_rows, wave_slots, audio_split)
     t_lin = linear_work / flops_per_s
     block = seq // ring
     t_blk = block_work / (attn_flops_per_s or flops_per_s)
@@ -409,18 +486,29 @@ def step_cost(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, cfg:
     if cfg > 1:
         edges += edge_link.seconds(out_bytes * (cfg - 1))
 
-    audio_whole, audio_split = (w / flops_per_s for w in audio_work(spec, geo, ulysses, ring, batch, small_rows,
-                                                                      wave_slots))
-    audio_gather = 0.0
+    audio_whole, audio_shrinks = (w / flops_per_s for w in audio_work(spec, geo, ulysses, ring, batch, small_rows,
+                                                                        wave_slots, audio_split))
+    audio_gather = audio_exchange = 0.0
     if sp > 1 and spec.audio_hidden and geo.audio_tokens:
+        h_a = spec.audio_hidden
         # The K and V chunks of every rank to every rank, each layer, before video->audio attention.
         gather_link = ring_link if ring > 1 else intra
-        audio_gather = L * 2 * gather_link.seconds(b * video * spec.audio_hidden * e * (sp - 1) / sp, hops=sp - 1)
+        audio_gather = L * 2 * gather_link.seconds(b * video * h_a * e * (sp - 1) / sp, hops=sp - 1)
+        if audio_split:
+            padded = -(-geo.audio_tokens // sp) * sp
+            layer = 2 * gather_link.seconds(b * padded * h_a * e * (sp - 1) / sp, hops=sp - 1)  # audio->video K/V
+            if ulysses > 1:  # audio self-attention's q, k, v in and output back
+                layer += 4 * intra.seconds(b * padded // sp * h_a * e * (ulysses - 1) / ulysses, hops=ulysses - 1)
+            if ring > 1:
+                layer += (ring - 1) * (ring_link.seconds(2 * b * padded / ring * h_a / ulysses * e)
+                                       + RING_STEP_OVERHEAD_S)
+            audio_exchange = L * layer + edge_link.seconds(b * padded * h_a * e * (sp - 1) / sp, hops=sp - 1)
 
     compute = t_lin + L * t_attn_compute
-    total = compute + L * (t_a2a + ring_exposed) + edges + audio_gather
-    return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total, audio_whole + audio_split, audio_whole,
-                    audio_gather)
+    total = compute + L * (t_a2a + ring_exposed) + edges + audio_gather + audio_exchange
+    return StepCost(compute, L * t_a2a, L * ring_exposed, edges, total, audio_whole + audio_shrinks, audio_whole,
+                    audio_gather, bool(audio_split and sp > 1 and spec.audio_hidden and geo.audio_tokens),
+                    audio_exchange)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     text = (f" + {g.text_tokens} text = {g.sequence_tokens} tokens" if g.text_tokens
             else f" tokens (+ {g.cross_text_tokens} cross-attended text)")
     if g.audio_tokens:
-        text += f" + {g.audio_tokens} audio tokens, whole on every rank"
+        text += (f" + {g.audio_tokens} audio tokens, "
+                 + ("split over the sp ranks" if best.cost.audio_split else "whole on every rank"))
     lines = [
         f"model   {m.name}: {m.heads} heads x {m.head_dim}, {m.layers} layers, "
         f"{m.weight_bytes / 1e9:.1f} GB of weights",
@@ -47,7 +48,8 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     c = best.cost
     lines.append(f"        step = compute {c.compute:.4f} + all-to-all {c.all_to_all:.4f} + ring exposed "
                  f"{c.ring_exposed:.4f} + edges {c.edges:.4f}"
-                 + (f" + audio gather {c.audio_gather:.4f}" if c.audio_gather else "") + " s"
+                 + (f" + audio gather {c.audio_gather:.4f}" if c.audio_gather else "")
+                 + (f" + audio exchange {c.audio_exchange:.4f}" if c.audio_exchange else "") + " s"
                  + (f" (compute holds the audio stream's {c.audio_compute:.4f})" if c.audio_compute else ""))
     if best.decode is not None:
         d = best.decode

@@ -155,6 +155,10 @@ class Plan:
     # The VAE decode of one video on the replica's ranks (raydit.planner.decode): seconds, ranks
     # it is split over, peak GB per rank (memory_gb_per_gpu counts it: cost.memory_gb).
     decode: DecodeCost | None = None
+    # A model with an audio stream (LTX-2): requests with at least this many audio tokens have
+    # them split over the sp ranks, shorter ones keep them whole on every rank (the cost model's
+    # crossover for this layout and video, raydit.planner.cost.audio_split_tokens); None: never.
+    audio_split_tokens: int | None = None
 
     @property
     def sp(self) -> int:
@@ -361,6 +365,7 @@ class _Layouts:
         self._class = [classes.setdefault((n.rates, n.intra), len(classes)) for n in self.nodes]
         self._capacities = sorted({n.capacity_gb for n in self.nodes})
         self._cost_cache: dict = {}
+        self._cost_args: dict[int, tuple] = {}  # id of a cached StepCost -> its _cost arguments
         self._slots_cache: dict = {}
 
     def _cost(self, U, R, C, b, rates: tuple[float, float, int, float], intra: Link, ring_link: Link,
@@ -379,7 +384,18 @@ class _Layouts:
                                     wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=attn,
                                     act_bytes=rates[2])
             self._cost_cache[key] = hit
+            self._cost_args[id(hit)] = key
         return hit
+
+    def _audio_threshold(self, cost: StepCost) -> int | None:
+        """The audio length from which the layout `cost` was computed for splits the audio
+        tokens (costmod.audio_split_tokens, with the same rates and links); None: never."""
+        U, R, C, b, rates, intra, ring_link, edge_link = self._cost_args[id(cost)]
+        cpu = intra.kind == "shm"
+        return costmod.audio_split_tokens(
+            self.spec, self.geo, U, R, C, b, rates[0], intra, ring_link, edge_link,
+            small_rows=0.0 if cpu else costmod.SMALL_SHARD_ROWS, wave_slots=0 if cpu else costmod.WAVE_SLOTS,
+            attn_flops_per_s=rates[1] if R > 1 else rates[3], act_bytes=rates[2])
 
     def _slots(self, U: int, need_gb: float):
         """Nodes that can hold a rank, their Ulysses slot counts and where each run starts."""
@@ -558,8 +574,9 @@ class _Layouts:
             notes.append(f"{left} device{'s' if left != 1 else ''} left out: groups of "
                          f"{C * sp} (cfg {C} x sp {sp}) do not fill the rest"
                          + (" with Ulysses groups inside nodes" if U > 1 else ""))
+        audio_threshold = self._audio_threshold(fastest_cost) if geo.audio_tokens else None
         if geo.audio_tokens:
-            notes.append(_audio_note(geo, sp, fastest_cost))
+            notes.append(_audio_note(geo, sp, fastest_cost, audio_threshold))
         if offload_gb:
             link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
             switch_s = spec.params * spec.bytes_per_param / 1e9 / link if spec.experts > 1 else 0.0
@@ -586,14 +603,25 @@ class _Layouts:
             replica_step_seconds=tuple(steps),
             decode=decode_cost(spec, geo, C * sp, self.nodes[0].node.device.flops_per_second, self.nodes[0].intra.gb_s,
                                self.nodes[0].intra.latency_us),
+            audio_split_tokens=audio_threshold,
         )
 
 
-def _audio_note(geo: VideoGeometry, sp: int, cost: StepCost) -> str:
-    """What a plan does with an audio stream (LTX-2): its tokens stay whole on every rank."""
-    note = (f"{geo.audio_tokens} audio tokens stay whole on every rank (not split by sp): each rank computes "
-            f"the whole audio stream, {cost.audio_whole:.3g} s a step at any sp, and its video tokens' side of "
-            f"the audio<->video attention, {cost.audio_compute - cost.audio_whole:.3g} s")
+def _audio_note(geo: VideoGeometry, sp: int, cost: StepCost, threshold: int | None) -> str:
+    """What a plan does with an audio stream (LTX-2): its tokens split over the sp ranks or
+    whole on every rank, by the cost model, and from which length it would split them."""
+    if cost.audio_split:
+        note = (f"{geo.audio_tokens} audio tokens are split over the {sp} sp ranks (the cost model prefers it from "
+                f"{threshold} tokens on this layout): each rank computes its share of the audio stream, "
+                f"{cost.audio_compute - cost.audio_whole:.3g} s a step with its video tokens' side of the "
+                f"audio<->video attention; their attention's exchanges and gathers add {cost.audio_exchange:.3g} s")
+    else:
+        note = (f"{geo.audio_tokens} audio tokens stay whole on every rank: each rank computes the whole audio "
+                f"stream, {cost.audio_whole:.3g} s a step at any sp, and its video tokens' side of the "
+                f"audio<->video attention, {cost.audio_compute - cost.audio_whole:.3g} s")
+        if sp > 1:
+            note += ("; splitting them would pay from " + (f"{threshold} audio tokens" if threshold else
+                     f"no length up to {costmod.AUDIO_SPLIT_SEARCH_TOKENS}") + " on this layout")
     if sp > 1:
         note += (f"; video-to-audio attention all-gathers the video keys and values every block, "
                  f"{cost.audio_gather:.3g} s")
@@ -708,7 +736,7 @@ def _per_type(spec, geo, cluster, branches, one_branch_why) -> Plan | None:
         f"{p.runs[0].gpu_type}: cfg {p.cfg} x ulysses {p.ulysses} x ring {p.ring} x {p.replicas} at "
         f"{p.predicted_step_seconds:.3g} s/step" for p in parts)]
     if geo.audio_tokens:
-        notes.append(_audio_note(geo, lead.sp, lead.cost))
+        notes.append(_audio_note(geo, lead.sp, lead.cost, lead.audio_split_tokens))
     left = cluster.total - world
     if left:
         notes.append(f"{left} device{'s' if left != 1 else ''} left out")
@@ -721,7 +749,7 @@ def _per_type(spec, geo, cluster, branches, one_branch_why) -> Plan | None:
         memory_gb_per_gpu=max(p.memory_gb_per_gpu for p in parts), cost=lead.cost,
         gpus_offered=cluster.total, pad_fraction=lead.pad_fraction, kind="per-type",
         notes=tuple(notes), parts=tuple(parts),
-        replica_step_seconds=steps,
+        replica_step_seconds=steps, audio_split_tokens=lead.audio_split_tokens,
     )
 
 

@@ -285,7 +285,9 @@ class WorkerPool:
         degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
                    # idle weights (inactive expert, encoders) kept in host memory
                    "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
-                   "compile": int(self.compile)}
+                   "compile": int(self.compile),
+                   # the audio length from which the plan splits an audio stream's tokens (None: never)
+                   "audio_split_tokens": getattr(plan, "audio_split_tokens", None)}
         backend = "nccl" if self.device == "cuda" else "gloo"
         # Every rank of the group holds the engine's LoRA adapters (free where it has them).
         self._call_all([m.actor.sync_loras.remote(self.loras) for m in chosen], timeout_s + 120.0, chosen, "form")

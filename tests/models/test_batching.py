@@ -2,7 +2,7 @@
 transformer calls of a step (`Runner.step_batch`), each with its own timestep, seed, step count
 and guidance scale, joining at a step boundary and leaving when its own steps are done. Every
 request's latents equal its run alone: float32 within 1e-5 of the latents' scale (the batch
-changes only the GEMMs' blocking), on one process (Wan and CogVideoX) and on 2-rank plans (Ulysses, ring, cfg 2); bf16
+changes only the GEMMs' blocking), on one process (Wan, CogVideoX and LTX-Video) and on 2-rank plans (Ulysses, ring, cfg 2); bf16
 within the rounding of one bf16 step, stated below. Families without batched inputs, or
 requests whose geometry, guidance, LoRA or caching differ, never share a call.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, wan
+from raydit.models.families import cogvideox, ltx, wan
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
@@ -28,6 +28,9 @@ MODELS = {
         str(cogvideox.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
         max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
         dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
+    # LTX-Video (FlowMatchEuler, the guidance pair as one batch of 2, packed tokens)
+    "tiny-ltx": (lambda: ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir())),
+                 dict(prompt="a kite climbs", num_frames=9, height=64, width=96)),
 }
 
 

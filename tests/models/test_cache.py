@@ -1,8 +1,9 @@
 """Step caching under every plan up to 4 ranks == one process, same cached steps, resumable.
 
 One spawned group of 4 gloo processes runs every feasible plan of 1..4 ranks (cfg = 2 on 2
-and 4) for a CogVideoX case (guidance branches batched in one call), a Wan case (two
-calls per step), a HunyuanVideo case (true CFG) and an LTX-Video case, with fbcache and teacache; the tests compare each plan with the
+and 4; LTX-2 cfg 4 on 4 too) for a CogVideoX case (guidance branches batched in one call), a Wan
+case (two calls per step), a HunyuanVideo case (true CFG), an LTX-Video case and LTX-2 (four
+passes, two output streams), with fbcache and teacache; the tests compare each plan with the
 single-process run here. The thresholds are chosen so that some steps are cached and no
 step's decision quantity lies within 5% of the threshold (checked below), so a plan's
 rounding cannot flip a decision.
@@ -38,6 +39,8 @@ class CacheCase:
     build_kwargs: dict
     heads: int
     request: dict
+    branch_degrees: tuple = (2,)  # the cfg degrees above 1 its plans take (on CFG_WORLDS)
+    options: dict = dataclasses.field(default_factory=dict)  # the Runner's parallel_options
 
     def make(self):
         return harness._resolve(self.build)(**self.build_kwargs)
@@ -47,7 +50,10 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, ltx, mochi, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, ltx, ltx2, mochi, wan
+
+    ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
+    ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
 
     cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
@@ -74,6 +80,13 @@ def _cases() -> list[CacheCase]:
         CacheCase("ltx-fbcache", "raydit.models.families.ltx:ltx_pipeline", dict(base_dir=str(ltx.tiny_pipeline_dir())),
                   6, dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=64, width=96,
                           num_inference_steps=STEPS, guidance_scale=3.0, seed=4, cache="fbcache", cache_threshold=1.0)),
+        # LTX-2 (issue 32): four guidance branches a step (the negative and positive pass as one
+        # call, STG, modality), shared out on cfg 2 and cfg 4, video and audio output streams;
+        # fbcache with the audio tokens split over the sp ranks too (18 audio, 39 video tokens).
+        CacheCase("ltx2-fbcache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
+                  dict(ltx2_request, cache="fbcache", cache_threshold=1.0), (2, 4), {"audio_split_tokens": 1}),
+        CacheCase("ltx2-teacache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
+                  dict(ltx2_request, cache="teacache", cache_threshold=1.3), (2, 4)),
         # Mochi 1: the video and the whole text stream are both residual streams of its blocks;
         # the guidance pair batched in one call; 3 latent frames x 2 x 3 = 18 video tokens.
         CacheCase("mochi-teacache", "raydit.models.families.mochi:mochi_pipeline",
@@ -84,7 +97,8 @@ def _cases() -> list[CacheCase]:
 
 
 def _plans(case: CacheCase):
-    return [p for w in WORLDS for p in harness.feasible_plans(w, case.heads, (1, 2) if w in CFG_WORLDS else (1,))]
+    return [p for w in WORLDS
+            for p in harness.feasible_plans(w, case.heads, (1, *case.branch_degrees) if w in CFG_WORLDS else (1,))]
 
 
 def _record_quantities(into: list):
@@ -116,7 +130,7 @@ def cache_worker(rank: int, world_size: int, cases, checkpoints) -> dict:
             mesh = harness.prefix_mesh(plan)
             if mesh is None:
                 continue
-            runner = Runner(pipe, mesh)
+            runner = Runner(pipe, mesh, parallel_options=case.options)
             try:
                 quantities.clear()
                 state = harness.run_steps(runner, request, CHECKPOINT_STEP)

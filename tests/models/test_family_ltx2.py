@@ -126,3 +126,62 @@ def test_the_planner_counts_the_audio_tokens_init_makes(pipe, frames):
     state = Runner(pipe).prepare(request)
     assert state.context["audio_frames"] == spec.geometry(frames, 32, 416).audio_tokens
     assert state.context["audio_shape"][0] == state.context["audio_frames"]  # the packed latents [La, Ca]
+
+
+def _audio_lengths_worker(rank, world_size, thresholds):
+    """Per threshold: the audio tokens each block's audio self-attention saw on this rank, the
+    audio tokens video queries attended to, and the forward's output (video, audio)."""
+    from raydit.models.registry import parallelize
+    from raydit.parallel.mesh import build_mesh
+
+    mesh = build_mesh(2, world_size // 2)  # Ulysses 2 x ring 2
+    out = {}
+    for threshold in thresholds:
+        transformer, kwargs = ltx2.ltx2_forward(3, 1, 13, 18, (4, 11))
+        seen = {"self": [], "a2v keys": []}
+        hooks = []
+        for block in transformer.transformer_blocks:
+            hooks.append(block.audio_attn1.register_forward_pre_hook(
+                lambda m, a, k: seen["self"].append(k["hidden_states"].shape[1]), with_kwargs=True))
+            hooks.append(block.audio_to_video_attn.register_forward_pre_hook(
+                lambda m, a, k: seen["a2v keys"].append(k["encoder_hidden_states"].shape[1]), with_kwargs=True))
+        with parallelize(transformer, mesh, {"audio_split_tokens": threshold}):
+            video, audio = transformer(**kwargs, return_dict=False)[:2]
+        out[threshold] = (seen, video, audio)
+    reference = ltx2.ltx2_forward(3, 1, 13, 18, (4, 11))
+    return out, reference[0](**reference[1], return_dict=False)[:2]
+
+
+def test_audio_tokens_split_from_the_plans_threshold():
+    """18 audio tokens on 4 ranks (Ulysses 2 x ring 2): a threshold of 18 splits them (5 a rank, the last 3 real + 2
+    pads) and a threshold of 19 keeps all 18 on every rank; both equal one process (1e-5)."""
+    import torch
+
+    from raydit.parallel.testing import run_distributed
+
+    for out, (video_1, audio_1) in run_distributed(_audio_lengths_worker, 4, (18, 19), timeout=300):
+        seen, video, audio = out[18]
+        assert seen == {"self": [5, 5], "a2v keys": [5, 5]}, seen
+        seen_whole = out[19][0]
+        assert seen_whole == {"self": [18, 18], "a2v keys": [18, 18]}, seen_whole
+        for threshold in (18, 19):
+            torch.testing.assert_close(out[threshold][1], video_1, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[threshold][2], audio_1, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_audio_split_options_get_one_line():
+    from raydit.models.registry import parallelize
+    from raydit.parallel.mesh import build_mesh
+
+    transformer, _ = ltx2.ltx2_forward(3, 1, 13, 18, (4,))
+    mesh = build_mesh(1, 1)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="audio_split_tokens .* must be an integer >= 1"):
+            parallelize(transformer, mesh, {"audio_split_tokens": bad})
+    # a model without an audio stream takes no such option (None, a plan's "never", is no option)
+    from raydit.models.families.wan import tiny_transformer as wan_tiny
+
+    other = wan_tiny(0)
+    with pytest.raises(ValueError, match="takes no parallel option audio_split_tokens"):
+        parallelize(other, mesh, {"audio_split_tokens": 4})
+    parallelize(other, mesh, {"audio_split_tokens": None}).remove()

@@ -86,3 +86,37 @@ def test_a_request_deleted_mid_batch_leaves_the_others_to_finish(server):
         finished = client.videos.poll(v.id, poll_interval_ms=100)
         assert finished.status == "completed", finished.error
         assert videos[1].id in finished.model_extra["raydit"]["batched_with"]  # they shared steps before it left
+
+
+def test_a_request_joins_a_running_batch_and_one_with_a_lora_runs_apart(server, tmp_path):
+    """A request created while another of its geometry is mid-way joins it at a step boundary
+    (both records name each other) and is still its request's own video (its solo run gives the
+    same frames); a request naming a LoRA the others do not is not batched with them."""
+    from raydit.models import lora
+    from raydit.models.loading import load_pipeline
+
+    lora.write_random_lora(load_pipeline("tiny-wan"), server.lora_dir / "wan-style", seed=5)
+    r = server.http("POST", "/v1/loras", json={"path": "wan-style", "name": "wan-style"})
+    assert r.status_code == 200, r.text
+    client = server.client()
+
+    def create(seed, **extra):
+        return client.videos.create(prompt="a paper boat", extra_body={"num_inference_steps": 60, "seed": seed,
+                                                                       "num_frames": 9, **extra})
+
+    first = create(21)
+    deadline = time.time() + 120
+    while time.time() < deadline and client.videos.retrieve(first.id).progress < 5:
+        time.sleep(0.05)
+    joined, styled = create(22), create(23, lora='{"wan-style": 1.0}')
+    first, joined, styled = (client.videos.poll(v.id, poll_interval_ms=100) for v in (first, joined, styled))
+    assert first.status == joined.status == styled.status == "completed", (first.error, joined.error, styled.error)
+    assert joined.id in first.model_extra["raydit"]["batched_with"]
+    assert first.id in joined.model_extra["raydit"]["batched_with"]
+    assert not {first.id, joined.id} & set(styled.model_extra["raydit"]["batched_with"])
+    assert styled.model_extra["raydit"]["lora"] == {"wan-style": 1.0}
+    alone = client.videos.poll(create(22).id, poll_interval_ms=100)
+    assert alone.model_extra["raydit"]["batched_with"] == []
+    a, b = _frames(client, joined.id, tmp_path), _frames(client, alone.id, tmp_path)
+    assert np.abs(a.astype(int) - b.astype(int)).max() <= 2, "the request that joined mid-way is not its own video"
+    assert server.http("DELETE", "/v1/loras/wan-style").status_code == 200

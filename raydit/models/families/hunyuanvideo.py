@@ -245,8 +245,8 @@ class HunyuanVideoAdapter(ModelAdapter):
     def make_processor(self, context: ForwardContext) -> HunyuanVideoSPAttnProcessor:
         return HunyuanVideoSPAttnProcessor(context)
 
-    def parallelize(self, transformer, mesh):
-        handle = super().parallelize(transformer, mesh)
+    def parallelize(self, transformer, mesh, options=None):
+        handle = super().parallelize(transformer, mesh, options)
         if transformer.config.image_condition_type == "token_replace":
             try:
                 apply_first_frame_split(handle, self.plan)

@@ -255,7 +255,11 @@ class LTXFamily(Family):
         })
         return Prepared(latents=latents, timesteps=timesteps, context=context)
 
-    def predict(self, pipe, state, t, branch):
+    # Step-level batching: requests of one geometry share a call, each with its own timestep
+    # rows (per sample, or per token with an image); the rotary inputs follow the geometry.
+    batched_inputs = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask")
+
+    def model_inputs(self, pipe, state, t, branch):
         import torch
 
         embeds = branch["encoder_hidden_states"]
@@ -265,7 +269,7 @@ class LTXFamily(Family):
         timestep = t.expand(b)
         if "conditioning_mask" in c:  # image-to-video: [b, L], 0 on the image's tokens
             timestep = timestep.unsqueeze(-1) * (1 - torch.cat([c["conditioning_mask"]] * b))
-        return pipe.transformer(
+        return pipe.transformer, dict(
             hidden_states=x.to(embeds.dtype),
             encoder_hidden_states=embeds,
             timestep=timestep,
@@ -274,8 +278,10 @@ class LTXFamily(Family):
             height=c["latent_height"],
             width=c["latent_width"],
             rope_interpolation_scale=c["rope_interpolation_scale"],
-            return_dict=False,
-        )[0].float()
+        )
+
+    def model_output(self, out):
+        return out.float()  # as LTXPipeline: the noise prediction in float32
 
     def scheduler_step(self, pipe, state, noise, t, generator):
         latents, carry = super().scheduler_step(pipe, state, noise, t, generator)

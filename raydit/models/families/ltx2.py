@@ -32,6 +32,10 @@ whose prediction is the velocity itself, run on every group. Each pass keeps the
 batching (negative and positive as one batch where one group runs both) and input layout, which
 bf16 needs to be bit-equal to diffusers.
 
+Step caching (raydit.models.cache): each pass is a guidance branch with its own residuals,
+for both output streams (the audio's cut per rank where it is split); the decision is made at
+the first call of a one-process step (the [negative, positive] pass, or the positive alone).
+
 State. The runner's latents are one tensor [1, Lv*Cv + La*Ca] (float32): the packed video then
 the packed audio latents, flattened. FlowMatchEuler's step is elementwise, so one scheduler
 stepping both streams gives the numbers of the pipeline's two (its audio scheduler is a copy with
@@ -126,38 +130,52 @@ def guidance(pipe, request) -> dict:
 
 # -- adapter -----------------------------------------------------------------------------------
 # Sequence parallelism. The video tokens are split over the sp ranks as for LTX-Video (before
-# the first block, gathered after the last); the audio tokens stay whole on every rank (La is
-# ~25 per second of sound, 1-2 % of the video's tokens at 512 x 768: splitting them would buy
-# nothing and cost a second layout; the planner costs their stream as whole on every rank,
-# raydit.planner.cost). Per block:
-#   attn1 (video self-attention)      Ulysses / ring over the video chunks (sp_attention); its
-#                                      rotary table cut to this rank's chunk; the STG pass's
-#                                      perturbed blocks use the values alone (per token, local);
-#   attn2 (video -> prompt)           local queries, the whole prompt: diffusers' processor;
-#   audio_to_video_attn               local video queries attend to every audio key (whole
-#                                      here): diffusers' processor, the query rotary table cut;
-#   video_to_audio_attn               every audio query must see every video token once: the
-#                                      video keys (normed, rotated) and values of each chunk are
-#                                      all-gathered, pads dropped (gather_sequence), then plain
-#                                      attention; every rank computes the same audio stream;
-#   audio self / prompt attention     whole, unchanged.
+# the first block, gathered after the last). The audio tokens are split too, or stay whole on
+# every rank, by their length: the plan's `audio_split_tokens` (parallelize options; the
+# planner's cost model sets it, raydit.planner.cost.audio_split_tokens) is the length from which
+# splitting them pays; a forward with fewer audio tokens (or a plan without it) keeps them whole.
+# La is ~25 per second of sound, 1-2 % of the video's tokens at 512 x 768, so short clips keep
+# them whole; the collectives a split adds per block cost more than the work it saves there.
+# Per block:
+#   attn1 / audio_attn1 (self-attention)  Ulysses / ring over the stream's chunks (sp_attention)
+#                                      where the stream is split, its rotary table cut to this
+#                                      rank's chunk; the STG pass's perturbed blocks use the
+#                                      values alone (per token, local); a whole audio stream
+#                                      keeps diffusers' processor;
+#   attn2 / audio_attn2 (-> prompt)    local queries, the whole prompt: diffusers' processor;
+#   audio_to_video_attn               local video queries attend to every audio key: whole
+#                                      audio: diffusers' processor, the query rotary table cut;
+#                                      split audio: the audio keys (normed, rotated) and values of
+#                                      each chunk are all-gathered, pads dropped, then attended;
+#   video_to_audio_attn               every audio query (this rank's chunk, or all) must see
+#                                      every video token once: the video keys and values of each
+#                                      chunk are all-gathered, pads dropped (gather_sequence);
+#                                      a whole audio stream is the same on every rank.
 # Per-token timestep embeddings (image-to-video: temb and, without use_cross_timestep, the
-# cross-attention modulations are [B, Lv, k C]) are split with the tokens.
-VIDEO = 0  # the layout's only part
+# cross-attention modulations are [B, Lv, k C]) are split with the tokens of their stream.
+VIDEO, AUDIO = 0, 1  # the layout's parts: the video, and the audio where it is split
+AUDIO_SPLIT = "audio_split"  # ForwardContext.flags: this forward splits the audio tokens
 
 
-def shard_rotary(rotary_emb, layout, sp_index: int):
-    """Cut a rotary table of all video tokens to this rank's chunk: interleaved tables are
-    [B, Lv, C], split ones [B, H, Lv, r]; pad rows are zero (pad queries are dropped at
+def stream_layout(layout, part: int):
+    """The layout of one stream alone (each stream attends to itself apart)."""
+    from raydit.parallel.sharding import SeqLayout
+
+    return SeqLayout((layout.part_lengths[part],), layout.sp)
+
+
+def shard_rotary(rotary_emb, layout, sp_index: int, part: int = VIDEO):
+    """Cut a rotary table of all of a stream's tokens to this rank's chunk: interleaved tables
+    are [B, L, C], split ones [B, H, L, r]; pad rows are zero (pad queries are dropped at
     gather, pad keys never attended)."""
     cos, sin = rotary_emb
     dim = 1 if cos.ndim == 3 else 2
-    if cos.shape[dim] != layout.part_lengths[VIDEO]:
+    if cos.shape[dim] != layout.part_lengths[part]:
         raise ValueError(
-            f"rotary table has {cos.shape[dim]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "the table must come from the same latents the blocks see"
+            f"rotary table has {cos.shape[dim]} rows but the {('video', 'audio')[part]} has "
+            f"{layout.part_lengths[part]} tokens; the table must come from the same latents the blocks see"
         )
-    return layout.shard(cos, VIDEO, sp_index, dim=dim), layout.shard(sin, VIDEO, sp_index, dim=dim)
+    return layout.shard(cos, part, sp_index, dim=dim), layout.shard(sin, part, sp_index, dim=dim)
 
 
 def _rotate(attn, x, rotary_emb):
@@ -177,12 +195,18 @@ def _output(attn, out_BLC, gate_logits):
     return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
 
 
-class LTX2VideoSelfAttnProcessor:
-    """attn1 of a block, sequence parallel: projections, the QK RMS norms (across heads) and
-    rotary are per token and run on the local chunk; the attention runs over all chunks."""
+def _split(context, part: int) -> bool:
+    """Whether `part`'s tokens are split over the ranks in this forward."""
+    return part == VIDEO or bool(context.flags.get(AUDIO_SPLIT))
 
-    def __init__(self, context):
-        self.context = context
+
+class LTX2SelfAttnProcessor:
+    """attn1 (video) or audio_attn1 of a block, sequence parallel: projections, the QK RMS norms
+    (across heads) and rotary are per token and run on the local chunk; the attention runs over
+    all chunks of the stream. A forward that keeps the audio whole runs `original` on it."""
+
+    def __init__(self, context, part: int = VIDEO, original=None):
+        self.context, self.part, self.original = context, part, original
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
                  key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
@@ -190,10 +214,15 @@ class LTX2VideoSelfAttnProcessor:
 
         from raydit.parallel.attention import sp_attention
 
+        if not _split(self.context, self.part):
+            kwargs = {} if perturbation_mask is None and all_perturbed is None else dict(
+                perturbation_mask=perturbation_mask, all_perturbed=all_perturbed)
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
+                                 key_rotary_emb, **kwargs)
         if encoder_hidden_states is not None:
-            raise ValueError("LTX2VideoSelfAttnProcessor serves video self-attention (attn1) only")
+            raise ValueError("LTX2SelfAttnProcessor serves self-attention (attn1, audio_attn1) only")
         if attention_mask is not None:
-            raise ValueError("a video self-attention mask is not supported under sequence parallelism "
+            raise ValueError("a self-attention mask is not supported under sequence parallelism "
                              "(LTX-2's text- and image-to-video pipelines pass none)")
         mesh, layout = self.context.mesh, self.context.layout
         assert layout is not None, "split hook did not run before attention"
@@ -208,13 +237,13 @@ class LTX2VideoSelfAttnProcessor:
         query = attn.norm_q(attn.to_q(hidden_states))
         key = attn.norm_k(attn.to_k(hidden_states))
         if query_rotary_emb is not None:
-            freqs = shard_rotary(query_rotary_emb, layout, mesh.sp_index)
+            freqs = shard_rotary(query_rotary_emb, layout, mesh.sp_index, self.part)
             query, key = _rotate(attn, query, freqs), _rotate(attn, key, freqs)
 
         def heads(x_BLC):
             return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
 
-        out_BHLD = sp_attention(heads(query), heads(key), heads(value), mesh, layout)
+        out_BHLD = sp_attention(heads(query), heads(key), heads(value), mesh, stream_layout(layout, self.part))
         out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype)
         if perturbation_mask is not None:  # a batch mixing perturbed and plain samples
             out_BLC = value.lerp(out_BLC, perturbation_mask.to(out_BLC.dtype))
@@ -223,97 +252,144 @@ class LTX2VideoSelfAttnProcessor:
         return _output(attn, out_BLC, gate_logits)
 
 
-class LTX2AudioToVideoAttnProcessor:
-    """audio_to_video_attn: this rank's video queries, every audio key (whole on each rank).
-    diffusers' own processor, with the video (query) rotary table cut to the local chunk."""
+class _GatheredKeysAttention:
+    """Cross-attention whose keys and values are split over the ranks (part `keys_part`): each
+    rank makes them from its chunk (normed, rotated), they are all-gathered and unpadded, and
+    this rank's queries attend to all of them, each key once."""
 
-    def __init__(self, context, original):
-        self.context, self.original = context, original
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
-                 key_rotary_emb=None):
-        if attention_mask is not None:
-            raise ValueError("an audio-to-video attention mask is not supported under sequence parallelism")
-        if query_rotary_emb is not None:
-            query_rotary_emb = shard_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
-        return self.original(attn, hidden_states, encoder_hidden_states, None, query_rotary_emb, key_rotary_emb)
-
-
-class LTX2VideoToAudioAttnProcessor:
-    """video_to_audio_attn: every audio query attends to every video token once. Keys (normed,
-    rotated) and values are made from this rank's video chunk, all-gathered and unpadded."""
-
-    def __init__(self, context):
+    def __init__(self, context, keys_part: int):
         from raydit.parallel.opaque import register_call
 
-        self.context = context
+        self.context, self.keys_part = context, keys_part
         # The gather is a collective torch.compile cannot keep in a block's graph: a compiled
         # block calls it (and the attention after it) as one opaque op (raydit.parallel.opaque),
         # whose output is like the queries. One name per mesh: every block shares one graph.
-        self._key = register_call(self._attend, like=(0,), name=(type(self).__qualname__, context.mesh.key))
+        self._key = register_call(self._attend, like=(0,), name=(type(self).__qualname__, keys_part, context.mesh.key))
 
     def _attend(self, tensors, ints):
-        """q [B, H, La, D] (whole), k and v [B, chunk, C] (this rank's video) -> [B, H, La, D]."""
+        """q [B, H, Lq, D], k and v [B, chunk, C] (this rank's keys) -> [B, H, Lq, D]."""
         import torch.nn.functional as F
 
         from raydit.parallel.mesh import gather_sequence
 
         q_BHLD, k_BLC, v_BLC = tensors
         mesh, layout = self.context.mesh, self.context.layout
+        part = self.keys_part
         heads = q_BHLD.shape[1]
-        # [B, chunk, C] -> [B, Lv, C]: the same on every rank, bit for bit
-        k_BLC, v_BLC = gather_sequence(k_BLC, mesh, layout, VIDEO), gather_sequence(v_BLC, mesh, layout, VIDEO)
+        # [B, chunk, C] -> [B, L, C]: the same on every rank, bit for bit
+        k_BLC, v_BLC = gather_sequence(k_BLC, mesh, layout, part), gather_sequence(v_BLC, mesh, layout, part)
         k_BHLD = k_BLC.unflatten(2, (heads, -1)).transpose(1, 2)
         v_BHLD = v_BLC.unflatten(2, (heads, -1)).transpose(1, 2)
         return [F.scaled_dot_product_attention(q_BHLD, k_BHLD, v_BHLD)]
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
-                 key_rotary_emb=None):
+    def attend(self, attn, hidden_states, encoder_hidden_states, query_rotary_emb, key_rotary_emb, query_part):
+        """diffusers' LTX2AudioVideoAttnProcessor with this rank's queries (their rotary cut to
+        the chunk where `query_part` is split) and the keys' chunks gathered."""
         from raydit.parallel.opaque import opaque_call
 
-        if attention_mask is not None:
-            raise ValueError("a video-to-audio attention mask is not supported under sequence parallelism")
         mesh, layout = self.context.mesh, self.context.layout
         gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
-        query = _rotate(attn, attn.norm_q(attn.to_q(hidden_states)), query_rotary_emb)  # [B, La, C]: whole
-        key = attn.norm_k(attn.to_k(encoder_hidden_states))  # [B, chunk, C]: this rank's video
+        query = attn.norm_q(attn.to_q(hidden_states))
+        key = attn.norm_k(attn.to_k(encoder_hidden_states))  # [B, chunk, C]: this rank's keys
         value = attn.to_v(encoder_hidden_states)
-        if key_rotary_emb is not None:
-            key = _rotate(attn, key, shard_rotary(key_rotary_emb, layout, mesh.sp_index))
+        if query_rotary_emb is not None:  # as diffusers: the keys take the queries' table where they have none
+            key_rotary_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
+            if _split(self.context, query_part):
+                query_rotary_emb = shard_rotary(query_rotary_emb, layout, mesh.sp_index, query_part)
+            query = _rotate(attn, query, query_rotary_emb)
+            key = _rotate(attn, key, shard_rotary(key_rotary_emb, layout, mesh.sp_index, self.keys_part))
         q_BHLD = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
         (out_BHLD,) = opaque_call(self._key, [q_BHLD, key, value], [])
         return _output(attn, out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype), gate_logits)
 
 
+class LTX2AudioToVideoAttnProcessor(_GatheredKeysAttention):
+    """audio_to_video_attn: this rank's video queries attend to every audio key. Whole audio:
+    diffusers' own processor with the video (query) rotary table cut to the local chunk; split
+    audio: the audio keys' chunks gathered."""
+
+    def __init__(self, context, original):
+        super().__init__(context, AUDIO)
+        self.original = original
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        if attention_mask is not None:
+            raise ValueError("an audio-to-video attention mask is not supported under sequence parallelism")
+        if _split(self.context, AUDIO):
+            return self.attend(attn, hidden_states, encoder_hidden_states, query_rotary_emb, key_rotary_emb, VIDEO)
+        if query_rotary_emb is not None:
+            query_rotary_emb = shard_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
+        return self.original(attn, hidden_states, encoder_hidden_states, None, query_rotary_emb, key_rotary_emb)
+
+
+class LTX2VideoToAudioAttnProcessor(_GatheredKeysAttention):
+    """video_to_audio_attn: every audio query (this rank's chunk where the audio is split, else
+    all of them) attends to every video token once: the video keys' chunks gathered."""
+
+    def __init__(self, context):
+        super().__init__(context, VIDEO)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        if attention_mask is not None:
+            raise ValueError("a video-to-audio attention mask is not supported under sequence parallelism")
+        return self.attend(attn, hidden_states, encoder_hidden_states, query_rotary_emb, key_rotary_emb, AUDIO)
+
+
 class LTX2Adapter(ModelAdapter):
     name = "ltx2"
     transformer_classes = ("LTX2VideoTransformer3DModel",)
+    # audio_split_tokens: split the audio stream in forwards with at least this many audio tokens
+    options = ("audio_split_tokens",)
     plan = SequenceParallelPlan(
         blocks="transformer_blocks",
         # LTX2VideoTransformerBlock.forward(hidden_states, audio_hidden_states, ..., temb, temb_audio,
-        # temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, ...): the video's
-        # modulations are per sample ([B, 1, k C]) or, per-token timestep, [B, Lv, k C].
+        # temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate, ...): the
+        # modulations are per sample ([B, 1, k C]) or, per-token timestep, [B, L, k C].
         split_inputs=(SplitInput("hidden_states", VIDEO),
                       SplitInput("temb", VIDEO, every_block=True, min_len=2),
                       SplitInput("temb_ca_scale_shift", VIDEO, every_block=True, min_len=2),
-                      SplitInput("temb_ca_gate", VIDEO, every_block=True, min_len=2)),
-        gather_outputs=(GatherOutput(0, VIDEO),),  # (video, audio): the video is gathered
+                      SplitInput("temb_ca_gate", VIDEO, every_block=True, min_len=2),
+                      SplitInput("audio_hidden_states", AUDIO, when=AUDIO_SPLIT),
+                      SplitInput("temb_audio", AUDIO, every_block=True, min_len=2, when=AUDIO_SPLIT),
+                      SplitInput("temb_ca_audio_scale_shift", AUDIO, every_block=True, min_len=2, when=AUDIO_SPLIT),
+                      SplitInput("temb_ca_audio_gate", AUDIO, every_block=True, min_len=2, when=AUDIO_SPLIT)),
+        gather_outputs=(GatherOutput(0, VIDEO), GatherOutput(1, AUDIO, when=AUDIO_SPLIT)),  # (video, audio)
         attention="attn1",
     )
 
     def make_processor(self, context):
-        return LTX2VideoSelfAttnProcessor(context)
+        return LTX2SelfAttnProcessor(context, VIDEO)
 
-    def parallelize(self, transformer, mesh):
-        handle = super().parallelize(transformer, mesh)
+    def parallelize(self, transformer, mesh, options=None):
+        threshold = (options or {}).get("audio_split_tokens")
+        if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+                raise ValueError(f"audio_split_tokens {threshold!r} must be an integer >= 1 (None: never split)")
+            heads = transformer.config.audio_num_attention_heads
+            if heads % mesh.ulysses:
+                raise ValueError(f"ulysses_degree {mesh.ulysses} does not divide the {heads} audio attention heads: "
+                                 "the audio tokens cannot be split on this plan; drop audio_split_tokens")
+        handle = super().parallelize(transformer, mesh, options)
+        context = handle.context
         try:
             for block in self.plan.block_list(transformer):
-                for name in ("audio_to_video_attn", "video_to_audio_attn"):
+                for name in ("audio_attn1", "audio_to_video_attn", "video_to_audio_attn"):
                     attn = getattr(block, name)
                     handle._processors.append((attn, attn.processor))
-                    attn.set_processor(LTX2AudioToVideoAttnProcessor(handle.context, attn.processor)
-                                       if name == "audio_to_video_attn" else
-                                       LTX2VideoToAudioAttnProcessor(handle.context))
+                    attn.set_processor(LTX2SelfAttnProcessor(context, AUDIO, attn.processor) if name == "audio_attn1"
+                                       else LTX2AudioToVideoAttnProcessor(context, attn.processor)
+                                       if name == "audio_to_video_attn" else LTX2VideoToAudioAttnProcessor(context))
+
+            def decide(module, args, kwargs):
+                """Split the audio tokens in this forward when they are at least the threshold."""
+                audio = kwargs.get("audio_hidden_states", args[1] if len(args) > 1 else None)
+                context.flags[AUDIO_SPLIT] = bool(
+                    threshold is not None and mesh.sp > 1 and audio is not None and audio.shape[1] >= threshold)
+                return None
+
+            handle._hooks.append(transformer.register_forward_pre_hook(decide, with_kwargs=True))
         except BaseException:
             handle.remove()
             raise
@@ -407,9 +483,6 @@ class LTX2Family(Family):
         super().check_request(pipe, request)
         if request.guidance_scale_2 is not None:
             raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-2 has one: drop it")
-        if request.cache is not None:
-            raise ValueError(f"step caching ({request.cache}) is not supported for LTX-2 (a step runs up to three "
-                             "differently perturbed passes through the blocks): drop the cache option")
         for name in ("stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale", "audio_stg_scale",
                      "audio_modality_scale", "audio_guidance_rescale"):
             value = request.option(name)
@@ -483,6 +556,12 @@ class LTX2Family(Family):
             else:
                 calls.append(branch)
         return calls
+
+    def call_branch_counts(self, calls, branches):
+        return [2 if call["pass"] == "cfg" else 1 for call in calls]
+
+    def call_runs_model(self, call):
+        return call["pass"] is not None  # an off slot predicts zeros without the transformer
 
     def init(self, pipe, request, generator, device, dtype):
         import numpy as np
@@ -919,6 +998,14 @@ def forward_cases() -> list:
         ForwardCase("ltx2-stg-isolated", _BUILD_FORWARD, TINY_HEADS,
                     dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(7,),
                          spatio_temporal_guidance_blocks=[1], isolate_modalities=True), worlds=(2,)),
+        # the audio tokens split too (a plan's audio_split_tokens <= 18): 18 audio tokens make
+        # uneven chunks on 4, 5 and 8 ranks; the same with block 1's self-attentions skipped (STG)
+        ForwardCase("ltx2-audio-split", _BUILD_FORWARD, TINY_HEADS,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(4, 11)),
+                    options={"audio_split_tokens": 18}),
+        ForwardCase("ltx2-audio-split-stg", _BUILD_FORWARD, TINY_HEADS,
+                    dict(latent_frames=3, latent_height=1, latent_width=13, audio_frames=18, valid=(7,),
+                         spatio_temporal_guidance_blocks=[1]), worlds=(3,), options={"audio_split_tokens": 1}),
     ]
 
 
@@ -936,6 +1023,9 @@ def runner_cases(base_dir: str, i2v_dir: str | None = None) -> list:
         RunnerCase("ltx2-t2v-cfg-only", _BUILD_PIPELINE, TINY_HEADS,
                    dict(TINY_REQUEST, seed=12, guidance_options=NO_STG_NO_MODALITY), dict(base_dir=base_dir),
                    cfg=False, worlds=(3,)),
+        # the audio tokens split over the sp ranks as well (all four passes, cfg 2 and 4 on 4 ranks)
+        RunnerCase("ltx2-t2v-audio-split", _BUILD_PIPELINE, TINY_HEADS, dict(TINY_REQUEST, seed=14),
+                   dict(base_dir=base_dir), worlds=(4,), branch_degrees=(2, 4), options={"audio_split_tokens": 1}),
     ]
     if i2v_dir is not None:
         # the image's 13 tokens at timestep 0: per-token modulations split with the tokens
