@@ -131,6 +131,7 @@ def test_embedding_broadcast_grows_with_prompts_and_is_free_on_one_rank():
     ("hunyuanvideo", "AutoencoderKLHunyuanVideo", (1, 16, 4, 32, 32), (13, 256, 256)),
     ("hunyuanvideo-1.5-480p", "AutoencoderKLHunyuanVideo15", (1, 32, 4, 16, 16), (13, 256, 256)),
     ("ltx-video-2b", "AutoencoderKLLTXVideo", (1, 128, 4, 16, 16), (25, 512, 512)),
+    ("mochi-1", "AutoencoderKLMochi", (1, 12, 4, 16, 16), (19, 128, 128)),  # 24 frames decoded, 19 kept
 ])
 def test_decoder_flops_match_diffusers_count(model, vae_class, latents, video):
     """The family's decoder FLOP per output pixel-frame (+ its mid-block attention) against
