@@ -12,7 +12,7 @@ H100 = dict(flops_per_s=989e12 * 0.35, link_gb_s=450, link_latency_us=8)
     ("cogvideox-5b", 8, 8), ("cogvideox-5b", 1, 1), ("wan2.1-t2v-14b", 8, 8),
     ("wan2.2-ti2v-5b", 8, 8),       # 16x VAE: 44 latent rows at 704 px
     ("hunyuanvideo", 8, 8), ("hunyuanvideo-1.5-720p", 8, 8), ("ltx-video-2b", 8, 8),  # issue 18
-    ("mochi-1", 8, 1),              # its VAE is not split: every rank decodes the whole video
+    ("mochi-1", 8, 8),              # issue 34: AutoencoderKLMochi is split by rows too
     ("tiny", 16, 1),                # 8 latent rows cannot feed 16 ranks
 ])
 def test_decode_ranks(model, ranks, split):
@@ -131,6 +131,7 @@ def test_embedding_broadcast_grows_with_prompts_and_is_free_on_one_rank():
     ("hunyuanvideo", "AutoencoderKLHunyuanVideo", (1, 16, 4, 32, 32), (13, 256, 256)),
     ("hunyuanvideo-1.5-480p", "AutoencoderKLHunyuanVideo15", (1, 32, 4, 16, 16), (13, 256, 256)),
     ("ltx-video-2b", "AutoencoderKLLTXVideo", (1, 128, 4, 16, 16), (25, 512, 512)),
+    ("mochi-1", "AutoencoderKLMochi", (1, 12, 4, 16, 16), (19, 128, 128)),  # 24 frames decoded, 19 kept
 ])
 def test_decoder_flops_match_diffusers_count(model, vae_class, latents, video):
     """The family's decoder FLOP per output pixel-frame (+ its mid-block attention) against

@@ -32,6 +32,7 @@ BUILTINS = [
     ("tiny-hunyuan", 6, 16, 2, 1, "rotary", True),
     ("tiny-hunyuan-i2v", 6, 16, 2, 1, "rotary", True),
     ("tiny-ltx", 6, 12, 2, 1, "rotary", False),
+    ("tiny-mochi", 6, 16, 2, 1, "rotary", True),
     ("hunyuanvideo-1.5-480p", 16, 128, 54, 1, "rotary", True),
     ("hunyuanvideo-1.5-720p", 16, 128, 54, 1, "rotary", True),
     ("tiny-hunyuan15", 6, 8, 2, 1, "rotary", True),
@@ -74,6 +75,7 @@ GEOMETRY = [
     ("hunyuanvideo-i2v", 129, 720, 1280, 33, 33, 90, 160, (33, 45, 80), 118800, 119196),  # 144 image + 252 text
     ("hunyuanvideo-1.5-480p", 121, 480, 848, 31, 31, 30, 53, (31, 30, 53), 49290, 50546),
     ("tiny", 9, 64, 64, 3, 3, 8, 8, (3, 4, 4), 48, 64),
+    ("mochi-1", 163, 480, 848, 28, 28, 60, 106, (28, 30, 53), 44520, 44776),  # genmo's 163-frame videos
     ("tiny", 1, 16, 16, 1, 1, 2, 2, (1, 1, 1), 1, 17),
 ]
 
@@ -356,3 +358,30 @@ def test_audio_fields_come_together():
     silent = ModelSpec(**{**fields, "audio_heads": 0, "audio_head_dim": 0, "audio_ffn_hidden": 0,
                           "audio_tokens_per_second": 0, "frame_rate": 0})
     assert silent.geometry().audio_tokens == 0 and ":a" not in silent.calibration_key
+
+
+# -- Mochi 1 ----------------------------------------------------------------------------------------
+
+
+def test_mochi_builtin_matches_the_published_config():
+    """genmo/mochi-1-preview as diffusers' scripts/convert_mochi_to_diffusers.py writes it:
+    MochiTransformer3DModel() with its defaults and AutoencoderKLMochi(latent_channels=12,
+    out_channels=3), built on the meta device. The feed-forward is SwiGLU: ffn_hidden is its
+    inner width (the down projection's input; the up projection is twice as wide, gate and value)."""
+    import diffusers
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = diffusers.MochiTransformer3DModel()
+        vae = diffusers.AutoencoderKLMochi(latent_channels=12, out_channels=3)
+    config, spec = model.config, model_spec("mochi-1")
+    assert (spec.heads, spec.head_dim, spec.layers) == (config.num_attention_heads, config.attention_head_dim,
+                                                        config.num_layers)
+    assert (spec.in_channels, spec.patch_size, spec.patch_size_t) == (config.in_channels, config.patch_size, 1)
+    assert spec.text_tokens == config.max_sequence_length and spec.text_in_sequence
+    assert spec.ffn_hidden == model.transformer_blocks[0].ff.net[2].in_features
+    assert spec.params == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
+    assert spec.vae_params == pytest.approx(sum(p.numel() for p in vae.parameters()), rel=0.01)
+    assert (spec.vae_temporal, spec.vae_spatial) == (vae.temporal_compression_ratio, vae.spatial_compression_ratio)
+    # MochiPipeline.__call__'s defaults
+    assert (spec.default_frames, spec.default_height, spec.default_width) == (19, 480, 848)

@@ -138,7 +138,7 @@ class ParallelHandle:
         for hook in self._hooks:
             hook.remove()
         for module, processor in self._processors:
-            module.set_processor(processor)
+            set_processor(module, processor)
         if getattr(self.transformer, HANDLE_ATTR, None) is self:
             delattr(self.transformer, HANDLE_ATTR)
         self.removed = True
@@ -260,7 +260,16 @@ def apply_attention(handle: ParallelHandle, plan: SequenceParallelPlan, make_pro
     for block in plan.block_list(handle.transformer):
         attn = getattr(block, plan.attention)
         handle._processors.append((attn, attn.processor))
-        attn.set_processor(make_processor(handle.context))
+        set_processor(attn, make_processor(handle.context))
+
+
+def set_processor(attn, processor) -> None:
+    """`attn.set_processor(processor)`; an attention module without that method (Mochi's
+    MochiAttention, a plain nn.Module) holds its processor as the attribute `processor`."""
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:
+        attn.processor = processor
 
 
 class ModelAdapter:

@@ -1,6 +1,8 @@
 """Exact row-parallel decoding for diffusers' video VAEs: AutoencoderKLCogVideoX, AutoencoderKLWan
-(2.1's 8x and 2.2's 16x), AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15 and
-AutoencoderKLLTXVideo.
+(2.1's 8x and 2.2's 16x), AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15,
+AutoencoderKLLTXVideo and AutoencoderKLMochi (its causal convolutions pad by replicating, as
+HunyuanVideo's; its group norms run per frame, each a group norm over every band; its up blocks
+are a per-pixel linear and a channel-to-space rearrange).
 
 Legend: B batch, C channels, T frames, H rows, W columns; h rows of one rank's band.
 
@@ -74,11 +76,12 @@ def _vae_classes():
         AutoencoderKLHunyuanVideo,
         AutoencoderKLHunyuanVideo15,
         AutoencoderKLLTXVideo,
+        AutoencoderKLMochi,
         AutoencoderKLWan,
     )
 
     return AutoencoderKLCogVideoX, AutoencoderKLWan, (AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15,
-                                                      AutoencoderKLLTXVideo)
+                                                      AutoencoderKLLTXVideo, AutoencoderKLMochi)
 
 
 def spatial_factor(vae) -> int:
@@ -93,7 +96,7 @@ def spatial_factor(vae) -> int:
         return int(vae.spatial_compression_ratio)
     raise ValueError(
         "row-parallel decode supports AutoencoderKLCogVideoX, AutoencoderKLWan, AutoencoderKLHunyuanVideo, "
-        f"AutoencoderKLHunyuanVideo15 and AutoencoderKLLTXVideo, not {type(vae).__name__}"
+        f"AutoencoderKLHunyuanVideo15, AutoencoderKLMochi and AutoencoderKLLTXVideo, not {type(vae).__name__}"
     )
 
 
@@ -305,10 +308,9 @@ def _plan(vae, group) -> list:
             continue
         if getattr(module, "per_channel_scale1", None) is not None or getattr(module, "per_channel_scale2", None) is not None:
             raise ValueError(f"{name}: noise drawn per pixel of the whole frame (decoder_inject_noise) cannot be split by rows")
-        if isinstance(module, CogVideoXCausalConv3d):
-            if module.pad_mode == "replicate" and module.height_pad:
-                raise ValueError(f"{name}: replicate padding along rows is not supported by row-parallel decode")
+        if isinstance(module, CogVideoXCausalConv3d) and module.pad_mode != "replicate":
             continue  # its time padding is its cache; the rows are padded by the Conv3d inside
+        # (with replicate padding, Mochi's, it pads with F.pad before an unpadded Conv3d: below)
         if isinstance(module, WanCausalConv3d):
             pads = module._padding  # (w, w, h, h, 2 * t, 0) for F.pad
             _check_row_conv(name, module.kernel_size[1], pads[2], module.stride[1], module.dilation[1])

@@ -80,6 +80,9 @@ class DecoderShape:
     call_stride: int = 0
     tile: int = 0
     tile_stride: int = 0
+    # Output frames the decoder makes beyond the video's and the VAE then drops (Mochi's decoder
+    # makes t x T frames for T latent frames and drops the first t - 1): decoded, so counted.
+    dropped_frames: int = 0
 
 
 # CogVideoX (AutoencoderKLCogVideoX, 13 latent frames -> 49): 9.30e6 MAC per output pixel-frame,
@@ -126,8 +129,18 @@ DECODERS["hunyuanvideo15"] = HUNYUAN15
 # full resolution; the whole video in one call.
 LTX = DecoderShape(2 * 4.46e5, 590, 8.6, 0.0, 8, 0)
 DECODERS["ltx"] = LTX
+# Mochi 1 (AutoencoderKLMochi(), diffusers' default config = its conversion script's: decoder 768
+# ... 128 channels, replicate-padded causal convolutions, per-frame group norms, no attention),
+# counted the same way on the meta device: 1.5805e7 FLOP per decoded output pixel-frame (4 x 16 x
+# 16 and 8 x 16 x 16 latents alike); the decoder makes 6 T frames for T latent frames, of which
+# the VAE drops the first 5 (`dropped_frames`); 4670 halo values per decoded frame and column (5 x
+# 16 x 16); 38 convolutions with a 1-row halo per call (9.5 per latent frame at the pipeline's 19
+# frames: 4 latent frames) and 16.4 group-norm calls per latent frame (each norm runs per 8
+# frames); the whole video in one call at 128 channels at full resolution. raydit splits it by
+# rows (issue 34).
+DECODERS["mochi"] = DecoderShape(1.5805e7, 4670, 9.5, 16.4, 128, 0, dropped_frames=5)
 # Families whose VAE raydit does not split and whose decoder is not counted (decoded
-# replicated, on one rank's time; Mochi): a Wan-2.1-like cost per pixel stands in for their decoder.
+# replicated, on one rank's time): a Wan-2.1-like cost per pixel stands in for their decoder.
 _OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 
 
@@ -185,7 +198,7 @@ def decode_flops(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> fl
     spatial tiling diffusers' enable_tiling() adds (families with a `tile`)."""
     d = decoder_shape(spec)
     if not d.attention_channels and not d.call_frames and not (tiled and d.tile):
-        return geo.frames * geo.height * geo.width * d.flops_per_pixel
+        return (geo.frames + d.dropped_frames) * geo.height * geo.width * d.flops_per_pixel
     s, t = spec.vae_spatial, spec.vae_temporal
     lh, lw, lt = geo.latent_height, geo.latent_width, geo.latent_frames
     calls_t = _call_latent_frames(d, lt)

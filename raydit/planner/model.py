@@ -365,9 +365,14 @@ def _builtin_specs() -> dict[str, ModelSpec]:
                   33, 19.31e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
         ModelSpec("kandinsky5-i2v-pro", "kandinsky5", 32, 128, 60, 16384, 2, 1, 512, False, "rotary",
                   33, 19.31e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
-        # Mochi's VAE compresses 6x in time; text joins the attention (asymmetric joint DiT).
+        # Mochi 1 (genmo/mochi-1-preview): MochiTransformer3DModel's defaults, which its conversion
+        # script builds (24 heads x 128, 48 asymmetric dual-stream blocks, a 1536-wide text
+        # stream, SwiGLU of inner width 8192, patch 2, 12 latent channels: 1.0028e10 parameters
+        # on the meta device); the T5 text (256 tokens, padded) joins the attention.
+        # AutoencoderKLMochi(latent_channels=12): 6x in time, 8x in space, 4.6e8 parameters.
+        # MochiPipeline's defaults: 19 frames at 480 x 848.
         ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
-                  12, 10.0e9, _T5_XXL, 0.36e9, 163, 480, 848, vae_temporal=6),
+                  12, 10.03e9, _T5_XXL, 0.46e9, 19, 480, 848, vae_temporal=6),
     ]
     # Built-in tiny pipelines (random weights, written by their family's module; a test
     # checks each against the spec read back from the directory it writes).
@@ -387,6 +392,9 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     for name, encoders in (("tiny-hunyuan15", 2.9e4), ("tiny-hunyuan15-i2v", 3.4e4)):
         specs.append(ModelSpec(name, "hunyuanvideo15", 6, 8, 2, 96, 1, 1, 1256, True, "rotary",
                                9, 4.6e6, encoders, 1.1e5, 9, 48, 80, vae_spatial=16))
+    # tiny-mochi: Mochi's layout (asymmetric dual-stream blocks, 6x / 8x VAE, joint T5 text) at 6 heads.
+    specs.append(ModelSpec("tiny-mochi", "mochi", 6, 16, 2, 256, 2, 1, 256, True, "rotary",
+                           12, 4.2e5, 2.5e4, 6.1e5, 7, 32, 48, vae_temporal=6))
     # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
     specs.append(ModelSpec("tiny-ltx", "ltx", 6, 12, 2, 288, 1, 1, 128, False, "rotary",
                            8, 2.3e5, 2.5e4, 1.1e5, 9, 64, 96, vae_spatial=32, vae_temporal=8))

@@ -50,7 +50,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, mochi, wan
 
     ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
     ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
@@ -93,6 +93,12 @@ def _cases() -> list[CacheCase]:
                   dict(base_dir=str(kandinsky5.tiny_pipeline_dir())), 6,
                   dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=32, width=48,
                        num_inference_steps=STEPS, guidance_scale=5.0, seed=4, cache="fbcache", cache_threshold=1.0)),
+        # Mochi 1: the video and the whole text stream are both residual streams of its blocks;
+        # the guidance pair batched in one call; 3 latent frames x 2 x 3 = 18 video tokens.
+        CacheCase("mochi-teacache", "raydit.models.families.mochi:mochi_pipeline",
+                  dict(base_dir=str(mochi.tiny_pipeline_dir())), 6,
+                  dict(prompt="a kite", negative_prompt="blur", num_frames=13, height=32, width=48,
+                       num_inference_steps=STEPS, guidance_scale=4.5, seed=4, cache="teacache", cache_threshold=1.0)),
     ]
 
 

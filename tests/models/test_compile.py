@@ -75,8 +75,9 @@ def compiled_vs_eager_worker(rank: int, world_size: int, cases, plans, inductor_
                         out[(case.name, str(plan), backend)] = (eager, harness.forward_once(transformer, kwargs))
                     finally:
                         compiled.remove()
-                    # Regional compilation: one graph per block class, shared by its blocks.
-                    classes = {type(b) for b in compiled.blocks}
+                    # Regional compilation: one graph per block class, shared by its blocks (per
+                    # kind of block of a class: Mochi's last, context_pre_only, has fewer submodules).
+                    classes = {(type(b), tuple(name for name, _ in b.named_children())) for b in compiled.blocks}
                     out[("graphs", case.name, str(plan), backend)] = (
                         counters["stats"]["unique_graphs"] - graphs, len(classes), len(compiled.blocks))
     # A regroup with the same degrees (a fresh mesh, the old one released) reuses the blocks'

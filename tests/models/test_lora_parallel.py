@@ -39,6 +39,9 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
     "tiny-kandinsky5": ("raydit.models.families.kandinsky5:kandinsky5_pipeline", 6, dict(),
                         dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=32, width=48,
                              num_inference_steps=2, guidance_scale=5.0, seed=3), (2,)),
+    # Mochi 1: 6 heads, 2 x 2 x 3 = 12 video tokens with the valid text laid out across the ranks.
+    "tiny-mochi": ("raydit.models.families.mochi:mochi_pipeline", 6, dict(),
+                   dict(prompt="a red fox", num_frames=7, height=32, width=48, num_inference_steps=2, seed=3), (2,)),
 }
 # The LoRA's target modules where the attention projections are not named to_q / to_k / to_v / to_out.0.
 LORA_TARGETS = {"tiny-kandinsky5": ("to_query", "to_key", "to_value")}
@@ -100,4 +103,4 @@ def test_every_plan_with_loras_equals_one_process(cases, references):
                     for rank in range(1, plan.world_size):
                         assert torch.equal(outputs[rank]["runner"][(case.name, str(plan), kind)], got)
                 seen += 1
-    assert seen == 25  # 9 CogVideoX plans, 10 Wan plans, 3 LTX-2 and 3 Kandinsky 5 plans, cfg 2 included
+    assert seen == 28  # 9 CogVideoX plans, 10 Wan plans, 3 LTX-2, 3 Kandinsky 5 and 3 Mochi plans, cfg 2 included

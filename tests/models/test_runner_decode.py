@@ -57,8 +57,8 @@ def test_runner_decode_on_ranks_equals_one_process():
     assert diff <= 1, f"frames differ by {diff} levels"
 
 
-# -- the other families' VAEs (issue 18): HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Kandinsky 5 --
-FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx", "kandinsky5")
+# -- the other families' VAEs (issue 18): HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Kandinsky 5, Mochi --
+FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx", "kandinsky5", "mochi")  # tiny-mochi: 4 latent rows
 
 
 def _family_runner(name: str, mesh=None):
@@ -70,7 +70,7 @@ def _family_runner(name: str, mesh=None):
 
     module = importlib.import_module(f"raydit.models.families.{name}")
     load = {"hunyuanvideo": "hunyuan_pipeline", "hunyuanvideo15": "hunyuan15_pipeline", "ltx": "ltx_pipeline",
-            "kandinsky5": "kandinsky5_pipeline"}[name]
+            "kandinsky5": "kandinsky5_pipeline", "mochi": "mochi_pipeline"}[name]
     pipe = getattr(module, load)(str(module.tiny_pipeline_dir()))
     request = GenerationRequest(prompt="a cat", num_inference_steps=2, seed=3, **module.TINY_DEFAULTS)
     return Runner(pipe, mesh=mesh), request

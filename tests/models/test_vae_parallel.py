@@ -26,7 +26,7 @@ TOL = dict(atol=1e-4, rtol=0)
 WORLD = 5
 GROUPS = {2: (3, 4), 3: (0, 1, 2), 4: (1, 2, 3, 4), 5: (0, 1, 2, 3, 4)}
 LATENT_ROWS, LATENT_COLS = 7, 5
-VAES = ("cogvideox", "wan2.1", "wan2.2", "hunyuanvideo", "hunyuanvideo15", "ltx")
+VAES = ("cogvideox", "wan2.1", "wan2.2", "hunyuanvideo", "hunyuanvideo15", "ltx", "mochi")
 
 
 def build_vae(kind: str, **overrides):
@@ -35,6 +35,7 @@ def build_vae(kind: str, **overrides):
         AutoencoderKLHunyuanVideo,
         AutoencoderKLHunyuanVideo15,
         AutoencoderKLLTXVideo,
+        AutoencoderKLMochi,
         AutoencoderKLWan,
     )
 
@@ -61,6 +62,12 @@ def build_vae(kind: str, **overrides):
                       layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
                       timestep_conditioning=True, upsample_residual=(True, True, True, True))
         vae = AutoencoderKLLTXVideo(**{**config, **overrides})
+    elif kind == "mochi":
+        # Mochi's (6x / 8x: replicate-padded causal convolutions, per-frame group norms of 32
+        # groups, channel-to-space up blocks); 2 latent frames decode to 12, less the first 5.
+        vae = AutoencoderKLMochi(latent_channels=4, encoder_block_out_channels=(32,) * 4,
+                                 decoder_block_out_channels=(32,) * 4, layers_per_block=(1,) * 5,
+                                 add_attention_block=(False,) * 5)
     else:
         raise ValueError(kind)
     # Perturb every parameter (norm scales and shifts included) so no layer is the identity.
@@ -68,6 +75,8 @@ def build_vae(kind: str, **overrides):
     with torch.no_grad():
         for p in vae.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.1)
+        if kind == "mochi":  # unclamped output: keep most of it inside [-1, 1], as a real decoder's
+            vae.decoder.proj_out.weight.mul_(0.25)
     return vae.eval()
 
 
@@ -76,7 +85,7 @@ def latents(kind: str) -> torch.Tensor:
     # Wan: 3 latent frames, decoded one by one through feat_cache (first chunk, then cached).
     # HunyuanVideo: 5 latent frames > 4, so two framewise calls (frames 0-4 and 3-4), blended.
     channels, frames = {"cogvideox": (4, 5), "wan2.1": (4, 3), "wan2.2": (6, 2), "hunyuanvideo": (4, 5),
-                        "hunyuanvideo15": (4, 2), "ltx": (8, 2)}[kind]
+                        "hunyuanvideo15": (4, 2), "ltx": (8, 2), "mochi": (4, 2)}[kind]
     g = torch.Generator().manual_seed(2)
     return torch.randn(1, channels, frames, LATENT_ROWS, LATENT_COLS, generator=g)
 
@@ -204,6 +213,7 @@ def test_bad_input_is_one_clear_value_error():
         spatial_factor(AutoencoderKL(block_out_channels=(8,), norm_num_groups=4))
     assert spatial_factor(vae) == 8 and spatial_factor(build_vae("wan2.2")) == 16
     assert [spatial_factor(build_vae(k)) for k in ("hunyuanvideo", "hunyuanvideo15", "ltx")] == [8, 16, 32]
+    assert spatial_factor(build_vae("mochi")) == 8
     assert latent_split(vae, 60, 8).sizes == (8, 8, 8, 8, 7, 7, 7, 7)
 
 

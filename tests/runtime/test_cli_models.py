@@ -62,6 +62,7 @@ ROUNDING = [
     ("tiny-hunyuan", 7, 5, 32, 32),  # HunyuanVideo: (n - 1) // 4 + 1
     ("tiny-ltx", 12, 9, 32, 32),  # LTX: (n - 1) // 8 + 1
     ("tiny-kandinsky5", 6, 5, 32, 32),  # Kandinsky 5: n // 4 * 4 + 1
+    ("tiny-mochi", 10, 7, 32, 32),  # Mochi: (n - 1) // 6 + 1
 ]
 
 
@@ -116,17 +117,28 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
         "tiny-kandinsky5": ["--workers", "2", "--frames", "5", "--height", "32", "--width", "32",
                             "--negative-prompt", "blur"],
     }
-    # The five runs side by side on the session's Ray (8 of its 8 CPU slots): their start-ups overlap.
-    procs = {model: subprocess.Popen(
-        [sys.executable, "-m", "raydit.cli", "generate", "--model", model, "--prompt", "a kite over the sea",
-         "--steps", "2", "--seed", "3", "--device", "cpu", "--address", address, "--json",
-         "--out", str(tmp_path / f"{model}.mp4"), "--save-latents", str(tmp_path / f"{model}.npy"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path) for model, extra in runs.items()}
-    results = {}
+    later = {
+        # Mochi 1 on 2 ranks, sequence parallel (ulysses 2), once the first runs free their slots
+        "tiny-mochi": ["--workers", "2", "--ulysses", "2", "--cfg", "1", "--frames", "7", "--height", "32",
+                       "--width", "32"],
+    }
+
+    def start(model, extra):
+        return subprocess.Popen(
+            [sys.executable, "-m", "raydit.cli", "generate", "--model", model, "--prompt", "a kite over the sea",
+             "--steps", "2", "--seed", "3", "--device", "cpu", "--address", address, "--json",
+             "--out", str(tmp_path / f"{model}.mp4"), "--save-latents", str(tmp_path / f"{model}.npy"), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+
+    # The first six runs side by side on the session's Ray (8 of its 8 CPU slots): their start-ups
+    # overlap; the rest when they are done.
+    results, procs = {}, {}
     try:
-        for model, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=600)
-            results[model] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        for wave in (runs, later):
+            procs = {model: start(model, extra) for model, extra in wave.items()}
+            for model, proc in procs.items():
+                stdout, stderr = proc.communicate(timeout=600)
+                results[model] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -160,6 +172,12 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             assert summary["plan"]["world_size"] == 2
             request = GenerationRequest(prompt="a kite over the sea", negative_prompt="blur", num_frames=5,
                                         height=32, width=32, num_inference_steps=2, seed=3)
+            expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
+        if model == "tiny-mochi":
+            assert (summary["plan"]["world_size"], summary["plan"]["ulysses"]) == (2, 2) and summary["frames"][0] == 7
+            request = GenerationRequest(prompt="a kite over the sea", num_frames=7, height=32, width=32,
+                                        num_inference_steps=2, seed=3)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
 

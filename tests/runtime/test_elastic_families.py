@@ -23,6 +23,8 @@ CASES = {
     "tiny-ltx2": (dict(workers=2, cfg=2), dict()),
     # Kandinsky 5: cond and uncond on two groups, the visual-conditioning channels in the context.
     "tiny-kandinsky5": (dict(workers=2, cfg=2), dict(negative_prompt="blur")),
+    # Mochi: sequence parallel on 2 ranks (the valid text laid out across them in every block).
+    "tiny-mochi": (dict(workers=2, ulysses=2), dict()),
 }
 
 

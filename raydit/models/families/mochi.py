@@ -1,0 +1,524 @@
+"""The Mochi 1 family: text-to-video (`MochiPipeline`, genmo/mochi-1-preview).
+
+Adapter. `MochiTransformer3DModel` runs one list of asymmetric dual-stream blocks: the video
+(3072 wide in Mochi 1) and the T5 text (1536 wide) keep their own weights, norms and
+feed-forwards, and meet in one joint attention (`MochiAttention`, `MochiAttnProcessor2_0`):
+the video's q, k, v and the text's (its own projections to the video's heads) are attended
+together over [video ; valid text], the text's T5 padding removed per sample. The last block
+is `context_pre_only`: the text is only keys and values there and is not updated.
+
+Under sequence parallelism only the video is split: the split hook cuts `hidden_states`
+before the first block, the gather hook restores it after the last. The text stays whole on
+every rank (never split, never padded) and every rank runs the text stream itself (the same
+numbers everywhere). Inside each attention the *valid* text tokens (the T5 mask is a prefix:
+the first n) are laid out as a second part beside the video, each valid text token on
+exactly one rank (raydit.models.joint_text), so the attention counts every key exactly once
+and never sees a padding token; the attention output of the valid text tokens is then
+all-gathered, so every rank holds the whole text again, bit for bit the same. A padding text
+token is neither key nor query; its attention output is zero, as diffusers' processor leaves
+it (it pads each sample's output with zeros after its valid tokens). Samples whose masks
+differ are attended one after the other, as diffusers does. RoPE covers the video only: the
+model's table for all video tokens ([Lv, H, D/2] cos and sin) is cut to this rank's chunk.
+Uneven video lengths are padded at the end of the video (pad keys are never attended, pad
+queries are dropped at the gather).
+
+Steps. As `MochiPipeline`: the guidance branches run as one batch [negative, positive]; the
+model output is taken to float32 and guided there, the FlowMatchEulerDiscreteScheduler (the
+checkpoint's invert_sigmas=True) steps on float32 latents on the pipeline's own
+linear-quadratic sigma schedule (threshold noise 0.025), and the latents go back to the
+dtype they were drawn in (the text encoder's, so bf16 in a bf16 run).
+
+Decode. AutoencoderKLMochi (6x in time, 8x in space), the latents denormalized with the
+VAE's latents_mean / latents_std as the pipeline does.
+
+Tiny. `tiny-mochi`: 6 heads x 16 (96-wide video), a 48-wide text stream, 2 blocks (the
+second context_pre_only), 12 latent channels, a 2-layer T5 and a small AutoencoderKLMochi
+with the released compression (6x temporal, 8x spatial); random weights; the released
+checkpoint's scheduler (invert_sigmas=True).
+
+Module-level imports stay light (no torch, no diffusers): the planner reads this family
+through the registry without importing torch.
+
+Legend: B batch, S local video tokens (this rank's chunk), Lv all video tokens, Lt text tokens
+(padded length), n valid text tokens, H heads, D head dim, C = H*D.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.family import Family, Prepared
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+
+VIDEO = 0  # the only part split across the blocks
+
+PIPELINE = "MochiPipeline"
+# MochiPipeline.__call__'s request defaults (its default_height / default_width, 19 frames); a
+# directory may carry its own in DEFAULTS_FILE (the tiny built-in does).
+PIPELINE_DEFAULTS = {"num_frames": 19, "height": 480, "width": 848}
+MAX_SEQUENCE_LENGTH = 256  # the pipeline's default text length (T5 tokens, padded)
+THRESHOLD_NOISE = 0.025  # the pipeline's linear-quadratic schedule
+_MASK_CACHE = "__mochi_text_valid__"
+
+
+# -- adapter -----------------------------------------------------------------------------------
+def shard_rotary(rotary_emb, layout, sp_index: int):
+    """Cut Mochi's rotary table of all video tokens to this rank's video chunk.
+
+    cos, sin: [Lv, H, D/2] -> [S, H, D/2]; pad rows are zero (pad queries are dropped at the
+    gather and pad keys are never attended, so their rotation does not matter).
+    """
+    cos, sin = rotary_emb
+    if cos.shape[0] != layout.part_lengths[VIDEO]:
+        raise ValueError(
+            f"rotary table has {cos.shape[0]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, VIDEO, sp_index, dim=0), layout.shard(sin, VIDEO, sp_index, dim=0)
+
+
+def apply_rotary(x, cos, sin):
+    """Mochi's rotation of interleaved pairs (x[..., 0::2], x[..., 1::2]), computed in float32
+    and cast back, the arithmetic of diffusers' MochiAttnProcessor2_0.
+    x: [B, S, H, D]; cos, sin: [S, H, D/2]."""
+    import torch
+
+    even, odd = x[..., 0::2].float(), x[..., 1::2].float()
+    first = (even * cos - odd * sin).to(x.dtype)
+    second = (even * sin + odd * cos).to(x.dtype)
+    return torch.stack([first, second], dim=-1).flatten(-2)
+
+
+def valid_text_counts(mask, text_len: int, batch: int) -> list[int]:
+    """Per sample, how many text tokens are valid, from the model's encoder_attention_mask.
+
+    mask: [B, Lt] (bool, or 0/1 numbers), True for a token to attend. T5's padding makes it a
+    prefix (the first n tokens); any other mask is refused, since diffusers' processor places
+    the valid tokens' outputs at the first n positions (only a prefix keeps them in place)."""
+    import torch
+
+    if mask is None:
+        return [text_len] * batch
+    mask = mask.reshape(mask.shape[0], -1).bool()
+    if mask.shape[1] != text_len:
+        raise ValueError(f"encoder_attention_mask covers {mask.shape[1]} tokens; the text has {text_len}")
+    counts = mask.sum(dim=1)
+    prefix = torch.arange(text_len, device=mask.device).unsqueeze(0) < counts.unsqueeze(1)
+    if not torch.equal(mask, prefix):
+        raise ValueError(
+            "encoder_attention_mask must mark a prefix of the text tokens as valid (T5 pads at the end, as "
+            "MochiPipeline's tokenizer call does); give the mask the tokenizer returns"
+        )
+    counts = [int(c) for c in counts.tolist()]
+    return counts * batch if len(counts) == 1 and batch > 1 else counts
+
+
+class MochiSPAttnProcessor:
+    """Sequence-parallel replacement for MochiAttnProcessor2_0.
+
+    hidden_states: [B, S, C], this rank's video chunk; encoder_hidden_states: [B, Lt, Ct], the
+    whole text (Ct the text stream's width). Returns (video [B, S, C], text [B, Lt, Ct]) as the
+    model's processor does (the text un-projected in a context_pre_only block, as there).
+    """
+
+    def __init__(self, context: ForwardContext):
+        from raydit.parallel.opaque import register_call
+
+        self.context = context
+        # The joint attention reads the mask's values (how many text tokens are valid) to lay
+        # the sequence out: data-dependent Python that torch.compile cannot keep in a graph, so
+        # a compiled block calls it as one opaque op (raydit.parallel.opaque).
+        self._joint_key = register_call(self._joint, like=(0, 3), name=(type(self).__qualname__, context.mesh.key))
+
+    def _counts(self, mask, video_len: int, text_len: int, batch: int) -> list[int]:
+        # The same mask goes to every block of a forward: read it once (one host sync).
+        cache = self.context.split_cache
+        cached = cache.get(_MASK_CACHE)
+        if cached is not None and cached[0] is mask:
+            return cached[1]
+        counts = valid_text_counts(mask, text_len, batch)
+        cache[_MASK_CACHE] = (mask, counts)
+        return counts
+
+    def _joint(self, tensors, ints):
+        from raydit.models.joint_text import joint_call
+
+        return joint_call(tensors, ints, self.context.mesh, self._counts)
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
+        from raydit.parallel.opaque import opaque_call
+
+        if encoder_hidden_states is None:
+            raise ValueError("MochiSPAttnProcessor needs the text tokens (encoder_hidden_states)")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        assert hidden_states.shape[1] == layout.local_len, (hidden_states.shape, layout.local_len)
+        Lv = layout.part_lengths[VIDEO]
+
+        def heads(x_BLC):
+            return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
+
+        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        if attn.norm_q is not None:
+            q = attn.norm_q(q)
+        if attn.norm_k is not None:
+            k = attn.norm_k(k)
+        text = encoder_hidden_states
+        tq, tk, tv = heads(attn.add_q_proj(text)), heads(attn.add_k_proj(text)), heads(attn.add_v_proj(text))
+        if attn.norm_added_q is not None:
+            tq = attn.norm_added_q(tq)
+        if attn.norm_added_k is not None:
+            tk = attn.norm_added_k(tk)
+        if image_rotary_emb is not None:
+            cos, sin = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+        joint = [q, k, v, tq, tk, tv] + ([] if attention_mask is None else [attention_mask])
+        video_out, text_out = opaque_call(self._joint_key, joint, [Lv])
+        video_out = video_out.flatten(2, 3).type_as(q)
+        text_out = text_out.flatten(2, 3).type_as(q)
+        video_out = attn.to_out[1](attn.to_out[0](video_out))  # linear, dropout
+        if hasattr(attn, "to_add_out"):  # absent in the context_pre_only (last) block
+            text_out = attn.to_add_out(text_out)
+        return video_out, text_out
+
+
+class MochiAdapter(ModelAdapter):
+    name = "mochi"
+    transformer_classes = ("MochiTransformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="transformer_blocks",
+        # MochiTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+        # encoder_attention_mask, image_rotary_emb): only the video is split; temb [B, C] is
+        # per sample, the rotary table is cut in the processor.
+        split_inputs=(SplitInput("hidden_states", VIDEO),),
+        # the block returns (hidden_states, encoder_hidden_states); the text is whole
+        gather_outputs=(GatherOutput(0, VIDEO),),
+        attention="attn1",
+    )
+
+    def validate(self, transformer, mesh) -> None:
+        if not self.plan.block_list(transformer):
+            raise ValueError("the transformer has no blocks to parallelize (num_layers = 0)")
+        super().validate(transformer, mesh)
+
+    def make_processor(self, context: ForwardContext) -> MochiSPAttnProcessor:
+        return MochiSPAttnProcessor(context)
+
+
+def linear_quadratic_sigmas(num_steps: int, threshold_noise: float = THRESHOLD_NOISE) -> list[float]:
+    """The pipeline's sigma schedule (genmo's infer.py): linear from 1 down to 1 - threshold
+    over the first half of the steps, quadratic to 0 after. num_steps >= 2."""
+    linear_steps = num_steps // 2
+    quadratic_steps = num_steps - linear_steps
+    step_diff = linear_steps - threshold_noise * num_steps
+    quadratic_coef = step_diff / (linear_steps * quadratic_steps**2)
+    linear_coef = threshold_noise / linear_steps - 2 * step_diff / quadratic_steps**2
+    const = quadratic_coef * linear_steps**2
+    sigmas = [i * threshold_noise / linear_steps for i in range(linear_steps)]
+    sigmas += [quadratic_coef * i**2 + linear_coef * i + const for i in range(linear_steps, num_steps)]
+    return [1.0 - s for s in sigmas]
+
+
+# -- the family --------------------------------------------------------------------------------
+class MochiFamily(Family):
+    """MochiPipeline's steps: [negative, positive] as one transformer call, guidance and the
+    flow-matching step in float32."""
+
+    name = "mochi"
+    pipelines = (PIPELINE,)
+    adapter = MochiAdapter
+    batch_branches = True  # the pipeline runs [negative, positive] as one batch
+    batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask")
+
+    def tiny(self):
+        return {"tiny-mochi": tiny_pipeline_dir}
+
+    def spec_from_dir(self, path, configs):
+        """Geometry from transformer/config.json and vae/config.json; the request defaults are
+        the pipeline's (19 frames, 480 x 848) unless the directory says otherwise
+        (DEFAULTS_FILE); sizes from the weights' headers."""
+        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+
+        cfg = configs["transformer"]
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "MochiTransformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a Mochi pipeline")
+        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        layers = int(cfg.get("num_layers", 48))
+        hidden = heads * head_dim
+        text_hidden = int(cfg.get("pooled_projection_dim", 1536))
+        vae = configs.get("vae", {})
+        temporal = 1
+        for factor in vae.get("temporal_expansions", (1, 2, 3)):
+            temporal *= int(factor)
+        spatial = 1
+        for factor in vae.get("spatial_expansions", (2, 2, 2)):
+            spatial *= int(factor)
+        defaults = dict(PIPELINE_DEFAULTS)
+        if (path / DEFAULTS_FILE).is_file():
+            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        encoder = component_params(path / "text_encoder")
+        if encoder is None:
+            encoder = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        ffn = (4 * hidden * 2) // 3  # MochiTransformerBlock's SwiGLU inner width
+        text_ffn = (4 * text_hidden * 2) // 3
+        # video: q, k, v, out 4 h^2, SwiGLU 3 h ffn, adaptive norm 4 h^2; text: q, k, v to the
+        # video's width 3 t h, out h t, SwiGLU 3 t tffn, adaptive norm 4 t h.
+        estimate = float(layers * (8 * hidden * hidden + 3 * hidden * ffn + 8 * text_hidden * hidden
+                                   + 3 * text_hidden * text_ffn))
+        return ModelSpec(
+            name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=ffn,
+            patch_size=int(cfg.get("patch_size", 2)), patch_size_t=1,
+            text_tokens=int(cfg.get("max_sequence_length", MAX_SEQUENCE_LENGTH)), text_in_sequence=True,
+            positional="rotary", in_channels=int(cfg.get("in_channels", 12)),
+            params=component_params(path / "transformer") or estimate, text_encoder_params=encoder,
+            vae_params=component_params(path / "vae") or 0.0,
+            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+            default_width=int(defaults["width"]), vae_spatial=spatial, vae_temporal=temporal,
+        )
+
+    def reference_latents(self, pipe, request):
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        return pipe(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            num_frames=request.num_frames,
+            height=request.height,
+            width=request.width,
+            num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            output_type="latent",
+        ).frames
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-mochi"])}
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        if request.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); Mochi has one: drop it")
+        if request.num_inference_steps < 2:
+            raise ValueError(
+                f"num_inference_steps {request.num_inference_steps} is too few for Mochi's linear-quadratic "
+                "sigma schedule (half its steps are linear); give 2 or more"
+            )
+        temporal = pipe.vae_temporal_scale_factor
+        if (request.num_frames - 1) % temporal:
+            lower = request.num_frames - (request.num_frames - 1) % temporal
+            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        multiple = pipe.vae_spatial_scale_factor * pipe.transformer.config.patch_size
+        for label, value in (("height", request.height), ("width", request.width)):
+            if value % multiple:
+                lower = value - value % multiple
+                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+                raise ValueError(
+                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_spatial_scale_factor} "
+                    f"x patch {pipe.transformer.config.patch_size}); nearest: {nearest}"
+                )
+
+    def encode(self, pipe, request, device, dtype):
+        """The T5 embeddings and masks of both branches (the negative prompt "" when none is
+        given), in the text encoder's dtype, as the pipeline encodes them."""
+        embeds, mask, negative, negative_mask = pipe.encode_prompt(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            do_classifier_free_guidance=request.do_cfg,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            device=device,
+        )
+        positive = {"encoder_hidden_states": embeds, "encoder_attention_mask": mask}
+        if not request.do_cfg:
+            return positive, None
+        return positive, {"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask}
+
+    def init(self, pipe, request, generator, device, dtype):
+        """Noise drawn in float32 and cast to the run's dtype (the pipeline's latents take the
+        prompt embeddings' dtype); timesteps from the linear-quadratic sigmas."""
+        import numpy as np
+        from diffusers.pipelines.mochi.pipeline_mochi import retrieve_timesteps
+
+        latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
+                                       request.num_frames, dtype, device, generator)
+        n = request.num_inference_steps
+        sigmas = np.array(linear_quadratic_sigmas(n))
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, None, sigmas)
+        pipe.scheduler.set_begin_index(0)
+        return Prepared(latents=latents, timesteps=timesteps)
+
+    def model_inputs(self, pipe, state, t, branch):
+        import torch
+
+        latents = state.latents
+        b = branch["encoder_hidden_states"].shape[0]  # 2 when this rank runs both guidance branches
+        return pipe.transformer, dict(
+            hidden_states=torch.cat([latents] * b) if b > 1 else latents,
+            encoder_hidden_states=branch["encoder_hidden_states"],
+            timestep=t.expand(b).to(latents.dtype),
+            encoder_attention_mask=branch["encoder_attention_mask"],
+        )
+
+    def model_output(self, out):
+        return out.float()  # "Mochi CFG + Sampling runs in FP32"
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        import torch
+
+        latents = pipe.scheduler.step(noise, t, state.latents.to(torch.float32), return_dict=False)[0]
+        return latents.to(state.latents.dtype), dict(state.carry)
+
+    def decode_video(self, pipe, state, latents):
+        import torch
+
+        vae = pipe.vae
+        latents = latents.to(vae.device, vae.dtype)
+        mean, std = getattr(vae.config, "latents_mean", None), getattr(vae.config, "latents_std", None)
+        if mean is not None and std is not None:
+            channels = latents.shape[1]
+            mean = torch.tensor(mean).view(1, channels, 1, 1, 1).to(latents.device, latents.dtype)
+            std = torch.tensor(std).view(1, channels, 1, 1, 1).to(latents.device, latents.dtype)
+            latents = latents * std / vae.config.scaling_factor + mean
+        else:
+            latents = latents / vae.config.scaling_factor
+        return vae.decode(latents, return_dict=False)[0]
+
+
+FAMILY = MochiFamily()
+
+
+# -- the tiny pipeline -------------------------------------------------------------------------
+TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
+TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
+TINY_HEAD_DIM = 16  # the video stream is 96 wide
+TINY_TEXT_WIDTH = 48  # the text stream (pooled_projection_dim), narrower than the video's, as Mochi's
+TINY_TEXT_DIM = 32  # T5 d_model == transformer text_embed_dim (8 pooling heads divide it)
+TINY_LATENT_CHANNELS = 12  # the pipeline's decode reshapes latents_mean to 12 channels
+TINY_DEFAULTS = {"num_frames": 7, "height": 32, "width": 48}
+
+
+def tiny_transformer(seed: int, **overrides):
+    """A MochiTransformer3DModel of the tiny geometry (or `overrides`), every parameter drawn
+    from `seed` (zero-initialised gates would make parallel tests trivial)."""
+    import torch
+    from diffusers import MochiTransformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(patch_size=2, num_attention_heads=TINY_HEADS, attention_head_dim=TINY_HEAD_DIM, num_layers=2,
+                  pooled_projection_dim=TINY_TEXT_WIDTH, in_channels=TINY_LATENT_CHANNELS, text_embed_dim=TINY_TEXT_DIM,
+                  time_embed_dim=32, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(MochiTransformer3DModel(**config), seed)
+
+
+def _tiny_vae(seed: int):
+    """AutoencoderKLMochi with the released compression (temporal 1 x 2 x 3, spatial 2 x 2 x 2)
+    at 32 channels (its group norms take 32 groups), one layer per block, no attention; seeded weights (its default init, which decodes to a
+    varied video)."""
+    import torch
+    from diffusers import AutoencoderKLMochi
+
+    torch.manual_seed(seed)
+    return AutoencoderKLMochi(
+        in_channels=15, out_channels=3, latent_channels=TINY_LATENT_CHANNELS,
+        encoder_block_out_channels=(32, 32, 32, 32), decoder_block_out_channels=(32, 32, 32, 32),
+        layers_per_block=(1, 1, 1, 1, 1), add_attention_block=(False, False, False, False, False),
+    ).eval()
+
+
+def tiny_pipeline():
+    """The tiny MochiPipeline, built in memory."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, MochiPipeline
+
+    from raydit.models.tiny import SEED, t5_encoder, tokenizer
+
+    tok = tokenizer(MAX_SEQUENCE_LENGTH)
+    return MochiPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(invert_sigmas=True),  # genmo/mochi-1-preview's
+        vae=_tiny_vae(SEED + 2),
+        text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM),
+        tokenizer=tok,
+        transformer=tiny_transformer(SEED + 10),
+    )
+
+
+def tiny_pipeline_dir() -> Path:
+    """The directory of `tiny-mochi`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    return write_pipeline(cache_root() / f"tiny-mochi-{TINY_VERSION}",
+                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.mochi:mochi_forward"
+_BUILD_PIPELINE = "raydit.models.families.mochi:mochi_pipeline"
+
+
+def mochi_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
+                  valid: tuple, text_len: int = 13, layers: int = 2, seed: int = 31):
+    """A tiny-weight MochiTransformer3DModel and the kwargs of one forward call: one sample
+    per entry of `valid` (its count of valid text tokens out of `text_len`), bool masks as the
+    pipeline gives them."""
+    import torch
+
+    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim, num_layers=layers,
+                                   max_sequence_length=text_len)
+    g = torch.Generator().manual_seed(7)
+    batch = len(valid)
+    kwargs = dict(
+        hidden_states=torch.randn(batch, TINY_LATENT_CHANNELS, latent_frames, 2 * latent_height, 2 * latent_width,
+                                  generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+        encoder_attention_mask=torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1),
+    )
+    return transformer, kwargs
+
+
+def mochi_pipeline(base_dir: str):
+    """The tiny Mochi pipeline loaded from its directory (as a real checkpoint is)."""
+    return load_pipeline_dir(base_dir)
+
+
+def forward_cases() -> list:
+    """Token counts no world size 2..6 divides, masks that differ per sample, fewer valid text
+    tokens than ranks, a sample with no valid text (force_zeros_for_empty_prompt), 6 and 5
+    heads (Ulysses 1, 2, 3, 6 / 1, 5; the rest ring or hybrid)."""
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # 3 x 3 x 5 = 45 video tokens (latent 6 x 10, patch 2); two samples with 5 and 11 of 13
+        # text tokens valid.
+        ForwardCase("mochi-h6-masks", _BUILD_FORWARD, 6,
+                    dict(latent_frames=3, latent_height=3, latent_width=5, heads=6, head_dim=16, valid=(5, 11))),
+        # 1 x 1 x 7 = 7 video tokens, 2 and 0 valid text tokens of 9: on 3..8 ranks some ranks
+        # hold no valid text and, from 4 ranks, only padding of the video; the second sample
+        # attends to the video alone.
+        ForwardCase("mochi-h5-7tokens", _BUILD_FORWARD, 5,
+                    dict(latent_frames=1, latent_height=1, latent_width=7, heads=5, head_dim=8, valid=(2, 0),
+                         text_len=9, layers=3),
+                    worlds=(5, 8)),
+    ]
+
+
+def runner_cases(base_dir: str) -> list:
+    """Denoising on the tiny pipeline: 13 frames at 48 x 80 -> 3 x 3 x 5 = 45 video tokens
+    (3 and 5 divide it, 2, 4, 6 and 8 do not), the branches batched, cfg plans on 2 groups."""
+    from raydit.models.conformance import RunnerCase
+
+    return [
+        RunnerCase("mochi-t2v", _BUILD_PIPELINE, TINY_HEADS,
+                   dict(prompt="a red fox runs", negative_prompt="blur", num_frames=13, height=48, width=80,
+                        num_inference_steps=3, guidance_scale=4.5, seed=11),
+                   dict(base_dir=base_dir)),
+    ]
