@@ -35,13 +35,25 @@ def _diff(actual, expected) -> dict:
     return {"max_abs": err, "max_rel": err / top if top else float("inf"), "max_abs_reference": top}
 
 
+def diffusers_row(case, pipe, request) -> dict:
+    """One process against the family's diffusers pipeline, both in the pipeline's latent
+    output layout (Family.output_latents: LTX and LTX-2 unpack and denormalize)."""
+    from raydit.models import conformance as harness
+    from raydit.models.registry import family_for_pipeline
+    from raydit.models.runner import Runner
+
+    family = family_for_pipeline(pipe)
+    expected = family.reference_latents(pipe, request)
+    mine = family.output_latents(pipe, harness.run_steps(Runner(pipe), request, request.num_inference_steps))
+    return {"case": case.name, "steps": request.num_inference_steps, **_diff(mine, expected)}
+
+
 def run(prefixes: list[str] | None, all_worlds: bool = False) -> dict:
     import dataclasses
 
     import torch
 
     from raydit.models import conformance as harness
-    from raydit.models.registry import family_for_pipeline
     from raydit.models.runner import Runner
     from raydit.parallel.testing import run_distributed
 
@@ -61,9 +73,7 @@ def run(prefixes: list[str] | None, all_worlds: bool = False) -> dict:
         runner, request = Runner(pipe), case.make_request()
         checkpoints[case.name] = runner.checkpoint(harness.run_steps(runner, request, case.checkpoint_step))
         refs[case.name] = harness.run_steps(runner, request, case.steps).latents
-        expected = family_for_pipeline(pipe).reference_latents(pipe, request)
-        mine = harness.run_steps(Runner(pipe), request, request.num_inference_steps).latents
-        diffusers_rows.append({"case": case.name, "steps": request.num_inference_steps, **_diff(mine, expected)})
+        diffusers_rows.append(diffusers_row(case, pipe, request))
     worlds = list(WORLDS)
     results = run_distributed(harness.conformance_worker, max(worlds), forward_cases, runner_cases, checkpoints,
                               worlds, CFG_WORLDS, timeout=1800)
