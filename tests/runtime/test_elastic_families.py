@@ -1,6 +1,7 @@
 """The elastic runtime with the other families (issue 18): a rank killed mid-generation on
-tiny-hunyuan (HunyuanVideo, true CFG on cfg 2), tiny-ltx (LTX-Video, ring 2) and tiny-ltx2 (LTX-2
-with its audio, cfg 2), and the run
+tiny-hunyuan (HunyuanVideo, true CFG on cfg 2), tiny-ltx (LTX-Video, ring 2), tiny-ltx2 (LTX-2
+with its audio, cfg 2) and tiny-skyreels-df (SkyReels-V2 diffusion forcing in windows, Ulysses 2),
+and the run
 resumes from the last step's checkpoint and returns the fault-free latents (rtol 1e-4,
 atol 1e-4, the runtime tests' tolerance). The runtime has no family-specific code: the same
 Engine, pool and checkpoints as CogVideoX's (tests/runtime/test_elastic.py, test_faults.py).
@@ -21,6 +22,10 @@ CASES = {
     "tiny-ltx": (dict(workers=2, ring=2), dict()),
     # LTX-2: its two guidance branches on two groups, video and audio latents in one tensor.
     "tiny-ltx2": (dict(workers=2, cfg=2), dict()),
+    # SkyReels-V2 diffusion forcing, Ulysses 2: a 17-frame video in three windows (9 steps), the
+    # kill in the first window, the rest (both window changes) run on the regrouped rank.
+    "tiny-skyreels-df": (dict(workers=2, ulysses=2), dict(num_frames=17, guidance_options=dict(
+        base_num_frames=9, overlap_history=5, addnoise_condition=20))),
 }
 
 
