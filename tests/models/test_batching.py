@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, wan
+from raydit.models.families import cogvideox, skyreels, wan
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
@@ -28,6 +28,9 @@ MODELS = {
         str(cogvideox.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
         max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
         dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
+    # SkyReels-V2 T2V (its diffusion-forcing requests run alone: a timestep per frame, windows).
+    "tiny-skyreels": (lambda: skyreels.skyreels_pipeline(str(skyreels.tiny_pipeline_dir("tiny-skyreels"))),
+                      dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
 }
 
 

@@ -47,7 +47,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, ltx, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, ltx, skyreels, wan
 
     cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
@@ -74,6 +74,11 @@ def _cases() -> list[CacheCase]:
         CacheCase("ltx-fbcache", "raydit.models.families.ltx:ltx_pipeline", dict(base_dir=str(ltx.tiny_pipeline_dir())),
                   6, dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=64, width=96,
                           num_inference_steps=STEPS, guidance_scale=3.0, seed=4, cache="fbcache", cache_threshold=1.0)),
+        # SkyReels-V2 diffusion forcing: a timestep per frame, so teacache's temb is [B, 6, L, C],
+        # split with the video; 3 latent frames x 2 x 3 = 18 video tokens.
+        CacheCase("skyreels-df-teacache", "raydit.models.families.skyreels:skyreels_pipeline",
+                  dict(base_dir=str(skyreels.tiny_pipeline_dir("tiny-skyreels-df"))), 6,
+                  dict(wan_request, cache="teacache", cache_threshold=1.4)),
     ]
 
 

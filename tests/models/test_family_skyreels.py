@@ -67,6 +67,11 @@ def test_long_video_checkpoint_across_a_window_change(df_pipe):
     torch.testing.assert_close(checkpoint["carry"]["window"][:, :, :2], checkpoint["latents"][:, :, 1:3])
 
 
+def test_diffusion_forcing_requests_run_alone(df_pipe):
+    request = GenerationRequest(prompt="x", num_frames=9, height=48, width=80, num_inference_steps=2)
+    assert skyreels.FAMILY.batch_key(df_pipe, request) is None
+
+
 def test_spec_of_the_tiny_directories():
     import raydit
 

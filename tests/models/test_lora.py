@@ -31,6 +31,9 @@ REQUESTS = {
     # LoRA's layers; write_random_lora's targets hit all six attentions of a block (video and
     # audio self-attention and prompt cross-attention, audio-to-video, video-to-audio).
     "tiny-ltx2": dict(ltx2.TINY_REQUEST),
+    # SkyReels-V2 diffusion forcing (SkyReelsV2LoraLoaderMixin): a timestep per frame, frames a step apart.
+    "tiny-skyreels-df": dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=32, width=32,
+                             num_inference_steps=2, guidance_scale=5.0, seed=3, guidance_options=dict(ar_step=1)),
 }
 # Tests of adapter switching and resuming run many requests: LTX-2's without the perturbed
 # passes (one transformer call a step instead of three; the LoRA still runs in every call).
@@ -75,7 +78,7 @@ def _raydit(model, specs):
     return pipe
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-wan", "tiny-ltx2"])
+@pytest.mark.parametrize("model", ["tiny", "tiny-wan", "tiny-ltx2", "tiny-skyreels-df"])
 def test_runner_with_two_loras_equals_diffusers(loras, model):
     """One LoRA, then two at different scales, against diffusers' pipeline with the same
     load_lora_weights / set_adapters: max relative difference <= 1e-5, and each visibly
