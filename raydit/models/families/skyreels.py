@@ -615,7 +615,8 @@ def skyreels_pipeline(base_dir: str):
 
 def runner_cases(base_dirs) -> list:
     """Denoising cases on the tiny pipelines (6 heads: Ulysses 1, 2, 3, 6; 4, 5 and 8 ranks
-    run ring / hybrid layouts); 45 video tokens (3 x 3 x 5) per window."""
+    run ring / hybrid layouts); 45 video tokens (3 x 3 x 5), or 18 (3 x 2 x 3) in the long
+    video's windows and I2V."""
     from raydit.models.conformance import RunnerCase
 
     def case(name, tiny, request, **kw):
@@ -632,15 +633,16 @@ def runner_cases(base_dirs) -> list:
              dict(prompt="a lighthouse", num_frames=13, height=48, width=80, num_inference_steps=3,
                   guidance_scale=5.0, seed=5, guidance_options=dict(ar_step=1, causal_block_size=2)),
              steps=3, checkpoint_step=1, worlds=(2, 4)),
-        # A long video: 17 frames (5 latent) in windows of 9 (3 latent) overlapping by 5 (2),
-        # the overlap re-noised; resumed from a checkpoint in the first window, run into the second.
+        # A long video: 13 frames (4 latent) in two windows of 9 (3 latent) overlapping by 5 (2),
+        # the overlap re-noised (4 steps; 18 tokens a window); resumed from a checkpoint in the
+        # first window, run into the second.
         case("skyreels-df-long", "tiny-skyreels-df",
-             dict(prompt="a river", num_frames=17, height=48, width=80, num_inference_steps=2,
+             dict(prompt="a river", num_frames=13, height=32, width=48, num_inference_steps=2,
                   guidance_scale=5.0, seed=8,
                   guidance_options=dict(base_num_frames=9, overlap_history=5, addnoise_condition=20)),
-             steps=4, checkpoint_step=1, cfg=False, worlds=(3,)),
+             steps=3, checkpoint_step=1, cfg=False, worlds=(3,)),
         # I2V: CLIP image tokens in front of the text, image latents and mask in the channels.
-        case("skyreels-i2v", "tiny-skyreels-i2v", dict(prompt="a kite", num_frames=9, height=48, width=80,
+        case("skyreels-i2v", "tiny-skyreels-i2v", dict(prompt="a kite", num_frames=9, height=32, width=48,
                                                        num_inference_steps=3, guidance_scale=5.0, seed=4),
              image="checker", cfg=False, worlds=(2,)),
     ]
