@@ -212,8 +212,8 @@ class SkyReelsFamily(WanFamily):
     zero), the carry the current window's latents ("window"), each latent frame's UniPC
     state ("frames": the pipeline runs one scheduler per frame) and the generator of the
     re-noised overlap ("addnoise_rng"). diffusers draws that noise from torch's global
-    generator: raydit from a CPU generator seeded with the request's seed, and the reference
-    seeds the global one the same (`reference_latents`).
+    generator of the latents' device: raydit from a generator of that device seeded with the
+    request's seed, and the reference seeds the global ones the same (`reference_latents`).
     """
 
     name = "skyreels"
@@ -299,8 +299,9 @@ class SkyReelsFamily(WanFamily):
         latents = torch.zeros(window.shape[:2] + (total,) + window.shape[3:], dtype=torch.float32, device=device)
         latents[:, :, :first["frames"]] = window
         carry = dict(window=window, frames=[fresh] * first["frames"])
-        if s["addnoise"] > 0:
-            carry["addnoise_rng"] = torch.Generator("cpu").manual_seed(request.seed).get_state()
+        if s["addnoise"] > 0:  # on the latents' device, as the pipeline draws it (torch.randn_like)
+            carry["addnoise_rng"] = torch.Generator(device).manual_seed(request.seed).get_state()
+            carry["addnoise_device"] = torch.device(device).type
         context = dict(forcing=s, schedule=schedule, steps=steps, fresh_scheduler=fresh)
         return Prepared(latents=latents, timesteps=torch.arange(len(steps)), context=context, carry=carry)
 
@@ -337,11 +338,16 @@ class SkyReelsFamily(WanFamily):
         if not s["addnoise"] or start >= win["prefix"]:
             return None, rng
         window = state.carry["window"]
+        drawn_on = state.carry.get("addnoise_device", "cpu")
+        if drawn_on != window.device.type:
+            raise ValueError(f"this long video re-noises its overlap with a {drawn_on} generator (as diffusers draws "
+                             f"it on the latents' device); resume its checkpoint on a {drawn_on} device, not "
+                             f"{window.device.type}")
         shape = window.shape[:2] + (win["prefix"] - start,) + window.shape[3:]
-        generator = torch.Generator("cpu")
+        generator = torch.Generator(window.device)
         generator.set_state(rng.cpu())
-        noise = torch.randn(shape, generator=generator, dtype=dtype)
-        return noise.to(window.device), generator.get_state()
+        noise = torch.randn(shape, generator=generator, dtype=dtype, device=window.device)
+        return noise, generator.get_state()
 
     def _forcing_inputs(self, pipe, state, t, branch):
         model = pipe.transformer
