@@ -42,6 +42,14 @@ BUILTINS = [
     ("kandinsky5-i2v-pro", 32, 128, 60, 1, "rotary", False),
     ("tiny-kandinsky5", 6, 8, 2, 1, "rotary", False),
     ("tiny-kandinsky5-i2v", 6, 8, 2, 1, "rotary", False),
+    ("skyreels-v2-t2v-14b-540p", 40, 128, 40, 1, "rotary", False),
+    ("skyreels-v2-t2v-14b-720p", 40, 128, 40, 1, "rotary", False),
+    ("skyreels-v2-i2v-1.3b-540p", 12, 128, 30, 1, "rotary", False),
+    ("skyreels-v2-i2v-14b-540p", 40, 128, 40, 1, "rotary", False),
+    ("skyreels-v2-i2v-14b-720p", 40, 128, 40, 1, "rotary", False),
+    ("skyreels-v2-df-1.3b-540p", 12, 128, 30, 1, "rotary", False),
+    ("skyreels-v2-df-14b-540p", 40, 128, 40, 1, "rotary", False),
+    ("skyreels-v2-df-14b-720p", 40, 128, 40, 1, "rotary", False),
 ]
 
 
@@ -244,6 +252,10 @@ _HUNYUAN_COMMON = dict(out_channels=16, num_attention_heads=24, attention_head_d
                        num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
                        qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
                        rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+_SKYREELS_COMMON = dict(attention_head_dim=128, cross_attn_norm=True, eps=1e-6, freq_dim=256, out_channels=16,
+                        patch_size=(1, 2, 2), qk_norm="rms_norm_across_heads", text_dim=4096)
+_SKYREELS_1_3B = dict(num_attention_heads=12, num_layers=30, ffn_dim=8960)
+_SKYREELS_14B = dict(num_attention_heads=40, num_layers=40, ffn_dim=13824)
 PUBLISHED_CONFIGS = [
     ("ltx-video-2b", "LTXVideoTransformer3DModel",
      dict(_LTX_COMMON, num_attention_heads=32, attention_head_dim=64, cross_attention_dim=2048, num_layers=28)),
@@ -256,6 +268,18 @@ PUBLISHED_CONFIGS = [
           audio_attention_head_dim=64, audio_cross_attention_dim=2048, num_layers=48, caption_channels=3840,
           rope_type="split")),
     ("hunyuanvideo", "HunyuanVideoTransformer3DModel", dict(_HUNYUAN_COMMON, in_channels=16)),
+    # SkyReels-V2 (scripts/convert_skyreelsv2_to_diffusers.py: DF-1.3B with the fps embedding,
+    # DF-14B without; T2V and I2V as Wan 2.1's 14B and I2V configs)
+    *((name, "SkyReelsV2Transformer3DModel", dict(_SKYREELS_COMMON, **config)) for name, config in (
+        ("skyreels-v2-df-1.3b-540p", dict(_SKYREELS_1_3B, in_channels=16, inject_sample_info=True)),
+        ("skyreels-v2-df-14b-540p", dict(_SKYREELS_14B, in_channels=16)),
+        ("skyreels-v2-df-14b-720p", dict(_SKYREELS_14B, in_channels=16)),
+        ("skyreels-v2-t2v-14b-540p", dict(_SKYREELS_14B, in_channels=16)),
+        ("skyreels-v2-t2v-14b-720p", dict(_SKYREELS_14B, in_channels=16)),
+        ("skyreels-v2-i2v-1.3b-540p", dict(_SKYREELS_1_3B, in_channels=36, image_dim=1280, added_kv_proj_dim=1536)),
+        ("skyreels-v2-i2v-14b-540p", dict(_SKYREELS_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)),
+        ("skyreels-v2-i2v-14b-720p", dict(_SKYREELS_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)),
+    )),
     ("hunyuanvideo-i2v", "HunyuanVideoTransformer3DModel",
      dict(_HUNYUAN_COMMON, in_channels=16, image_condition_type="token_replace")),
 ]
@@ -273,13 +297,16 @@ def test_builtin_matches_the_published_transformer_config(name, cls, config):
     spec = model_spec(name)
     assert (spec.heads, spec.head_dim, spec.layers) == (config["num_attention_heads"], config["attention_head_dim"], blocks)
     assert spec.in_channels == config["in_channels"]
-    assert (spec.patch_size, spec.patch_size_t) == (config["patch_size"], config["patch_size_t"])
-    # Every block's feed-forward: 4 x hidden in both families.
-    ff = next(m for n, m in model.named_modules() if n.startswith("transformer_blocks.0.") and n.endswith("ff.net.0.proj"))
+    patch = config["patch_size"]  # SkyReels-V2's: one (t, h, w) tuple
+    patch = (patch[1], patch[0]) if isinstance(patch, tuple) else (patch, config["patch_size_t"])
+    assert (spec.patch_size, spec.patch_size_t) == patch
+    # Every block's feed-forward (4 x hidden in LTX and HunyuanVideo; SkyReels-V2's `ffn`).
+    ff = next(m for n, m in model.named_modules()
+              if n.startswith(("transformer_blocks.0.", "blocks.0.")) and n.endswith(("ff.net.0.proj", "ffn.net.0.proj")))
     assert spec.ffn_hidden == ff.out_features
     assert spec.params == pytest.approx(params, rel=0.01), f"{name}: diffusers builds {params:.4e} parameters"
     # LTX-2's audio stream: the heads and FFN of its blocks' audio attention and audio FFN.
-    block = model.transformer_blocks[0]
+    block = (model.transformer_blocks if hasattr(model, "transformer_blocks") else model.blocks)[0]
     if hasattr(block, "audio_attn1"):
         assert (spec.audio_heads, spec.audio_head_dim) == (block.audio_attn1.heads, block.audio_attn1.head_dim)
         for attn in (block.audio_attn2, block.audio_to_video_attn, block.video_to_audio_attn):

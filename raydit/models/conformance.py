@@ -168,10 +168,11 @@ def at_dtype(transformer, forward_kwargs: dict, dtype: torch.dtype, cast_model: 
     return model, cast
 
 
-def run_steps(runner, request, steps: int, checkpoint: dict | None = None):
-    """prepare (or resume) and step until `steps` steps are done; returns the state."""
+def run_steps(runner, request, steps: int | None, checkpoint: dict | None = None):
+    """prepare (or resume) and step until `steps` steps are done (None: all of them; a
+    diffusion-forcing request runs more steps than num_inference_steps); returns the state."""
     state = runner.prepare(request, checkpoint=checkpoint)
-    while state.step_index < steps:
+    while not state.done if steps is None else state.step_index < steps:
         state = runner.step(state)
     return state
 

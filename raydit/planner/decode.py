@@ -93,6 +93,7 @@ DECODERS = {
     "cogvideox": DecoderShape(2 * 9.30e6, 8291, 18.9, 17.1, 128, 8),
     "wan": DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4),
 }
+DECODERS["skyreels"] = DECODERS["wan"]  # SkyReels-V2 decodes with Wan 2.1's VAE (AutoencoderKLWan)
 # Wan 2.2's 16x VAE (TI2V-5B: decoder base 256 at half resolution, patch 2; 5 -> 17 frames):
 # 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
 # channels at half resolution hold as much as 64 at full resolution.

@@ -303,6 +303,28 @@ def _builtin_specs() -> dict[str, ModelSpec]:
         # TI2V-5B: 48 latent channels, the 16x spatial VAE; 121 frames at 704 x 1280.
         ModelSpec("wan2.2-ti2v-5b", "wan", 24, 128, 30, 14336, 2, 1, 512, False, "rotary",
                   48, 5.0e9, _UMT5_XXL, 0.7e9, 121, 704, 1280, vae_spatial=16),
+        # SkyReels-V2 (Skywork/SkyReels-V2-*-Diffusers): Wan 2.1's transformer layout (1.3B: 12
+        # heads x 128, 30 layers; 14B: 40 x 128, 40 layers) as diffusers' conversion script
+        # configures it; parameters counted on the meta device (1.3B DF 1.436e9 with its fps
+        # embedding, I2V 1.3B 1.564e9, 14B 14.29e9, I2V 14B 16.39e9). Defaults: 540P 97 x 544 x
+        # 960 (the pipelines'), 720P 121 x 720 x 1280 (base_num_frames 121 for diffusion forcing).
+        # DF: a timestep per latent frame, long videos in windows of base_num_frames.
+        ModelSpec("skyreels-v2-t2v-14b-540p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  16, 14.29e9, _UMT5_XXL, 0.13e9, 97, 544, 960),
+        ModelSpec("skyreels-v2-t2v-14b-720p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  16, 14.29e9, _UMT5_XXL, 0.13e9, 121, 720, 1280),
+        ModelSpec("skyreels-v2-i2v-1.3b-540p", "skyreels", 12, 128, 30, 8960, 2, 1, 512, False, "rotary",
+                  36, 1.564e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 97, 544, 960),
+        ModelSpec("skyreels-v2-i2v-14b-540p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  36, 16.39e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 97, 544, 960),
+        ModelSpec("skyreels-v2-i2v-14b-720p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  36, 16.39e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 121, 720, 1280),
+        ModelSpec("skyreels-v2-df-1.3b-540p", "skyreels", 12, 128, 30, 8960, 2, 1, 512, False, "rotary",
+                  16, 1.436e9, _UMT5_XXL, 0.13e9, 97, 544, 960),
+        ModelSpec("skyreels-v2-df-14b-540p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  16, 14.29e9, _UMT5_XXL, 0.13e9, 97, 544, 960),
+        ModelSpec("skyreels-v2-df-14b-720p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
+                  16, 14.29e9, _UMT5_XXL, 0.13e9, 121, 720, 1280),
         # 20 dual-stream + 40 single-stream blocks, counted as 60 attention layers.
         # Guidance is embedded (a guidance-scale input): one transformer pass per step.
         ModelSpec("hunyuanvideo", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 256, True, "rotary",

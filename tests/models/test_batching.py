@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx, wan
+from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx, skyreels, wan
+
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
@@ -37,6 +38,9 @@ MODELS = {
                      dict(prompt="a paper boat drifts", num_frames=9, height=32, width=48)),
     "tiny-hunyuan15": (lambda: hunyuanvideo15.hunyuan15_pipeline(str(hunyuanvideo15.tiny_pipeline_dir())),
                        dict(prompt="a paper boat drifts", num_frames=9, height=48, width=80)),
+    # SkyReels-V2 T2V (its diffusion-forcing requests run alone: a timestep per frame, windows).
+    "tiny-skyreels": (lambda: skyreels.skyreels_pipeline(str(skyreels.tiny_pipeline_dir("tiny-skyreels"))),
+                      dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
 }
 
 

@@ -50,7 +50,7 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, mochi, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, mochi, skyreels, wan
 
     ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
     ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
@@ -99,6 +99,11 @@ def _cases() -> list[CacheCase]:
                   dict(base_dir=str(mochi.tiny_pipeline_dir())), 6,
                   dict(prompt="a kite", negative_prompt="blur", num_frames=13, height=32, width=48,
                        num_inference_steps=STEPS, guidance_scale=4.5, seed=4, cache="teacache", cache_threshold=1.0)),
+        # SkyReels-V2 diffusion forcing: a timestep per frame, so teacache's temb is [B, 6, L, C],
+        # split with the video; 3 latent frames x 2 x 3 = 18 video tokens.
+        CacheCase("skyreels-df-teacache", "raydit.models.families.skyreels:skyreels_pipeline",
+                  dict(base_dir=str(skyreels.tiny_pipeline_dir("tiny-skyreels-df"))), 6,
+                  dict(wan_request, cache="teacache", cache_threshold=1.4)),
     ]
 
 

@@ -34,6 +34,9 @@ REQUESTS = {
     # Mochi 1 (Mochi1LoraLoaderMixin): the LoRA's layers are the joint attention's video projections.
     "tiny-mochi": dict(prompt="a red fox", negative_prompt="blur", num_frames=7, height=32, width=48,
                        num_inference_steps=2, guidance_scale=4.5, seed=3),
+    # SkyReels-V2 diffusion forcing (SkyReelsV2LoraLoaderMixin): a timestep per frame, frames a step apart.
+    "tiny-skyreels-df": dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=32, width=32,
+                             num_inference_steps=2, guidance_scale=5.0, seed=3, guidance_options=dict(ar_step=1)),
 }
 # Tests of adapter switching and resuming run many requests: LTX-2's without the perturbed
 # passes (one transformer call a step instead of three; the LoRA still runs in every call).
@@ -78,7 +81,7 @@ def _raydit(model, specs):
     return pipe
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-wan", "tiny-ltx2", "tiny-mochi"])
+@pytest.mark.parametrize("model", ["tiny", "tiny-wan", "tiny-ltx2", "tiny-mochi", "tiny-skyreels-df"])
 def test_runner_with_two_loras_equals_diffusers(loras, model):
     """One LoRA, then two at different scales, against diffusers' pipeline with the same
     load_lora_weights / set_adapters: max relative difference <= 1e-5, and each visibly

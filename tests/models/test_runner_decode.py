@@ -58,7 +58,8 @@ def test_runner_decode_on_ranks_equals_one_process():
 
 
 # -- the other families' VAEs (issue 18): HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Kandinsky 5, Mochi --
-FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx", "kandinsky5", "mochi")  # tiny-mochi: 4 latent rows
+# SkyReels-V2: Wan 2.1's VAE (AutoencoderKLWan, on 2..5 ranks in test_vae_parallel) through its family's decode.
+FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx", "kandinsky5", "mochi", "skyreels")  # tiny-mochi: 4 latent rows
 
 
 def _family_runner(name: str, mesh=None):
@@ -70,7 +71,7 @@ def _family_runner(name: str, mesh=None):
 
     module = importlib.import_module(f"raydit.models.families.{name}")
     load = {"hunyuanvideo": "hunyuan_pipeline", "hunyuanvideo15": "hunyuan15_pipeline", "ltx": "ltx_pipeline",
-            "kandinsky5": "kandinsky5_pipeline", "mochi": "mochi_pipeline"}[name]
+            "kandinsky5": "kandinsky5_pipeline", "mochi": "mochi_pipeline", "skyreels": "skyreels_pipeline"}[name]
     pipe = getattr(module, load)(str(module.tiny_pipeline_dir()))
     request = GenerationRequest(prompt="a cat", num_inference_steps=2, seed=3, **module.TINY_DEFAULTS)
     return Runner(pipe, mesh=mesh), request

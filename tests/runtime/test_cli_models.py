@@ -89,6 +89,9 @@ def test_odd_frame_counts_are_rounded_as_diffusers_does(model, frames, rounded, 
     assert torch.equal(odd, same)
 
 
+SKYREELS_DF_OPTIONS = (("addnoise_condition", 20), ("base_num_frames", 9), ("overlap_history", 5))
+
+
 @pytest.fixture(scope="module")
 def address(ray_local):
     return ray_local.get_runtime_context().gcs_address
@@ -118,9 +121,12 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
                             "--negative-prompt", "blur"],
     }
     later = {
-        # Mochi 1 on 2 ranks, sequence parallel (ulysses 2), once the first runs free their slots
+        # once the first runs free their slots: Mochi 1 on 2 ranks, sequence parallel (ulysses 2)
         "tiny-mochi": ["--workers", "2", "--ulysses", "2", "--cfg", "1", "--frames", "7", "--height", "32",
                        "--width", "32"],
+        # SkyReels-V2 diffusion forcing on 2 ranks: 17 frames in three windows of 9 (overlap 5, re-noised)
+        "tiny-skyreels-df": ["--workers", "2", "--frames", "17", "--height", "32", "--width", "32",
+                             *(a for o in SKYREELS_DF_OPTIONS for a in ("--guidance-option", f"{o[0]}={o[1]}"))],
     }
 
     def start(model, extra):
@@ -179,6 +185,13 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             request = GenerationRequest(prompt="a kite over the sea", num_frames=7, height=32, width=32,
                                         num_inference_steps=2, seed=3)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
+            torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
+        if model == "tiny-skyreels-df":
+            assert summary["plan"]["world_size"] == 2 and summary["frames"][0] == 17
+            request = GenerationRequest(prompt="a kite over the sea", num_frames=17, height=32, width=32,
+                                        num_inference_steps=2, seed=3, guidance_options=SKYREELS_DF_OPTIONS)
+            expected = run_steps(Runner(load_pipeline(model)), request, None).latents  # every window's steps
+            assert expected.shape[2] == 5
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
 
 

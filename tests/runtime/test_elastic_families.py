@@ -1,6 +1,7 @@
 """The elastic runtime with the other families (issue 18): a rank killed mid-generation on
 tiny-hunyuan (HunyuanVideo, true CFG on cfg 2), tiny-ltx (LTX-Video, ring 2), tiny-ltx2 (LTX-2
-with its audio, cfg 2) and tiny-kandinsky5 (Kandinsky 5, cfg 2), and the run
+with its audio, cfg 2), tiny-kandinsky5 (Kandinsky 5, cfg 2), tiny-mochi (Mochi 1, Ulysses 2) and
+tiny-skyreels-df (SkyReels-V2 diffusion forcing in windows, Ulysses 2), and the run
 resumes from the last step's checkpoint and returns the fault-free latents (rtol 1e-4,
 atol 1e-4, the runtime tests' tolerance). The runtime has no family-specific code: the same
 Engine, pool and checkpoints as CogVideoX's (tests/runtime/test_elastic.py, test_faults.py).
@@ -25,6 +26,10 @@ CASES = {
     "tiny-kandinsky5": (dict(workers=2, cfg=2), dict(negative_prompt="blur")),
     # Mochi: sequence parallel on 2 ranks (the valid text laid out across them in every block).
     "tiny-mochi": (dict(workers=2, ulysses=2), dict()),
+    # SkyReels-V2 diffusion forcing, Ulysses 2: a 17-frame video in three windows (9 steps), the
+    # kill in the first window, the rest (both window changes) run on the regrouped rank.
+    "tiny-skyreels-df": (dict(workers=2, ulysses=2), dict(num_frames=17, guidance_options=dict(
+        base_num_frames=9, overlap_history=5, addnoise_condition=20))),
 }
 
 

@@ -1,0 +1,654 @@
+"""SkyReels-V2 family: text-to-video, image-to-video and diffusion forcing (long videos).
+
+diffusers' SkyReelsV2Transformer3DModel is Wan 2.1's transformer with two additions: a
+timestep per latent frame (diffusion forcing: `enable_diffusion_forcing`, the blocks' `temb`
+is then [B, 6, L, C], one row per video token) and a block-causal attention mask over
+groups of `num_frame_per_block` latent frames (`causal_block_size`). What is shared with
+the Wan family (raydit.models.families.wan, imported, not copied): the self-attention
+processor (`WanSPAttnProcessor`: projections, QK norms, Wan's rotary cut to the local chunk,
+sp_attention), the rotary helpers, the prompt and image encoding, the VAE decode, the frame
+rounding, the tiny VAE and CLIP image encoder, and the planner geometry (the same
+transformer layout). SkyReels-V2 adds here:
+
+- `SkyReelsSPAttnProcessor`: Wan's processor, plus the block-causal mask under sequence
+  parallelism: this rank's queries attend to the gathered keys and values of the whole
+  video with their rows of the mask (exact; sp_attention takes no mask).
+- the per-token `temb` [B, 6, L, C] is split with the video along dim 2 before every block.
+- diffusion forcing's loop (SkyReelsV2DiffusionForcingPipeline): a per-frame timestep
+  matrix (synchronous, or asynchronous with `ar_step` and `causal_block_size`), one UniPC
+  scheduler per latent frame, and long videos (num_frames > base_num_frames) in windows
+  that overlap by `overlap_history` frames, the overlap optionally re-noised
+  (`addnoise_condition`). Every iteration of every window is one runner step, so a long
+  video is one request the queue checkpoints between any two steps, windows included.
+
+Module-level imports stay light (no torch, no diffusers): the planner reads this family
+through the registry without importing torch.
+
+Legend: B batch, L local video tokens, F latent frames, H heads, D head dim, C = H*D.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.families.wan import (
+    TINY_IMAGE_DIM,
+    TINY_TEXT_DIM,
+    TINY_TEXT_TOKENS,
+    VIDEO,
+    WanFamily,
+    WanSPAttnProcessor,
+    _tiny_image_encoder,
+    _tiny_vae,
+)
+from raydit.models.family import Prepared, png_to_image
+from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+
+
+# -- adapter -----------------------------------------------------------------------------------
+class SkyReelsSPAttnProcessor(WanSPAttnProcessor):
+    """Wan's sequence-parallel self-attention, and the block-causal case.
+
+    With a mask (causal_block_size > 1: [1, 1, L_video, L_video], True = attend), each rank
+    all-gathers the keys and values of the video and attends with its own queries to all of
+    them under its rows of the mask. Exact, and the same on every plan; pad query rows (no
+    key allowed by the sharded mask) attend to everything: their outputs are dropped at the
+    gather, and a fully masked row would only give NaN.
+    """
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        if attention_mask is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, None, rotary_emb)
+        import torch.nn.functional as F
+
+        from raydit.models.families.wan import rotate_pairs, shard_rotary
+        from raydit.parallel.mesh import gather_sequence
+
+        if encoder_hidden_states is not None:
+            raise ValueError("SkyReelsSPAttnProcessor serves self-attention (attn1) only; cross-attention keeps its own")
+        mesh, layout = self.context.mesh, self.context.layout
+        assert layout is not None, "split hook did not run before attention"
+        L = layout.part_lengths[VIDEO]
+        if tuple(attention_mask.shape[-2:]) != (L, L):
+            raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the {L} video tokens")
+        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))  # [B, L_local, H, D]
+        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
+        v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        if rotary_emb is not None:
+            cos, sin = shard_rotary(rotary_emb, layout, mesh.sp_index)
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        k_full = gather_sequence(k, mesh, layout, VIDEO, dim=1)  # [B, L, H, D]
+        v_full = gather_sequence(v, mesh, layout, VIDEO, dim=1)
+        rows = layout.shard(attention_mask, VIDEO, mesh.sp_index, dim=-2)  # [1, 1, L_local, L]
+        rows = rows | ~rows.any(dim=-1, keepdim=True)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k_full.transpose(1, 2), v_full.transpose(1, 2),
+                                             attn_mask=rows)
+        out_BLC = out.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out_BLC))
+
+
+class SkyReelsAdapter(ModelAdapter):
+    name = "skyreels"
+    transformer_classes = ("SkyReelsV2Transformer3DModel",)
+    plan = SequenceParallelPlan(
+        blocks="blocks",
+        # SkyReelsV2TransformerBlock.forward(hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask)
+        split_inputs=(
+            SplitInput("hidden_states", VIDEO),
+            # Diffusion forcing: [B, 6, L, C], a row per token; [B, 6, C] (one timestep) stays whole.
+            SplitInput("temb", VIDEO, dim=2, ndim=4, every_block=True),
+        ),
+        gather_outputs=(GatherOutput(0, VIDEO),),
+        attention="attn1",
+    )
+
+    def make_processor(self, context: ForwardContext) -> SkyReelsSPAttnProcessor:
+        return SkyReelsSPAttnProcessor(context)
+
+
+# -- diffusion forcing: the schedule -----------------------------------------------------------
+DF_PIPELINE = "SkyReelsV2DiffusionForcingPipeline"
+# SkyReelsV2DiffusionForcingPipeline's own knobs (GenerationRequest.guidance_options), with
+# the pipeline's defaults; causal_block_size None: the transformer's num_frame_per_block.
+DF_OPTIONS = {"ar_step": 0, "causal_block_size": None, "base_num_frames": 97, "overlap_history": None,
+              "addnoise_condition": 0, "fps": 24}
+_ORIGINAL_BLOCK = "_raydit_num_frame_per_block"  # the checkpoint's num_frame_per_block, kept on the model
+
+
+def _checkpoint_block(transformer) -> int:
+    """The transformer's num_frame_per_block as loaded (diffusers' pipeline rewrites the config
+    when a call names causal_block_size; raydit sets it per call and remembers the original)."""
+    if not hasattr(transformer, _ORIGINAL_BLOCK):
+        setattr(transformer, _ORIGINAL_BLOCK, int(transformer.config.num_frame_per_block))
+    return getattr(transformer, _ORIGINAL_BLOCK)
+
+
+def _int_option(request, name, low):
+    value = request.option(name, DF_OPTIONS[name])
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"guidance option {name}={value!r} must be an integer >= {low}")
+    return value
+
+
+def df_settings(pipe, request) -> dict:
+    """The diffusion-forcing knobs of `request` with the pipeline's defaults, checked: one
+    ValueError line for a value the pipeline would fail on or silently ignore."""
+    vt = pipe.vae_scale_factor_temporal
+    original = _checkpoint_block(pipe.transformer)  # before any request of this runner sets it
+    ar_step = _int_option(request, "ar_step", 0)
+    block = _int_option(request, "causal_block_size", 1)
+    block = original if block is None else block
+    base = _int_option(request, "base_num_frames", 1)
+    overlap = _int_option(request, "overlap_history", 1)
+    fps = _int_option(request, "fps", 1)
+    addnoise = request.option("addnoise_condition", 0)
+    if isinstance(addnoise, bool) or not isinstance(addnoise, (int, float)) or addnoise < 0:
+        raise ValueError(f"guidance option addnoise_condition={addnoise!r} must be a number >= 0 (20 is the "
+                         "pipeline's recommendation)")
+    if (base - 1) % vt:
+        raise ValueError(f"guidance option base_num_frames={base} must be {vt}k + 1 (97 for 540P, 121 for 720P)")
+    long_video = request.num_frames > base
+    if long_video and overlap is None:
+        raise ValueError(f"num_frames {request.num_frames} exceeds base_num_frames {base}: give overlap_history "
+                         "(17 or 37 recommended) to generate it in overlapping windows")
+    if not long_video and (overlap is not None or addnoise):
+        raise ValueError(f"overlap_history and addnoise_condition apply to long videos only (num_frames "
+                         f"{request.num_frames} > base_num_frames {base}); drop them or raise num_frames")
+    n_latent = (request.num_frames - 1) // vt + 1
+    windows = []
+    if long_video:
+        base_latent, overlap_latent = (base - 1) // vt + 1, (overlap - 1) // vt + 1
+        if overlap_latent >= base_latent:
+            raise ValueError(f"overlap_history {overlap} must leave new frames in a window of base_num_frames "
+                             f"{base} (overlap in latent frames {overlap_latent} < {base_latent})")
+        count = 1 + (n_latent - base_latent - 1) // (base_latent - overlap_latent) + 1
+        for w in range(count):
+            if w == 0:
+                windows.append(dict(start=0, frames=base_latent, prefix=0))
+                continue
+            finished = w * (base_latent - overlap_latent) + overlap_latent
+            frames = min(n_latent - finished + overlap_latent, base_latent)
+            windows.append(dict(start=finished - overlap_latent, frames=frames,
+                                prefix=overlap_latent - overlap_latent % block))
+    else:
+        overlap_latent = 0
+        windows.append(dict(start=0, frames=n_latent, prefix=0))
+    for w in windows:
+        if w["frames"] % block:
+            raise ValueError(f"causal_block_size {block} must divide the {w['frames']} latent frames of every window; "
+                             f"choose a divisor of {w['frames']}")
+    return dict(ar_step=ar_step, block=block, long=long_video, overlap=overlap_latent, windows=windows,
+                addnoise=addnoise, fps=fps, base=base, overlap_frames=overlap)
+
+
+def _to_device(value, device, key=None):
+    """A frame scheduler's saved state on `device` (UniPC keeps `sigmas` on the CPU)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if key == "sigmas" else value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    return value
+
+
+# -- the family --------------------------------------------------------------------------------
+class SkyReelsFamily(WanFamily):
+    """SkyReels-V2's steps, as diffusers' SkyReelsV2Pipeline, SkyReelsV2ImageToVideoPipeline
+    and SkyReelsV2DiffusionForcingPipeline take them (Wan's steps where they agree: the
+    inherited encode and decode).
+
+    T2V and I2V: Wan 2.1's loop (UniPC, two guidance calls; I2V joins a mask and the image's
+    latents to the noise in the channels and gives CLIP tokens by cross-attention).
+
+    Diffusion forcing: `state.timesteps` counts the iterations of every window (a step is
+    one iteration: the window's row of per-frame timesteps, its frames to update);
+    `state.latents` holds the whole video (window after window, the frames not generated yet
+    zero), the carry the current window's latents ("window"), each latent frame's UniPC
+    state ("frames": the pipeline runs one scheduler per frame) and the generator of the
+    re-noised overlap ("addnoise_rng"). diffusers draws that noise from torch's global
+    generator of the latents' device: raydit from a generator of that device seeded with the
+    request's seed, and the reference seeds the global ones the same (`reference_latents`).
+    """
+
+    name = "skyreels"
+    pipelines = ("SkyReelsV2Pipeline", "SkyReelsV2ImageToVideoPipeline", DF_PIPELINE)
+    image_pipelines = ("SkyReelsV2ImageToVideoPipeline",)
+    adapter = SkyReelsAdapter
+    batch_branches = False
+    option_names = tuple(DF_OPTIONS)
+
+    def tiny(self):
+        return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
+
+    def transformers(self, pipe) -> list:
+        return [pipe.transformer]
+
+    def active_transformer(self, pipe, state, t):
+        return pipe.transformer
+
+    @staticmethod
+    def _takes_image(pipe) -> bool:
+        return type(pipe).__name__ == "SkyReelsV2ImageToVideoPipeline"
+
+    @staticmethod
+    def _forcing(pipe) -> bool:
+        return type(pipe).__name__ == DF_PIPELINE
+
+    def check_request(self, pipe, request) -> None:
+        from raydit.models.family import Family
+
+        Family.check_request(self, pipe, request)  # image for I2V, none for T2V and DF
+        if request.guidance_scale_2 is not None:
+            raise ValueError(f"guidance_scale_2 {request.guidance_scale_2} needs a two-expert pipeline; "
+                             f"{type(pipe).__name__} has one transformer: drop guidance_scale_2")
+        WanFamily.check_request(self, pipe, request)  # num_frames 4k + 1, height and width
+        if self._forcing(pipe):
+            df_settings(pipe, request)
+        elif request.guidance_options:
+            names = ", ".join(name for name, _ in request.guidance_options)
+            raise ValueError(f"guidance option(s) {names} are diffusion forcing's; {type(pipe).__name__} takes "
+                             "none: drop them or load a SkyReels-V2 DF checkpoint")
+
+    def batch_key(self, pipe, request):
+        # Diffusion forcing's calls carry a timestep per frame and a window of their own.
+        return None if self._forcing(pipe) else super().batch_key(pipe, request)
+
+    # -- prepare --------------------------------------------------------------------------
+    def init(self, pipe, request, generator, device, dtype):
+        import torch
+
+        pipe.scheduler.set_timesteps(request.num_inference_steps, device=device)
+        if self._forcing(pipe):
+            return self._init_forcing(pipe, request, generator, device)
+        timesteps = pipe.scheduler.timesteps
+        if request.image is None:
+            latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
+                                           request.num_frames, torch.float32, device, generator)
+            return Prepared(latents=latents, timesteps=timesteps)
+        image = pipe.video_processor.preprocess(png_to_image(request.image), height=request.height,
+                                                width=request.width).to(device, dtype=torch.float32)
+        latents, condition = pipe.prepare_latents(image, 1, pipe.vae.config.z_dim, request.height, request.width,
+                                                  request.num_frames, torch.float32, device, generator)
+        return Prepared(latents=latents, timesteps=timesteps, context=dict(condition=condition))
+
+    def _init_forcing(self, pipe, request, generator, device):
+        import torch
+
+        from raydit.models.family import live_scheduler_state
+
+        s = df_settings(pipe, request)
+        template = pipe.scheduler.timesteps
+        fresh = live_scheduler_state(pipe.scheduler)  # a frame's scheduler: the pipeline's, after set_timesteps
+        schedule = []  # per window: its timestep matrix, update mask and intervals
+        for w, win in enumerate(s["windows"]):
+            matrix, _, update, valid = pipe.generate_timestep_matrix(
+                win["frames"], template, win["frames"], s["ar_step"], win["prefix"], s["block"])
+            schedule.append(dict(matrix=matrix.to(device), update=update.tolist(), valid=list(valid)))
+        steps = [(w, i) for w, sched in enumerate(schedule) for i in range(len(sched["matrix"]))]
+        first = s["windows"][0]
+        window = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
+                                      request.num_frames, torch.float32, device, generator,
+                                      base_latent_num_frames=first["frames"] if s["long"] else None)[0]
+        total = s["windows"][0]["frames"] + sum(w["frames"] - s["overlap"] for w in s["windows"][1:])
+        latents = torch.zeros(window.shape[:2] + (total,) + window.shape[3:], dtype=torch.float32, device=device)
+        latents[:, :, :first["frames"]] = window
+        carry = dict(window=window, frames=[fresh] * first["frames"])
+        if s["addnoise"] > 0:  # on the latents' device, as the pipeline draws it (torch.randn_like)
+            carry["addnoise_rng"] = torch.Generator(device).manual_seed(request.seed).get_state()
+            carry["addnoise_device"] = torch.device(device).type
+        context = dict(forcing=s, schedule=schedule, steps=steps, fresh_scheduler=fresh)
+        return Prepared(latents=latents, timesteps=torch.arange(len(steps)), context=context, carry=carry)
+
+    # -- a step ---------------------------------------------------------------------------
+    batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image")
+
+    def model_inputs(self, pipe, state, t, branch):
+        import torch
+
+        model = pipe.transformer
+        b = branch["encoder_hidden_states"].shape[0]
+        if self._forcing(pipe):
+            return model, self._forcing_inputs(pipe, state, t, branch)
+        latents, ctx = state.latents, state.context
+        x = torch.cat([latents, ctx["condition"]], dim=1) if "condition" in ctx else latents
+        if b > 1:
+            x = torch.cat([x] * b)
+        return model, dict(hidden_states=x.to(model.dtype), timestep=t.expand(b),
+                           encoder_hidden_states=branch["encoder_hidden_states"],
+                           encoder_hidden_states_image=branch.get("encoder_hidden_states_image"))
+
+    def _where(self, state, t):
+        w, i = state.context["steps"][int(t)]
+        return w, i, state.context["schedule"][w], state.context["forcing"]["windows"][w]
+
+    def _addnoise(self, state, t, dtype):
+        """(the noise that re-noises the overlap at step t, or None; the generator state after)."""
+        import torch
+
+        s = state.context["forcing"]
+        w, i, sched, win = self._where(state, t)
+        start, _ = sched["valid"][i]
+        rng = state.carry.get("addnoise_rng")
+        if not s["addnoise"] or start >= win["prefix"]:
+            return None, rng
+        window = state.carry["window"]
+        drawn_on = state.carry.get("addnoise_device", "cpu")
+        if drawn_on != window.device.type:
+            raise ValueError(f"this long video re-noises its overlap with a {drawn_on} generator (as diffusers draws "
+                             f"it on the latents' device); resume its checkpoint on a {drawn_on} device, not "
+                             f"{window.device.type}")
+        shape = window.shape[:2] + (win["prefix"] - start,) + window.shape[3:]
+        generator = torch.Generator(window.device)
+        generator.set_state(rng.cpu())
+        noise = torch.randn(shape, generator=generator, dtype=dtype, device=window.device)
+        return noise, generator.get_state()
+
+    def _forcing_inputs(self, pipe, state, t, branch):
+        model = pipe.transformer
+        s = state.context["forcing"]
+        w, i, sched, win = self._where(state, t)
+        start, end = sched["valid"][i]
+        x = state.carry["window"][:, :, start:end].to(model.dtype).clone()
+        timestep = sched["matrix"][i].expand(1, -1)[:, start:end].clone()
+        noise, _ = self._addnoise(state, t, model.dtype)
+        if noise is not None:
+            factor = 0.001 * s["addnoise"]
+            x[:, :, start:win["prefix"]] = x[:, :, start:win["prefix"]] * (1.0 - factor) + noise * factor
+            timestep[:, start:win["prefix"]] = s["addnoise"]
+        if model.config.num_frame_per_block != s["block"]:
+            model.register_to_config(num_frame_per_block=s["block"])
+        b = branch["encoder_hidden_states"].shape[0]
+        return dict(hidden_states=x, timestep=timestep.expand(b, -1),
+                    encoder_hidden_states=branch["encoder_hidden_states"], enable_diffusion_forcing=True,
+                    fps=[0 if s["fps"] == 16 else 1] * b)
+
+    def scheduler_step(self, pipe, state, noise, t, generator):
+        if not self._forcing(pipe):
+            return pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0], dict(state.carry)
+        import copy
+
+        import torch
+
+        from raydit.models.family import live_scheduler_state, load_scheduler_state
+
+        s, ctx = state.context["forcing"], state.context
+        w, i, sched, win = self._where(state, t)
+        start, end = sched["valid"][i]
+        window = state.carry["window"].clone()
+        frames = list(state.carry["frames"])
+        scheduler = copy.copy(pipe.scheduler)  # a frame's scheduler: the pipeline's config, each frame's state
+        row, update = sched["matrix"][i], sched["update"][i]
+        for idx in range(start, end):
+            if update[idx]:
+                load_scheduler_state(scheduler, _to_device(frames[idx], window.device))
+                # In place, as the pipeline does: UniPC keeps the sample it was given (a view of
+                # this frame) as its last_sample, so the second step's corrector reads the frame
+                # the first step wrote. Passing a copy gives another video (6.5% off diffusers).
+                window[:, :, idx] = scheduler.step(noise[:, :, idx - start], row[idx], window[:, :, idx],
+                                                   return_dict=False)[0]
+                frames[idx] = live_scheduler_state(scheduler)
+        carry = dict(state.carry, window=window, frames=frames)
+        _, rng = self._addnoise(state, t, pipe.transformer.dtype)
+        if rng is not None:
+            carry["addnoise_rng"] = rng
+        latents = state.latents.clone()
+        if w == 0:
+            latents[:, :, :win["frames"]] = window
+        else:
+            keep = win["start"] + s["overlap"]
+            latents[:, :, keep:keep + win["frames"] - s["overlap"]] = window[:, :, s["overlap"]:]
+        last = i == len(sched["matrix"]) - 1
+        if last and w + 1 < len(s["windows"]):  # the next window: its noise, the overlap as its prefix
+            nxt = s["windows"][w + 1]
+            finished = nxt["start"] + s["overlap"]
+            request = state.request
+            new, frames_n, prefix, prefix_frames = pipe.prepare_latents(
+                1, pipe.transformer.config.in_channels, request.height, request.width, request.num_frames,
+                torch.float32, window.device, generator, video_latents=latents[:, :, :finished],
+                base_latent_num_frames=s["windows"][0]["frames"], causal_block_size=s["block"],
+                overlap_history_latent_frames=s["overlap"], long_video_iter=w + 1)
+            assert frames_n == nxt["frames"] and prefix_frames == nxt["prefix"], (frames_n, prefix_frames, nxt)
+            if prefix_frames:
+                new[:, :, :prefix_frames] = prefix.to(pipe.transformer.dtype)
+            carry.update(window=new, frames=[ctx["fresh_scheduler"]] * frames_n)
+        return latents, carry
+
+    # -- decode and reference -------------------------------------------------------------
+    def reference_latents(self, pipe, request):
+        """diffusers' own pipeline, called with its defaults, the request, the seed, and (for
+        diffusion forcing) its options; the global generator (the overlap's re-noising) is
+        seeded with the request's seed."""
+        import torch
+
+        kwargs = {}
+        if request.image is not None:
+            kwargs["image"] = png_to_image(request.image)
+        if self._forcing(pipe):
+            kwargs.update(dict(request.guidance_options))
+            if kwargs.get("causal_block_size") is None:  # the checkpoint's, whatever an earlier call set
+                kwargs["causal_block_size"] = _checkpoint_block(pipe.transformer)
+            torch.manual_seed(request.seed)
+        pipe.set_progress_bar_config(disable=True)
+        block = pipe.transformer.config.get("num_frame_per_block", 1)
+        try:
+            return pipe(
+                prompt=request.prompt,
+                negative_prompt=request.negative_prompt,
+                num_frames=request.num_frames,
+                height=request.height,
+                width=request.width,
+                num_inference_steps=request.num_inference_steps,
+                guidance_scale=request.guidance_scale,
+                generator=torch.Generator("cpu").manual_seed(request.seed),
+                output_type="latent",
+                **kwargs,
+            ).frames
+        finally:
+            pipe.transformer.register_to_config(num_frame_per_block=block)  # the pipeline rewrites it
+
+    def spec_from_dir(self, path, configs):
+        """Wan's geometry (the same transformer layout) read from the SkyReels-V2 configs; the
+        request defaults are the pipelines' (97 frames, 544 x 960) unless the directory says
+        otherwise (DEFAULTS_FILE)."""
+        import dataclasses
+
+        cfg = dict(configs.get("transformer", {}))
+        where = str(path / "transformer" / "config.json")
+        cls = str(cfg.get("_class_name", ""))
+        if cls != "SkyReelsV2Transformer3DModel":
+            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a SkyReels-V2 pipeline")
+        as_wan = dict(configs, transformer=dict(cfg, _class_name="WanTransformer3DModel"))
+        spec = WanFamily.spec_from_dir(self, path, as_wan)
+        if not (path / DEFAULTS_FILE).is_file():
+            spec = dataclasses.replace(spec, default_frames=PIPELINE_DEFAULTS["num_frames"],
+                                       default_height=PIPELINE_DEFAULTS["height"],
+                                       default_width=PIPELINE_DEFAULTS["width"])
+        return dataclasses.replace(spec, family=self.name)
+
+    def conformance_cases(self, base_dirs):
+        return {"forward": forward_cases(), "runner": runner_cases(base_dirs)}
+
+
+FAMILY = SkyReelsFamily()
+
+
+# -- tiny pipelines ----------------------------------------------------------------------------
+# Bump when anything below changes the saved files, so stale caches are not reused.
+SKYREELS_TINY_VERSION = "1"
+
+PIPELINE_DEFAULTS = {"num_frames": 97, "height": 544, "width": 960}
+TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
+
+# name -> how the tiny pipeline differs from SkyReels-V2 T2V (`tiny-skyreels`).
+TINY_VARIANTS: dict[str, dict] = {
+    "tiny-skyreels": dict(),
+    # I2V: CLIP image tokens by cross-attention, a mask and the image's latents in the channels.
+    "tiny-skyreels-i2v": dict(image=True),
+    # Diffusion forcing: a timestep per frame, the fps embedding.
+    "tiny-skyreels-df": dict(forcing=True),
+}
+
+
+def tiny_transformer(seed: int, **overrides):
+    """A SkyReelsV2Transformer3DModel of the tiny geometry (or `overrides`), every parameter
+    drawn from `seed`."""
+    import torch
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    from raydit.models.tiny import randomize
+
+    config = dict(patch_size=(1, 2, 2), num_attention_heads=6, attention_head_dim=12, in_channels=4,
+                  out_channels=4, text_dim=TINY_TEXT_DIM, freq_dim=32, ffn_dim=96, num_layers=2,
+                  cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(SkyReelsV2Transformer3DModel(**config), seed)
+
+
+def tiny_pipeline(name: str):
+    """The tiny pipeline `name` (a key of TINY_VARIANTS), built in memory."""
+    from diffusers import (
+        SkyReelsV2DiffusionForcingPipeline,
+        SkyReelsV2ImageToVideoPipeline,
+        SkyReelsV2Pipeline,
+        UniPCMultistepScheduler,
+    )
+
+    from raydit.models.tiny import SEED, t5_encoder, tokenizer
+
+    if name not in TINY_VARIANTS:
+        raise ValueError(f"no tiny SkyReels-V2 pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
+    v = TINY_VARIANTS[name]
+    vae = _tiny_vae("wan2.1", SEED + 2)
+    z = vae.config.z_dim
+    transformer_kwargs = dict(in_channels=z, out_channels=z)
+    if v.get("image"):
+        transformer_kwargs.update(in_channels=z + 4 + z, image_dim=TINY_IMAGE_DIM, added_kv_proj_dim=6 * 12)
+    if v.get("forcing"):
+        transformer_kwargs.update(inject_sample_info=True)
+    tok = tokenizer(TINY_TEXT_TOKENS)
+    components = dict(
+        tokenizer=tok,
+        text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM, umt5=True),
+        vae=vae,
+        # SkyReels-V2's scheduler: UniPC on flow-matching sigmas (shift 8 at 540P).
+        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=8.0),
+        transformer=tiny_transformer(SEED + 20, **transformer_kwargs),
+    )
+    if v.get("image"):
+        image_encoder, image_processor = _tiny_image_encoder(SEED + 3)
+        return SkyReelsV2ImageToVideoPipeline(image_encoder=image_encoder, image_processor=image_processor,
+                                              **components)
+    if v.get("forcing"):
+        return SkyReelsV2DiffusionForcingPipeline(**components)
+    return SkyReelsV2Pipeline(**components)
+
+
+def tiny_pipeline_dir(name: str = "tiny-skyreels"):
+    """The directory of the tiny pipeline `name`, written once to the cache."""
+    from raydit.models.tiny import cache_root, write_pipeline
+
+    if name not in TINY_VARIANTS:
+        raise ValueError(f"no tiny SkyReels-V2 pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
+    return write_pipeline(cache_root() / f"{name}-{SKYREELS_TINY_VERSION}",
+                          lambda: WithDefaults(tiny_pipeline(name), TINY_DEFAULTS))
+
+
+# -- conformance -------------------------------------------------------------------------------
+_BUILD_FORWARD = "raydit.models.families.skyreels:skyreels_forward"
+
+
+def skyreels_forward(kind: str, latent_frames: int, latent_height: int, latent_width: int, heads: int,
+                     head_dim: int, batch: int = 2, text_len: int = 13, block: int = 1, seed: int = 37):
+    """A tiny-weight SkyReelsV2Transformer3DModel and the kwargs of one forward call.
+
+    kind "t2v": one timestep per sample. kind "df": diffusion forcing, a timestep per latent
+    frame (all different) and the fps embedding; `block` > 1: the block-causal mask over
+    groups of `block` frames.
+    """
+    import torch
+
+    overrides = dict(num_attention_heads=heads, attention_head_dim=head_dim, ffn_dim=2 * heads * head_dim,
+                     inject_sample_info=kind == "df", num_frame_per_block=block)
+    transformer = tiny_transformer(seed, **overrides)
+    g = torch.Generator().manual_seed(11)
+    kwargs = dict(
+        hidden_states=torch.randn(batch, 4, latent_frames, latent_height, latent_width, generator=g),
+        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
+        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
+    )
+    if kind == "df":
+        # Batch 1, as the pipeline calls it (its fps embedding broadcasts over one sample only).
+        kwargs = {k: v[:1] for k, v in kwargs.items()}
+        kwargs.update(timestep=(torch.rand(1, latent_frames, generator=g) * 1000).long(),
+                      enable_diffusion_forcing=True, fps=[1])
+    return transformer, kwargs
+
+
+def forward_cases() -> list:
+    """Token counts no world size 2..6 divides; 12 heads (1.3B-like: 4 and 5 ranks run ring
+    or hybrid layouts)."""
+    from raydit.models.conformance import ForwardCase
+
+    return [
+        # DF 1.3B-like: a timestep per frame (temb [B, 6, L, C] split with the video); 7 x 1 x 7 = 49 tokens.
+        ForwardCase("skyreels-df-h12", _BUILD_FORWARD, 12,
+                    dict(kind="df", latent_frames=7, latent_height=2, latent_width=14, heads=12, head_dim=8)),
+        # T2V: one timestep per sample; 5 x 1 x 11 = 55 tokens.
+        ForwardCase("skyreels-t2v-h12", _BUILD_FORWARD, 12,
+                    dict(kind="t2v", latent_frames=5, latent_height=2, latent_width=22, heads=12, head_dim=8),
+                    worlds=(3,)),
+        # Block-causal attention (causal_block_size 2): 6 x 1 x 7 = 42 tokens, mask rows split.
+        ForwardCase("skyreels-df-causal", _BUILD_FORWARD, 6,
+                    dict(kind="df", latent_frames=6, latent_height=2, latent_width=14, heads=6, head_dim=12,
+                         block=2), worlds=(2, 5)),
+    ]
+
+
+_BUILD_PIPELINE = "raydit.models.families.skyreels:skyreels_pipeline"
+
+
+def skyreels_pipeline(base_dir: str):
+    """A tiny SkyReels-V2 pipeline loaded from its directory (as a real checkpoint is)."""
+    return load_pipeline_dir(base_dir)
+
+
+def runner_cases(base_dirs) -> list:
+    """Denoising cases on the tiny pipelines (6 heads: Ulysses 1, 2, 3, 6; 4, 5 and 8 ranks
+    run ring / hybrid layouts); 45 video tokens (3 x 3 x 5), or 18 (3 x 2 x 3) in the long
+    video's windows and I2V."""
+    from raydit.models.conformance import RunnerCase
+
+    def case(name, tiny, request, **kw):
+        return RunnerCase(name, _BUILD_PIPELINE, 6, request, dict(base_dir=base_dirs[tiny]), **kw)
+
+    return [
+        # T2V: UniPC's history travels in the checkpoint; two guidance calls.
+        case("skyreels-t2v", "tiny-skyreels", dict(prompt="a red fox runs", num_frames=9, height=48, width=80,
+                                                   num_inference_steps=3, guidance_scale=5.0, seed=11),
+             worlds=(2, 3, 4)),
+        # Diffusion forcing, asynchronous: 13 frames = 4 latent frames in 2 causal blocks
+        # (block-causal attention), the second a step behind the first (4 steps); 60 tokens.
+        case("skyreels-df-causal", "tiny-skyreels-df",
+             dict(prompt="a lighthouse", num_frames=13, height=48, width=80, num_inference_steps=3,
+                  guidance_scale=5.0, seed=5, guidance_options=dict(ar_step=1, causal_block_size=2)),
+             steps=3, checkpoint_step=1, worlds=(2, 4)),
+        # A long video: 13 frames (4 latent) in two windows of 9 (3 latent) overlapping by 5 (2),
+        # the overlap re-noised (4 steps; 18 tokens a window); resumed from a checkpoint in the
+        # first window, run into the second.
+        case("skyreels-df-long", "tiny-skyreels-df",
+             dict(prompt="a river", num_frames=13, height=32, width=48, num_inference_steps=2,
+                  guidance_scale=5.0, seed=8,
+                  guidance_options=dict(base_num_frames=9, overlap_history=5, addnoise_condition=20)),
+             steps=3, checkpoint_step=1, cfg=False, worlds=(3,)),
+        # I2V: CLIP image tokens in front of the text, image latents and mask in the channels.
+        case("skyreels-i2v", "tiny-skyreels-i2v", dict(prompt="a kite", num_frames=9, height=32, width=48,
+                                                       num_inference_steps=3, guidance_scale=5.0, seed=4),
+             image="checker", cfg=False, worlds=(2,)),
+    ]
