@@ -86,7 +86,7 @@ def _cases() -> list[CacheCase]:
         CacheCase("ltx2-fbcache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
                   dict(ltx2_request, cache="fbcache", cache_threshold=1.0), (2, 4), {"audio_split_tokens": 1}),
         CacheCase("ltx2-teacache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
-                  dict(ltx2_request, cache="teacache", cache_threshold=1.3), (2, 4)),
+                  dict(ltx2_request, cache="teacache", cache_threshold=1.3), (4,)),
         # Kandinsky 5: the visual blocks only (the text blocks run before them), channels-last
         # latents; 3 latent frames x 2 x 3 = 18 video tokens (padded on 4 ranks).
         CacheCase("kandinsky5-fbcache", "raydit.models.families.kandinsky5:kandinsky5_pipeline",

@@ -77,7 +77,6 @@ def test_other_families_refuse_guidance_options():
     (dict(num_frames=12), "num_frames 12 must be 8k \\+ 1; nearest: 9 or 17"),
     (dict(width=400), "width 400 must be a multiple of 32; nearest: 384 or 416"),
     (dict(guidance_scale_2=2.0), "guidance_scale_2 is for two-expert pipelines"),
-    (dict(cache="fbcache"), "step caching .fbcache. is not supported for LTX-2"),
 ])
 def test_bad_requests_get_one_line(pipe, change, message):
     with pytest.raises(ValueError, match=message):

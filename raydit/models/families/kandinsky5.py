@@ -604,10 +604,10 @@ def runner_cases(base_dir: str, i2v_dir: str) -> list:
     request = dict(prompt="a red fox runs through snow", negative_prompt="blur", num_frames=9, height=48, width=80,
                    num_inference_steps=2, guidance_scale=5.0, seed=11)
     return [
-        # Every plan on 2..6 ranks (one rank is the reference itself), cfg 2 on 2 and 4; the
-        # forward cases cover 8 ranks.
+        # Every plan on 2..4 ranks (one rank is the reference itself), cfg 2 on 2 and 4 (the
+        # suite's time); the forward cases cover 5, 6 and 8 ranks.
         RunnerCase("kandinsky5-t2v", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir),
-                   worlds=(2, 3, 4, 5, 6)),
+                   worlds=(2, 3, 4)),
         # 5 x 2 x 3 = 30 video tokens (4 ranks pad); an empty negative prompt: the pipeline's default.
         RunnerCase("kandinsky5-i2v", _BUILD_PIPELINE, TINY_HEADS,
                    dict(request, seed=5, negative_prompt="", **TINY_I2V_DEFAULTS),
