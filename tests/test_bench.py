@@ -174,6 +174,7 @@ def test_serve_front_cpu_is_net_of_the_idle_front_and_skips_rounds_that_did_not_
     assert sorted(net["the HTTP proxy"]["values"]) == [30.0, 40.0, 40.0]
 
 
+@pytest.mark.long
 def test_bench_gpu_smoke_runs_every_part_on_the_cpu(tmp_path):
     """bench/bench_gpu.py --smoke: the GPU script's own code on the CPU with tiny shapes. Every
     part runs (none skipped, none failed) and writes its figures; the Engine's steps carry

@@ -130,6 +130,7 @@ def _kill_tree(proc: subprocess.Popen, marker: str) -> None:
         pass
 
 
+@pytest.mark.long
 def test_ray_job_submit_generates_an_mp4(tmp_path):
     """`ray start --head` on loopback with its own temp dir and ports, then a real
     `ray job submit` of `raydit generate`; token authentication stays on."""
@@ -185,6 +186,7 @@ def test_ray_job_submit_generates_an_mp4(tmp_path):
         _kill_tree(head, str(temp_dir))
 
 
+@pytest.mark.long
 def test_quickstart_notebook_runs(tmp_path):
     import nbformat
     from nbclient import NotebookClient
@@ -211,6 +213,7 @@ def test_doctor_reports_versions_kernel_and_the_cluster(ray_local):
     assert text.returncode == 0 and "attention" in text.stdout and "flash-attn" in text.stdout
 
 
+@pytest.mark.long
 def test_verify_checks_every_plan_against_one_rank(ray_local):
     from raydit.verify import feasible_layouts
 
@@ -223,6 +226,7 @@ def test_verify_checks_every_plan_against_one_rank(ray_local):
     assert all(r["max_abs_diff"] < 1e-3 for r in rows)
 
 
+@pytest.mark.long
 def test_verify_in_bf16_judges_plans_by_their_error_against_float64(ray_local):
     """Issue 31 item 3: in bfloat16 (a GPU's default; asked for here on the CPU) a plan passes
     when its error against the same request in float64 is at most 2x one rank's bf16 error,
