@@ -48,15 +48,19 @@ class Runner:
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
                  offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
-                 parallel_options: dict | None = None):
+                 parallel_options: dict | None = None, attention: str = "bf16"):
         """init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
         draw their noise in the run's dtype, and bf16 and float64 draws differ).
         parallel_options: the plan's further choices for the model (its adapter's `options`,
-        e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`."""
+        e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`.
+        attention: the attention mode (raydit.parallel.kernels.ATTENTION_MODES); an 8-bit mode
+        routes every attention through sp_attention's kernels, on one rank too."""
+        from raydit.parallel.kernels import check_mode
         from raydit.models.registry import family_for_pipeline
 
+        self.attention = check_mode(attention)
         self.family = family_for_pipeline(pipe)
         self.branch_degree = 1 if mesh is None else mesh.cfg
         most = self.family.max_branches
@@ -93,12 +97,19 @@ class Runner:
         self.handles = []
         self._last_state: DenoiseState | None = None
         self._step_cache = None  # raydit.models.cache.StepCache, installed by the first cached request
-        if mesh is not None and mesh.sp > 1:
+        # The mesh attention runs on: the plan's, or for an 8-bit mode a one-rank sequence mesh
+        # where the plan splits no sequence (held here: custom ops find meshes by weak key).
+        self.attention_mesh = mesh
+        if attention != "bf16":
+            from raydit.parallel.mesh import with_attention
+
+            self.attention_mesh = with_attention(mesh, attention)
+        if self.attention_mesh is not None and (self.attention_mesh.sp > 1 or attention != "bf16"):
             from raydit.models.registry import parallelize
 
             try:
                 for transformer in self.family.transformers(pipe):
-                    self.handles.append(parallelize(transformer, mesh, parallel_options))
+                    self.handles.append(parallelize(transformer, self.attention_mesh, parallel_options))
             except BaseException:
                 self.close()
                 raise

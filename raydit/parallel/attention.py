@@ -288,9 +288,11 @@ def sp_attention(
                                "" if kernel is None else kernel.name, head_chunks)
     # Ring 1 needs no lse: unless a kernel is forced, torch's SDPA runs there (it may pick a
     # backend that cannot return the lse, cuDNN on Hopper, faster than every LSE kernel).
-    plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D) if kernel is None and mesh.ring == 1 else None
+    # An 8-bit attention mode (mesh.attention) runs its own kernel at every ring degree.
+    exact = mesh.attention == "bf16"
+    plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D) if kernel is None and mesh.ring == 1 and exact else None
     if kernel is None:
-        kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D)
+        kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D, mesh.attention)
 
     block_ranges = ring_block_ranges(layout, U, mesh.ring)
 

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from raydit.parallel import lowbit
+
 log = logging.getLogger(__name__)
 
 KernelFn = Callable[[Tensor, Tensor, Tensor, float], "tuple[Tensor, Tensor]"]
@@ -186,6 +188,7 @@ KERNELS: dict[str, KernelFn] = {
     "torch-cuda": _torch_cuda,
     "torch-cpu": _torch_cpu_flash,
     "reference": _reference,
+    **lowbit.KERNELS,
 }
 
 
@@ -198,11 +201,21 @@ def _flash_attn_installed() -> bool:
     return _installed("flash_attn")
 
 
-def candidate_kernels(device: torch.device | str, dtype: torch.dtype | None = None) -> list[str]:
-    """The LSE kernels that may run on `device` for `dtype` (all dtypes: None), in the order
-    preferred when no rate tells them apart. Installed is not working: each one still has to
-    pass `check_kernel` (FlashAttention-3 needs a Hopper GPU, cuDNN's SDPA a recent cuDNN)."""
+def check_mode(mode: str) -> str:
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"attention mode {mode!r} is unknown; choose one of {', '.join(ATTENTION_MODES)}")
+    return mode
+
+
+def candidate_kernels(device: torch.device | str, dtype: torch.dtype | None = None,
+                      mode: str = DEFAULT_ATTENTION_MODE) -> list[str]:
+    """The LSE kernels that may run on `device` for `dtype` (all dtypes: None) in attention
+    `mode`, in the order preferred when no rate tells them apart. Installed is not working:
+    each one still has to pass `check_kernel` (FlashAttention-3 needs a Hopper GPU, cuDNN's
+    SDPA a recent cuDNN). 8-bit kernels: raydit.parallel.lowbit.candidates."""
     device = torch.device(device)
+    if check_mode(mode) in lowbit.MODES:
+        return lowbit.candidates(device, dtype, (mode,))
     half = dtype is None or dtype in HALF_DTYPES
     names: list[str] = []
     if device.type == "cuda":
@@ -218,6 +231,8 @@ def candidate_kernels(device: torch.device | str, dtype: torch.dtype | None = No
             names.append("torch-efficient")
     elif device.type == "cpu":
         names.append("torch-cpu")
+    if mode == "auto":  # the 8-bit kernels that can be fast here (emulations never are)
+        names += [n for n in lowbit.candidates(device, dtype, lowbit.MODES) if not n.endswith("-torch")]
     return names
 
 
@@ -295,9 +310,14 @@ def check_kernel(name: str, device: torch.device | str, dtype: torch.dtype, head
             return _verdicts[key]
         why: str | None
         try:
-            q, k, v, scale = _check_inputs(torch.device(device), dtype, int(head_dim))
-            out, lse = AttentionKernel(name, KERNELS[name])(q, k, v, scale)
-            why = _compare(dtype, out, lse, *_exact(q.cpu(), k.cpu(), v.cpu(), scale))
+            if name in lowbit.KERNELS:  # held to the 8-bit mode's own tolerance, on keys with an offset
+                q, k, v, scale = lowbit.check_inputs(torch.device(device), dtype, int(head_dim))
+                out, lse = AttentionKernel(name, KERNELS[name])(q, k, v, scale)
+                why = lowbit.compare(name, dtype, out, lse, *_exact(q.cpu(), k.cpu(), v.cpu(), scale))
+            else:
+                q, k, v, scale = _check_inputs(torch.device(device), dtype, int(head_dim))
+                out, lse = AttentionKernel(name, KERNELS[name])(q, k, v, scale)
+                why = _compare(dtype, out, lse, *_exact(q.cpu(), k.cpu(), v.cpu(), scale))
         except Exception as exc:  # unsupported dtype / head dim / GPU, missing symbol: all drop it
             why = _short(exc)
         if why is not None:
@@ -451,7 +471,7 @@ def _fallback(device, dtype, head_dim, dropped) -> KernelChoice:
     return KernelChoice("reference", _device_key(device), dtype, int(head_dim), "fallback", {}, dropped)
 
 
-_choices: dict[tuple[str, torch.dtype, int], KernelChoice] = {}
+_choices: dict[tuple[str, torch.dtype, int, str], KernelChoice] = {}
 
 
 def _default_dtype(device: torch.device | str) -> torch.dtype:
@@ -459,20 +479,23 @@ def _default_dtype(device: torch.device | str) -> torch.dtype:
 
 
 def kernel_choice(device: torch.device | str, dtype: torch.dtype | None = None,
-                  head_dim: int | None = None) -> KernelChoice:
-    """The LSE kernel that runs on (device, dtype, head_dim), decided once per process: the
-    candidates that pass the float64 check, then the fastest by the rates seeded from a
-    calibration (`use_measured_rates`) or else by one bounded probe; no probe where one
-    candidate is left. dtype None: bf16 on CUDA, float32 on a CPU; head_dim None: 128."""
+                  head_dim: int | None = None, mode: str = DEFAULT_ATTENTION_MODE) -> KernelChoice:
+    """The LSE kernel that runs on (device, dtype, head_dim) in attention `mode`, decided once
+    per process: the candidates that pass the float64 check, then the fastest by the rates
+    seeded from a calibration (`use_measured_rates`) or else by one bounded probe; no probe
+    where one candidate is left. dtype None: bf16 on CUDA, float32 on a CPU; head_dim None:
+    128. An 8-bit mode with no kernel that passed is a ValueError (never the slow fallback)."""
     dtype = dtype or _default_dtype(device)
     head_dim = int(head_dim or DEFAULT_HEAD_DIM)
-    key = (_device_key(device), dtype, head_dim)
+    key = (_device_key(device), dtype, head_dim, check_mode(mode))
     hit = _choices.get(key)
     if hit is not None:
         return hit
     with _lock:
         if key not in _choices:
-            verified, dropped = _split_verified(candidate_kernels(device, dtype), device, dtype, head_dim)
+            verified, dropped = _split_verified(candidate_kernels(device, dtype, mode), device, dtype, head_dim)
+            if not verified and mode in lowbit.MODES:
+                raise ValueError(lowbit.no_kernel_message(mode, key[0], dtype, head_dim, dropped))
             if not verified:
                 choice = _fallback(device, dtype, head_dim, dropped)
             elif len(verified) == 1:
@@ -502,7 +525,7 @@ def use_measured_rates(device: torch.device | str, dtype: torch.dtype, head_dim:
         choice = KernelChoice(choose_kernel(known, verified), _device_key(device), dtype, int(head_dim),
                               why, known, dropped)
     with _lock:
-        _choices[(choice.device, dtype, int(head_dim))] = choice
+        _choices[(choice.device, dtype, int(head_dim), DEFAULT_ATTENTION_MODE)] = choice
     return choice
 
 
@@ -528,7 +551,7 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype | None = None, 
             f"attention kernel {prefer!r} cannot run on {torch.device(device)}; available: {', '.join(names)}"
         )
     dtype = dtype or _default_dtype(device)
-    usable = candidate_kernels(device, dtype) + ["reference"]
+    usable = candidate_kernels(device, dtype) + lowbit.candidates(device, dtype, lowbit.MODES) + ["reference"]
     if torch.device(device).type == "cuda":
         usable.append("torch-cuda")
     if prefer not in usable:
@@ -542,9 +565,10 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype | None = None, 
     return AttentionKernel(prefer, KERNELS[prefer])
 
 
-def default_kernel(device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None) -> AttentionKernel:
-    """The kernel sp_attention uses when given none: decided once per (device, dtype, head dim)."""
-    return kernel_choice(device, dtype, head_dim).kernel
+def default_kernel(device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None,
+                   mode: str = DEFAULT_ATTENTION_MODE) -> AttentionKernel:
+    """The kernel sp_attention uses when given none: decided once per (device, dtype, head dim, mode)."""
+    return kernel_choice(device, dtype, head_dim, mode).kernel
 
 
 # -- without an lse ------------------------------------------------------------------------------

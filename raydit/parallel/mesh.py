@@ -9,6 +9,7 @@ span a subset `ranks` of the world; the formula then gives the position in `rank
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -41,6 +42,9 @@ class ParallelMesh:
     cfg_group: dist.ProcessGroup | None
     ring_prev: int  # global rank this rank receives K/V from
     ring_next: int  # global rank this rank sends K/V to
+    # Which attention kernels sp_attention runs when given none (raydit.parallel.kernels
+    # ATTENTION_MODES): "bf16" the run's own dtype; "int8" / "fp8" 8-bit QK^T; "auto" the fastest.
+    attention: str = "bf16"
     # What a torch custom op (raydit.parallel.opaque) receives instead of the mesh: set at
     # creation, see `mesh_key`.
     key: int = field(default=0, init=False, compare=False, repr=False)
@@ -92,7 +96,8 @@ def _register(mesh: ParallelMesh) -> int:
     released one (a regroup with the same degrees) takes its key and the graphs compiled for
     it; two live meshes with the same coordinates get different keys (n = 0, 1, ...).
     """
-    coords = (mesh.ulysses, mesh.ring, mesh.cfg, mesh.replicas, mesh.rank, mesh.mesh_rank, mesh.ring_prev, mesh.ring_next)
+    coords = (mesh.ulysses, mesh.ring, mesh.cfg, mesh.replicas, mesh.rank, mesh.mesh_rank, mesh.ring_prev, mesh.ring_next,
+              mesh.attention)
     n = 0
     while True:
         key = _KEYS.setdefault((coords, n), len(_KEYS) + 1)
@@ -227,6 +232,18 @@ def build_mesh(
         ring_prev=ring_prev,
         ring_next=ring_next,
     )
+
+
+def with_attention(mesh: ParallelMesh | None, attention: str) -> ParallelMesh:
+    """`mesh` (None: one process, no groups) whose sp_attention runs the kernels of attention
+    mode `attention`. A mesh without sequence parallelism (cfg or replicas only) gives a
+    one-rank sequence mesh: its attention runs locally, through sp_attention's kernels."""
+    from raydit.parallel.kernels import check_mode
+
+    check_mode(attention)
+    if mesh is None or mesh.sp == 1:
+        return ParallelMesh(1, 1, 1, 1, 0, 0, None, None, None, None, 0, 0, attention)
+    return dataclasses.replace(mesh, attention=attention)
 
 
 def release_mesh(mesh: ParallelMesh | None) -> None:
