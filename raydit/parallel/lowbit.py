@@ -28,6 +28,7 @@ Two implementations of each mode compute the same thing up to accumulation order
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import Tensor
@@ -108,12 +109,49 @@ def fp8_torch(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Te
 
 
 # -- the Triton implementation -----------------------------------------------------------------
+# Tiles tried once per (head dim, mode) by Triton's autotuner on the first call of a process.
+TILES = ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3))  # BLOCK_M, BLOCK_N, warps, stages
+QUANT_ROWS = 32
+
+
 @functools.lru_cache(maxsize=None)
-def _triton_kernel():
-    """The Triton kernel, built on first use (Triton is imported only here)."""
+def _triton_kernels():
+    """(attention kernel, quantization kernel), built on first use (Triton is imported only here)."""
     import triton
     import triton.language as tl
 
+    @triton.jit
+    def _quant(X, Y, Scale, Mean, Dot, Corr, S, H, sb, sh, ss, sd, pre_scale, corr_scale,
+               QMAX: tl.constexpr, FP8: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_CORR: tl.constexpr,
+               ROWS: tl.constexpr, D: tl.constexpr):
+        # One program: ROWS tokens of one (b, h) of x (B, H, S, D), any strides, read once:
+        # corr = corr_scale * x . dot (the lse term), then x8 = q((x - mean) * pre_scale) per token.
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
+        b, h = bh // H, bh % H
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        dims = tl.arange(0, D)
+        live = rows < S
+        x = tl.load(X + b.to(tl.int64) * sb + h.to(tl.int64) * sh + rows[:, None].to(tl.int64) * ss + dims[None, :] * sd,
+                    mask=live[:, None], other=0.0).to(tl.float32)
+        out = bh.to(tl.int64) * S
+        if HAS_CORR:
+            vec = tl.load(Dot + bh * D + dims)
+            tl.store(Corr + out + rows, tl.sum(x * vec[None, :], 1) * corr_scale, mask=live)
+        if HAS_MEAN:
+            x = x - tl.load(Mean + bh * D + dims)[None, :]
+        x = x * pre_scale
+        scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / QMAX
+        y = x / scale[:, None]
+        if FP8:
+            y8 = tl.minimum(tl.maximum(y, -QMAX), QMAX).to(Y.dtype.element_ty)
+        else:  # round half away from zero (torch.round: half to even; ties have measure zero)
+            y8 = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8)
+        tl.store(Y + out * D + rows[:, None] * D + dims[None, :], y8, mask=live[:, None])
+        tl.store(Scale + out + rows, scale, mask=live)
+
+    @triton.autotune(configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+                              for m, n, w, st in TILES], key=["D", "FP8"])
     @triton.jit
     def _attn_8bit(Q8, K8, V, QS, KS, VS, Out, Lse, Corr,
                    Sq, Sk,
@@ -146,10 +184,11 @@ def _triton_kernel():
             w = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(w, 1)
             acc = acc * alpha[:, None]
-            v = tl.load(V + k_base + keys[:, None] * D + dims[None, :], mask=keys[:, None] < Sk, other=0)  # (N, D)
-            if FP8:
-                acc += tl.dot((w * 448.0).to(tl.float8e4nv), v)
+            if FP8:  # V comes transposed, (B, H, D, Sk): FP8 MMAs take both operands K-major
+                vt = tl.load(V + k_base + dims[:, None] * Sk + keys[None, :], mask=keys[None, :] < Sk, other=0)  # (D, N)
+                acc += tl.dot((w * 448.0).to(vt.dtype), tl.trans(vt))
             else:
+                v = tl.load(V + k_base + keys[:, None] * D + dims[None, :], mask=keys[:, None] < Sk, other=0)  # (N, D)
                 acc += tl.dot(w.to(v.dtype), v)
             m_i = m_new
         if FP8:
@@ -161,7 +200,7 @@ def _triton_kernel():
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453 + corr
         tl.store(Lse + bh.to(tl.int64) * Sq + rows, lse, mask=rows < Sq)
 
-    return _attn_8bit
+    return _attn_8bit, _quant
 
 
 TRITON_HEAD_DIMS = (64, 128)
@@ -179,20 +218,51 @@ def attention_triton(q: Tensor, k: Tensor, v: Tensor, scale: float, mode: str) -
         raise ValueError(f"the 8-bit Triton kernel runs head dims {TRITON_HEAD_DIMS}, not {D}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the 8-bit Triton kernel takes bf16 or fp16, not {q.dtype}")
-    p = prepare(q, k, v, scale, mode)
+    attn, _ = _triton_kernels()
+    p = prepare_triton(q, k, v, scale, mode)
     fp8 = mode == "fp8"
-    v_in = p["v8"] if fp8 else v.contiguous()
-    vs = p["sv"].reshape(B * H, D).contiguous() if fp8 else p["sq"]  # an unused pointer for INT8
+    vs = p["sv"] if fp8 else p["sq"]  # an unused pointer for INT8
     out = torch.empty(B, H, Sq, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    grid = (triton_cdiv(Sq, QUERY_BLOCK), B * H)
-    _triton_kernel()[grid](
-        p["q8"].contiguous(), p["k8"].contiguous(), v_in, p["sq"].contiguous(), p["sk"].contiguous(), vs,
-        out, lse, p["correction"].contiguous(), Sq, Sk,
-        BLOCK_M=QUERY_BLOCK, BLOCK_N=KEY_BLOCK, D=D, FP8=fp8,
-        num_warps=8 if D == 128 else 4, num_stages=3,
-    )
+    args = (p["q8"], p["k8"], p["v"], p["sq"], p["sk"], vs, out, lse, p["correction"], Sq, Sk)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter cannot autotune: one tile
+        m, n, _, _ = TILES[0]
+        attn.fn[(triton_cdiv(Sq, m), B * H)](*args, D=D, FP8=fp8, BLOCK_M=m, BLOCK_N=n)
+    else:
+        attn[lambda meta: (triton_cdiv(Sq, meta["BLOCK_M"]), B * H)](*args, D=D, FP8=fp8)
     return out, lse
+
+
+def _quantize_triton(x: Tensor, mode: str, pre_scale: float, mean: Tensor | None = None,
+                     dot: Tensor | None = None, corr_scale: float = 0.0) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Triton's `quantize`, x read once in its own strides: (x8, scales (B, H, S), and with
+    `dot` (B, H, D) the lse term corr_scale * x . dot (B, H, S))."""
+    _, kernel = _triton_kernels()
+    B, H, S, D = x.shape
+    fp8 = mode == "fp8"
+    y = torch.empty(B, H, S, D, dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=x.device)
+    scales = torch.empty(B, H, S, dtype=torch.float32, device=x.device)
+    corr = torch.empty(B, H, S, dtype=torch.float32, device=x.device) if dot is not None else None
+    kernel[(triton_cdiv(S, QUANT_ROWS), B * H)](
+        x, y, scales, mean if mean is not None else scales, dot if dot is not None else scales,
+        corr if corr is not None else scales, S, H, *x.stride(), float(pre_scale), float(corr_scale),
+        QMAX=FP8_MAX if fp8 else INT8_MAX, FP8=fp8, HAS_MEAN=mean is not None, HAS_CORR=dot is not None,
+        ROWS=QUANT_ROWS, D=D)
+    return y, scales, corr
+
+
+def prepare_triton(q: Tensor, k: Tensor, v: Tensor, scale: float, mode: str) -> dict:
+    """`prepare`'s values from Triton kernels that read q and k once each (V of FP8 in torch),
+    laid out for the attention kernel: contiguous (B, H, S, D); FP8's V transposed (B, H, D, Sk)."""
+    mean_k = k.mean(dim=2, dtype=torch.float32).contiguous()  # (B, H, D)
+    q8, sq, corr = _quantize_triton(q, mode, scale * LOG2E, dot=mean_k, corr_scale=scale)
+    k8, sk, _ = _quantize_triton(k, mode, 1.0, mean=mean_k)
+    p = {"q8": q8, "sq": sq, "k8": k8, "sk": sk, "correction": corr, "v": v.contiguous()}
+    if mode == "fp8":
+        sv = v.abs().amax(dim=2).float().clamp_min(_TINY) / FP8_MAX  # (B, H, D)
+        p["v"] = (v.float() / sv.unsqueeze(2)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).transpose(-1, -2).contiguous()
+        p["sv"] = sv.contiguous()
+    return p
 
 
 def int8_triton(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:

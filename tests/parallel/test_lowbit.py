@@ -166,7 +166,11 @@ def test_triton_kernels_compute_the_torch_scheme(mode, head_dim):
     scale = head_dim ** -0.5
     out, lse = lowbit.attention_triton(q, k, v, scale, mode)
     ref, ref_lse = lowbit.attention_torch(q, k, v, scale, mode)
-    # Same quantized values; P rounded to bf16 / e4m3 against different running maxima.
-    assert lowbit.relative_l2(out, ref) < {"int8": 5e-3, "fp8": 2e-2}[mode]
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+    exact, _ = _exact(q.cpu(), k.cpu(), v.cpu(), scale)
+    own = lowbit.relative_l2(ref.cpu(), exact)
+    # The same scheme: a value on a rounding edge of the 8-bit grid may round the other way
+    # (fused vs unfused float math), and P is rounded against running maxima; both far below
+    # the mode's own error.
+    assert lowbit.relative_l2(out, ref) < 0.25 * own
+    assert float((lse - ref_lse).abs().max()) < 0.25 * lowbit.CHECK_TOLERANCE[mode][1]
     assert kernels.check_kernel(f"{mode}-triton", "cuda", torch.bfloat16, head_dim) is None
