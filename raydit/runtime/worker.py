@@ -198,6 +198,8 @@ class RankWorker:
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
             offload_idle=bool(degrees.get("offload_idle")),
             compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
+            quantize=degrees.get("quantize"),  # FP8 linear layers (raydit.models.quantize), on every rank
+            attention=degrees.get("attention"),
             parallel_options={"audio_split_tokens": degrees.get("audio_split_tokens")} if mesh is not None else None,
         )
         return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1)}
