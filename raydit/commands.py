@@ -77,6 +77,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", default=None,
                    help="regional torch.compile of the transformer blocks on every rank: the first request of a "
                         "size compiles (reported as compile seconds, apart from the steps); not with unfused --lora")
+    add_precision_arguments(p)
     p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
     p.add_argument("--ulysses", type=int)
@@ -94,10 +95,24 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                                     "step, with the same latents (its request and options come from there)")
 
 
-# What defines the request: with --resume it comes from the saved run, not the command line.
+def add_precision_arguments(p: argparse.ArgumentParser) -> None:
+    """--quantize and --attention (generate and serve; checked by check_precision)."""
+    from raydit.models.quantize_options import QUANTIZE_MODES
+
+    p.add_argument("--quantize", choices=QUANTIZE_MODES,
+                   help="FP8 linear layers in the transformer blocks on every rank: fp8 (torchao; NVIDIA GPUs of "
+                        "compute capability 8.9+; pip install torchao), fp8-sim (the same numbers emulated on any "
+                        "device: numerics only, no speed) or none (default); not with unfused --lora")
+    p.add_argument("--attention", metavar="MODE",
+                   help="attention kernels: bf16 (default: the run's dtype), auto (the fastest that passed its "
+                        "float64 check), int8 or fp8")
+
+
+# What defines the request: with --resume it comes from the saved run, not the command line
+# (quantize and attention change its numbers).
 REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
                    "guidance_scale_2", "true_cfg_scale", "guidance_option", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
-                   "fuse_lora")
+                   "fuse_lora", "quantize", "attention")
 JOB_FILE = "job.json"
 
 GENERATE_DEFAULTS = {
@@ -162,6 +177,9 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--fuse-lora fuses one LoRA into the weights, but {len(opts['lora_table'])} are given; "
                          "give exactly one --lora (or one loras: entry), or drop --fuse-lora")
     check_compile(opts)
+    from raydit.models.quantize_options import check_precision_options
+
+    check_precision_options(opts)
     return opts
 
 
@@ -193,6 +211,8 @@ def engine_kwargs(o: dict) -> dict:
         loras=o["lora_table"],
         fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
         compile=bool(o.get("compile")),
+        quantize=o.get("quantize"),
+        attention=o.get("attention"),
     )
 
 

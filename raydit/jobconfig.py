@@ -33,6 +33,8 @@ GENERATE_OPTIONS: dict[str, type] = {
     "loras": list,  # paths, or mappings {path, scale, name, target}
     "fuse_lora": bool,  # merge the one LoRA into the weights (--fuse-lora)
     "compile": bool,  # regional torch.compile of the transformer blocks (--compile)
+    "quantize": str,  # FP8 linear layers: none, fp8 or fp8-sim (--quantize)
+    "attention": str,  # attention kernels: bf16, auto, int8 or fp8 (--attention)
     "workers": int,
     "device": str,
     "ulysses": int,

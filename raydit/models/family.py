@@ -289,6 +289,11 @@ class Family:
     true_cfg: bool = False
     # The names of GenerationRequest.guidance_options this family takes; the runner refuses others.
     option_names: tuple[str, ...] = ()
+    # quantize (raydit.models.quantize): inside a transformer block, the linear layers under a
+    # submodule whose name matches one of these patterns stay in the run's dtype. "norm*":
+    # diffusers' adaptive norms (norm1.linear ...), the blocks' modulation in most families; a
+    # family whose modulation lives under another name adds it.
+    quantize_keep: tuple[str, ...] = ("norm*",)
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:

@@ -330,6 +330,13 @@ def load(pipe, family, spec: LoraSpec) -> None:
     have = {n for names in loaded(pipe).values() for n in names}
     if spec.name in have:
         raise ValueError(f"a LoRA named {spec.name!r} is already loaded; unload it first or choose another name")
+    from raydit.models.quantize import quantized
+
+    done = [quantized(t) for t in family.transformers(pipe) if quantized(t) is not None]
+    if done:
+        # Fused into FP8-rounded weights it would not be rounded itself; switched, refused (quantize_options).
+        raise ValueError(f"LoRA {spec.name!r} cannot be loaded into weights quantized {done[0].mode} already; "
+                         "load (and fuse) it before the pipeline is quantized")
     state_dict = read_state_dict(type(pipe), spec.path)
     components = _components(pipe, spec)
     for component, module in components.items():

@@ -33,6 +33,15 @@ from raydit.models.family import (
     pack_scheduler_state,
 )
 from raydit.models.lora import activate as activate_lora
+from raydit.models.lora import fused as fused_loras
+from raydit.models.quantize_options import (
+    DEFAULT_FP8_GRANULARITY,
+    check_attention,
+    check_granularity,
+    check_quantize,
+    check_quantize_device,
+    quantize_lora_refusal,
+)
 from raydit.models.text_encoding import (
     EncodeFailed,
     broadcast_branches,
@@ -48,19 +57,33 @@ class Runner:
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
                  offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
-                 parallel_options: dict | None = None, attention: str = "bf16"):
+                 parallel_options: dict | None = None, quantize: str | None = None, attention: str | None = None,
+                 fp8_granularity: str = DEFAULT_FP8_GRANULARITY):
         """init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
         draw their noise in the run's dtype, and bf16 and float64 draws differ).
         parallel_options: the plan's further choices for the model (its adapter's `options`,
         e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`.
-        attention: the attention mode (raydit.parallel.kernels.ATTENTION_MODES); an 8-bit mode
-        routes every attention through sp_attention's kernels, on one rank too."""
-        from raydit.parallel.kernels import check_mode
+        quantize: None / "none", "fp8" or "fp8-sim" (raydit.models.quantize_options): the
+        transformer blocks' linear layers quantized once, here, after the cast to `dtype`
+        (fp8_granularity: their scales per "row" or per "tensor"). attention: the attention
+        kernels' mode (raydit.parallel.kernels.ATTENTION_MODES): an 8-bit mode routes every
+        attention through sp_attention's kernels, on one rank too."""
         from raydit.models.registry import family_for_pipeline
 
-        self.attention = check_mode(attention)
+        self.quantize = check_quantize(quantize)
+        self.fp8_granularity = check_granularity(fp8_granularity)
+        self.attention = check_attention(attention)
+        device_ = torch.device(device)
+        if self.quantize == "fp8":
+            on_gpu = device_.type == "cuda"
+            check_quantize_device(self.quantize, device_.type,
+                                  torch.cuda.get_device_capability(device_) if on_gpu else None,
+                                  torch.cuda.get_device_name(device_) if on_gpu else None)
+            if dtype != torch.bfloat16:
+                raise ValueError(f"quantize 'fp8' runs in bfloat16 (torchao's FP8 layers), not {dtype}; "
+                                 "use dtype bfloat16, or quantize fp8-sim to check FP8 numerics in another dtype")
         self.family = family_for_pipeline(pipe)
         self.branch_degree = 1 if mesh is None else mesh.cfg
         most = self.family.max_branches
@@ -83,6 +106,23 @@ class Runner:
             self.pipe = pipe.to(dtype=dtype)
         self.device = torch.device(device)
         self.dtype = dtype
+        # FP8 linear layers (raydit.models.quantize): after the cast (the scales are the run
+        # dtype's weights'), on the device, before offloading, parallelizing and compiling.
+        # In place and kept by the pipeline: the next Runner on it (a regroup, a recovery)
+        # finds its weights quantized; a fresh worker's Runner quantizes its own the same way.
+        self.quantized = []
+        if self.quantize is not None:
+            from raydit.models.quantize import quantize_transformer
+
+            for transformer in self.family.transformers(pipe):
+                self.quantized.append(quantize_transformer(transformer, self.quantize, self.fp8_granularity,
+                                                           keep=self.family.quantize_keep))
+        else:
+            from raydit.models.quantize import quantized
+
+            if any(quantized(t) is not None for t in self.family.transformers(pipe)):
+                raise ValueError("this pipeline's transformer is quantized already; load it again to run it "
+                                 "without quantize")
         self.init_dtype = init_dtype or dtype
         self.mesh = mesh
         # The plan keeps idle weights in host memory (planner: Plan.offload_idle_gb): the
@@ -100,11 +140,11 @@ class Runner:
         # The mesh attention runs on: the plan's, or for an 8-bit mode a one-rank sequence mesh
         # where the plan splits no sequence (held here: custom ops find meshes by weak key).
         self.attention_mesh = mesh
-        if attention != "bf16":
+        if self.attention != "bf16":
             from raydit.parallel.mesh import with_attention
 
-            self.attention_mesh = with_attention(mesh, attention)
-        if self.attention_mesh is not None and (self.attention_mesh.sp > 1 or attention != "bf16"):
+            self.attention_mesh = with_attention(mesh, self.attention)
+        if self.attention_mesh is not None and (self.attention_mesh.sp > 1 or self.attention != "bf16"):
             from raydit.models.registry import parallelize
 
             try:
@@ -178,6 +218,8 @@ class Runner:
             takes = ", ".join(family.option_names) or "none"
             raise ValueError(f"guidance option(s) {', '.join(unknown)} are not taken by {type(pipe).__name__} "
                              f"(it takes: {takes}); drop them")
+        if request.lora and self.quantize is not None and not fused_loras(pipe):
+            raise ValueError(quantize_lora_refusal(self.quantize, [f"LoRA {[name for name, _ in request.lora]}"]))
         if request.lora and self.compiled:
             raise ValueError(
                 f"LoRA adapters {[name for name, _ in request.lora]} cannot run on compiled blocks (switching "

@@ -205,6 +205,10 @@ class WorkerPool:
         self.loras: dict = {}
         # Regional torch.compile of every rank's transformer blocks (Engine(compile=True)).
         self.compile = False
+        # FP8 linear layers (None, "fp8", "fp8-sim") and the attention mode of every rank's
+        # Runner (Engine(quantize=..., attention=...)); a re-formed group quantizes the same.
+        self.quantize: str | None = None
+        self.attention: str | None = None
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -286,6 +290,7 @@ class WorkerPool:
                    # idle weights (inactive expert, encoders) kept in host memory
                    "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
                    "compile": int(self.compile),
+                   "quantize": self.quantize, "attention": self.attention,
                    # the audio length from which the plan splits an audio stream's tokens (None: never)
                    "audio_split_tokens": getattr(plan, "audio_split_tokens", None)}
         backend = "nccl" if self.device == "cuda" else "gloo"

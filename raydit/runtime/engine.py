@@ -93,7 +93,10 @@ class Engine:
     counts the steps it served. `compile=True`: regional torch.compile of the transformer
     blocks on every rank (raydit.models.compile); the first request of each shape compiles
     while it is prepared, reported as `result.timings["compile_seconds"]` (0 once warm),
-    apart from `step_seconds` and `encode`. `warmup=True`: before the constructor returns,
+    apart from `step_seconds` and `encode`. `quantize="fp8"`: the transformer blocks' linear
+    layers as FP8 GEMMs on every rank (torchao; GPUs of compute capability 8.9+), "fp8-sim" the
+    same numbers emulated on any device (raydit.models.quantize); `attention`: the attention
+    kernels' mode (raydit.parallel.kernels.ATTENTION_MODES). `warmup=True`: before the constructor returns,
     every replica runs one two-step request at the planned size (kernel choice, allocator
     growth, compilation, decode), so no user's request pays them; `timings["warmup_seconds"]`.
     `max_replicas=K` (> replicas): replicas follow the queue: one more (the planner's best
@@ -134,6 +137,8 @@ class Engine:
         cache: str | None = None,
         cache_threshold: float | None = None,
         compile: bool = False,
+        quantize: str | None = None,
+        attention: str | None = None,
         warmup: bool = False,
         max_replicas: int | None = None,
         scale_up_wait_s: float = 30.0,
@@ -163,6 +168,14 @@ class Engine:
             if not isinstance(value, bool):
                 raise ValueError(f"{flag} {value!r} must be True or False")
         self.compile = compile
+        # FP8 linear layers on every rank (raydit.models.quantize) and the attention mode,
+        # checked before Ray: fp8 on an explicit CPU run is refused here, on a resolved device below.
+        from raydit.models.quantize_options import check_attention, check_quantize, check_quantize_device
+
+        self.quantize = check_quantize(quantize)
+        self.attention = check_attention(attention)
+        if device == "cpu":
+            check_quantize_device(self.quantize, device)
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
@@ -194,6 +207,7 @@ class Engine:
             name, scale = self._fused
             self._loras[name] = dataclasses.replace(self._loras[name], fuse_scale=scale)
         self._refuse_if_compiled([n for n in self._loras if self._fused is None or n != self._fused[0]])
+        self._refuse_if_quantized([n for n in self._loras if self._fused is None or n != self._fused[0]])
         # The planner counts the adapters' bytes on every rank (0 for a fused one).
         self.spec = dataclasses.replace(self.spec, adapter_bytes=float(sum(adapter_bytes(s) for s in self._loras.values())))
         self._workers = workers
@@ -216,6 +230,7 @@ class Engine:
         )
         try:
             self.device = self.cluster.resolve_device(device)
+            check_quantize_device(self.quantize, self.device)  # a GPU's capability: its Runner checks
             self.dtype = dtype or ("bfloat16" if self.device == "cuda" else "float32")
             if workers is not None:
                 # Fail early, naming the numbers, when K replicas of N cannot fit.
@@ -284,6 +299,7 @@ class Engine:
         add(replica)
         pool.loras = dict(self._loras)
         pool.compile = self.compile
+        pool.quantize, pool.attention = self.quantize, self.attention
         seconds = pool.form(plan, self._collective_timeout_s)
         self._timings.setdefault("group_seconds", seconds)
         return replica
@@ -938,6 +954,14 @@ class Engine:
                 "fuse one LoRA into the weights (fuse_lora / --fuse-lora) or drop compile"
             )
 
+    def _refuse_if_quantized(self, names: list) -> None:
+        # A fused LoRA is quantized with the weights; a switched one is refused (quantize_options).
+        from raydit.models.quantize_options import quantize_lora_refusal
+
+        refusal = quantize_lora_refusal(self.quantize, [f"LoRA {', '.join(map(str, names))}"] if names else [])
+        if refusal:
+            raise ValueError(refusal)
+
     def loras(self) -> dict[str, str]:
         """The loaded LoRA adapters: name -> path of the .safetensors file."""
         return {name: spec.path for name, spec in self._loras.items()}
@@ -948,6 +972,7 @@ class Engine:
         expert) or "both". Waits for running requests to finish. Returns the name."""
         self._refuse_if_fused("load a LoRA")
         self._refuse_if_compiled([name or str(path)])
+        self._refuse_if_quantized([name or str(path)])
         with self._lora_lock:
             spec = self._lora_spec({"path": path, "target": target}, name)
             self._sync_loras({**self._loras, spec.name: spec})

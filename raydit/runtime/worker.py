@@ -198,15 +198,19 @@ class RankWorker:
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
             offload_idle=bool(degrees.get("offload_idle")),
             compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
+            quantize=degrees.get("quantize"),  # FP8 linear layers (raydit.models.quantize), on every rank
+            attention=degrees.get("attention"),
             parallel_options={"audio_split_tokens": degrees.get("audio_split_tokens")} if mesh is not None else None,
         )
-        return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1)}
+        return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1,
+                                                            mode=self._runner.attention)}
 
-    def _choose_kernel(self, ring: int) -> str:
+    def _choose_kernel(self, ring: int, mode: str = "bf16") -> str:
         """Decide the attention kernel for the model's head dim now, not inside the first
         step: from the calibration cache where it measured this GPU's type, else by one
         bounded probe per process (raydit.parallel.kernels). Later joins reuse the choice.
-        Returns the name of the kernel that runs: with ring 1 torch's SDPA (no lse needed)."""
+        Returns the name of the kernel that runs: with ring 1 torch's SDPA (no lse needed),
+        unless an 8-bit attention `mode` runs its own kernel (an error names the mode's fix)."""
         import torch
 
         from raydit.parallel.kernels import kernel_choice, plain_kernel
@@ -220,8 +224,8 @@ class RankWorker:
         head_dim = getattr(config, "attention_head_dim", None)
         head_dim = head_dim if isinstance(head_dim, int) else None
         dtype = getattr(torch, self._dtype_name)
-        lse_kernel = kernel_choice(self._device(), dtype, head_dim)
-        if ring == 1 and plain_kernel(self._device(), dtype, lse_kernel.head_dim) is not None:
+        lse_kernel = kernel_choice(self._device(), dtype, head_dim, mode)
+        if mode == "bf16" and ring == 1 and plain_kernel(self._device(), dtype, lse_kernel.head_dim) is not None:
             return "sdpa"
         return lse_kernel.name
 

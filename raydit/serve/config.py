@@ -40,6 +40,8 @@ SERVE_OPTIONS: dict[str, type] = {
     "lora_scale": list,  # their scales (as --lora-scale repeated; used with fuse_lora)
     "fuse_lora": bool,  # merge the one --lora into the weights (diffusers' fuse_lora)
     "compile": bool,  # regional torch.compile of the transformer blocks (raydit.models.compile)
+    "quantize": str,  # FP8 linear layers: none, fp8 or fp8-sim (raydit.models.quantize)
+    "attention": str,  # attention kernels: bf16, auto, int8 or fp8 (raydit.parallel.kernels)
     "warmup": bool,  # one request at the planned size on every replica before the first is admitted
     "max_replicas": int,  # replicas follow the queue between --replicas and this
     "scale_up_wait": float,  # seconds a request waits before a replica is added
@@ -117,6 +119,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", default=None,
                    help="regional torch.compile of the transformer blocks on every rank; the first video of "
                         "each size compiles. Not with per-request LoRAs (--lora without --fuse-lora, --lora-dir)")
+    p.add_argument("--quantize", metavar="MODE",
+                   help="FP8 linear layers in the transformer blocks on every rank: fp8 (torchao; NVIDIA GPUs of "
+                        "compute capability 8.9+), fp8-sim (emulated on any device: numerics only, no speed) or "
+                        "none (default). Not with per-request LoRAs (--lora without --fuse-lora, --lora-dir)")
+    p.add_argument("--attention", metavar="MODE",
+                   help="attention kernels: bf16 (default), auto (the fastest that passed its float64 check), "
+                        "int8 or fp8")
     p.add_argument("--warmup", action="store_true", default=None,
                    help="before the first request is admitted, run one at the planned size on every replica "
                         "(kernel choice, allocator growth, --compile's compilation, the decode), so no user waits "
@@ -176,6 +185,9 @@ def check_serve_options(opts: dict) -> None:
     if not opts.get("host"):
         raise ValueError("--host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)")
     check_lora_options(opts)
+    from raydit.models.quantize_options import check_precision_options
+
+    check_precision_options(opts)
 
 
 def check_lora_options(opts: dict) -> None:
@@ -217,6 +229,8 @@ def engine_kwargs(opts: dict) -> dict:
         loras=opts.get("lora_table"),
         fuse_lora=opts.get("lora_choice") if opts.get("fuse_lora") else None,
         compile=bool(opts.get("compile")),
+        quantize=opts.get("quantize"),
+        attention=opts.get("attention"),
         warmup=bool(opts.get("warmup")),
         max_replicas=opts.get("max_replicas"),
         max_batch=opts.get("max_batch") or 1,

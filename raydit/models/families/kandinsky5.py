@@ -182,6 +182,8 @@ class Kandinsky5Family(Family):
     image_pipelines = (I2V,)
     adapter = Kandinsky5Adapter
     batch_branches = False  # the pipelines call the transformer once per branch
+    # The visual blocks' modulation (visual_modulation.out_layer) stays in the run's dtype under quantize.
+    quantize_keep = Family.quantize_keep + ("visual_modulation",)
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:

@@ -1,0 +1,155 @@
+"""FP8 linear layers in the transformer blocks (quantize "fp8" / "fp8-sim"), once at load.
+
+Which layers, in every family alike: the nn.Linear layers inside the blocks of the adapter's
+plan (the blocks regional compilation compiles, raydit.models.compile): the attention's q / k /
+v / out projections and the feed-forward. The rest stays in the run's dtype, as peers keep
+it: what lies outside the blocks (patch and text embeddings, time embeddings, the final
+norm_out and proj_out, the text encoders and the VAE), and inside a block every linear of a
+submodule named like `Family.quantize_keep` (default "norm*": diffusers' adaptive norms, whose
+`linear` makes the block's modulation from the time embedding; a family whose modulation
+lives elsewhere adds its name). A linear whose in or out features are not multiples of 16
+stays too (FP8 GEMMs, torch._scaled_mm, need them), said in a debug log. peft's adapter
+factors (lora_A / lora_B) are never quantized; a LoRA is quantized only fused into the
+weights (lora.load fuses before the Runner quantizes).
+
+The numbers, with s the scales in float32 and q(v) = round_e4m3(clamp(v / s, -448, 448)):
+    y = (q(x) * s_x) @ (q(W) * s_W)^T + b
+s_W = amax|W| / 448 per output row ("row") or over W ("tensor"), fixed at load; s_x the same
+per token (row of x over its last dim) or over x, from each call's activations (dynamic).
+"fp8" runs it as torchao's Float8DynamicActivationFloat8WeightConfig (FP8 weights in memory,
+FP8 tensor-core GEMMs; the activation's quantization fuses into its producer only under
+torch.compile). "fp8-sim" emulates the same numbers on any device: W is replaced by its
+dequantized q(W) * s_W in the run's dtype, and a forward pre-hook rounds x the same way, so
+the product runs in the run's dtype (numerics only, no speed; an all-zero row gets scale 1).
+
+Quantization is in place and stays with the pipeline when its Runner closes: a worker's next
+Runner (a regroup, a recovery onto another mesh) finds the weights quantized in the same mode
+and leaves them (quantizing twice would round twice); a fresh worker quantizes its freshly
+loaded weights the same way, to the same numbers.
+
+Legend: x [..., in] activations, W [out, in] a weight, s scales (float32).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from raydit.models.quantize_options import check_granularity
+
+log = logging.getLogger(__name__)
+
+# Set on a transformer whose block linears are quantized (a QuantizedLinears), and on each
+# quantized nn.Linear (its (mode, granularity)).
+QUANTIZED_ATTR = "_raydit_quantized"
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+FP8_ALIGN = 16  # torch._scaled_mm: both dims of a weight multiples of 16
+
+
+@dataclass
+class QuantizedLinears:
+    """What `quantize_transformer` did to one transformer."""
+
+    mode: str
+    granularity: str
+    names: list = field(default_factory=list)  # the quantized linears, names within the transformer
+    skipped: list = field(default_factory=list)  # block linears left as they are: dims not multiples of 16
+
+
+def select_linears(transformer, keep: tuple[str, ...] = ("norm*",)) -> tuple[list, list]:
+    """([(name, nn.Linear)] to quantize, [names of block linears skipped for their dims]) of
+    `transformer`: the linears of its plan's blocks, but none under a submodule whose name
+    matches a pattern of `keep` (fnmatch) or is one of peft's adapter factors."""
+    from raydit.models.registry import get_adapter
+
+    names = {id(m): n for n, m in transformer.named_modules()}
+    chosen, skipped = [], []
+    for block in get_adapter(transformer).plan.block_list(transformer):
+        base = names[id(block)]
+        for rel, module in block.named_modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            owners = rel.split(".")[:-1]
+            if any(part.startswith("lora_") or any(fnmatch.fnmatchcase(part, p) for p in keep) for part in owners):
+                continue
+            name = f"{base}.{rel}"
+            if module.in_features % FP8_ALIGN or module.out_features % FP8_ALIGN:
+                log.debug("raydit quantize: %s (%d -> %d features) stays in %s: FP8 GEMMs need multiples of %d",
+                          name, module.in_features, module.out_features, module.weight.dtype, FP8_ALIGN)
+                skipped.append(name)
+                continue
+            chosen.append((name, module))
+    return chosen, skipped
+
+
+def fp8_scale(x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """float32 scales of `x`: amax|x| / 448 over its last dim ("row": [..., 1]) or over all of
+    it ("tensor": a scalar); 1 where the amax is 0 (an all-zero row stays zero)."""
+    xf = x.detach().abs().to(torch.float32)
+    amax = xf.amax(dim=-1, keepdim=True) if granularity == "row" else xf.amax()
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def fake_fp8(x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """x rounded to e4m3 with its scales and dequantized, in x's dtype: q(x) * s_x."""
+    scale = fp8_scale(x, granularity)
+    q = (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (q.to(torch.float32) * scale).to(x.dtype)
+
+
+def _round_input(granularity: str, module, args):
+    """Forward pre-hook of an fp8-sim linear: its input rounded as the FP8 GEMM rounds it."""
+    return (fake_fp8(args[0], granularity), *args[1:])
+
+
+def quantize_transformer(transformer, mode: str, granularity: str = "row",
+                         keep: tuple[str, ...] = ("norm*",)) -> QuantizedLinears:
+    """Quantize `transformer`'s block linears in place (module doc), once: a transformer
+    already quantized in this mode and granularity is left as it is; in another, refused."""
+    check_granularity(granularity)
+    done = getattr(transformer, QUANTIZED_ATTR, None)
+    if done is not None:
+        if (done.mode, done.granularity) != (mode, granularity):
+            raise ValueError(f"{type(transformer).__name__} is quantized {done.mode} ({done.granularity}) already; "
+                             f"load the pipeline again to run it {mode} ({granularity})")
+        return done
+    chosen, skipped = select_linears(transformer, keep)
+    if mode == "fp8":
+        _quantize_torchao(transformer, [m for _, m in chosen], granularity)
+    elif mode == "fp8-sim":
+        with torch.no_grad():
+            for _, module in chosen:
+                module.weight.copy_(fake_fp8(module.weight, granularity))
+                module.register_forward_pre_hook(functools.partial(_round_input, granularity))
+    else:
+        raise ValueError(f"quantize {mode!r} is not fp8 or fp8-sim")
+    for _, module in chosen:
+        setattr(module, QUANTIZED_ATTR, (mode, granularity))
+    done = QuantizedLinears(mode, granularity, [n for n, _ in chosen], skipped)
+    setattr(transformer, QUANTIZED_ATTR, done)
+    return done
+
+
+def _quantize_torchao(transformer, modules: list, granularity: str) -> None:
+    try:
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            PerRow,
+            PerTensor,
+            quantize_,
+        )
+    except ImportError:
+        raise ValueError("quantize 'fp8' needs torchao, which is not installed: pip install torchao "
+                         "(or pip install 'raydit[fp8]')") from None
+    ids = {id(m) for m in modules}
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor())
+    quantize_(transformer, config, filter_fn=lambda module, fqn: id(module) in ids)
+
+
+def quantized(transformer) -> QuantizedLinears | None:
+    """What quantize_transformer did to `transformer`, or None."""
+    return getattr(transformer, QUANTIZED_ATTR, None)
