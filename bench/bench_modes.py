@@ -16,7 +16,7 @@ Parts, each reported as it finishes and written to docs/benchmarks/modes.json (`
 3. quality: the same request in float32 (diffusers' own pipeline, TF32 off) is the reference:
    per mode, the relative L2 error of the final latents and of every transformer call's output
    (on each side's own trajectory), beside bf16's own (diffusers eager in bf16).
-4. width: one Wan-14B-width block stack (40 x 128, FFN 13824, --wide-layers layers) at
+4. width (run second, before the steps): one Wan-14B-width block stack (40 x 128, FFN 13824, --wide-layers layers) at
    81 x 480 x 832, one forward per mode, eager: seconds per layer.
 
 Random weights (scale 0.02) stand in for a checkpoint: no weights can be downloaded where this
@@ -57,12 +57,13 @@ STEPS = 4
 ERROR_ROWS = 2048
 WIDE = dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, freq_dim=256)
 # (label, quantize, attention, compile): the order they run in (the budget cuts from the end).
+# "diffusers compiled" is diffusers' own side, run where it stands in this order.
 MODES = [
-    ("bf16", None, "bf16", False), ("int8-attn", None, "int8", False), ("fp8-attn", None, "fp8", False),
-    ("fp8-linear", "fp8", "bf16", False), ("fp8-linear+int8-attn", "fp8", "int8", False),
-    ("fp8-linear+int8-attn compiled", "fp8", "int8", True), ("fp8-linear compiled", "fp8", "bf16", True),
-    ("int8-attn compiled", None, "int8", True), ("fp8-linear+fp8-attn", "fp8", "fp8", False),
-    ("bf16 compiled", None, "bf16", True),
+    ("bf16", None, "bf16", False), ("int8-attn", None, "int8", False), ("fp8-linear", "fp8", "bf16", False),
+    ("fp8-linear+int8-attn", "fp8", "int8", False), ("fp8-attn", None, "fp8", False),
+    ("fp8-linear+int8-attn compiled", "fp8", "int8", True), ("diffusers compiled", None, None, True),
+    ("fp8-linear compiled", "fp8", "bf16", True), ("int8-attn compiled", None, "int8", True),
+    ("fp8-linear+fp8-attn", "fp8", "fp8", False), ("bf16 compiled", None, "bf16", True),
 ]
 
 
@@ -128,14 +129,17 @@ def _recorder(transformer, outputs: list):
     return transformer.register_forward_hook(hook)
 
 
-def _diffusers_run(ctx: dict, pipe, compiled: bool = False) -> dict:
+def _diffusers_run(ctx: dict, pipe, warm_up: bool = True) -> dict:
     import torch
 
     device, marks, outputs = ctx["device"], [], []
 
+    bounds: list[int] = []
+
     def stamp(p, i, t, kwargs):
         sync(device)
         marks.append(time.perf_counter())
+        bounds.append(len(outputs))
         return kwargs
 
     def call():
@@ -144,9 +148,11 @@ def _diffusers_run(ctx: dict, pipe, compiled: bool = False) -> dict:
                         max_sequence_length=512, generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
                         callback_on_step_end=stamp).frames
     t0 = time.perf_counter()
-    call()  # warm-up (and compile)
+    if warm_up:
+        call()  # warm-up (and compile)
     warm = time.perf_counter() - t0
     marks.clear()
+    bounds.clear()
     handle = _recorder(pipe.transformer, outputs)
     reset_peak(device)
     sync(device)
@@ -154,7 +160,8 @@ def _diffusers_run(ctx: dict, pipe, compiled: bool = False) -> dict:
     latents = call()
     handle.remove()
     steps = [b - a for a, b in zip([t0] + marks[:-1], marks)][1:]
-    return {"steps": steps, "latents": latents.float().cpu(), "outputs": outputs, "warm_s": warm, "peak": peak_gb(device)}
+    return {"steps": steps, "latents": latents.float().cpu(), "outputs": _by_step(outputs, bounds), "warm_s": warm,
+            "peak": peak_gb(device)}
 
 
 def _runner_run(ctx: dict, pipe, quantize, attention, compile_: bool) -> dict:
@@ -177,18 +184,41 @@ def _runner_run(ctx: dict, pipe, quantize, attention, compile_: bool) -> dict:
     handle = _recorder(runner.transformer, outputs)
     reset_peak(device)
     state = runner.prepare(request)
-    steps = []
+    steps, bounds = [], []
     while not state.done:
         sync(device)
         t = time.perf_counter()
         state = runner.step(state)
         sync(device)
         steps.append(time.perf_counter() - t)
+        bounds.append(len(outputs))
     handle.remove()
     latents = state.latents.float().cpu()
     runner.close()
-    return {"steps": steps[1:], "latents": latents, "outputs": outputs, "warm_s": warm, "setup_s": setup,
+    return {"steps": steps[1:], "latents": latents, "outputs": _by_step(outputs, bounds), "warm_s": warm, "setup_s": setup,
             "peak": peak_gb(device)}
+
+
+def _by_step(outputs: list, bounds: list[int]) -> list[list]:
+    """Each step's transformer outputs, one tensor per sample (a batched call's rows apart)."""
+    steps, start = [], 0
+    for end in bounds:
+        steps.append([row for out in outputs[start:end] for row in out.unbind(0)])
+        start = end
+    return steps
+
+
+def _step_errors(run: list[list], ref: list[list]) -> list[float]:
+    """Per step: the relative L2 error of the step's transformer outputs against the float32
+    run's outputs of the same step. The two sides may call the branches (conditional,
+    unconditional) in another order or batched: each output is paired with the reference
+    output of its step it is closest to (they differ by guidance's own difference, above
+    these errors); the step's error is the root mean square over its outputs."""
+    errors = []
+    for outs, refs in zip(run, ref):
+        pair = [min(rel(o, r) for r in refs if r.shape == o.shape) for o in outs] if outs and refs else []
+        errors.append(float(f"{math.sqrt(sum(e * e for e in pair) / len(pair)):.4g}") if pair else float("nan"))
+    return errors
 
 
 def _report(name: str, run: dict, ref: dict | None, base: float | None) -> dict:
@@ -201,10 +231,9 @@ def _report(name: str, run: dict, ref: dict | None, base: float | None) -> dict:
         text += f"  {base / med:5.3f}x diffusers"
     if ref is not None:
         row["latents_rel_l2_vs_f32"] = float(f"{rel(run['latents'], ref['latents']):.4g}")
-        n = min(len(run["outputs"]), len(ref["outputs"]))
-        row["transformer_out_rel_l2_vs_f32"] = [float(f"{rel(a, b):.4g}") for a, b in zip(run["outputs"][:n], ref["outputs"][:n])]
-        text += (f"  latents rel L2 vs float32 {row['latents_rel_l2_vs_f32']:.3g}; transformer out per call "
-                 + " ".join(f"{e:.2g}" for e in row["transformer_out_rel_l2_vs_f32"]))
+        row["transformer_out_rel_l2_vs_f32_per_step"] = _step_errors(run["outputs"], ref["outputs"])
+        text += (f"  latents rel L2 vs float32 {row['latents_rel_l2_vs_f32']:.3g}; transformer out per step "
+                 + " ".join(f"{e:.2g}" for e in row["transformer_out_rel_l2_vs_f32_per_step"]))
     say(text + f"  peak {run['peak']:.2f} GB  warm-up {run['warm_s']:.1f} s")
     return row
 
@@ -223,8 +252,7 @@ def part_steps(ctx: dict) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     pipe = _pipeline(ctx, torch.float32)
-    ref = _diffusers_run(ctx, pipe)
-    ref["outputs"] = ref["outputs"]
+    ref = _diffusers_run(ctx, pipe, warm_up=False)  # untimed: only its numbers count
     say(f"float32 reference: {statistics.median(ref['steps']):.3f} s a step")
     del pipe
     gc.collect()
@@ -239,30 +267,25 @@ def part_steps(ctx: dict) -> dict:
         if ctx["smoke"] and compile_ and name != "fp8-linear+int8-attn compiled":
             continue
         if time.perf_counter() - ctx["t_start"] > ctx["budget_s"]:
-            out["sides"][f"raydit {name}"] = {"skipped": "past the budget"}
-            say(f"raydit {name}: skipped, past the {ctx['budget_s']:g} s budget")
+            out["sides"][name] = {"skipped": "past the budget"}
+            say(f"{name}: skipped, past the {ctx['budget_s']:g} s budget")
             continue
+        side = name if name.startswith("diffusers") else f"raydit {name}"
         try:
             pipe.transformer = copy.deepcopy(pristine)
             torch._dynamo.reset()
-            run = _runner_run(ctx, pipe, quantize, attention, compile_)
-            out["sides"][f"raydit {name}"] = _report(f"raydit {name}", run, ref, base)
+            if side == "diffusers compiled":
+                pipe.transformer.compile_repeated_blocks(fullgraph=True)
+                run = _diffusers_run(ctx, pipe)
+            else:
+                run = _runner_run(ctx, pipe, quantize, attention, compile_)
+            out["sides"][side] = _report(side, run, ref, base)
         except Exception as exc:
-            out["sides"][f"raydit {name}"] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
-            say(f"raydit {name}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            out["sides"][side] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+            say(f"{side}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
         gc.collect()
         if ctx["device"].type == "cuda":
             torch.cuda.empty_cache()
-    # diffusers compiled last among the 1.3B sides: compile_repeated_blocks changes the module.
-    if time.perf_counter() - ctx["t_start"] <= ctx["budget_s"] or ctx["smoke"]:
-        try:
-            pipe.transformer = copy.deepcopy(pristine)
-            torch._dynamo.reset()
-            pipe.transformer.compile_repeated_blocks(fullgraph=True)
-            out["sides"]["diffusers compiled"] = _report("diffusers compiled", _diffusers_run(ctx, pipe, compiled=True), ref, base)
-        except Exception as exc:
-            out["sides"]["diffusers compiled"] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
-            say(f"diffusers compiled: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
     out["bf16_own_latents_rel_l2_vs_f32"] = out["sides"]["diffusers eager"]["latents_rel_l2_vs_f32"]
     del pipe, pristine
     gc.collect()
@@ -364,7 +387,7 @@ def main(argv=None) -> int:
     result = {"machine": benchlib.machine(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "command": "python bench/bench_modes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "weights": "random (scale 0.02): a stand-in for a checkpoint", "parts": {}}
-    for name, part in (("kernels", part_kernels), ("steps", part_steps), ("wide", part_wide)):
+    for name, part in (("kernels", part_kernels), ("wide", part_wide), ("steps", part_steps)):
         if name in args.skip:
             continue
         t0 = time.perf_counter()
