@@ -114,93 +114,12 @@ TILES = ((128, 64, 8, 3), (128, 128, 8, 3))  # BLOCK_M, BLOCK_N, warps, stages
 QUANT_ROWS = 32
 
 
-@functools.lru_cache(maxsize=None)
 def _triton_kernels():
-    """(attention kernel, quantization kernel), built on first use (Triton is imported only here)."""
-    import triton
-    import triton.language as tl
+    """(attention kernel, quantization kernel) of raydit.parallel.lowbit_triton, imported on
+    first use (Triton is imported only there)."""
+    from raydit.parallel import lowbit_triton
 
-    @triton.jit
-    def _quant(X, Y, Scale, Mean, Dot, Corr, S, H, sb, sh, ss, sd, pre_scale, corr_scale,
-               QMAX: tl.constexpr, FP8: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_CORR: tl.constexpr,
-               ROWS: tl.constexpr, D: tl.constexpr):
-        # One program: ROWS tokens of one (b, h) of x (B, H, S, D), any strides, read once:
-        # corr = corr_scale * x . dot (the lse term), then x8 = q((x - mean) * pre_scale) per token.
-        pid = tl.program_id(0)
-        bh = tl.program_id(1)
-        b, h = bh // H, bh % H
-        rows = pid * ROWS + tl.arange(0, ROWS)
-        dims = tl.arange(0, D)
-        live = rows < S
-        x = tl.load(X + b.to(tl.int64) * sb + h.to(tl.int64) * sh + rows[:, None].to(tl.int64) * ss + dims[None, :] * sd,
-                    mask=live[:, None], other=0.0).to(tl.float32)
-        out = bh.to(tl.int64) * S
-        if HAS_CORR:
-            vec = tl.load(Dot + bh * D + dims)
-            tl.store(Corr + out + rows, tl.sum(x * vec[None, :], 1) * corr_scale, mask=live)
-        if HAS_MEAN:
-            x = x - tl.load(Mean + bh * D + dims)[None, :]
-        x = x * pre_scale
-        scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / QMAX
-        y = x / scale[:, None]
-        if FP8:
-            y8 = tl.minimum(tl.maximum(y, -QMAX), QMAX).to(Y.dtype.element_ty)
-        else:  # round half away from zero (torch.round: half to even; ties have measure zero)
-            y8 = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8)
-        tl.store(Y + out * D + rows[:, None] * D + dims[None, :], y8, mask=live[:, None])
-        tl.store(Scale + out + rows, scale, mask=live)
-
-    @triton.autotune(configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-                              for m, n, w, st in TILES], key=["D", "FP8"])
-    @triton.jit
-    def _attn_8bit(Q8, K8, V, QS, KS, VS, Out, Lse, Corr,
-                   Sq, Sk,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
-        # One program: BLOCK_M query rows of one (b, h). Tensors contiguous (B, H, S, D).
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.arange(0, BLOCK_N)
-        dims = tl.arange(0, D)
-        q_base = bh.to(tl.int64) * Sq * D
-        k_base = bh.to(tl.int64) * Sk * D
-        q = tl.load(Q8 + q_base + rows[:, None] * D + dims[None, :], mask=rows[:, None] < Sq, other=0)
-        q_scale = tl.load(QS + bh.to(tl.int64) * Sq + rows, mask=rows < Sq, other=0.0)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(0, Sk, BLOCK_N):
-            keys = start + cols
-            kt = tl.load(K8 + k_base + keys[None, :] * D + dims[:, None], mask=keys[None, :] < Sk, other=0)  # (D, N)
-            k_scale = tl.load(KS + bh.to(tl.int64) * Sk + keys, mask=keys < Sk, other=0.0)
-            if FP8:
-                s = tl.dot(q, kt)
-            else:
-                s = tl.dot(q, kt, out_dtype=tl.int32).to(tl.float32)
-            s = s * q_scale[:, None] * k_scale[None, :]
-            s = tl.where(keys[None, :] < Sk, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.math.exp2(m_i - m_new)
-            w = tl.math.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(w, 1)
-            acc = acc * alpha[:, None]
-            if FP8:  # V comes transposed, (B, H, D, Sk): FP8 MMAs take both operands K-major
-                vt = tl.load(V + k_base + dims[:, None] * Sk + keys[None, :], mask=keys[None, :] < Sk, other=0)  # (D, N)
-                acc += tl.dot((w * 448.0).to(vt.dtype), tl.trans(vt))
-            else:
-                v = tl.load(V + k_base + keys[:, None] * D + dims[None, :], mask=keys[:, None] < Sk, other=0)  # (N, D)
-                acc += tl.dot(w.to(v.dtype), v)
-            m_i = m_new
-        if FP8:
-            sv = tl.load(VS + bh * D + dims)
-            acc = acc * (sv[None, :] / 448.0)
-        out = acc / l_i[:, None]
-        tl.store(Out + q_base + rows[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty), mask=rows[:, None] < Sq)
-        corr = tl.load(Corr + bh.to(tl.int64) * Sq + rows, mask=rows < Sq, other=0.0)
-        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453 + corr
-        tl.store(Lse + bh.to(tl.int64) * Sq + rows, lse, mask=rows < Sq)
-
-    return _attn_8bit, _quant
+    return lowbit_triton.attn_8bit, lowbit_triton.quant
 
 
 TRITON_HEAD_DIMS = (64, 128)
