@@ -251,10 +251,12 @@ def part_steps(ctx: dict) -> dict:
     # The float32 reference first (TF32 off), then diffusers in bf16.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    pipe = _pipeline(ctx, torch.float32)
-    ref = _diffusers_run(ctx, pipe, warm_up=False)  # untimed: only its numbers count
-    say(f"float32 reference: {statistics.median(ref['steps']):.3f} s a step")
-    del pipe
+    ref = None
+    if ctx["reference"]:
+        pipe = _pipeline(ctx, torch.float32)
+        ref = _diffusers_run(ctx, pipe, warm_up=False)  # untimed: only its numbers count
+        say(f"float32 reference: {statistics.median(ref['steps']):.3f} s a step")
+        del pipe
     gc.collect()
     if ctx["device"].type == "cuda":
         torch.cuda.empty_cache()
@@ -265,6 +267,8 @@ def part_steps(ctx: dict) -> dict:
     pristine = copy.deepcopy(pipe.transformer)  # each mode quantizes its own copy in place
     for name, quantize, attention, compile_ in MODES:
         if ctx["smoke"] and compile_ and name != "fp8-linear+int8-attn compiled":
+            continue
+        if ctx["modes"] is not None and name not in ctx["modes"]:
             continue
         if time.perf_counter() - ctx["t_start"] > ctx["budget_s"]:
             out["sides"][name] = {"skipped": "past the budget"}
@@ -286,7 +290,7 @@ def part_steps(ctx: dict) -> dict:
         gc.collect()
         if ctx["device"].type == "cuda":
             torch.cuda.empty_cache()
-    out["bf16_own_latents_rel_l2_vs_f32"] = out["sides"]["diffusers eager"]["latents_rel_l2_vs_f32"]
+    out["bf16_own_latents_rel_l2_vs_f32"] = out["sides"]["diffusers eager"].get("latents_rel_l2_vs_f32")
     del pipe, pristine
     gc.collect()
     return out
@@ -362,6 +366,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=330.0, help="modes not started by then are skipped")
     ap.add_argument("--wide-layers", type=int, default=2)
     ap.add_argument("--skip", nargs="*", default=[])
+    ap.add_argument("--modes", nargs="*", default=None, help="run only these sides of part 2, by name (default: all)")
+    ap.add_argument("--no-reference", action="store_true", help="part 2 without the float32 run: speed only")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR))
     ap.add_argument("--name", default="modes")
     args = ap.parse_args(argv)
@@ -383,7 +389,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAYDIT_CACHE", os.path.join(scratch, "cache"))
     ctx = {"device": device, "dtype": dtype, "kernel_shapes": shapes, "request": request, "iters": args.iters,
            "smoke": args.smoke, "scratch": scratch, "t_start": t_start, "budget_s": args.budget_s,
-           "wide_layers": args.wide_layers}
+           "wide_layers": args.wide_layers, "modes": args.modes, "reference": not args.no_reference}
     result = {"machine": benchlib.machine(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "command": "python bench/bench_modes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "weights": "random (scale 0.02): a stand-in for a checkpoint", "parts": {}}
