@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from raydit.parallel.kernels import KERNELS, AttentionKernel, default_kernel, plain_kernel
+from raydit.parallel.lowbit import KERNELS as LOWBIT_KERNELS
 from raydit.parallel.mesh import ParallelMesh, check_layout, mesh_key, mesh_of_key
 from raydit.parallel.opaque import fresh
 from raydit.parallel.sharding import SeqLayout, select_ranges
@@ -288,11 +289,13 @@ def sp_attention(
                                "" if kernel is None else kernel.name, head_chunks)
     # Ring 1 needs no lse: unless a kernel is forced, torch's SDPA runs there (it may pick a
     # backend that cannot return the lse, cuDNN on Hopper, faster than every LSE kernel).
-    # An 8-bit attention mode (mesh.attention) runs its own kernel at every ring degree.
-    exact = mesh.attention == "bf16"
-    plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D) if kernel is None and mesh.ring == 1 and exact else None
+    # The attention mode (mesh.attention) picks the LSE kernel; where that is a full-precision
+    # kernel (bf16, or what auto measured fastest), ring 1 may run torch's SDPA instead.
+    plain = None
     if kernel is None:
         kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D, mesh.attention)
+        if mesh.ring == 1 and kernel.name not in LOWBIT_KERNELS:
+            plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D)
 
     block_ranges = ring_block_ranges(layout, U, mesh.ring)
 

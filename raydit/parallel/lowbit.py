@@ -110,7 +110,7 @@ def fp8_torch(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Te
 
 # -- the Triton implementation -----------------------------------------------------------------
 # Tiles tried once per (head dim, mode) by Triton's autotuner on the first call of a process.
-TILES = ((128, 64, 8, 3), (128, 128, 8, 3))  # BLOCK_M, BLOCK_N, warps, stages
+TILES = ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 128, 4, 3))  # BLOCK_M, BLOCK_N, warps, stages
 QUANT_ROWS = 32
 
 
