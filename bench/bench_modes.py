@@ -64,6 +64,7 @@ MODES = [
     ("fp8-linear+int8-attn compiled", "fp8", "int8", True), ("diffusers compiled", None, None, True),
     ("fp8-linear compiled", "fp8", "bf16", True), ("int8-attn compiled", None, "int8", True),
     ("fp8-linear+fp8-attn", "fp8", "fp8", False), ("bf16 compiled", None, "bf16", True),
+    ("fp8-attn compiled", None, "fp8", True),
 ]
 
 
