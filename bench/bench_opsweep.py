@@ -237,7 +237,7 @@ class Sweep:
         torch = self.torch
         F = torch.nn.functional
         aten = torch.ops.aten
-        plain, lse, int8 = [], [], []
+        plain, lse, int8, fa2 = [], [], [], []
         sage = None
         try:
             from sageattention import sageattn as sage  # noqa: F401
@@ -261,6 +261,9 @@ class Sweep:
                         t = self.timed(fn, repeats=5)
                     except Exception:
                         continue
+                    if name == "flash-lse":
+                        fa2.append(dict(row, tflops=round(flop / t / 1e12, 2), kernel="torch-flash",
+                                        source=self.source("aten flash attention (FlashAttention-2)")))
                     if best is None or t < best[1]:
                         best = (name, t)
             else:
@@ -276,10 +279,10 @@ class Sweep:
                 except Exception:
                     pass
         att = self.table.setdefault("attention", {})
-        for key, rows in (("bf16", plain), ("bf16-lse", lse), ("int8", int8)):
+        for key, rows in (("bf16", plain), ("bf16-lse", lse), ("int8", int8), ("fa2", fa2)):
             if rows:
                 att[key] = rows
-        return {"plain": len(plain), "lse": len(lse), "int8": len(int8)}
+        return {"plain": len(plain), "lse": len(lse), "int8": len(int8), "fa2": len(fa2)}
 
     def p2p(self):
         torch = self.torch

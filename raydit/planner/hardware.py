@@ -146,8 +146,13 @@ class DeviceType:
             return f"calibration file (`raydit doctor --calibrate --model`) for {spec.calibration_key} on {self.name}"
         if source == "table":
             return table.describe()
+        from raydit.planner.devicemodel import table_for
+
+        unused = table_for(self.name)
+        why = (f"its op table is {unused.provenance}, used once bench_opsweep measures this GPU" if unused is not None
+               else "no op table")
         return (f"{self.name} device figures: {self.tflops:g} TFLOP/s x efficiency {self.efficiency:g}"
-                + (", attention measured" if self.attention_efficiency else "") + " (no op table)")
+                + (" (attention per head dim apart)" if self.attention_efficiency else "") + f"; {why}")
 
 
 # Calibration of `efficiency` (fits: bench/bench_costmodel.py marks these anchors `fit` and
