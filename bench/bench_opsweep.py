@@ -363,7 +363,9 @@ def count_blocks() -> dict:
 
     skip = {"mm", "addmm", "bmm", "linear", "matmul", "baddbmm"}
     views = {"view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "expand", "permute", "split",
-             "split_with_sizes", "unbind", "select", "slice", "detach", "alias", "as_strided", "_reshape_alias"}
+             "split_with_sizes", "chunk", "unbind", "select", "slice", "detach", "alias", "unflatten", "flatten",
+             "as_strided", "lift_fresh", "_to_copy_noop", "unsafe_split", "view_as_real", "view_as_complex",
+             "_reshape_alias", "reshape"}
 
     class Count(TorchDispatchMode):
         bytes = 0
@@ -372,7 +374,8 @@ def count_blocks() -> dict:
             out = func(*args, **(kwargs or {}))
             name = func._overloadpacket.__name__
             if name not in skip and name not in views:
-                ts = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor) and t.numel() > 1000]
+                ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+                ts = [t for t in ins + [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)] if t.numel() > 1000]
                 self.bytes += sum(t.numel() * t.element_size() for t in ts)
             return out
 
@@ -399,8 +402,9 @@ def count_blocks() -> dict:
         ]
         for name, h, tokens, block, args, kw in cases:
             c = Count()
+            block = block.to(dev, dt)  # outside the count: the weights' cast is not the block's work
             with torch.no_grad(), c:
-                block.to(dev, dt)(*args, **kw)
+                block(*args, **kw)
             out[name] = round(c.bytes / (tokens * h), 1)
         return out
     finally:

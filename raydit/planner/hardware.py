@@ -58,6 +58,7 @@ class DeviceType:
     plain_attention_efficiency: tuple[tuple[int, float], ...] = ()
     model_rates: tuple[tuple[str, float, float, float], ...] = ()
     use_op_table: bool = True  # price steps with raydit/planner/tables/<name>.json where there is one
+    calibrated: str = ""  # when and where `raydit doctor --calibrate` measured it ("": not calibrated)
 
     def __post_init__(self):
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
@@ -151,6 +152,8 @@ class DeviceType:
         unused = table_for(self.name)
         why = (f"its op table is {unused.provenance}, used once bench_opsweep measures this GPU" if unused is not None
                else "no op table")
+        if self.calibrated:
+            why = f"{why}; calibration file of {self.calibrated} (`raydit doctor --calibrate`)"
         return (f"{self.name} device figures: {self.tflops:g} TFLOP/s x efficiency {self.efficiency:g}"
                 + (" (attention per head dim apart)" if self.attention_efficiency else "") + f"; {why}")
 
