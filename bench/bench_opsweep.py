@@ -390,16 +390,8 @@ def count_blocks() -> dict:
         dev, dt, T = "meta", torch.bfloat16, 1024
         r = lambda *s, d=dt: torch.randn(*s, device=dev, dtype=d)  # noqa: E731
         out = {}
-        cases = [
-            ("wan", 1536, T, WanTransformerBlock(1536, 8960, 12, "rms_norm_across_heads", True, 1e-6),
-             (r(1, T, 1536), r(1, 512, 1536), r(1, 6, 1536, d=torch.float32),
-              (r(1, T, 1, 128, d=torch.float32), r(1, T, 1, 128, d=torch.float32))), {}),
-            ("cogvideox", 1920, T + 226, CogVideoXBlock(1920, 30, 64, 512),
-             (r(1, T, 1920), r(1, 226, 1920), r(1, 512)), {}),
-            ("hunyuanvideo", 3072, T + 256, HunyuanVideoSingleTransformerBlock(24, 128, 4.0),
-             (r(1, T, 3072), r(1, 256, 3072), r(1, 3072)),
-             {"image_rotary_emb": (r(T, 128, d=torch.float32), r(T, 128, d=torch.float32))}),
-        ]
+        with torch.device("meta"):  # the blocks' weights are never materialized
+            cases = _block_cases(r, T, WanTransformerBlock, CogVideoXBlock, HunyuanVideoSingleTransformerBlock)
         for name, h, tokens, block, args, kw in cases:
             c = Count()
             block = block.to(dev, dt)  # outside the count: the weights' cast is not the block's work
@@ -409,6 +401,21 @@ def count_blocks() -> dict:
         return out
     finally:
         F.scaled_dot_product_attention = real_sdpa
+
+
+def _block_cases(r, T, WanTransformerBlock, CogVideoXBlock, HunyuanVideoSingleTransformerBlock):
+    import torch
+
+    return [
+        ("wan", 1536, T, WanTransformerBlock(1536, 8960, 12, "rms_norm_across_heads", True, 1e-6),
+         (r(1, T, 1536), r(1, 512, 1536), r(1, 6, 1536, d=torch.float32),
+          (r(1, T, 1, 128, d=torch.float32), r(1, T, 1, 128, d=torch.float32))), {}),
+        ("cogvideox", 1920, T + 226, CogVideoXBlock(1920, 30, 64, 512),
+         (r(1, T, 1920), r(1, 226, 1920), r(1, 512)), {}),
+        ("hunyuanvideo", 3072, T + 256, HunyuanVideoSingleTransformerBlock(24, 128, 4.0),
+         (r(1, T, 3072), r(1, 256, 3072), r(1, 3072)),
+         {"image_rotary_emb": (r(T, 128, d=torch.float32), r(T, 128, d=torch.float32))}),
+    ]
 
 
 def main(argv=None) -> int:

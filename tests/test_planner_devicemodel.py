@@ -180,3 +180,29 @@ def test_unknown_devices_and_scaled_types():
     assert "B200 op table" in result.rates_sources[0] and "scaled from H200" in result.rates_sources[0]
     assert dataclasses.replace(device_type("B200"), use_op_table=False).rates_for(model_spec("wan2.1-t2v-14b")) != \
         device_type("B200").rates_for(model_spec("wan2.1-t2v-14b"))
+
+
+@pytest.mark.long
+def test_the_sweep_writes_a_table_the_planner_loads(tmp_path):
+    """bench_opsweep --smoke (CPU, tiny shapes): every part guarded, the table written with its
+    provenance; a part that cannot run here (fp8, p2p) is recorded, not fatal."""
+    import sys
+
+    sys.path.insert(0, str(dm.TABLE_DIR.parents[2] / "bench"))
+    import bench_opsweep
+
+    out = tmp_path / "t.json"
+    assert bench_opsweep.main(["--smoke", "--out", str(out), "--budget-s", "120"]) == 0
+    t = dm.load_table(out)
+    assert t.provenance.startswith("smoke") and not t.priced and t.date and t.torch and t.gpu == "cpu (smoke)"
+    parts = t.data["sweep_parts"]
+    assert {k for k, v in parts.items() if v["status"] == "ok"} >= {"launch", "elementwise", "gemm", "attention"}
+    assert parts["fp8"]["status"].startswith("failed: RuntimeError: FP8 GEMMs need a CUDA GPU")
+    today = t.date
+    assert all(f"measured {today}" in r["source"] for r in t.gemm_rows("bf16"))
+    assert f"measured {today}" in t.data["launch_us"]["source"]
+    # Unmeasured here: the fp8 rows keep the H200's, with their source.
+    assert t.gemm_rows("fp8") == dm.table_for("H200").gemm_rows("fp8")
+    # A budget too small for a part skips it and says so.
+    assert bench_opsweep.main(["--smoke", "--out", str(out), "--budget-s", "0.01", "--parts", "gemm"]) == 0
+    assert json.loads(out.read_text())["sweep_parts"]["gemm"]["status"].startswith("skipped")
