@@ -206,3 +206,26 @@ def test_the_sweep_writes_a_table_the_planner_loads(tmp_path):
     # A budget too small for a part skips it and says so.
     assert bench_opsweep.main(["--smoke", "--out", str(out), "--budget-s", "0.01", "--parts", "gemm"]) == 0
     assert json.loads(out.read_text())["sweep_parts"]["gemm"]["status"].startswith("skipped")
+
+
+def test_collectives_are_latency_plus_bytes_at_the_nearest_message_size():
+    data = json.loads((dm.TABLE_DIR / "h200.json").read_text())
+    data["p2p"] = [{"bytes": 1 << 16, "gb_s": 50.0, "latency_us": 10.0, "source": "test"},
+                   {"bytes": 1 << 26, "gb_s": 400.0, "latency_us": 20.0, "source": "test"}]
+    t = dm.DeviceTable(data)
+    assert t.collective("p2p", 1 << 14) == pytest.approx(10e-6 + (1 << 14) / 50e9)
+    assert t.collective("p2p", 1 << 27) == pytest.approx(20e-6 + (1 << 27) / 400e9)
+    with pytest.raises(ValueError, match="no ring figures"):
+        t.collective("ring", 1)
+
+
+def test_a_calibration_within_2x_keeps_the_table_pricing_the_step():
+    from raydit.runtime.calibrate import apply_entry
+
+    spec = model_spec("wan2.1-t2v-1.3b")
+    h200 = device_type("H200")
+    entry = {"measured": {"matmul_tflops": 684.1, "dit_linear_tflops": 434.0,
+                          "attention_tflops_by_head_dim": {"128": 677.8}}, "when": "2026-11-26T07:00", "host": "h"}
+    cal = apply_entry(h200, entry)
+    assert cal.rates_for(spec) == h200.rates_for(spec) and cal.flops_per_second != h200.flops_per_second
+    assert "calibration file of 2026-11-26T07:00 on h: links and memory" in cal.rates_source(spec)

@@ -200,9 +200,9 @@ class DeviceTable:
         row = min(at_dim, key=lambda r: (_log_distance(tokens, r["tokens"]), r["tokens"]))
         return Roofline(float(row["tflops"]), self._figure("hbm_gb_s"), self.launch_us)
 
-    def elementwise(self, compiled: bool = False) -> Roofline:
-        """Norms, modulation, rotary, residuals: bytes at the elementwise bandwidth. Compiled,
-        the same bandwidth; the caller scales bytes and launches by `compiled_fraction`."""
+    def elementwise(self) -> Roofline:
+        """Norms, modulation, rotary, residuals: bytes at the elementwise bandwidth (compiled, the
+        same bandwidth: `step_ops` scales the bytes and launches by `compiled_fraction`)."""
         return Roofline(1e9, self._figure("elementwise_gb_s"), self.launch_us)
 
     @property
@@ -218,12 +218,6 @@ class DeviceTable:
             raise ValueError(f"device table {self.name}: no {kind} figures")
         row = min(rows, key=lambda r: (_log_distance(nbytes, r["bytes"]), r["bytes"]))
         return _value(row.get("latency_us"), "latency_us") * 1e-6 + nbytes / (_value(row["gb_s"], "gb_s") * 1e9)
-
-    def gemm_source(self, dtype: str) -> str:
-        return "measured" if self.gemm_rows(dtype) else "bf16 rate (no fp8 figure on this GPU)"
-
-    def attention_source(self, kernel: str) -> str:
-        return "as the table says" if self.attention_rows(kernel) else "bf16 kernel's rate (no figure for this kernel)"
 
 
 def load_table(path: str | Path) -> DeviceTable:

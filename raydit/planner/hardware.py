@@ -146,7 +146,8 @@ class DeviceType:
         if source == "calibration":
             return f"calibration file (`raydit doctor --calibrate --model`) for {spec.calibration_key} on {self.name}"
         if source == "table":
-            return table.describe()
+            return table.describe() + (f"; calibration file of {self.calibrated}: links and memory (its compute figures "
+                                       "are within 2x of the table, which prices the step)" if self.calibrated else "")
         from raydit.planner.devicemodel import table_for
 
         unused = table_for(self.name)

@@ -99,7 +99,11 @@ def save_calibration(entries: dict[str, dict], path: str | os.PathLike | None = 
 
 
 def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
-    """`base` with the measured fields of a cache entry (module docstring: which, and why)."""
+    """`base` with the measured fields of a cache entry (module docstring: which, and why).
+    Where the type has a priced op table (raydit.planner.devicemodel) the table still prices
+    the step: the entry's compute figures then price the decode and the text encoding only (and
+    `entry_problem` refuses an entry more than 2x from the table); a model's own rates
+    (`models`) still take that model's step."""
     m = entry.get("measured", {})
     fields = {}
     if _positive(m.get("matmul_tflops")):
