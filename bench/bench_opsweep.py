@@ -442,7 +442,10 @@ def main(argv=None) -> int:
     if not cuda and not args.smoke:
         raise SystemExit("no CUDA GPU here: run with --smoke for the CPU code paths")
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu (smoke)"
-    name = args.device_type or (gpu_device_type(gpu) if cuda else "H200")
+    try:
+        name = args.device_type or (gpu_device_type(gpu) if cuda else "H200")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     start = TABLES / f"{name.lower()}.json"
     if not start.exists():
         start = TABLES / f"{SCALE_FROM.lower()}.json"

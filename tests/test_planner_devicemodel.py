@@ -119,6 +119,7 @@ def test_plan_prices_the_mode_and_names_it():
     h100 = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H100", mode=dm.Mode(compile=True))
     assert h100.best.predicted_step_seconds == plan("wan2.1-t2v-1.3b", gpus=1).best.predicted_step_seconds
     assert "H100 device figures" in h100.rates_sources[0] and "scaled from H200" in h100.rates_sources[0]
+    assert "mode bf16, compiled not priced here" in h100.rates_sources[0]
     with pytest.raises(ValueError, match="quantize 'int4' is not one of none, fp8"):
         dm.Mode(quantize="int4")
     with pytest.raises(ValueError, match="attention 'fp16' is not one of bf16, int8, fp8"):
@@ -170,6 +171,20 @@ def test_the_elementwise_count_matches_diffusers_blocks():
     got = bench_opsweep.count_blocks()
     for family, name in (("wan", "wan2.1-t2v-1.3b"), ("cogvideox", "cogvideox-2b"), ("hunyuanvideo", "hunyuanvideo")):
         assert model_spec(name).elementwise_bytes == pytest.approx(got[family], rel=0.03), family
+
+
+def test_the_sweep_names_the_gpu_types_it_knows():
+    import sys
+
+    sys.path.insert(0, str(dm.TABLE_DIR.parents[2] / "bench"))
+    import bench_opsweep
+
+    for cuda_name, want in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("NVIDIA H20", "H20"),
+                            ("NVIDIA B200", "B200"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
+                            ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-SXM4-40GB", "A100-40GB")):
+        assert bench_opsweep.gpu_device_type(cuda_name) == want, cuda_name
+    with pytest.raises(ValueError, match="GPU 'NVIDIA RTX 6000' is not one of the planner's device types"):
+        bench_opsweep.gpu_device_type("NVIDIA RTX 6000")
 
 
 def test_unknown_devices_and_scaled_types():

@@ -184,7 +184,7 @@ class DeviceTable:
 
     def gemm(self, m: float, n: float, k: float, dtype: str = "bf16") -> Roofline:
         """The GEMM roofline at shape (m, n, k): the rate of the measured shape nearest in log
-        space (m, n and k alike); fp8 without fp8 rows: the bf16 rate (`gemm_source` says so)."""
+        space (m, n and k alike); fp8 without fp8 rows: the bf16 rate."""
         rows = self.gemm_rows(dtype) or self.gemm_rows("bf16")
         row = min(rows, key=lambda r: (_log_distance(m, r["m"]) + _log_distance(n, r["n"])
                                        + _log_distance(k, r["k"]), r["m"]))

@@ -155,6 +155,10 @@ class DeviceType:
                else "no op table")
         if self.calibrated:
             why = f"{why}; calibration file of {self.calibrated} (`raydit doctor --calibrate`)"
+        from raydit.planner.devicemodel import BF16
+
+        if (mode or BF16) != BF16:
+            why += f"; mode {mode.label} not priced here (bf16 eager figures)"
         return (f"{self.name} device figures: {self.tflops:g} TFLOP/s x efficiency {self.efficiency:g}"
                 + (" (attention per head dim apart)" if self.attention_efficiency else "") + f"; {why}")
 
