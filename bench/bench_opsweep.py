@@ -66,6 +66,11 @@ SMOKE_ROWS, SMOKE_WIDTHS = (64, 128), ((64, 64), (128, 64))
 SMOKE_ATTN = ((16, 2, 128, 1), (32, 2, 256, 1))
 
 
+def _sig(x: float) -> float:
+    """x to 4 significant digits (a CPU smoke's rates are tiny: rounding to 0.01 would zero them)."""
+    return float(f"{x:.4g}")
+
+
 def gpu_device_type(name: str) -> str:
     """Device type of a torch.cuda device name: 'NVIDIA H100 80GB HBM3' -> 'H100'."""
     n = name.upper()
@@ -152,7 +157,7 @@ class Sweep:
                 x.add_(1)
 
         us = self.timed(run, repeats=3, warmup=1) / n * 1e6
-        self.table["launch_us"] = {"value": round(us, 3), "source": self.source(f"{n} tiny adds queued")}
+        self.table["launch_us"] = {"value": _sig(us), "source": self.source(f"{n} tiny adds queued")}
         return {"launch_us": us}
 
     def elementwise(self):
@@ -163,7 +168,7 @@ class Sweep:
         c = torch.empty_like(a)
         t = self.timed(lambda: torch.add(a, b, out=c))
         gb_s = 3 * n * a.element_size() / t / 1e9
-        self.table["elementwise_gb_s"] = {"value": round(gb_s, 1), "source": self.source(f"add of {n} elements, 3 tensors moved")}
+        self.table["elementwise_gb_s"] = {"value": _sig(gb_s), "source": self.source(f"add of {n} elements, 3 tensors moved")}
         tokens, hidden = (256, 64) if self.smoke else (32760, 1536)
         x = torch.randn(1, tokens, hidden, device=self.dev, dtype=self.dtype)
         y = torch.randn(1, tokens, 4 * hidden, device=self.dev, dtype=self.dtype)
@@ -207,7 +212,7 @@ class Sweep:
             a = torch.randn(m, k, device=self.dev, dtype=self.dtype)
             w = torch.randn(n, k, device=self.dev, dtype=self.dtype)
             t = self.timed(lambda: torch.nn.functional.linear(a, w))
-            rows.append({"m": m, "n": n, "k": k, "tflops": round(2 * m * n * k / t / 1e12, 2),
+            rows.append({"m": m, "n": n, "k": k, "tflops": _sig(2 * m * n * k / t / 1e12),
                          "source": self.source("F.linear")})
         if rows:
             self.table.setdefault("gemm", {})["bf16"] = rows
@@ -226,7 +231,7 @@ class Sweep:
             sa = torch.ones(m, 1, device=self.dev)
             sw = torch.ones(1, n, device=self.dev)
             t = self.timed(lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16))
-            rows.append({"m": m, "n": n, "k": k, "tflops": round(2 * m * n * k / t / 1e12, 2),
+            rows.append({"m": m, "n": n, "k": k, "tflops": _sig(2 * m * n * k / t / 1e12),
                          "source": self.source("torch._scaled_mm e4m3, row-wise scales, bf16 out")})
         if rows:
             self.table.setdefault("gemm", {})["fp8"] = rows
@@ -250,7 +255,7 @@ class Sweep:
             flop = 4 * batch * heads * tokens * tokens * d
             row = {"head_dim": d, "tokens": tokens, "heads": heads, "batch": batch}
             t = self.timed(lambda: F.scaled_dot_product_attention(q, k, v), repeats=5)
-            plain.append(dict(row, tflops=round(flop / t / 1e12, 2), kernel="sdpa",
+            plain.append(dict(row, tflops=_sig(flop / t / 1e12), kernel="sdpa",
                               source=self.source("F.scaled_dot_product_attention")))
             best = None
             if self.device == "cuda":
@@ -261,19 +266,19 @@ class Sweep:
                     except Exception:
                         continue
                     if name == "flash-lse":
-                        fa2.append(dict(row, tflops=round(flop / t / 1e12, 2), kernel="torch-flash",
+                        fa2.append(dict(row, tflops=_sig(flop / t / 1e12), kernel="torch-flash",
                                         source=self.source("aten flash attention (FlashAttention-2)")))
                     if best is None or t < best[1]:
                         best = (name, t)
             else:
                 best = ("sdpa (CPU: no LSE kernel timed)", t)
             if best:
-                lse.append(dict(row, tflops=round(flop / best[1] / 1e12, 2), kernel=best[0],
+                lse.append(dict(row, tflops=_sig(flop / best[1] / 1e12), kernel=best[0],
                                 source=self.source("the fastest LSE kernel")))
             if sage is not None:
                 try:
                     t = self.timed(lambda: sage(q, k, v, tensor_layout="HND"), repeats=5)
-                    int8.append(dict(row, tflops=round(flop / t / 1e12, 2), kernel="sageattn",
+                    int8.append(dict(row, tflops=_sig(flop / t / 1e12), kernel="sageattn",
                                      source=self.source("sageattention.sageattn, 8-bit QK")))
                 except Exception:
                     pass
@@ -302,7 +307,7 @@ class Sweep:
         big = rows[-1]
         gb_s = (big["bytes"] - rows[0]["bytes"]) / (big["seconds"] - small) / 1e9
         lat = max(0.0, small - rows[0]["bytes"] / (gb_s * 1e9)) * 1e6
-        self.table["p2p"] = [{"bytes": r["bytes"], "gb_s": round(gb_s, 1), "latency_us": round(lat, 2),
+        self.table["p2p"] = [{"bytes": r["bytes"], "gb_s": _sig(gb_s), "latency_us": _sig(lat),
                               "source": self.source("copies cuda:0 -> cuda:1")} for r in rows]
         return {"p2p_gb_s": gb_s, "latency_us": lat}
 

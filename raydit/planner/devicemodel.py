@@ -131,6 +131,9 @@ class DeviceTable:
             raise ValueError(f"device table {d['device_type']}: no bf16 attention rate")
         for section in ("hbm_gb_s", "elementwise_gb_s", "launch_us", "compiled_fraction"):
             _value(d.get(section), section)
+        for section in ("hbm_gb_s", "elementwise_gb_s"):
+            if not _value(d.get(section), section) > 0:
+                raise ValueError(f"device table {d['device_type']}: {section} must be > 0")
 
     def __hash__(self):
         return hash((self.name, self.date, self.torch, self.provenance))
