@@ -244,3 +244,16 @@ def test_a_calibration_within_2x_keeps_the_table_pricing_the_step():
     cal = apply_entry(h200, entry)
     assert cal.rates_for(spec) == h200.rates_for(spec) and cal.flops_per_second != h200.flops_per_second
     assert "calibration file of 2026-11-26T07:00 on h: links and memory" in cal.rates_source(spec)
+
+
+def test_doctor_says_why_a_cached_entry_is_not_used(tmp_path):
+    from raydit.runtime import calibrate
+
+    path = tmp_path / "calibration.json"
+    calibrate.save_calibration({"H200": {"name": "H200", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB",
+                                         "measured": {"matmul_tflops": 250.0}, "host": "a", "when": "now"}}, path)
+    lines = calibrate.describe_calibration(path)
+    assert any("measured on 'NVIDIA A100-SXM4-80GB', another GPU: not used" in line for line in lines)
+    notes = []
+    assert calibrate.calibrated_device_type("H200", path, notes) == device_type("H200")
+    assert calibrate.calibrated_device_types(path, notes) == {} and len(notes) == 2

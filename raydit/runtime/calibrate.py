@@ -715,6 +715,9 @@ def describe_calibration(path=None) -> list[str]:
         if "memory_gb" in m:
             parts.append(f"memory {m['memory_gb']:.1f} GB")
         lines.append(f"{name}: " + "; ".join(parts) + f" [{e.get('host', '?')}, {e.get('when', '?')}]")
+        problem = entry_problem(name, e)
+        if problem:
+            lines.append(f"{name}: {problem}")
         lines += [f"{name}: model {line}" for line in map(describe_model, (e.get("models") or {}).values())]
     return lines
 
