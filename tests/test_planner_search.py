@@ -450,8 +450,9 @@ def test_replica_step_times_match_their_placement(C, U, R):
     for rep, ranks in sorted(by_replica.items()):
         group_crosses = any(len({r.node for r in ranks if r.cfg_rank == c}) > 1 for c in range(C))
         spans = len({r.node for r in ranks}) > 1
-        want = costmod.step_cost(spec, geo, U, R, C, b, dev.flops_per_second, intra,
-                                 net if group_crosses else intra, net if spans else intra)
+        linear, lse, plain = dev.rates_for(spec)  # the device's figures, or its op table once measured
+        want = costmod.step_cost(spec, geo, U, R, C, b, linear, intra, net if group_crosses else intra,
+                                 net if spans else intra, attn_flops_per_s=lse if R > 1 else plain)
         assert best.replica_step_seconds[rep] == pytest.approx(want.total), rep
 
 
