@@ -52,6 +52,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="only layouts that use exactly this many devices")
     p.add_argument("--no-cfg", dest="guidance", action="store_false",
                    help="classifier-free guidance off: one branch per step, cfg 1")
+    p.add_argument("--quantize", choices=("none", "fp8"), default="none",
+                   help="price the GEMMs in fp8 (default none: bf16)")
+    p.add_argument("--attention", choices=("bf16", "int8", "fp8"), default="bf16",
+                   help="price the attention kernel in this precision (default bf16)")
+    p.add_argument("--compile", action="store_true", help="price the step compiled (fused elementwise ops)")
     p.add_argument("--top", type=int, default=10,
                    help="feasible plans to list (default 10; 0 for all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -59,6 +64,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from raydit import plan  # the planner with the model families loaded (pipeline directories)
+    from raydit.planner.devicemodel import Mode
     from raydit.planner.report import format_plan_table
 
     if args.top < 0:
@@ -82,6 +88,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         per_node=args.per_node, cluster=cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size,
+        mode=Mode(args.quantize, args.attention, args.compile),
     )
     top = args.top or None
     if args.json:

@@ -450,8 +450,9 @@ def test_replica_step_times_match_their_placement(C, U, R):
     for rep, ranks in sorted(by_replica.items()):
         group_crosses = any(len({r.node for r in ranks if r.cfg_rank == c}) > 1 for c in range(C))
         spans = len({r.node for r in ranks}) > 1
-        want = costmod.step_cost(spec, geo, U, R, C, b, dev.flops_per_second, intra,
-                                 net if group_crosses else intra, net if spans else intra)
+        linear, lse, plain = dev.rates_for(spec)  # the device's figures, or its op table once measured
+        want = costmod.step_cost(spec, geo, U, R, C, b, linear, intra, net if group_crosses else intra,
+                                 net if spans else intra, attn_flops_per_s=lse if R > 1 else plain)
         assert best.replica_step_seconds[rep] == pytest.approx(want.total), rep
 
 
@@ -797,8 +798,12 @@ def test_model_rates_apply_only_to_their_model():
     rates = costmod.ModelRates(200e12, 500e12, 520e12)
     cal = _with_model_rates(h200, spec, rates)
     assert cal.rates_for(spec) == (200e12, 500e12, 520e12)
-    assert cal.rates_for(other) == h200.rates_for(other) == (
-        h200.flops_per_second, h200.attention_flops_per_second(128), h200.attention_flops_per_second(128, lse=False))
+    # Another model on the H200: its op table's rates (raydit.planner.devicemodel; issue 40: the
+    # H200's table is measured), not the calibration of this one.
+    from raydit.planner.devicemodel import model_rates, table_for
+
+    assert cal.rates_for(other) == h200.rates_for(other) == model_rates(table_for("H200"), other)
+    assert "H200 op table of 2026-11-26" in cal.rates_source(other) and "calibration" in cal.rates_source(spec)
     mine = plan(spec, cluster=ClusterSpec((NodeSpec("n", cal, 1),)), world_size=1).best
     table = plan(spec, cluster=ClusterSpec((NodeSpec("n", h200, 1),)), world_size=1).best
     assert mine.predicted_step_seconds != pytest.approx(table.predicted_step_seconds, rel=1e-3)

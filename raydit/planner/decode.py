@@ -140,6 +140,15 @@ DECODERS["ltx"] = LTX
 # frames); the whole video in one call at 128 channels at full resolution. raydit splits it by
 # rows (issue 34).
 DECODERS["mochi"] = DecoderShape(1.5805e7, 4670, 9.5, 16.4, 128, 0, dropped_frames=5)
+# Kandinsky 5 decodes with HunyuanVideo's VAE (AutoencoderKLHunyuanVideo), split by rows as
+# HunyuanVideo's is (its family decodes by rows): priced as that decoder, split.
+DECODERS["kandinsky5"] = HUNYUAN
+# LTX-2's video VAE (AutoencoderKLLTX2Video, diffusers' default config = LTX-2's), counted with
+# torch.utils.flop_counter on the meta device, 3 x 8 x 8 latents (17 x 256 x 256 out): 1.5030e12
+# FLOP, 1.349e6 per output pixel-frame (LTX-Video's decoder, the same way: 9.17e5). raydit runs it
+# whole on one rank (the family does not split it), so it is priced whole, not split; the other
+# figures (halo, memory) stay the stand-in's (_OTHER below): not counted for LTX-2.
+DECODERS["ltx2"] = DecoderShape(1.349e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 # Families whose VAE raydit does not split and whose decoder is not counted (decoded
 # replicated, on one rank's time): a Wan-2.1-like cost per pixel stands in for their decoder.
 _OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)

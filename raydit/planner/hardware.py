@@ -9,7 +9,7 @@ promise of absolute speed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 LINK_KINDS = ("nvlink", "pcie", "shm")
@@ -57,6 +57,8 @@ class DeviceType:
     attention_efficiency: tuple[tuple[int, float], ...] = ()
     plain_attention_efficiency: tuple[tuple[int, float], ...] = ()
     model_rates: tuple[tuple[str, float, float, float], ...] = ()
+    use_op_table: bool = True  # price steps with raydit/planner/tables/<name>.json where there is one
+    calibrated: str = ""  # when and where `raydit doctor --calibrate` measured it ("": not calibrated)
 
     def __post_init__(self):
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
@@ -109,16 +111,56 @@ class DeviceType:
         _, fraction = min(table, key=lambda df: (abs(df[0] - head_dim), df[0]))
         return self.tflops * 1e12 * fraction
 
-    def rates_for(self, spec) -> tuple[float, float, float]:
+    def rates_for(self, spec, mode=None) -> tuple[float, float, float]:
         """(linear, LSE attention, plain attention) FLOP/s the planner uses for `spec` (a
-        ModelSpec): the model's own calibration on this type where there is one
-        (`model_rates`), else the type's figures at the model's head dim."""
-        key = spec.calibration_key
-        for known, linear, lse, plain in self.model_rates:
-            if known == key:
-                return linear * 1e12, lse * 1e12, plain * 1e12
+        ModelSpec) in `mode` (devicemodel.Mode; default bf16, eager): the model's own calibration
+        on this type where there is one (`model_rates`, measured in bf16 eager), else the type's
+        op table (raydit.planner.devicemodel: the model's step op by op, in `mode`), else the
+        type's figures at the model's head dim (`rates_source` says which)."""
+        source, table = self._source(spec, mode)
+        if source == "calibration":
+            key = spec.calibration_key
+            for known, linear, lse, plain in self.model_rates:
+                if known == key:
+                    return linear * 1e12, lse * 1e12, plain * 1e12
+        if table is not None:
+            from raydit.planner.devicemodel import BF16, model_rates
+
+            return model_rates(table, spec, mode or BF16)
         return (self.flops_per_second, self.attention_flops_per_second(spec.head_dim),
                 self.attention_flops_per_second(spec.head_dim, lse=False))
+
+    def _source(self, spec, mode):
+        from raydit.planner.devicemodel import BF16, table_for
+
+        mode = mode or BF16
+        if mode == BF16 and any(known == spec.calibration_key for known, *_ in self.model_rates):
+            return "calibration", None
+        table = table_for(self.name) if self.use_op_table else None
+        return ("table", table) if table is not None and table.priced else ("figures", None)
+
+    def rates_source(self, spec, mode=None) -> str:
+        """Where `rates_for` takes its rates: 'calibration file (...)', 'H200 op table of DATE
+        (...)' or 'the device figures (...)'."""
+        source, table = self._source(spec, mode)
+        if source == "calibration":
+            return f"calibration file (`raydit doctor --calibrate --model`) for {spec.calibration_key} on {self.name}"
+        if source == "table":
+            return table.describe() + (f"; calibration file of {self.calibrated}: links and memory (its compute figures "
+                                       "are within 2x of the table, which prices the step)" if self.calibrated else "")
+        from raydit.planner.devicemodel import table_for
+
+        unused = table_for(self.name)
+        why = (f"its op table is {unused.provenance}, used once bench_opsweep measures this GPU" if unused is not None
+               else "no op table")
+        if self.calibrated:
+            why = f"{why}; calibration file of {self.calibrated} (`raydit doctor --calibrate`)"
+        from raydit.planner.devicemodel import BF16
+
+        if (mode or BF16) != BF16:
+            why += f"; mode {mode.label} not priced here (bf16 eager figures)"
+        return (f"{self.name} device figures: {self.tflops:g} TFLOP/s x efficiency {self.efficiency:g}"
+                + (" (attention per head dim apart)" if self.attention_efficiency else "") + f"; {why}")
 
 
 # Calibration of `efficiency` (fits: bench/bench_costmodel.py marks these anchors `fit` and
@@ -147,6 +189,11 @@ DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
     for d in (
         _hopper("H100", 80, 0.285),
         _hopper("H200", 141, 0.31),
+        # H20 and B200: datasheet memory, dense bf16 peak and NVLink; efficiency by analogy with
+        # H100 (it prices their decode and text encoding; the step comes from their op tables,
+        # scaled from the H200's by published specs).
+        replace(_hopper("H20", 96, 0.285), tflops=148),
+        DeviceType("B200", 180, 2250, 0.285, 900, "nvlink", 8.0),
         DeviceType("A100-80GB", 80, 312, 0.45, 300, "nvlink", 8.0),
         DeviceType("A100-40GB", 40, 312, 0.45, 300, "nvlink", 8.0),
         DeviceType("L40S", 48, 362, 0.45, 25, "pcie", 15.0),

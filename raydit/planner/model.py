@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -104,6 +104,10 @@ class ModelSpec:
     audio_ffn_hidden: int = 0
     audio_tokens_per_second: float = 0.0
     frame_rate: float = 0.0
+    # Bytes per token and channel one layer's non-GEMM, non-attention ops (norms, modulation,
+    # rotary, residuals, activations) move in eager mode, counted on the family's diffusers block;
+    # 0: not counted (raydit.planner.devicemodel.DEFAULT_ELEMENTWISE_BYTES stands in).
+    elementwise_bytes: float = 0.0
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
@@ -120,7 +124,7 @@ class ModelSpec:
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"model {self.name!r}: {field_name} must be an integer >= 0, got {value!r}")
-        for field_name in ("audio_tokens_per_second", "frame_rate"):
+        for field_name in ("audio_tokens_per_second", "frame_rate", "elementwise_bytes"):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"model {self.name!r}: {field_name} must be a number >= 0, got {value!r}")
@@ -425,7 +429,23 @@ def _builtin_specs() -> dict[str, ModelSpec]:
     for name, frames, height, width in (("tiny-kandinsky5", 9, 48, 80), ("tiny-kandinsky5-i2v", 17, 32, 48)):
         specs.append(ModelSpec(name, "kandinsky5", 6, 8, 2, 64, 2, 1, 512, False, "rotary",
                                9, 9.2e4, 2.2e4, 7.1e4, frames, height, width))
-    return {s.name: s for s in specs}
+    return {s.name: _with_elementwise(s) for s in specs}
+
+
+# Bytes per token and channel a layer's non-GEMM, non-attention ops move in eager bf16, counted
+# on diffusers 0.42.1's blocks at real widths on the meta device: a TorchDispatchMode summing the
+# bytes of every op's inputs and outputs (views, GEMMs and the attention kernel excluded), one block
+# of 1024 video tokens with the family's text (bench/bench_opsweep.py --count-blocks repeats it):
+# WanTransformerBlock (1536 wide; modulation, norms and rotary in float32) 658.8 MB over 1024 x 1536
+# -> 419; CogVideoXBlock (1920, 1024 + 226 tokens) 202.3 MB -> 84; HunyuanVideo's dual-stream
+# block (3072, 1024 + 256) 912.9 MB -> 232 and single-stream 936.3 MB -> 238 (238 taken).
+# SkyReels-V2 runs Wan's block. Families not counted: 0 (the device model's default).
+ELEMENTWISE_BYTES = {"wan": 419.0, "skyreels": 419.0, "cogvideox": 84.0, "hunyuanvideo": 238.0}
+
+
+def _with_elementwise(spec: ModelSpec) -> ModelSpec:
+    counted = ELEMENTWISE_BYTES.get(spec.family, 0.0)
+    return replace(spec, elementwise_bytes=counted) if counted and not spec.elementwise_bytes else spec
 
 
 BUILTIN_MODELS: Mapping[str, ModelSpec] = MappingProxyType(_builtin_specs())  # read-only
@@ -573,7 +593,7 @@ def _spec_from_dir(path: Path) -> ModelSpec:
             f"model directory {str(path)!r} has no transformer/config.json; give a diffusers "
             "pipeline directory (saved with save_pretrained) or a built-in name"
         )
-    return reader(path, configs)
+    return _with_elementwise(reader(path, configs))
 
 
 def require(config: dict, key: str, where: str):

@@ -39,6 +39,7 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
         f"{g.token_cols} patches = {g.video_tokens} video{text}",
         f"cluster {cl.total} devices ({types}) on {len(cl.nodes)} node{'s' if len(cl.nodes) != 1 else ''}; "
         f"guidance {'on' if result.guidance else 'off'}",
+        f"rates   mode {result.mode.label}; " + "; ".join(result.rates_sources),
         "",
         f"best    {_degrees(best)} on {best.world_size} devices: "
         f"{best.predicted_step_seconds:.4f} s/step, {best.memory_gb_per_gpu:.1f} GB/device",

@@ -47,6 +47,7 @@ from raydit.planner import cost as costmod
 from raydit.planner.cluster import ClusterSpec, NodeSpec
 from raydit.planner.cost import Link, StepCost
 from raydit.planner.decode import DecodeCost, decode_cost
+from raydit.planner.devicemodel import Mode
 from raydit.planner.hardware import DeviceType
 from raydit.planner.model import ModelSpec, VideoGeometry, model_spec
 
@@ -254,6 +255,8 @@ class PlanResult:
     candidates: tuple[Plan, ...]
     rejected: tuple[Rejection, ...] = field(default=())
     branches: int = 2  # transformer passes per step (1: guidance off or embedded; LTX-2: 4)
+    mode: Mode = field(default_factory=Mode)  # how the step runs (bf16, fp8, 8-bit attention, compiled)
+    rates_sources: tuple[str, ...] = ()  # per device type: where its rates come from (DeviceType.rates_source)
 
     @property
     def best(self) -> Plan:
@@ -283,6 +286,9 @@ class PlanResult:
             "cluster": self.cluster.to_dict(),
             "guidance": self.guidance,
             "branches": self.branches,
+            "mode": {"quantize": self.mode.quantize, "attention": self.mode.attention, "compile": self.mode.compile,
+                     "label": self.mode.label},
+            "rates_sources": list(self.rates_sources),
             "best": self.best.to_dict(),
             "candidates": [p.to_dict() for p in shown],
             "candidates_total": len(self.candidates),
@@ -344,7 +350,7 @@ class _Layouts:
     """Judges layouts for one (model, request, cluster); holds the per-call caches."""
 
     def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, branches: int,
-                 one_branch_why: str = "guidance is off (--no-cfg)"):
+                 one_branch_why: str = "guidance is off (--no-cfg)", mode=None):
         # branches: transformer passes per step (module docstring); one_branch_why: why there is one.
         self.spec, self.geo, self.cluster, self.branches = spec, geo, cluster, branches
         self.one_branch_why = one_branch_why
@@ -353,7 +359,7 @@ class _Layouts:
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
         self.nodes = []
         for _, n in order:
-            linear, lse, plain = n.device.rates_for(spec)
+            linear, lse, plain = n.device.rates_for(spec, mode)
             self.nodes.append(_NodeInfo(n, n.device.memory_gb - _reserve(n.device), linear,
                                         Link(n.intra_gb_s, n.device.link_latency_us, n.intra_kind),
                                         lse, n.device.activation_bytes, plain))
@@ -680,8 +686,8 @@ def _degrees_text(branches: int) -> str:
 
 
 def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world_size=None,
-               one_branch_why="guidance is off (--no-cfg)"):
-    L = _Layouts(spec, geo, cluster, branches, one_branch_why)
+               one_branch_why="guidance is off (--no-cfg)", mode=None):
+    L = _Layouts(spec, geo, cluster, branches, one_branch_why, mode)
     N = cluster.total
     feasible: list[Plan] = []
     rejected: list[Rejection] = []
@@ -717,13 +723,13 @@ def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world
     return _rank(feasible), rejected
 
 
-def _per_type(spec, geo, cluster, branches, one_branch_why) -> Plan | None:
+def _per_type(spec, geo, cluster, branches, one_branch_why, mode=None) -> Plan | None:
     """One best layout per device type, run side by side as replicas of different shapes."""
     parts = []
     for t in cluster.types:
         sub = cluster.only(t)
         feasible, _ = _enumerate(spec, geo, sub, branches, None, None, None, None,
-                                 one_branch_why=one_branch_why)
+                                 one_branch_why=one_branch_why, mode=mode)
         if feasible:
             parts.append(feasible[0])
     if len(parts) < 2:
@@ -779,7 +785,7 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
          gpus: int | None = None, gpu_type: str | None = None, per_node: int | None = None,
          cluster=None, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None,
          replicas: int | None = None, guidance: bool = True,
-         world_size: int | None = None, branches: int | None = None) -> PlanResult:
+         world_size: int | None = None, branches: int | None = None, mode: Mode | None = None) -> PlanResult:
     """Plan `model` (name, diffusers directory or ModelSpec) for a frames x height x width
     request on `gpus` devices of `gpu_type` or on `cluster` (ClusterSpec, dict, YAML path).
 
@@ -788,6 +794,8 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     PlanError when no layout remains feasible. guidance=False: one branch per step, cfg 1.
     branches: transformer passes per step with guidance on (default: the model's
     cfg_branches, or 2 when cfg=2 is forced on a one-branch model; module docstring).
+    mode: how the step runs (devicemodel.Mode: fp8 GEMMs, 8-bit attention, compile; default
+    bf16 eager); priced where the device type has an op table (`PlanResult.rates_sources`).
     """
     spec = model_spec(model)
     geo = spec.geometry(frames, height, width)
@@ -818,10 +826,13 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         if branches % cfg:
             raise PlanError(f"cfg {cfg} does not share the {branches} guidance branches of a {spec.name} step "
                             f"evenly; use {_degrees_text(branches)}")
-    feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why)
+    mode = Mode() if mode is None else mode
+    if not isinstance(mode, Mode):
+        raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
+    feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))
     if len(cl.types) > 1 and not forced:
-        combo = _per_type(spec, geo, cl, branches, why)
+        combo = _per_type(spec, geo, cl, branches, why, mode)
         if combo is not None:
             feasible.append(combo)
             feasible = _rank(feasible)
@@ -831,4 +842,6 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
                   or f"no layout of exactly {world_size} devices matches the forced degrees")
         raise PlanError(f"no feasible {what} for {spec.name} at {geo.frames}x{geo.height}x{geo.width} "
                         f"on {cl.total} device{'s' if cl.total != 1 else ''}: {detail}")
-    return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected), branches)
+    sources = tuple(sorted({f"{t}: {d.rates_source(spec, mode)}" for t, d in
+                            ((n.device.name, n.device) for n in cl.nodes)}))
+    return PlanResult(spec, geo, cl, guidance, tuple(feasible), tuple(rejected), branches, mode, sources)

@@ -99,7 +99,11 @@ def save_calibration(entries: dict[str, dict], path: str | os.PathLike | None = 
 
 
 def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
-    """`base` with the measured fields of a cache entry (module docstring: which, and why)."""
+    """`base` with the measured fields of a cache entry (module docstring: which, and why).
+    Where the type has a priced op table (raydit.planner.devicemodel) the table still prices
+    the step: the entry's compute figures then price the decode and the text encoding only (and
+    `entry_problem` refuses an entry more than 2x from the table); a model's own rates
+    (`models`) still take that model's step."""
     m = entry.get("measured", {})
     fields = {}
     if _positive(m.get("matmul_tflops")):
@@ -127,25 +131,86 @@ def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
               if all(_positive(e.get(k)) for k in ("linear_tflops", "lse_attention_tflops", "plain_attention_tflops"))]
     if models:
         fields["model_rates"] = tuple(models)
+    fields["calibrated"] = f"{entry.get('when', '?')} on {entry.get('host', '?')}"
     return replace(base, **fields)
 
 
-def calibrated_device_type(name: str, path: str | os.PathLike | None = None) -> DeviceType:
+def entry_problem(name: str, entry: dict, torch_version: str | None = None) -> str | None:
+    """One line saying why a cached entry must not be used, or None: measured on another GPU
+    than its type (`device_name` does not name it), with another torch than `torch_version`
+    (default: this process's), or disagreeing with the type's op table by more than
+    DISAGREE_FACTOR (raydit.planner.devicemodel; reported, not silently used)."""
+    seen = str(entry.get("device_name") or "")
+    if entry.get("device") == "cuda" and seen and name.split("-")[0].upper() not in seen.upper():
+        return (f"calibration entry {name!r} was measured on {seen!r}, another GPU: not used; "
+                f"run `raydit doctor --calibrate --force` on a {name}")
+    if torch_version is None:
+        try:
+            import torch
+
+            torch_version = torch.__version__
+        except ImportError:
+            torch_version = None
+    got = entry.get("torch")
+    if got and torch_version and got != torch_version:
+        return (f"calibration entry {name!r} was measured with torch {got}, this is torch {torch_version}: "
+                "not used; run `raydit doctor --calibrate --force` again")
+    from raydit.planner.devicemodel import table_for
+
+    table = table_for(name)
+    m = entry.get("measured") or {}
+    if table is not None and table.priced and entry.get("device") == "cuda":
+        checks = []
+        if _positive(m.get("matmul_tflops")):
+            checks.append(("matmul", float(m["matmul_tflops"]), table.gemm(4096, 4096, 4096).tflops))
+        for d, r in _rates_by_dim(m.get("attention_plain_tflops_by_head_dim")).items():
+            checks.append((f"attention d{d}", r, table.attention(d, CUDA_ATTENTION_TOKENS).tflops))
+        for what, got_r, want in checks:
+            if not 1 / DISAGREE_FACTOR <= got_r / want <= DISAGREE_FACTOR:
+                return (f"calibration entry {name!r} disagrees with its op table ({table.describe()}) by more than "
+                        f"{DISAGREE_FACTOR:g}x: {what} {got_r:.4g} against {want:.4g} TFLOP/s: not used; the table "
+                        "prices the step (measure again with `raydit doctor --calibrate --force`)")
+    return None
+
+
+# A calibration and an op table further apart than this (either way) is a measurement gone wrong.
+DISAGREE_FACTOR = 2.0
+
+
+def calibrated_device_type(name: str, path: str | os.PathLike | None = None,
+                           notes: list[str] | None = None) -> DeviceType:
     """The table's entry for `name` (or conservative figures for an unknown type) with the
-    cached measurements applied; the table's entry unchanged when nothing is cached."""
+    cached measurements applied; the table's entry unchanged when nothing is cached, or when
+    the entry must not be used (entry_problem: the line goes to `notes`)."""
     from raydit.runtime.devices import table_device
 
     base, _ = table_device(name)
     entry = load_calibration(path).get(base.name)
-    return apply_entry(base, entry) if entry else base
+    if not entry:
+        return base
+    problem = entry_problem(base.name, entry)
+    if problem:
+        if notes is not None:
+            notes.append(problem)
+        return base
+    return apply_entry(base, entry)
 
 
-def calibrated_device_types(path: str | os.PathLike | None = None) -> dict[str, DeviceType]:
-    """Every cached device type, calibrated (for `read_live_cluster`)."""
+def calibrated_device_types(path: str | os.PathLike | None = None,
+                            notes: list[str] | None = None) -> dict[str, DeviceType]:
+    """Every cached device type that may be used, calibrated (for `read_live_cluster`); the
+    others' one-line reasons go to `notes`."""
     from raydit.runtime.devices import table_device
 
-    return {name: apply_entry(table_device(name)[0], entry)
-            for name, entry in load_calibration(path).items()}
+    out = {}
+    for name, entry in load_calibration(path).items():
+        problem = entry_problem(name, entry)
+        if problem:
+            if notes is not None:
+                notes.append(problem)
+            continue
+        out[name] = apply_entry(table_device(name)[0], entry)
+    return out
 
 
 def _positive(x) -> bool:
@@ -441,7 +506,7 @@ class CalibrationWorker:
         import torch
 
         out = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-               "cuda": torch.cuda.is_available()}
+               "cuda": torch.cuda.is_available(), "torch": torch.__version__}
         if self.device == "cuda" and out["cuda"]:
             props = torch.cuda.get_device_properties(0)
             out["memory_gb"] = props.total_memory / 1e9
@@ -525,6 +590,7 @@ def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
             models[got["key"]] = got
         return {"name": name, "device": device, "measured": measured, "notes": notes, "models": models,
                 "node_id": node_id, "host": infos[0]["host"], "device_name": infos[0].get("name", ""),
+                "torch": infos[0].get("torch", ""),
                 "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "seconds": round(time.perf_counter() - t_start, 2)}
     except ray.exceptions.GetTimeoutError:
@@ -649,6 +715,9 @@ def describe_calibration(path=None) -> list[str]:
         if "memory_gb" in m:
             parts.append(f"memory {m['memory_gb']:.1f} GB")
         lines.append(f"{name}: " + "; ".join(parts) + f" [{e.get('host', '?')}, {e.get('when', '?')}]")
+        problem = entry_problem(name, e)
+        if problem:
+            lines.append(f"{name}: {problem}")
         lines += [f"{name}: model {line}" for line in map(describe_model, (e.get("models") or {}).values())]
     return lines
 
@@ -664,7 +733,7 @@ def describe_model(m: dict) -> str:
             f"{att.get('lse_tflops') or float('nan'):.4g} TFLOP/s at its shape")
 
 
-__all__ = ["CalibrationWorker", "apply_entry", "cache_path", "calibrate_cluster", "calibrate_type",
+__all__ = ["CalibrationWorker", "apply_entry", "entry_problem", "cache_path", "calibrate_cluster", "calibrate_type",
            "calibrated_device_type", "calibrated_device_types", "describe_attention", "describe_calibration",
            "kernel_rates_for", "load_calibration", "measure_compute", "measure_dit", "measure_links",
            "measure_matmul", "measure_model", "save_calibration", "seed_kernel_choices", "describe_model"]

@@ -208,7 +208,7 @@ def read_live_cluster(device: str = "cuda", counts: Mapping[str, int] | None = N
         if calibration == "measure":
             notes += calibrate.calibrate_cluster(device)
         try:
-            calibrated = calibrate.calibrated_device_types()
+            calibrated = calibrate.calibrated_device_types(notes=notes)
         except ValueError as exc:  # a broken cache must not stop a run: plan with the table
             notes.append(f"{exc}; table figures used")
             calibrated = {}

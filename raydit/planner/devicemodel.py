@@ -1,0 +1,342 @@
+r"""A device model built from measurements of the ops a DiT step runs: a roofline per op class.
+
+Every op of a step is priced on the roofline of its class,
+
+    t_op = max(FLOP / rate, bytes / bandwidth) + launches x t_launch
+
+with the class's own rate (`Roofline`):
+
+    gemm         rate by shape class: the measured (m, n, k) nearest the op's in log space,
+                 per dtype (bf16; fp8 where `Mode.quantize` is "fp8": `torch._scaled_mm`)
+    attention    rate by head dim (the nearest measured, the smaller on a tie), then length
+                 (the log-nearest measured token count), per kernel: "bf16" (torch's SDPA, ring
+                 1), "bf16-lse" (the LSE kernel a ring merges), "int8" / "fp8" (8-bit attention)
+    elementwise  norms, modulation, rotary, residuals, activations: bytes moved at the measured
+                 elementwise bandwidth; `compile` fuses them (`compiled_fraction` of the bytes
+                 and launches remain)
+    all_to_all, p2p   by message size: latency + bytes / bandwidth at the nearest measured size
+
+A table (raydit/planner/tables/<gpu>.json, loaded as data) holds the figures with their
+provenance: the GPU, the date and the torch version they were measured with (bench/bench_opsweep.py
+writes it), and per figure its `source` ("measured ...", "published ...", "scaled from ...", "fit
+..."). Where a figure was not measured the table says what stands in for it.
+
+One device's step (`step_seconds`): per layer the GEMMs of the block (q, k, v, out; the FFN; with
+cross-attention its q, out and the prompt's k, v), the self-attention kernel, the cross-attention
+kernel, the elementwise bytes (`ModelSpec.elementwise_bytes`: bytes per token and channel a layer's
+non-GEMM ops move in eager mode, counted on diffusers' blocks; DEFAULT_ELEMENTWISE_BYTES where not
+counted), and the audio stream (LTX-2) at the GEMM rate; fp8 adds the activations' quantization
+(read bf16, write fp8: 3 bytes per GEMM input element) unless compiled (fused into the producer).
+`model_rates` turns that step into the linear and attention rates of the cost model
+(cost.fit_model_rates), which carries it to every layout, with the links and the waves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from raydit.planner.model import ModelSpec, VideoGeometry
+
+QUANTIZE_MODES = ("none", "fp8")
+ATTENTION_MODES = ("bf16", "int8", "fp8")
+TABLE_DIR = Path(__file__).with_name("tables")
+TABLE_VERSION = 1
+# Bytes per token and channel one layer's non-GEMM, non-attention ops move in eager mode where
+# the model's own count is missing: HunyuanVideo's (the middle of the three counted: CogVideoX
+# 84, HunyuanVideo 238, Wan 419; raydit.planner.model.ELEMENTWISE_BYTES).
+DEFAULT_ELEMENTWISE_BYTES = 238.0
+# Elementwise kernel launches per layer in eager mode (counted with the bytes: CogVideoX 33,
+# HunyuanVideo 48 single / 81 dual, Wan 83); the middle one.
+ELEMENTWISE_LAUNCHES = 81
+GEMM_LAUNCHES = 8  # q, k, v, out, FFN in and out; cross-attention adds 4
+FP8_QUANT_BYTES = 3  # quantizing one bf16 activation element outside the GEMM: read 2, write 1
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a step runs: `quantize` the GEMMs ("none": bf16, "fp8"), the `attention` kernel
+    ("bf16", "int8", "fp8") and whether the transformer is `compile`d (fusion)."""
+
+    quantize: str = "none"
+    attention: str = "bf16"
+    compile: bool = False
+
+    def __post_init__(self):
+        if self.quantize not in QUANTIZE_MODES:
+            raise ValueError(f"quantize {self.quantize!r} is not one of {', '.join(QUANTIZE_MODES)}")
+        if self.attention not in ATTENTION_MODES:
+            raise ValueError(f"attention {self.attention!r} is not one of {', '.join(ATTENTION_MODES)}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True or False, got {self.compile!r}")
+
+    @property
+    def label(self) -> str:
+        """'bf16', 'fp8 GEMMs + int8 attention, compiled', ..."""
+        parts = ["fp8 GEMMs" if self.quantize == "fp8" else "bf16"]
+        if self.attention != "bf16":
+            parts.append(f"{self.attention} attention")
+        text = " + ".join(parts)
+        return text + (", compiled" if self.compile else "")
+
+
+BF16 = Mode()
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One op class: `tflops` (TFLOP/s), `gb_s` (GB/s) and `launch_us` per kernel launch."""
+
+    tflops: float
+    gb_s: float
+    launch_us: float = 0.0
+
+    def seconds(self, flop: float, nbytes: float, launches: float = 1.0) -> float:
+        compute = flop / (self.tflops * 1e12) if flop else 0.0
+        memory = nbytes / (self.gb_s * 1e9) if nbytes else 0.0
+        return max(compute, memory) + launches * self.launch_us * 1e-6
+
+
+def _value(entry, what: str) -> float:
+    value = entry.get("value") if isinstance(entry, dict) else entry
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"device table: {what} {value!r} must be a number >= 0")
+    return float(value)
+
+
+def _log_distance(a: float, b: float) -> float:
+    return abs(math.log(max(a, 1.0) / max(b, 1.0)))
+
+
+@dataclass(frozen=True)
+class DeviceTable:
+    """The op rates of one GPU type with their provenance (module docstring); `data` is the
+    table file's JSON object."""
+
+    data: dict
+
+    def __post_init__(self):
+        d = self.data
+        for key in ("device_type", "gpu", "date", "torch", "provenance"):
+            if not isinstance(d.get(key), str) or not d[key]:
+                raise ValueError(f"device table: {key!r} must be a non-empty string (provenance), got {d.get(key)!r}")
+        if d.get("version") != TABLE_VERSION:
+            raise ValueError(f"device table {d['device_type']}: version {d.get('version')!r}, expected {TABLE_VERSION}")
+        if not self.gemm_rows("bf16"):
+            raise ValueError(f"device table {d['device_type']}: no bf16 GEMM rate")
+        if not self.attention_rows("bf16"):
+            raise ValueError(f"device table {d['device_type']}: no bf16 attention rate")
+        for section in ("hbm_gb_s", "elementwise_gb_s", "launch_us", "compiled_fraction"):
+            _value(d.get(section), section)
+        for section in ("hbm_gb_s", "elementwise_gb_s"):
+            if not _value(d.get(section), section) > 0:
+                raise ValueError(f"device table {d['device_type']}: {section} must be > 0")
+
+    def __hash__(self):
+        return hash((self.name, self.date, self.torch, self.provenance))
+
+    @property
+    def name(self) -> str:
+        return self.data["device_type"]
+
+    @property
+    def date(self) -> str:
+        return self.data["date"]
+
+    @property
+    def torch(self) -> str:
+        return self.data["torch"]
+
+    @property
+    def gpu(self) -> str:
+        return self.data["gpu"]
+
+    @property
+    def provenance(self) -> str:
+        return self.data["provenance"]
+
+    @property
+    def priced(self) -> bool:
+        """Whether the planner prices steps with this table: a measured table, or a scaled one
+        for a type without fit figures of its own (`replaces_figures`: H20, B200). A scaled table
+        of a type with fit figures (H100 until bench_opsweep runs there, A100, L40S, L4) is data
+        beside them, not used."""
+        return self.provenance.startswith("measured") or bool(self.data.get("replaces_figures"))
+
+    def describe(self) -> str:
+        """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130)'."""
+        return f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch})"
+
+    def _figure(self, key: str) -> float:
+        return _value(self.data.get(key), key)
+
+    @property
+    def launch_us(self) -> float:
+        return self._figure("launch_us")
+
+    def gemm_rows(self, dtype: str) -> list[dict]:
+        return [r for r in (self.data.get("gemm") or {}).get(dtype) or [] if _value(r.get("tflops"), "tflops") > 0]
+
+    def attention_rows(self, kernel: str) -> list[dict]:
+        return [r for r in (self.data.get("attention") or {}).get(kernel) or [] if _value(r.get("tflops"), "tflops") > 0]
+
+    # -- op classes -------------------------------------------------------------------------
+
+    def gemm(self, m: float, n: float, k: float, dtype: str = "bf16") -> Roofline:
+        """The GEMM roofline at shape (m, n, k): the rate of the measured shape nearest in log
+        space (m, n and k alike); fp8 without fp8 rows: the bf16 rate."""
+        rows = self.gemm_rows(dtype) or self.gemm_rows("bf16")
+        row = min(rows, key=lambda r: (_log_distance(m, r["m"]) + _log_distance(n, r["n"])
+                                       + _log_distance(k, r["k"]), r["m"]))
+        return Roofline(float(row["tflops"]), self._figure("hbm_gb_s"), self.launch_us)
+
+    def attention(self, head_dim: int, tokens: float, kernel: str = "bf16") -> Roofline:
+        """The attention roofline for `kernel` at `head_dim` and `tokens` (module docstring); an
+        8-bit kernel the table lacks: the bf16 kernel's rate."""
+        rows = self.attention_rows(kernel) or self.attention_rows("bf16-lse" if kernel == "bf16-lse" else "bf16") \
+            or self.attention_rows("bf16")
+        dim = min({int(r["head_dim"]) for r in rows}, key=lambda d: (abs(d - head_dim), d))
+        at_dim = [r for r in rows if int(r["head_dim"]) == dim]
+        row = min(at_dim, key=lambda r: (_log_distance(tokens, r["tokens"]), r["tokens"]))
+        return Roofline(float(row["tflops"]), self._figure("hbm_gb_s"), self.launch_us)
+
+    def elementwise(self) -> Roofline:
+        """Norms, modulation, rotary, residuals: bytes at the elementwise bandwidth (compiled, the
+        same bandwidth: `step_ops` scales the bytes and launches by `compiled_fraction`)."""
+        return Roofline(1e9, self._figure("elementwise_gb_s"), self.launch_us)
+
+    @property
+    def compiled_fraction(self) -> float:
+        """Of the eager elementwise bytes and launches, the fraction left after compile's fusion."""
+        return self._figure("compiled_fraction")
+
+    def collective(self, kind: str, nbytes: float) -> float:
+        """Seconds of one `kind` ("all_to_all", "p2p") of `nbytes` leaving a rank: latency +
+        bytes / bandwidth at the nearest measured message size."""
+        rows = self.data.get(kind) or []
+        if not rows:
+            raise ValueError(f"device table {self.name}: no {kind} figures")
+        row = min(rows, key=lambda r: (_log_distance(nbytes, r["bytes"]), r["bytes"]))
+        return _value(row.get("latency_us"), "latency_us") * 1e-6 + nbytes / (_value(row["gb_s"], "gb_s") * 1e9)
+
+
+def load_table(path: str | Path) -> DeviceTable:
+    """A device table from a JSON file; ValueError naming the file when it does not parse."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"device table {str(p)!r} is unreadable ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"device table {str(p)!r} is not a JSON object")
+    try:
+        return DeviceTable(data)
+    except ValueError as exc:
+        raise ValueError(f"{p.name}: {exc}") from None
+
+
+@lru_cache(maxsize=None)
+def builtin_tables() -> dict[str, DeviceTable]:
+    """Device type name -> its table, from raydit/planner/tables/*.json."""
+    tables = {}
+    for f in sorted(TABLE_DIR.glob("*.json")):
+        t = load_table(f)
+        tables[t.name] = t
+    return tables
+
+
+def table_for(name: str) -> DeviceTable | None:
+    return builtin_tables().get(name)
+
+
+# -- one device's step, op by op ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepOps:
+    """One device's step (ulysses = ring = 1), seconds per part."""
+
+    gemm: float
+    attention: float  # self-attention kernels, all layers
+    cross_attention: float
+    elementwise: float
+    quantize: float  # fp8: the activations' quantization outside the GEMMs
+    audio: float
+    launches: float  # launch costs not already in the parts above
+    attention_per_layer: float  # one layer's self-attention (the kernel that runs at ring 1)
+    attention_lse_per_layer: float  # the same with the LSE kernel a ring runs
+
+    @property
+    def total(self) -> float:
+        return (self.gemm + self.attention + self.cross_attention + self.elementwise + self.quantize + self.audio
+                + self.launches)
+
+    def to_dict(self) -> dict:
+        d = {k: round(v, 6) for k, v in self.__dict__.items()}
+        d["total"] = round(self.total, 6)
+        return d
+
+
+def elementwise_bytes(spec: ModelSpec) -> float:
+    """Bytes per token and channel one layer's elementwise ops move in eager mode."""
+    return spec.elementwise_bytes or DEFAULT_ELEMENTWISE_BYTES
+
+
+def step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: int, mode: Mode = BF16) -> StepOps:
+    """One device's denoising step of `batch` samples, op by op (module docstring)."""
+    b, L, h, f = batch, spec.layers, spec.hidden, spec.ffn_hidden
+    S, X = geo.sequence_tokens, geo.cross_text_tokens
+    m = b * S
+    dtype = "fp8" if mode.quantize == "fp8" else "bf16"
+    e_in = 1 if dtype == "fp8" else 2
+
+    def gemm(rows, n, k):
+        if not rows:
+            return 0.0
+        return table.gemm(rows, n, k, dtype).seconds(2 * rows * n * k, (rows * k + k * n) * e_in + rows * n * 2)
+
+    layer = 4 * gemm(m, h, h) + gemm(m, f, h) + gemm(m, h, f)
+    quant_elems = 3 * m * h + m * f  # inputs of q/k/v (one read), out, FFN in and out
+    launches = GEMM_LAUNCHES
+    cross = 0.0
+    if X:
+        layer += 2 * gemm(m, h, h) + 2 * gemm(b * X, h, h)
+        quant_elems += 2 * m * h + b * X * h
+        launches += 4
+        cross = L * table.attention(spec.head_dim, X, "bf16").seconds(4 * m * X * h, 0.0)
+    kernel = "bf16" if mode.attention == "bf16" else mode.attention
+    attn_flop = 4 * b * S * S * h
+    per_layer = table.attention(spec.head_dim, S, kernel).seconds(attn_flop, 0.0)
+    lse_kernel = "bf16-lse" if mode.attention == "bf16" else mode.attention
+    per_layer_lse = table.attention(spec.head_dim, S, lse_kernel).seconds(attn_flop, 0.0)
+    keep = table.compiled_fraction if mode.compile else 1.0
+    ew = table.elementwise().seconds(0.0, keep * elementwise_bytes(spec) * m * h * L, keep * ELEMENTWISE_LAUNCHES * L)
+    quant = 0.0
+    if dtype == "fp8" and not mode.compile:
+        quant = table.elementwise().seconds(0.0, FP8_QUANT_BYTES * quant_elems * L, 5 * L)
+    audio = 0.0
+    if spec.audio_hidden and geo.audio_tokens:
+        from raydit.planner.cost import audio_work
+
+        whole, split = audio_work(spec, geo, 1, 1, batch, 0.0, 0)
+        ha = spec.audio_hidden
+        audio = (whole + split) / (table.gemm(b * geo.audio_tokens, ha, ha, dtype).tflops * 1e12)
+    return StepOps(L * layer, L * per_layer, cross, ew, quant, audio, L * launches * table.launch_us * 1e-6,
+                   per_layer, per_layer_lse)
+
+
+def model_rates(table: DeviceTable, spec: ModelSpec, mode: Mode = BF16, geo: VideoGeometry | None = None,
+                batch: int | None = None) -> tuple[float, float, float]:
+    """(linear, LSE attention, plain attention) FLOP/s with which the cost model gives back
+    `step_ops` of the model's default request (guidance on: `cfg_branches` samples) on one
+    device (cost.fit_model_rates), for `mode`."""
+    from raydit.planner.cost import fit_model_rates
+
+    geo = geo if geo is not None else spec.geometry()
+    batch = batch if batch is not None else spec.cfg_branches
+    ops = step_ops(table, spec, geo, batch, mode)
+    r = fit_model_rates(spec, geo, batch, ops.total, ops.attention_per_layer, ops.attention_lse_per_layer)
+    return r.linear, r.lse_attention, r.plain_attention

@@ -1,0 +1,261 @@
+"""The device model (issue 40): the roofline per op class, the tables' provenance, the decode
+pricing of Kandinsky 5 / LTX-2, and what `plan` says about its rates. Exact formulas: each
+expected value is computed here from the formula, not copied from a run."""
+
+import dataclasses
+import json
+
+import pytest
+
+from raydit.planner import ClusterSpec, NodeSpec, device_type, model_spec, plan
+from raydit.planner import cost as costmod
+from raydit.planner import devicemodel as dm
+from raydit.planner.decode import VAE_EFFICIENCY, decode_cost, decode_ranks
+
+
+def test_roofline_is_the_slower_of_compute_and_memory_plus_launches():
+    r = dm.Roofline(tflops=100, gb_s=1000, launch_us=5)
+    assert r.seconds(2e12, 1e9) == pytest.approx(0.02 + 5e-6)  # compute-bound: 2e12 / 1e14
+    assert r.seconds(1e9, 1e11, launches=3) == pytest.approx(0.1 + 15e-6)  # memory-bound: 1e11 / 1e12
+
+
+def test_every_table_says_where_its_figures_come_from():
+    tables = dm.builtin_tables()
+    assert {"H100", "H200", "A100-80GB", "A100-40GB", "L40S", "L4", "H20", "B200"} <= set(tables)
+    for name, t in tables.items():
+        for key in ("device_type", "gpu", "date", "torch", "provenance"):
+            assert t.data[key], (name, key)
+        rows = [r for rows in t.data["gemm"].values() for r in rows]
+        rows += [r for rows in t.data["attention"].values() for r in rows]
+        assert rows and all(r["source"] for r in rows), name
+        for key in ("hbm_gb_s", "elementwise_gb_s", "launch_us", "compiled_fraction"):
+            assert t.data[key]["source"], (name, key)
+        if not t.provenance.startswith("measured"):  # the rest are scaled from the measured H200 one, and say so
+            assert t.provenance == "scaled from H200" and "by published specs" in t.data["note"], name
+    assert tables["H200"].provenance.startswith("measured") and tables["H200"].priced
+    # A scaled table prices only a type without fit figures of its own.
+    assert tables["H20"].priced and tables["B200"].priced
+    assert not tables["A100-80GB"].priced and not tables["L40S"].priced
+    assert tables["H100"].priced == tables["H100"].provenance.startswith("measured")  # once bench_opsweep ran there
+    # No FP8 tensor cores on an A100: no fp8 rows, and an fp8 GEMM is priced at the bf16 rate.
+    a100 = tables["A100-80GB"]
+    assert not a100.gemm_rows("fp8") and a100.gemm(32760, 1536, 1536, "fp8") == a100.gemm(32760, 1536, 1536)
+    # Scaling: rates by the bf16 peak ratio, bandwidth by the memory ratio.
+    h200 = tables["H200"]
+    assert a100.gemm(8192, 8192, 8192).tflops == pytest.approx(h200.gemm(8192, 8192, 8192).tflops * 312 / 989.4,
+                                                               abs=0.01)
+    assert a100.data["hbm_gb_s"]["value"] == pytest.approx(4800 * 2039 / 4800, abs=0.1)
+
+
+def test_a_table_without_provenance_is_refused(tmp_path):
+    data = json.loads((dm.TABLE_DIR / "h200.json").read_text())
+    del data["date"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad.json: device table: 'date' must be a non-empty string"):
+        dm.load_table(bad)
+
+
+def test_rates_are_looked_up_at_the_nearest_measured_shape():
+    t = dm.table_for("H200")
+    assert t.gemm(32000, 1536, 1536).tflops == 700.0 and t.gemm(30000, 5000, 5100).tflops == 775.0
+    assert t.gemm(32760, 1536, 1536, "fp8").tflops == 961.0
+    assert t.attention(128, 30000).tflops == 603.2  # SDPA at 32760 tokens, head dim 128
+    assert t.attention(128, 100000, "bf16-lse").tflops == 553.0
+    assert t.attention(64, 17000).tflops == 440.8 or t.attention(64, 17000).tflops == 432.0
+    # No 8-bit kernel measured on the H200 yet: its bf16 kernel's rate stands in.
+    assert t.attention(128, 32760, "int8") == t.attention(128, 32760)
+
+
+def test_a_step_is_the_sum_of_its_ops():
+    t = dm.table_for("H200")
+    spec = model_spec("wan2.1-t2v-1.3b")
+    geo = spec.geometry(81, 480, 832)
+    b, L, h, f, S, X = 2, spec.layers, spec.hidden, spec.ffn_hidden, geo.sequence_tokens, geo.cross_text_tokens
+    m = b * S
+    ops = dm.step_ops(t, spec, geo, b)
+
+    def g(rows, n, k):
+        return t.gemm(rows, n, k).seconds(2 * rows * n * k, (rows * k + k * n) * 2 + rows * n * 2)
+
+    assert ops.gemm == pytest.approx(L * (6 * g(m, h, h) + g(m, f, h) + g(m, h, f) + 2 * g(b * X, h, h)))
+    assert ops.attention == pytest.approx(L * 4 * b * S * S * h / (t.attention(128, S).tflops * 1e12))
+    # Elementwise: the counted bytes of Wan's block at the elementwise bandwidth.
+    assert spec.elementwise_bytes == 419.0
+    assert ops.elementwise == pytest.approx(419.0 * m * h * L / (t.data["elementwise_gb_s"]["value"] * 1e9))
+    # Compile keeps `compiled_fraction` of the elementwise work; fp8 runs the GEMMs at the fp8 rates
+    # and, eager, pays the activations' quantization.
+    compiled = dm.step_ops(t, spec, geo, b, dm.Mode(compile=True))
+    assert compiled.elementwise == pytest.approx(ops.elementwise * t.compiled_fraction)
+    assert compiled.gemm == ops.gemm and compiled.attention == ops.attention
+    fp8 = dm.step_ops(t, spec, geo, b, dm.Mode(quantize="fp8"))
+    assert fp8.gemm < ops.gemm and fp8.quantize > 0
+    assert dm.step_ops(t, spec, geo, b, dm.Mode(quantize="fp8", compile=True)).quantize == 0
+
+
+def test_model_rates_give_the_op_step_back_through_the_cost_model():
+    t = dm.table_for("H200")
+    spec = model_spec("wan2.1-t2v-1.3b")
+    geo = spec.geometry()
+    ops = dm.step_ops(t, spec, geo, 2)
+    linear, lse, plain = dm.model_rates(t, spec)
+    link = costmod.Link(450, 8)
+    got = costmod.step_cost(spec, geo, 1, 1, 1, 2, linear, link, link, link, attn_flops_per_s=plain)
+    assert got.total == pytest.approx(ops.total, rel=1e-9)
+    # The H200 plans with them, and says so.
+    h200 = device_type("H200")
+    assert h200.rates_for(spec) == (linear, lse, plain)
+    one = plan(spec, gpus=1, gpu_type="H200")
+    assert one.best.predicted_step_seconds == pytest.approx(ops.total, rel=1e-9)
+    assert one.rates_sources == (f"H200: {t.describe()}",) and one.mode == dm.Mode()
+
+
+def test_plan_prices_the_mode_and_names_it():
+    base = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H200")
+    fast = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H200", mode=dm.Mode("fp8", "bf16", True))
+    assert fast.best.predicted_step_seconds < base.best.predicted_step_seconds
+    assert fast.to_dict()["mode"] == {"quantize": "fp8", "attention": "bf16", "compile": True,
+                                      "label": "fp8 GEMMs, compiled"}
+    # A type without a priced table keeps its figures whatever the mode, and says which.
+    a100 = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="A100-80GB", mode=dm.Mode(compile=True))
+    assert a100.best.predicted_step_seconds == plan("wan2.1-t2v-1.3b", gpus=1,
+                                                    gpu_type="A100-80GB").best.predicted_step_seconds
+    assert "A100-80GB device figures" in a100.rates_sources[0] and "scaled from H200" in a100.rates_sources[0]
+    assert "mode bf16, compiled not priced here" in a100.rates_sources[0]
+    with pytest.raises(ValueError, match="quantize 'int4' is not one of none, fp8"):
+        dm.Mode(quantize="int4")
+    with pytest.raises(ValueError, match="attention 'fp16' is not one of bf16, int8, fp8"):
+        dm.Mode(attention="fp16")
+
+
+def test_kandinsky5_decodes_by_rows_and_ltx2_whole():
+    k5 = model_spec("kandinsky5-t2v-pro")
+    geo = k5.geometry()
+    assert decode_ranks(k5, geo, 8) == 8  # HunyuanVideo's VAE, split by rows
+    one, eight = decode_cost(k5, geo, 1, 1e14, 450, 8), decode_cost(k5, geo, 8, 1e14, 450, 8)
+    assert eight.compute == pytest.approx(one.compute * (-(-geo.latent_height // 8)) / geo.latent_height)
+    ltx2 = model_spec("ltx-2")
+    lgeo = ltx2.geometry()
+    assert decode_ranks(ltx2, lgeo, 8) == 1  # the LTX-2 video decoder runs whole
+    whole = decode_cost(ltx2, lgeo, 8, 1e14, 450, 8)
+    assert whole.ranks == 1 and whole.halo == whole.gather == 0
+    assert whole.compute == pytest.approx(lgeo.frames * lgeo.height * lgeo.width * 1.349e6 / (1e14 * VAE_EFFICIENCY))
+
+
+def test_a_calibration_from_elsewhere_is_reported_not_used():
+    from raydit.runtime.calibrate import entry_problem
+
+    ok = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0",
+          "measured": {"matmul_tflops": 700.0, "attention_plain_tflops_by_head_dim": {"128": 640.0}}}
+    assert entry_problem("H200", ok, "2.11.0") is None
+    other_gpu = dict(ok, device_name="NVIDIA A100-SXM4-80GB")
+    assert entry_problem("H200", other_gpu, "2.11.0") == (
+        "calibration entry 'H200' was measured on 'NVIDIA A100-SXM4-80GB', another GPU: not used; "
+        "run `raydit doctor --calibrate --force` on a H200")
+    line = entry_problem("H200", ok, "2.12.0")
+    assert "measured with torch 2.11.0, this is torch 2.12.0: not used" in line and "\n" not in line
+    slow = dict(ok, measured={"matmul_tflops": 300.0})
+    line = entry_problem("H200", slow, "2.11.0")
+    assert "disagrees with its op table" in line and "more than 2x: matmul 300 against 684.1" in line
+    # Within 2x of the table: used.
+    assert entry_problem("H200", dict(ok, measured={"matmul_tflops": 400.0}), "2.11.0") is None
+
+
+@pytest.mark.long
+def test_the_elementwise_count_matches_diffusers_blocks():
+    """ModelSpec.elementwise_bytes of Wan, CogVideoX and HunyuanVideo: the count bench_opsweep
+    makes on diffusers' blocks (meta device)."""
+    import sys
+
+    sys.path.insert(0, str(dm.TABLE_DIR.parents[2] / "bench"))
+    import bench_opsweep
+
+    got = bench_opsweep.count_blocks()
+    for family, name in (("wan", "wan2.1-t2v-1.3b"), ("cogvideox", "cogvideox-2b"), ("hunyuanvideo", "hunyuanvideo")):
+        assert model_spec(name).elementwise_bytes == pytest.approx(got[family], rel=0.03), family
+
+
+def test_the_sweep_names_the_gpu_types_it_knows():
+    import sys
+
+    sys.path.insert(0, str(dm.TABLE_DIR.parents[2] / "bench"))
+    import bench_opsweep
+
+    for cuda_name, want in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("NVIDIA H20", "H20"),
+                            ("NVIDIA B200", "B200"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
+                            ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-SXM4-40GB", "A100-40GB")):
+        assert bench_opsweep.gpu_device_type(cuda_name) == want, cuda_name
+    with pytest.raises(ValueError, match="GPU 'NVIDIA RTX 6000' is not one of the planner's device types"):
+        bench_opsweep.gpu_device_type("NVIDIA RTX 6000")
+
+
+def test_unknown_devices_and_scaled_types():
+    with pytest.raises(ValueError, match=r"unknown GPU type 'B300'; known: H100, H200, H20, B200"):
+        device_type("B300")
+    b200 = ClusterSpec((NodeSpec("n", device_type("B200"), 8),))
+    result = plan("wan2.1-t2v-14b", cluster=b200)
+    assert "B200 op table" in result.rates_sources[0] and "scaled from H200" in result.rates_sources[0]
+    assert dataclasses.replace(device_type("B200"), use_op_table=False).rates_for(model_spec("wan2.1-t2v-14b")) != \
+        device_type("B200").rates_for(model_spec("wan2.1-t2v-14b"))
+
+
+@pytest.mark.long
+def test_the_sweep_writes_a_table_the_planner_loads(tmp_path):
+    """bench_opsweep --smoke (CPU, tiny shapes): every part guarded, the table written with its
+    provenance; a part that cannot run here (fp8, p2p) is recorded, not fatal."""
+    import sys
+
+    sys.path.insert(0, str(dm.TABLE_DIR.parents[2] / "bench"))
+    import bench_opsweep
+
+    out = tmp_path / "t.json"
+    assert bench_opsweep.main(["--smoke", "--out", str(out), "--budget-s", "120"]) == 0
+    t = dm.load_table(out)
+    assert t.provenance.startswith("smoke") and not t.priced and t.date and t.torch and t.gpu == "cpu (smoke)"
+    parts = t.data["sweep_parts"]
+    assert {k for k, v in parts.items() if v["status"] == "ok"} >= {"launch", "elementwise", "gemm", "attention"}, parts
+    assert parts["fp8"]["status"].startswith("failed: RuntimeError: FP8 GEMMs need a CUDA GPU")
+    today = t.date
+    assert all(f"measured {today}" in r["source"] for r in t.gemm_rows("bf16"))
+    assert f"measured {today}" in t.data["launch_us"]["source"]
+    # Unmeasured here: the fp8 rows keep the H200's, with their source.
+    assert t.gemm_rows("fp8") == dm.table_for("H200").gemm_rows("fp8")
+    # A budget too small for a part skips it and says so.
+    assert bench_opsweep.main(["--smoke", "--out", str(out), "--budget-s", "0.01", "--parts", "gemm"]) == 0
+    assert json.loads(out.read_text())["sweep_parts"]["gemm"]["status"].startswith("skipped")
+
+
+def test_collectives_are_latency_plus_bytes_at_the_nearest_message_size():
+    data = json.loads((dm.TABLE_DIR / "h200.json").read_text())
+    data["p2p"] = [{"bytes": 1 << 16, "gb_s": 50.0, "latency_us": 10.0, "source": "test"},
+                   {"bytes": 1 << 26, "gb_s": 400.0, "latency_us": 20.0, "source": "test"}]
+    t = dm.DeviceTable(data)
+    assert t.collective("p2p", 1 << 14) == pytest.approx(10e-6 + (1 << 14) / 50e9)
+    assert t.collective("p2p", 1 << 27) == pytest.approx(20e-6 + (1 << 27) / 400e9)
+    with pytest.raises(ValueError, match="no ring figures"):
+        t.collective("ring", 1)
+
+
+def test_a_calibration_within_2x_keeps_the_table_pricing_the_step():
+    from raydit.runtime.calibrate import apply_entry
+
+    spec = model_spec("wan2.1-t2v-1.3b")
+    h200 = device_type("H200")
+    entry = {"measured": {"matmul_tflops": 684.1, "dit_linear_tflops": 434.0,
+                          "attention_tflops_by_head_dim": {"128": 677.8}}, "when": "2026-11-26T07:00", "host": "h"}
+    cal = apply_entry(h200, entry)
+    assert cal.rates_for(spec) == h200.rates_for(spec) and cal.flops_per_second != h200.flops_per_second
+    assert "calibration file of 2026-11-26T07:00 on h: links and memory" in cal.rates_source(spec)
+
+
+def test_doctor_says_why_a_cached_entry_is_not_used(tmp_path):
+    from raydit.runtime import calibrate
+
+    path = tmp_path / "calibration.json"
+    calibrate.save_calibration({"H200": {"name": "H200", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB",
+                                         "measured": {"matmul_tflops": 250.0}, "host": "a", "when": "now"}}, path)
+    lines = calibrate.describe_calibration(path)
+    assert any("measured on 'NVIDIA A100-SXM4-80GB', another GPU: not used" in line for line in lines)
+    notes = []
+    assert calibrate.calibrated_device_type("H200", path, notes) == device_type("H200")
+    assert calibrate.calibrated_device_types(path, notes) == {} and len(notes) == 2
