@@ -18,7 +18,7 @@ Parts (bf16 on CUDA; float32 on a CPU --smoke):
   gemm         bf16 GEMMs at DiT shapes (rows 1k..64k x widths 1536..16384) and square ones
   fp8          the same through torch._scaled_mm (e4m3, row-wise scales), where the GPU has FP8
   attention    SDPA (the ring-1 kernel) and the LSE kernels (cuDNN / flash with log-sum-exp) at
-               head dims 64 / 128 and 4k..119k tokens; int8 (sageattention), where installed
+               head dims 64 / 128 and 4k..119k tokens; raydit's int8 / fp8 kernels where they pass their check
   p2p          with 2 GPUs: copies between them by message size (bandwidth, latency)
 """
 
@@ -241,12 +241,19 @@ class Sweep:
         torch = self.torch
         F = torch.nn.functional
         aten = torch.ops.aten
-        plain, lse, int8, fa2 = [], [], [], []
-        sage = None
-        try:
-            from sageattention import sageattn as sage  # noqa: F401
-        except Exception:
-            sage = None
+        plain, lse, int8, fp8, fa2 = [], [], [], [], []
+        lowbit = {}  # raydit's 8-bit kernels (raydit.parallel.lowbit), those that pass their float64 check
+        if self.device == "cuda":
+            try:
+                from raydit.parallel import kernels as K
+
+                for mode in ("int8", "fp8"):
+                    name = f"{mode}-triton"
+                    if name in K.candidate_kernels(self.dev, self.dtype, mode) and \
+                            all(K.check_kernel(name, self.dev, self.dtype, d) is None for d in (64, 128)):
+                        lowbit[mode] = (name, K.KERNELS[name])
+            except Exception:
+                lowbit = {}
         for d, heads, tokens, batch in (SMOKE_ATTN if self.smoke else ATTN_SHAPES):
             if self.left() < 8:
                 break
@@ -275,18 +282,20 @@ class Sweep:
             if best:
                 lse.append(dict(row, tflops=_sig(flop / best[1] / 1e12), kernel=best[0],
                                 source=self.source("the fastest LSE kernel")))
-            if sage is not None:
-                try:
-                    t = self.timed(lambda: sage(q, k, v, tensor_layout="HND"), repeats=5)
-                    int8.append(dict(row, tflops=_sig(flop / t / 1e12), kernel="sageattn",
-                                     source=self.source("sageattention.sageattn, 8-bit QK")))
-                except Exception:
-                    pass
+            for mode, rows in (("int8", int8), ("fp8", fp8)):
+                if mode in lowbit:
+                    name, fn = lowbit[mode]
+                    try:
+                        t = self.timed(lambda: fn(q, k, v, d ** -0.5), repeats=5)
+                        rows.append(dict(row, tflops=_sig(flop / t / 1e12), kernel=name,
+                                         source=self.source(f"raydit.parallel.lowbit {name} (quantization included)")))
+                    except Exception:
+                        pass
         att = self.table.setdefault("attention", {})
-        for key, rows in (("bf16", plain), ("bf16-lse", lse), ("int8", int8), ("fa2", fa2)):
+        for key, rows in (("bf16", plain), ("bf16-lse", lse), ("int8", int8), ("fp8", fp8), ("fa2", fa2)):
             if rows:
                 att[key] = rows
-        return {"plain": len(plain), "lse": len(lse), "int8": len(int8), "fa2": len(fa2)}
+        return {"plain": len(plain), "lse": len(lse), "int8": len(int8), "fp8": len(fp8), "fa2": len(fa2)}
 
     def p2p(self):
         torch = self.torch
