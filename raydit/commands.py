@@ -387,8 +387,11 @@ def _calibrate(address: str | None, device: str, model: str | None = None, geome
 
         ray.init(address=reachable_address(address), logging_level="ERROR")
     else:
+        from raydit.runtime.raygc import RAYLET_GC_REQUESTS_OFF
+
         ray.init(address="local", include_dashboard=False, logging_level="ERROR",
-                 num_cpus=max(2, os.cpu_count() or 1), object_store_memory=128 * 1024 * 1024)
+                 num_cpus=max(2, os.cpu_count() or 1), object_store_memory=128 * 1024 * 1024,
+                 _system_config=dict(RAYLET_GC_REQUESTS_OFF))
     try:
         for note in calibrate_cluster(device, force=True, model=model, geometry=geometry):
             print(f"raydit doctor: {note}", file=sys.stderr)

@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydit.runtime.errors import WorkerFailure, reported
 from raydit.runtime.failures import DEADLINE, LOST, Failure, classify, root_cause
+from raydit.runtime.raygc import RAYLET_GC_REQUESTS_OFF
 from raydit.runtime.worker import RankWorker
 
 # How long a rank's second thread may take to answer a ping before it counts as silent
@@ -48,6 +49,7 @@ def _open(address: str | None, want_workers: int | None) -> None:
         return
     # No cluster named: start a private local one. Declare at least as many CPU slots
     # as workers were asked for; oversubscribing cores is the user's explicit choice.
+    # Its raylet never asks this process to run Python's gc (raydit.runtime.raygc, issue 39).
     cpus = max(os.cpu_count() or 1, want_workers or 0)
     ray.init(
         address="local",
@@ -55,6 +57,7 @@ def _open(address: str | None, want_workers: int | None) -> None:
         include_dashboard=False,
         logging_level="WARNING",
         object_store_memory=256 * 1024 * 1024,
+        _system_config=dict(RAYLET_GC_REQUESTS_OFF),
     )
 
 

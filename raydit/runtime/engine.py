@@ -859,7 +859,9 @@ class Engine:
         timings["decode"] = float(job.timings.get("decode_seconds", 0.0))
         timings["decode_ranks"] = int(job.timings.get("decode_ranks", 1))
         return GenerationResult(
-            frames=job.frames,
+            # A copy the result owns: Ray's zero-copy array would pin the frames in the object
+            # store for as long as the user keeps the result (raydit.runtime.raygc).
+            frames=np.array(job.frames) if isinstance(job.frames, np.ndarray) else job.frames,
             audio=getattr(job, "audio", None),
             latents=_to_numpy(from_wire(job.checkpoint["latents"])),
             plan=replica.plan,
