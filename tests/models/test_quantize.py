@@ -286,3 +286,38 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
     check_precision_options({"quantize": "fp8-sim", "lora_table": {"a": object()}, "fuse_lora": True})
     takes = set(inspect.signature(Engine).parameters)
     assert {"quantize", "attention"} <= takes
+
+
+@pytest.mark.slow
+def test_step_batching_and_step_caching_run_under_fp8_sim():
+    """bfloat16, one process, the tiny CogVideoX. Step batching: two requests sharing steps
+    (the second joins at the first's step 1) against each alone; where the unquantized run
+    batched equals it alone bit for bit (the same ops per row), so must fp8-sim's: its scales are
+    per token, so a neighbour in the batch changes none. Step caching (fbcache at 1.3, which
+    caches a step of this request) runs on quantized blocks and caches as many steps as
+    unquantized."""
+    from raydit.models.cache import CACHED_STEPS
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    gen = dict(num_frames=5, height=32, width=32, num_inference_steps=3, guidance_scale=6.0)
+    requests = [GenerationRequest(prompt="a red fox", seed=1, **gen), GenerationRequest(prompt="a red fox", seed=2, **gen)]
+    cached = GenerationRequest(prompt="a red fox running through fresh snow", seed=7, cache="fbcache",
+                               cache_threshold=1.3, **{**gen, "num_inference_steps": 4})
+    out = {}
+    for mode in (None, "fp8-sim"):
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), dtype=torch.bfloat16, quantize=mode)
+        out[mode, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
+        out[mode, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
+        state = harness.run_steps(runner, cached, None)
+        out[mode, "cached"] = (int(state.carry.get(CACHED_STEPS, 0)), state.latents)
+    exact = 0
+    for i in range(len(requests)):
+        if torch.equal(out[None, "batched"][i], out[None, "alone"][i]):
+            assert torch.equal(out["fp8-sim", "batched"][i], out["fp8-sim", "alone"][i]), f"request {i}"
+            exact += 1
+    assert exact > 0
+    assert relative_error(out["fp8-sim", "alone"][0], out[None, "alone"][0]) > 1e-3  # quantized (0.0085 measured)
+    (steps_q, latents_q), (steps, _) = out["fp8-sim", "cached"], out[None, "cached"]
+    assert steps_q == steps >= 1 and torch.isfinite(latents_q).all()
