@@ -1,0 +1,92 @@
+"""quantize="fp8" on a CUDA GPU (torchao's FP8 layers): skipped without CUDA, torchao or FP8.
+
+The real mode against its CPU emulation, fp8-sim, on Wan's forward case in bfloat16: the same
+layers are quantized, and the outputs agree to within what separates the two numerically (the
+sim multiplies dequantized bf16 operands, the GEMM scales its float32 accumulator): at most a
+tenth of FP8's own error against the unquantized forward (a bound chosen before any GPU run;
+the first run on a GPU says whether it holds). Compiled blocks (Inductor, fullgraph) give the
+eager fp8 numbers within the same bound. The Runner runs a tiny request under fp8. Where FP8
+is missing the Runner refuses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from raydit.models import conformance as harness
+from raydit.models.precision import relative_error
+
+CUDA = torch.cuda.is_available()
+FP8 = CUDA and torch.cuda.get_device_capability() >= (8, 9)
+TORCHAO = importlib.util.find_spec("torchao") is not None
+
+pytestmark = pytest.mark.gpu
+
+
+def wan_case():
+    from raydit.models.registry import families
+
+    return families()["wan"].conformance_cases(harness._Unbuilt())["forward"][0]
+
+
+@pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
+def test_fp8_quantizes_the_layers_fp8_sim_does_and_matches_its_numbers():
+    from raydit.models.compile import compile_blocks
+    from raydit.models.quantize import quantize_transformer
+
+    case = wan_case()
+    out, names = {}, {}
+    for mode in (None, "fp8", "fp8-sim"):
+        transformer, kwargs = harness.at_dtype(*case.make(), torch.bfloat16)
+        transformer = transformer.to("cuda")
+        kwargs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        if mode is not None:
+            names[mode] = quantize_transformer(transformer, mode).names
+        out[mode] = harness.forward_once(transformer, kwargs).float()
+        if mode == "fp8":
+            compiled = compile_blocks(transformer, fullgraph=True)
+            try:
+                out["fp8 compiled"] = harness.forward_once(transformer, kwargs).float()
+            finally:
+                compiled.remove()
+    assert names["fp8"] == names["fp8-sim"] and len(names["fp8"]) == 20
+    e_fp8 = relative_error(out["fp8"], out[None])
+    assert 1e-3 <= e_fp8 <= 0.2, e_fp8
+    assert relative_error(out["fp8"], out["fp8-sim"]) <= 0.1 * e_fp8
+    assert relative_error(out["fp8 compiled"], out["fp8"]) <= 0.1 * e_fp8
+
+
+@pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
+def test_runner_runs_a_request_under_fp8():
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    request = GenerationRequest(prompt="a red fox", num_frames=5, height=32, width=32, num_inference_steps=3, seed=1)
+    latents = {}
+    for mode in (None, "fp8"):
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize=mode)
+        latents[mode] = harness.run_steps(runner, request, None).latents.float().cpu()
+    assert torch.isfinite(latents["fp8"]).all()
+    assert 1e-3 <= relative_error(latents["fp8"], latents[None]) <= 0.2
+
+
+@pytest.mark.skipif(not CUDA or FP8, reason="needs a CUDA GPU without FP8 (compute capability below 8.9)")
+def test_runner_refuses_fp8_on_a_gpu_before_sm89():
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    with pytest.raises(ValueError, match="needs compute capability 8.9 or newer"):
+        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
+
+
+@pytest.mark.skipif(not FP8 or TORCHAO, reason="needs an FP8 GPU without torchao installed")
+def test_runner_names_the_install_when_torchao_is_missing():
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    with pytest.raises(ValueError, match="needs torchao, which is not installed: pip install torchao"):
+        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
