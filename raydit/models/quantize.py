@@ -88,10 +88,12 @@ def select_linears(transformer, keep: tuple[str, ...] = ("norm*",)) -> tuple[lis
 
 def fp8_scale(x: torch.Tensor, granularity: str) -> torch.Tensor:
     """float32 scales of `x`: amax|x| / 448 over its last dim ("row": [..., 1]) or over all of
-    it ("tensor": a scalar); 1 where the amax is 0 (an all-zero row stays zero)."""
-    xf = x.detach().abs().to(torch.float32)
-    amax = xf.amax(dim=-1, keepdim=True) if granularity == "row" else xf.amax()
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    it ("tensor": a scalar), divided in x's dtype and then widened, as torchao's torch path
+    computes them (a bf16 scale carries bf16's rounding); 1 where the amax is 0 (an all-zero
+    row stays zero; torchao would divide by 0 there)."""
+    xa = x.detach().abs()
+    amax = xa.amax(dim=-1, keepdim=True) if granularity == "row" else xa.amax()
+    return torch.where(amax > 0, (amax / FP8_MAX).to(torch.float32), torch.ones((), dtype=torch.float32))
 
 
 def fake_fp8(x: torch.Tensor, granularity: str) -> torch.Tensor:

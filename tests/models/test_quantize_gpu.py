@@ -1,12 +1,14 @@
 """quantize="fp8" on a CUDA GPU (torchao's FP8 layers): skipped without CUDA, torchao or FP8.
 
-The real mode against its CPU emulation, fp8-sim, on Wan's forward case in bfloat16: the same
-layers are quantized, and the outputs agree to within what separates the two numerically (the
-sim multiplies dequantized bf16 operands, the GEMM scales its float32 accumulator): at most a
-tenth of FP8's own error against the unquantized forward (a bound chosen before any GPU run;
-the first run on a GPU says whether it holds). Compiled blocks (Inductor, fullgraph) give the
-eager fp8 numbers within the same bound. The Runner runs a tiny request under fp8. Where FP8
-is missing the Runner refuses.
+The real mode against its emulation, fp8-sim, in bfloat16. One linear layer: the two agree to
+within a quarter of FP8's own error against the unquantized layer (the sim multiplies the
+dequantized operands rounded to bf16, the GEMM scales its float32 accumulator: on a CPU, with
+torchao's hardware check bypassed, 0.3% apart for an FP8 error of 3.6%). A whole forward (Wan's
+forward case): FP8 rounding is a step function, so last-bit differences between the two grow
+through the layers to FP8's own size; the rule there is the same error against the
+unquantized forward, within a factor 2 either way, the same layers quantized, and compiled
+blocks (Inductor, fullgraph) held to the same rule. The Runner runs a tiny request under fp8.
+Where FP8 is missing the Runner refuses.
 """
 
 from __future__ import annotations
@@ -33,7 +35,32 @@ def wan_case():
 
 
 @pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
-def test_fp8_quantizes_the_layers_fp8_sim_does_and_matches_its_numbers():
+@torch.no_grad()
+def test_one_fp8_linear_matches_fp8_sim():
+    import copy
+
+    from raydit.models.quantize import quantize_transformer
+
+    torch.manual_seed(0)
+    case = wan_case()
+    transformer, _ = case.make()
+    transformer = transformer.to("cuda", torch.bfloat16)
+    block = transformer.blocks[0]
+    layer = torch.nn.Linear(2048, 1024, dtype=torch.bfloat16, device="cuda")
+    block.ffn.net[2] = layer  # a block linear of DiT-like width
+    x = torch.randn(4, 512, 2048, dtype=torch.bfloat16, device="cuda")
+    outs = {None: layer(x).float()}
+    for mode in ("fp8", "fp8-sim"):
+        model = copy.deepcopy(transformer)
+        assert "blocks.0.ffn.net.2" in quantize_transformer(model, mode).names
+        outs[mode] = model.blocks[0].ffn.net[2](x).float()
+    e_fp8 = relative_error(outs["fp8"], outs[None])
+    assert 5e-3 <= e_fp8 <= 0.1, e_fp8
+    assert relative_error(outs["fp8"], outs["fp8-sim"]) <= 0.25 * e_fp8
+
+
+@pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
+def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error():
     from raydit.models.compile import compile_blocks
     from raydit.models.quantize import quantize_transformer
 
@@ -53,10 +80,11 @@ def test_fp8_quantizes_the_layers_fp8_sim_does_and_matches_its_numbers():
             finally:
                 compiled.remove()
     assert names["fp8"] == names["fp8-sim"] and len(names["fp8"]) == 20
-    e_fp8 = relative_error(out["fp8"], out[None])
-    assert 1e-3 <= e_fp8 <= 0.2, e_fp8
-    assert relative_error(out["fp8"], out["fp8-sim"]) <= 0.1 * e_fp8
-    assert relative_error(out["fp8 compiled"], out["fp8"]) <= 0.1 * e_fp8
+    e_sim = relative_error(out["fp8-sim"], out[None])
+    assert 1e-3 <= e_sim <= 0.2, e_sim
+    for mode in ("fp8", "fp8 compiled"):
+        e = relative_error(out[mode], out[None])
+        assert 0.5 * e_sim <= e <= 2 * e_sim, (mode, e, e_sim)
 
 
 @pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
