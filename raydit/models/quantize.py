@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 QUANTIZED_ATTR = "_raydit_quantized"
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_ALIGN = 16  # torch._scaled_mm: both dims of a weight multiples of 16
+ACTIVATION_AMAX_FLOOR = 1e-12  # "fp8": the least amax an activation's scale is made from (_quantize_torchao)
 
 
 @dataclass
@@ -148,7 +149,13 @@ def _quantize_torchao(transformer, modules: list, granularity: str) -> None:
         raise ValueError("quantize 'fp8' needs torchao, which is not installed: pip install torchao "
                          "(or pip install 'raydit[fp8]')") from None
     ids = {id(m) for m in modules}
-    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor())
+    # activation_value_lb: an all-zero activation row (a zero-padded token with no shift after
+    # its norm: Mochi's RMSNormZero) would get scale 0 and NaNs (0 / 0) that a ring's padded keys
+    # carry into attention; a floor far below any real amax gives it scale > 0 and zeros, as
+    # fp8-sim gives. It also makes torchao take its torch quantization path rather than mslk's
+    # row kernel, which torch.compile fuses into the producer anyway.
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor(),
+                                                       activation_value_lb=ACTIVATION_AMAX_FLOOR)
     quantize_(transformer, config, filter_fn=lambda module, fqn: id(module) in ids)
 
 

@@ -54,6 +54,9 @@ def test_one_fp8_linear_matches_fp8_sim():
         model = copy.deepcopy(transformer)
         assert "blocks.0.ffn.net.2" in quantize_transformer(model, mode).names
         outs[mode] = model.blocks[0].ffn.net[2](x).float()
+        # A zero-padded token's all-zero row gives the bias, not 0 / 0 (ACTIVATION_AMAX_FLOOR).
+        zero = model.blocks[0].ffn.net[2](torch.zeros(1, 2048, dtype=torch.bfloat16, device="cuda")).float()
+        assert torch.equal(zero[0], layer.bias.float()), mode
     e_fp8 = relative_error(outs["fp8"], outs[None])
     assert 5e-3 <= e_fp8 <= 0.1, e_fp8
     assert relative_error(outs["fp8"], outs["fp8-sim"]) <= 0.25 * e_fp8
