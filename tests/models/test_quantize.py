@@ -75,9 +75,11 @@ def test_fp8_sim_quantizes_the_block_linears_and_nothing_else(family, case):
     for name in ("proj_out", "norm_out.linear", "patch_embed.proj", "time_embedding.linear_1"):
         assert name not in done.names
     assert len(done.names) + len(done.skipped) > 0
-    # Quantizing again (the next Runner on this pipeline) leaves the weights alone.
-    again = quantize_transformer(transformer, "fp8-sim", keep=family.quantize_keep)
-    assert again is done and all(torch.equal(v, transformer.state_dict()[k]) for k, v in transformer.state_dict().items())
+    # Quantizing again (the next Runner on this pipeline) leaves the weights and hooks alone.
+    after = {k: v.clone() for k, v in transformer.state_dict().items()}
+    assert quantize_transformer(transformer, "fp8-sim", keep=family.quantize_keep) is done
+    assert all(torch.equal(v, after[k]) for k, v in transformer.state_dict().items())
+    assert all(len(modules[name]._forward_pre_hooks) == 1 for name in done.names)
     with pytest.raises(ValueError, match="quantized fp8-sim \\(row\\) already; load the pipeline again"):
         quantize_transformer(transformer, "fp8-sim", "tensor", keep=family.quantize_keep)
 
