@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 QUANTIZED_ATTR = "_raydit_quantized"
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_ALIGN = 16  # torch._scaled_mm: both dims of a weight multiples of 16
+ACTIVATION_AMAX_FLOOR = 1e-12  # "fp8": the least amax an activation's scale is made from (_quantize_torchao)
 
 
 @dataclass
@@ -88,10 +89,12 @@ def select_linears(transformer, keep: tuple[str, ...] = ("norm*",)) -> tuple[lis
 
 def fp8_scale(x: torch.Tensor, granularity: str) -> torch.Tensor:
     """float32 scales of `x`: amax|x| / 448 over its last dim ("row": [..., 1]) or over all of
-    it ("tensor": a scalar); 1 where the amax is 0 (an all-zero row stays zero)."""
-    xf = x.detach().abs().to(torch.float32)
-    amax = xf.amax(dim=-1, keepdim=True) if granularity == "row" else xf.amax()
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    it ("tensor": a scalar), divided in x's dtype and then widened, as torchao's torch path
+    computes them (a bf16 scale carries bf16's rounding); 1 where the amax is 0 (an all-zero
+    row stays zero; torchao would divide by 0 there)."""
+    xa = x.detach().abs()
+    amax = xa.amax(dim=-1, keepdim=True) if granularity == "row" else xa.amax()
+    return torch.where(amax > 0, (amax / FP8_MAX).to(torch.float32), torch.ones((), dtype=torch.float32))
 
 
 def fake_fp8(x: torch.Tensor, granularity: str) -> torch.Tensor:
@@ -146,7 +149,13 @@ def _quantize_torchao(transformer, modules: list, granularity: str) -> None:
         raise ValueError("quantize 'fp8' needs torchao, which is not installed: pip install torchao "
                          "(or pip install 'raydit[fp8]')") from None
     ids = {id(m) for m in modules}
-    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor())
+    # activation_value_lb: an all-zero activation row (a zero-padded token with no shift after
+    # its norm: Mochi's RMSNormZero) would get scale 0 and NaNs (0 / 0) that a ring's padded keys
+    # carry into attention; a floor far below any real amax gives it scale > 0 and zeros, as
+    # fp8-sim gives. It also makes torchao take its torch quantization path rather than mslk's
+    # row kernel, which torch.compile fuses into the producer anyway.
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor(),
+                                                       activation_value_lb=ACTIVATION_AMAX_FLOOR)
     quantize_(transformer, config, filter_fn=lambda module, fqn: id(module) in ids)
 
 

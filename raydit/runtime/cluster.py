@@ -212,6 +212,7 @@ class WorkerPool:
         # Runner (Engine(quantize=..., attention=...)); a re-formed group quantizes the same.
         self.quantize: str | None = None
         self.attention: str | None = None
+        self.quantized: list[int] = []  # per rank of the group: the linear layers its Runner quantized
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -312,6 +313,7 @@ class WorkerPool:
         self.active = chosen
         self.plan = plan
         self.kernel = outs[0]["kernel"]
+        self.quantized = [out.get("quantized", 0) for out in outs]  # per rank: its quantized linear layers
         return time.perf_counter() - t0
 
     def free_slots(self) -> dict[str, int]:

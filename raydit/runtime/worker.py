@@ -203,7 +203,9 @@ class RankWorker:
             parallel_options={"audio_split_tokens": degrees.get("audio_split_tokens")} if mesh is not None else None,
         )
         return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1,
-                                                            mode=self._runner.attention)}
+                                                            mode=self._runner.attention),
+                # linear layers this rank runs quantized (every transformer; 0 without quantize)
+                "quantized": sum(len(q.names) for q in self._runner.quantized)}
 
     def _choose_kernel(self, ring: int, mode: str = "bf16") -> str:
         """Decide the attention kernel for the model's head dim now, not inside the first

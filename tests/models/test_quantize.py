@@ -15,7 +15,7 @@ FP8 error itself. So the rule, per plan, measured in the same test:
   unquantized run of the same request (same noise) at most BF16_ERROR_FACTOR (2) times one
   rank's under fp8-sim.
 And fp8-sim must cost a plausible FP8 amount: its error against float64 between 1% and 20%
-(2 steps of random tiny models) and at least 3x bfloat16's own, so the test fails if
+(2 steps of random tiny models) and at least 2x bfloat16's own (3.0-4.4x measured), so the test fails if
 quantization is silently skipped.
 """
 
@@ -75,9 +75,11 @@ def test_fp8_sim_quantizes_the_block_linears_and_nothing_else(family, case):
     for name in ("proj_out", "norm_out.linear", "patch_embed.proj", "time_embedding.linear_1"):
         assert name not in done.names
     assert len(done.names) + len(done.skipped) > 0
-    # Quantizing again (the next Runner on this pipeline) leaves the weights alone.
-    again = quantize_transformer(transformer, "fp8-sim", keep=family.quantize_keep)
-    assert again is done and all(torch.equal(v, transformer.state_dict()[k]) for k, v in transformer.state_dict().items())
+    # Quantizing again (the next Runner on this pipeline) leaves the weights and hooks alone.
+    after = {k: v.clone() for k, v in transformer.state_dict().items()}
+    assert quantize_transformer(transformer, "fp8-sim", keep=family.quantize_keep) is done
+    assert all(torch.equal(v, after[k]) for k, v in transformer.state_dict().items())
+    assert all(len(modules[name]._forward_pre_hooks) == 1 for name in done.names)
     with pytest.raises(ValueError, match="quantized fp8-sim \\(row\\) already; load the pipeline again"):
         quantize_transformer(transformer, "fp8-sim", "tensor", keep=family.quantize_keep)
 
@@ -137,7 +139,7 @@ def test_every_plan_under_fp8_sim_equals_one_rank_within_the_modes_noise():
             truth = out[(case.name, "float64")]
             one_none, one_q = out[(case.name, None, "None")], out[(case.name, "fp8-sim", "None")]
             e_bf16, e_q = relative_error(one_none, truth), relative_error(one_q, truth)
-            assert 0.01 <= e_q <= 0.2 and e_q >= 3 * e_bf16, (case.name, e_q, e_bf16)
+            assert 0.01 <= e_q <= 0.2 and e_q >= 2 * e_bf16, (case.name, e_q, e_bf16)
             for plan in PLANS:
                 plan_none, plan_q = out[(case.name, None, str(plan))], out[(case.name, "fp8-sim", str(plan))]
                 where = f"rank {rank} {case.name} {plan}"
@@ -286,3 +288,38 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
     check_precision_options({"quantize": "fp8-sim", "lora_table": {"a": object()}, "fuse_lora": True})
     takes = set(inspect.signature(Engine).parameters)
     assert {"quantize", "attention"} <= takes
+
+
+@pytest.mark.slow
+def test_step_batching_and_step_caching_run_under_fp8_sim():
+    """bfloat16, one process, the tiny CogVideoX. Step batching: two requests sharing steps
+    (the second joins at the first's step 1) against each alone; where the unquantized run
+    batched equals it alone bit for bit (the same ops per row), so must fp8-sim's: its scales are
+    per token, so a neighbour in the batch changes none. Step caching (fbcache at 1.3, which
+    caches a step of this request) runs on quantized blocks and caches as many steps as
+    unquantized."""
+    from raydit.models.cache import CACHED_STEPS
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    gen = dict(num_frames=5, height=32, width=32, num_inference_steps=3, guidance_scale=6.0)
+    requests = [GenerationRequest(prompt="a red fox", seed=1, **gen), GenerationRequest(prompt="a red fox", seed=2, **gen)]
+    cached = GenerationRequest(prompt="a red fox running through fresh snow", seed=7, cache="fbcache",
+                               cache_threshold=1.3, **{**gen, "num_inference_steps": 4})
+    out = {}
+    for mode in (None, "fp8-sim"):
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), dtype=torch.bfloat16, quantize=mode)
+        out[mode, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
+        out[mode, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
+        state = harness.run_steps(runner, cached, None)
+        out[mode, "cached"] = (int(state.carry.get(CACHED_STEPS, 0)), state.latents)
+    exact = 0
+    for i in range(len(requests)):
+        if torch.equal(out[None, "batched"][i], out[None, "alone"][i]):
+            assert torch.equal(out["fp8-sim", "batched"][i], out["fp8-sim", "alone"][i]), f"request {i}"
+            exact += 1
+    assert exact > 0
+    assert relative_error(out["fp8-sim", "alone"][0], out[None, "alone"][0]) > 1e-3  # quantized (0.0085 measured)
+    (steps_q, latents_q), (steps, _) = out["fp8-sim", "cached"], out[None, "cached"]
+    assert steps_q == steps >= 1 and torch.isfinite(latents_q).all()
