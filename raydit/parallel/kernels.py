@@ -390,9 +390,10 @@ def _split_verified(names: Sequence[str], device, dtype, head_dim) -> tuple[list
     return verified, dropped
 
 
-def call_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> list[float]:
+def call_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int,
+                 timer: Callable[[], float] = time.perf_counter) -> list[float]:
     """Seconds of each of `iters` calls after `warmup` ones: CUDA events around each call on a
-    GPU (one synchronisation at the end), wall time on a CPU."""
+    GPU (one synchronisation at the end), `timer` (seconds, wall time by default) on a CPU."""
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
@@ -408,24 +409,27 @@ def call_seconds(fn: Callable[[], object], device: torch.device, warmup: int, it
         return [s.elapsed_time(e) / 1e3 for s, e in pairs]
     times = []
     for _ in range(iters):
-        t0 = time.perf_counter()
+        t0 = timer()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(timer() - t0)
     return times
 
 
-def _seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+def _seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int,
+             timer: Callable[[], float]) -> float:
     """Median seconds of one call (call_seconds)."""
-    return statistics.median(call_seconds(fn, device, warmup, iters))
+    return statistics.median(call_seconds(fn, device, warmup, iters, timer))
 
 
 def time_kernels(names: Sequence[str], device: torch.device | str, dtype: torch.dtype, head_dim: int, *,
                  tokens: int = PROBE_TOKENS, heads: int | None = None, batch: int = 1,
-                 warmup: int = PROBE_WARMUP, iters: int = PROBE_ITERS, plain: bool = False) -> dict[str, float]:
+                 warmup: int = PROBE_WARMUP, iters: int = PROBE_ITERS, plain: bool = False,
+                 timer: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """TFLOP/s (4 B H S^2 D FLOP a call) of each named kernel on one (batch, heads, tokens,
     head_dim) problem laid out as a projection's output viewed as heads, (B, S, H, D) ->
     (B, H, S, D), the strides diffusers hands a kernel. A kernel that raises here is left out
-    (and logged). plain: time torch's scaled_dot_product_attention too, as 'sdpa'."""
+    (and logged). plain: time torch's scaled_dot_product_attention too, as 'sdpa'. timer: the
+    clock read around each call on a CPU (call_seconds; tests pass one that counts work)."""
     device = torch.device(device)
     B, H, S = batch, heads or max(1, PROBE_HIDDEN // head_dim), tokens
     g = torch.Generator(device=device).manual_seed(0)
@@ -441,7 +445,7 @@ def time_kernels(names: Sequence[str], device: torch.device | str, dtype: torch.
     with torch.no_grad():
         for name, fn in fns.items():
             try:
-                rates[name] = flop / _seconds(fn, device, warmup, iters) / 1e12
+                rates[name] = flop / _seconds(fn, device, warmup, iters, timer) / 1e12
             except Exception as exc:  # passed the small check, fails at this size: not a candidate here
                 log.warning("attention kernel %r not timed on %s %s head dim %d: %s",
                             name, device, str(dtype).removeprefix("torch."), head_dim, _short(exc))
@@ -452,7 +456,7 @@ def measure_kernels(device: torch.device | str, dtype: torch.dtype, head_dim: in
                     names: Sequence[str] | None = None, **timing) -> KernelChoice:
     """Check every candidate LSE kernel for (device, dtype, head_dim) against float64, time
     those that pass (`time_kernels`, keyword arguments passed on: tokens, heads, batch,
-    warmup, iters, plain) and choose the fastest. What calibration and benchmarks call; the
+    warmup, iters, plain, timer) and choose the fastest. What calibration and benchmarks call; the
     choice is not remembered (`use_measured_rates` does that), the check's verdicts are."""
     names = list(candidate_kernels(device, dtype) if names is None else names)
     verified, dropped = _split_verified(names, device, dtype, head_dim)
@@ -479,12 +483,14 @@ def _default_dtype(device: torch.device | str) -> torch.dtype:
 
 
 def kernel_choice(device: torch.device | str, dtype: torch.dtype | None = None,
-                  head_dim: int | None = None, mode: str = DEFAULT_ATTENTION_MODE) -> KernelChoice:
+                  head_dim: int | None = None, mode: str = DEFAULT_ATTENTION_MODE, *,
+                  timer: Callable[[], float] = time.perf_counter) -> KernelChoice:
     """The LSE kernel that runs on (device, dtype, head_dim) in attention `mode`, decided once
     per process: the candidates that pass the float64 check, then the fastest by the rates
     seeded from a calibration (`use_measured_rates`) or else by one bounded probe; no probe
     where one candidate is left. dtype None: bf16 on CUDA, float32 on a CPU; head_dim None:
-    128. An 8-bit mode with no kernel that passed is a ValueError (never the slow fallback)."""
+    128. An 8-bit mode with no kernel that passed is a ValueError (never the slow fallback).
+    timer: the probe's clock on a CPU (time_kernels)."""
     dtype = dtype or _default_dtype(device)
     head_dim = int(head_dim or DEFAULT_HEAD_DIM)
     key = (_device_key(device), dtype, head_dim, check_mode(mode))
@@ -502,7 +508,7 @@ def kernel_choice(device: torch.device | str, dtype: torch.dtype | None = None,
                 choice = KernelChoice(verified[0], key[0], dtype, head_dim, "only candidate", {}, dropped)
             else:
                 tokens = PROBE_TOKENS if torch.device(device).type == "cuda" else CPU_PROBE_TOKENS
-                rates = time_kernels(verified, device, dtype, head_dim, tokens=tokens)
+                rates = time_kernels(verified, device, dtype, head_dim, tokens=tokens, timer=timer)
                 choice = KernelChoice(choose_kernel(rates, verified), key[0], dtype, head_dim, "probe",
                                       rates, dropped)
             _choices[key] = choice

@@ -231,19 +231,20 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median_seconds(fn, device: str, repeats: int, after_warmup=None) -> float:
-    """Median wall time of `repeats` calls of `fn` after one warm-up call, the device synced
-    around each (`after_warmup`: called once between, e.g. a barrier for a collective)."""
+def _median_seconds(fn, device: str, repeats: int, after_warmup=None, timer=time.perf_counter) -> float:
+    """Median wall time (`timer`'s seconds) of `repeats` calls of `fn` after one warm-up call,
+    the device synced around each (`after_warmup`: called once between, e.g. a barrier for a
+    collective)."""
     fn()
     _sync(device)
     if after_warmup is not None:
         after_warmup()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = timer()
         fn()
         _sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(timer() - t0)
     return statistics.median(times)
 
 
@@ -282,7 +283,7 @@ CUDA_ATTENTION_TOKENS = 32768
 
 
 def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
-                repeats: int = REPEATS) -> dict:
+                repeats: int = REPEATS, timer=time.perf_counter) -> dict:
     """Rates in TFLOP/s of the two parts of a DiT block, timed apart (median of `repeats`
     after a warm-up; bf16 on CUDA, float32 on a CPU slot):
 
@@ -299,6 +300,9 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
           attention_dropped_by_head_dim why a kernel was dropped, and
           attention_plain_tflops_by_head_dim torch's scaled_dot_product_attention, the kernel
           that runs where the ring degree is 1 (no lse needed).
+
+    timer: the clock read around each timed call (the attention kernels' on a CPU only: CUDA
+    events time them on a GPU).
     """
     import torch
     import torch.nn.functional as F
@@ -334,7 +338,7 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
 
     def timed(fn) -> float:
         with torch.no_grad():
-            return _median_seconds(fn, device, repeats)
+            return _median_seconds(fn, device, repeats, timer=timer)
 
     linear_flop = 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)
     out = {"dit_linear_tflops": linear_flop / timed(linear_part) / 1e12, "dit_dtype": str(dtype).removeprefix("torch."),
@@ -345,7 +349,7 @@ def measure_dit(device: str = "cpu", block: tuple[int, int, int] | None = None,
         # -> (B, H, T, D): the strides diffusers' attention processors hand the kernel (15%
         # slower on a CPU slot than contiguous heads).
         choice = measure_kernels(dev, dtype, head_dim, tokens=CUDA_ATTENTION_TOKENS if device == "cuda" else tokens,
-                                 heads=hidden // head_dim, warmup=1, iters=repeats, plain=True)
+                                 heads=hidden // head_dim, warmup=1, iters=repeats, plain=True, timer=timer)
         d = str(head_dim)
         chosen[d] = choice.name
         rates[d] = dict(choice.rates)

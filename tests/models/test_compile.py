@@ -182,13 +182,25 @@ def test_engine_compiles_once_per_worker_in_its_warmup_and_reports_it_apart(ray_
     Engine runs at its planned size before returning (`compile_seconds` of its event, not a
     step nor `encode`); the users' requests of that size then compile nothing. One worker:
     the graph is the runner test's, compiled C++ found in the session's Inductor cache."""
+    import ray
+
     from raydit.runtime.engine import Engine
+
+    def unique_graphs(worker) -> int:
+        # Run in the rank's process by the actor's __ray_call__ (a local function: pickled by
+        # value, the workers do not import this module): the graphs dynamo compiled there.
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
 
     engine = Engine(model="tiny", workers=1, device="cpu", show_plan=False, compile=True, warmup=True,
                     frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"])
     try:
         warm = [e for e in engine.events if e["event"] == "warmed_up"]
+        [rank] = engine.group.actors
+        graphs = ray.get(rank.__ray_call__.remote(unique_graphs), timeout=60)
         results = [engine.generate(PROMPT, progress=False, **gen) for gen in (FIRST, SECOND)]
+        graphs_after = ray.get(rank.__ray_call__.remote(unique_graphs), timeout=60)
         warmup_seconds = engine.timings["warmup_seconds"]
     finally:
         engine.shutdown()
@@ -199,8 +211,9 @@ def test_engine_compiles_once_per_worker_in_its_warmup_and_reports_it_apart(ray_
     assert first["compile_seconds"] == 0.0 and second["compile_seconds"] == 0.0
     for timings in (first, second):
         assert len(timings["step_seconds"]) == GEN["num_inference_steps"]
-    # The compile is not inside a step: a first step that compiled would take about as long.
-    assert first["step_seconds"][0] < warm[0]["compile_seconds"]
+    # The compile is not inside a step: the rank's dynamo compiled every graph in the warm-up
+    # (counted, not timed: a step's time against the compile's is the machine's business).
+    assert graphs > 0 and graphs_after == graphs, (graphs, graphs_after)
     for result, (want, cached) in zip(results, eager_refs):
         assert result.timings["cached_steps"] == cached
         torch.testing.assert_close(torch.from_numpy(result.latents), want, **LATENT_TOL)

@@ -64,7 +64,7 @@ def _raises(q, k, v, scale):
 
 
 def _slow(q, k, v, scale):
-    # Four times the work of torch-cpu: slower by a margin a loaded machine's noise cannot hide.
+    # Four times the work of torch-cpu (four of its calls: four ticks of the work clock).
     for _ in range(3):
         KERNELS["torch-cpu"](q, k, v, scale)
     return KERNELS["torch-cpu"](q, k, v, scale)
@@ -80,6 +80,41 @@ def fakes(monkeypatch):
         monkeypatch.setattr(kernels, "candidate_kernels", lambda device, dtype=None, mode="bf16": list(names))
 
     return candidates
+
+
+class WorkClock:
+    """The probe's timer, reading work done instead of the wall (a loaded machine does not
+    order microsecond kernels by their work): each read advances it by one second, each
+    call of torch-cpu by CALL_S. A timed call of torch-cpu reads 1 + CALL_S seconds,
+    fake-slow's 1 + 4 CALL_S, SDPA's (not counted) 1."""
+
+    CALL_S = 10.0
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def counted(self, fn):
+        def call(*args):
+            self.now += self.CALL_S
+            return fn(*args)
+
+        return call
+
+
+@pytest.fixture
+def work_clock(monkeypatch):
+    clock = WorkClock()
+    monkeypatch.setitem(KERNELS, "torch-cpu", clock.counted(KERNELS["torch-cpu"]))
+    return clock
+
+
+def _rate(tokens, head_dim, seconds):
+    heads = kernels.PROBE_HIDDEN // head_dim
+    return 4 * heads * tokens * tokens * head_dim / seconds / 1e12
 
 
 def test_broken_kernels_are_dropped_with_one_line_each_and_the_next_runs(fakes, caplog):
@@ -114,19 +149,23 @@ def test_every_candidate_dropped_falls_back_to_reference(fakes, caplog):
     assert any("running float64 reference math" in r.getMessage() for r in caplog.records)
 
 
-def test_probe_chooses_the_measured_fastest_not_the_first(fakes):
+def test_probe_chooses_the_measured_fastest_not_the_first(fakes, work_clock):
     fakes("fake-slow", "torch-cpu")  # preference order says fake-slow; the probe measures it slower
-    choice = kernel_choice("cpu", torch.float32, 64)
+    choice = kernel_choice("cpu", torch.float32, 64, timer=work_clock)
     assert choice.why == "probe" and set(choice.rates) == {"fake-slow", "torch-cpu"}
-    assert choice.rates["torch-cpu"] > choice.rates["fake-slow"]
+    tokens, call = kernels.CPU_PROBE_TOKENS, WorkClock.CALL_S
+    assert choice.rates == {"torch-cpu": pytest.approx(_rate(tokens, 64, 1 + call)),
+                            "fake-slow": pytest.approx(_rate(tokens, 64, 1 + 4 * call))}
     assert choice.name == "torch-cpu"
 
 
-def test_measure_kernels_times_what_passes_and_names_the_fastest(fakes):
+def test_measure_kernels_times_what_passes_and_names_the_fastest(fakes, work_clock):
     choice = measure_kernels("cpu", torch.float32, 64, names=["fake-zero-lse", "fake-slow", "torch-cpu"],
-                             tokens=128, warmup=1, iters=2, plain=True)
+                             tokens=128, warmup=1, iters=2, plain=True, timer=work_clock)
     assert set(choice.rates) == {"fake-slow", "torch-cpu"} and set(choice.dropped) == {"fake-zero-lse"}
-    assert choice.name == "torch-cpu" and choice.plain_rate > 0
+    assert choice.rates == {"torch-cpu": pytest.approx(_rate(128, 64, 1 + WorkClock.CALL_S)),
+                            "fake-slow": pytest.approx(_rate(128, 64, 1 + 4 * WorkClock.CALL_S))}
+    assert choice.name == "torch-cpu" and choice.plain_rate == pytest.approx(_rate(128, 64, 1.0))
     assert "torch-cpu" in choice.describe() and "fake-zero-lse dropped" in choice.describe()
 
 

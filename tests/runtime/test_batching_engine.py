@@ -28,15 +28,28 @@ def _kwargs(seed, steps, scale):
     return dict(num_inference_steps=steps, guidance_scale=scale, seed=seed, progress=False)
 
 
+def _held_until(queued: threading.Event):
+    """A first request's callback: after its first step it waits (a minute at most) until the
+    requests meant to share its steps are queued, so it cannot finish alone while a loaded
+    machine keeps the submitting thread from running. Normally they are long queued."""
+    def callback(pipe, step, timestep, kwargs):
+        queued.wait(60)
+        return kwargs
+
+    return callback
+
+
 def test_queued_requests_share_steps_and_each_equals_its_run_alone(engine):
     runs = [(1, 3, 5.0), (2, 4, 3.0), (3, 2, 4.0), (4, 3, 5.0)]
     alone = {seed: torch.from_numpy(engine.generate(PROMPT, **_kwargs(seed, steps, scale)).latents)
              for seed, steps, scale in runs}
     late: dict = {}
     lock = threading.Lock()
+    queued = threading.Event()
 
     def bring_a_latecomer(pipe, step, timestep, kwargs):
         # After the batch's first step, a fifth request arrives: it joins at the next boundary.
+        queued.wait(60)  # as _held_until: the four are queued first
         with lock:
             if "future" not in late:
                 late["future"] = engine.submit(PROMPT, tag="late", **_kwargs(5, 2, 6.0))
@@ -45,6 +58,7 @@ def test_queued_requests_share_steps_and_each_equals_its_run_alone(engine):
     start = len(engine.events)
     futures = {seed: engine.submit(PROMPT, tag=f"seed-{seed}", callback_on_step_end=bring_a_latecomer if seed == 1 else None,
                                    **_kwargs(seed, steps, scale)) for seed, steps, scale in runs}
+    queued.set()
     other = engine.submit(PROMPT, num_frames=13, tag="other", **_kwargs(6, 2, 5.0))  # another geometry
     results = {seed: f.result(timeout=300) for seed, f in futures.items()}
     late_result = late["future"].result(timeout=300)
@@ -75,8 +89,10 @@ def test_a_request_that_leaves_does_not_touch_the_others(engine):
     def cancel(pipe, step, timestep, kwargs):
         raise Cancelled("stopped by its caller")
 
-    futures = [engine.submit(PROMPT, tag="stays", **_kwargs(11, 3, 5.0)),
+    queued = threading.Event()
+    futures = [engine.submit(PROMPT, tag="stays", callback_on_step_end=_held_until(queued), **_kwargs(11, 3, 5.0)),
                engine.submit(PROMPT, tag="leaves", callback_on_step_end=cancel, **_kwargs(12, 3, 5.0))]
+    queued.set()
     with pytest.raises(Cancelled, match="stopped by its caller"):
         futures[1].result(timeout=300)
     kept = futures[0].result(timeout=300)
@@ -116,7 +132,11 @@ def test_a_rank_killed_mid_batch_loses_no_request(ray_local):
 
         pool.step = step
         try:
-            futures = {seed: engine.submit(PROMPT, **_kwargs(seed, steps, scale)) for seed, steps, scale in runs}
+            queued = threading.Event()
+            hold = {runs[0][0]: _held_until(queued)}
+            futures = {seed: engine.submit(PROMPT, callback_on_step_end=hold.get(seed), **_kwargs(seed, steps, scale))
+                       for seed, steps, scale in runs}
+            queued.set()
             results = {seed: f.result(timeout=300) for seed, f in futures.items()}
         finally:
             pool.__dict__.pop("step", None)

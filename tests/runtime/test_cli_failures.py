@@ -46,15 +46,14 @@ def _variant(tmp_path, name: str, **scheduler) -> str:
 
 @pytest.fixture(scope="module")
 def healthy(ray_local, tmp_path_factory):
-    """One healthy 2-rank CLI run on the session's Ray: its time and its latents."""
+    """One healthy 2-rank CLI run on the session's Ray: its latents."""
     tmp = tmp_path_factory.mktemp("healthy")
     address = ray_local.get_runtime_context().gcs_address
-    t0 = time.monotonic()
     res = raydit("generate", "--prompt", PROMPT, "--steps", "6", "--seed", "4", "--device", "cpu", "--workers", "2",
                  "--address", address, "--json", "--out", str(tmp / "full.mp4"),
                  "--save-latents", str(tmp / "full.npy"), cwd=tmp)
     assert res.returncode == 0, res.stderr[-2000:]
-    return {"address": address, "seconds": time.monotonic() - t0, "latents": np.load(tmp / "full.npy")}
+    return {"address": address, "latents": np.load(tmp / "full.npy")}
 
 
 def _args(address, model, steps):
@@ -74,16 +73,16 @@ def test_steps_beyond_the_scheduler_are_refused_on_the_driver(healthy, tmp_path)
 
 def test_an_error_raised_in_the_workers_is_reported_at_once_and_never_retried(healthy, tmp_path):
     model = _variant(tmp_path, "bad-spacing", timestep_spacing="sideways")
-    t0 = time.monotonic()
     res = raydit(*_args(healthy["address"], model, 6), cwd=tmp_path)
-    seconds = time.monotonic() - t0
     assert res.returncode == 2, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("raydit: error:"), res.stderr
-    # diffusers' own message, from the workers, on one line; not retried.
-    assert "sideways is not supported" in lines[0] and "raised in the workers during prepare" in lines[0]
+    # diffusers' own message, from the workers, on one line; not retried: only a failure
+    # that is not recovered gets that ending (a retried one ends in the controller's
+    # "failed at step ... twice" instead), whatever the run's duration.
+    assert "sideways is not supported" in lines[0]
+    assert lines[0].endswith("(raised in the workers during prepare; not retried)"), lines[0]
     assert "Traceback" not in res.stderr
-    assert seconds < max(90.0, 2.0 * healthy["seconds"]), (seconds, healthy["seconds"])
 
 
 def test_a_run_whose_driver_died_finishes_with_resume_and_the_same_latents(healthy, tmp_path):

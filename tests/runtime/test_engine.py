@@ -212,30 +212,39 @@ def test_shutdown_leaves_no_actor_and_no_placement_group(ray_local):
 def test_two_replicas_serve_a_queue_concurrently(ray_local, engine4):
     """Two replicas of 2 ranks each: queued requests run side by side, all complete, and
     each equals the single-replica engine's result for its seed."""
-    import time
+    import threading
 
     from raydit.runtime.engine import Engine
 
     engine4.regroup(ulysses=1, ring=1, cfg=1)
     expected = {seed: torch.from_numpy(_gen(engine4, seed=seed).latents) for seed in (21, 22, 23, 24)}
-    finished: dict[int, float] = {}
+    stepped = {21: threading.Event(), 22: threading.Event()}
+    other = {21: 22, 22: 21}
+    met: dict[int, bool] = {}
+
+    def meet(seed):
+        # The first two requests were dispatched to the two idle replicas at once: each waits
+        # at its first step until the other has made one. One after the other, the first
+        # would wait out the whole limit and record False (a wait of whole seconds, not a
+        # comparison of measured times).
+        def callback(pipe, step, timestep, kwargs):
+            stepped[seed].set()
+            if seed not in met:
+                met[seed] = stepped[other[seed]].wait(120)
+            return kwargs
+
+        return callback
 
     with Engine(model="tiny", workers=2, replicas=2, device="cpu", show_plan=False) as engine:
         assert len(engine.replicas) == 2
-        futures = {}
-        for seed in expected:
-            futures[seed] = engine.submit("a red fox running through fresh snow", num_inference_steps=STEPS, seed=seed)
-            futures[seed].add_done_callback(lambda f, seed=seed: finished.setdefault(seed, time.monotonic()))
+        futures = {seed: engine.submit("a red fox running through fresh snow", num_inference_steps=STEPS, seed=seed,
+                                       callback_on_step_end=meet(seed) if seed in other else None)
+                   for seed in expected}
         results = {seed: f.result(timeout=300) for seed, f in futures.items()}
+    assert met == {21: True, 22: True}, met
     assert {r.replica for r in results.values()} == {0, 1}
     for seed, result in results.items():
         torch.testing.assert_close(torch.from_numpy(result.latents), expected[seed], rtol=RTOL, atol=ATOL)
-    # The first two requests were dispatched to the two idle replicas at once: the spans from
-    # their dispatch (total_seconds counts from it) to their end overlap. Step times alone
-    # cannot show it: a replica's first prepare can outlast the other's two short steps.
-    spans = {seed: (finished[seed] - results[seed].timings["total_seconds"], finished[seed]) for seed in (21, 22)}
-    (a0, a1), (b0, b1) = spans[21], spans[22]
-    assert b0 < a1 and a0 < b1, spans
 
 
 _TWO_ENGINES = r"""
