@@ -14,7 +14,7 @@ def collect(address: str | None = None) -> dict:
     import torch
     import torch.distributed as dist
 
-    from raydit.parallel.kernels import describe_kernels
+    from raydit.parallel.kernel_report import describe_kernels
     from raydit.runtime.calibrate import seed_kernel_choices
 
     # A calibration of this GPU's type decides its kernels (as in a worker); else doctor

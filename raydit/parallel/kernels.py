@@ -30,7 +30,6 @@ import importlib.util
 import inspect
 import logging
 import math
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from raydit.parallel import lowbit
+from raydit.parallel.timing import _seconds, call_seconds  # noqa: F401 (call_seconds: the benches use it from here)
 
 log = logging.getLogger(__name__)
 
@@ -390,37 +390,6 @@ def _split_verified(names: Sequence[str], device, dtype, head_dim) -> tuple[list
     return verified, dropped
 
 
-def call_seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int,
-                 timer: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds of each of `iters` calls after `warmup` ones: CUDA events around each call on a
-    GPU (one synchronisation at the end), `timer` (seconds, wall time by default) on a CPU."""
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        pairs = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize(device)
-        return [s.elapsed_time(e) / 1e3 for s, e in pairs]
-    times = []
-    for _ in range(iters):
-        t0 = timer()
-        fn()
-        times.append(timer() - t0)
-    return times
-
-
-def _seconds(fn: Callable[[], object], device: torch.device, warmup: int, iters: int,
-             timer: Callable[[], float]) -> float:
-    """Median seconds of one call (call_seconds)."""
-    return statistics.median(call_seconds(fn, device, warmup, iters, timer))
-
-
 def time_kernels(names: Sequence[str], device: torch.device | str, dtype: torch.dtype, head_dim: int, *,
                  tokens: int = PROBE_TOKENS, heads: int | None = None, batch: int = 1,
                  warmup: int = PROBE_WARMUP, iters: int = PROBE_ITERS, plain: bool = False,
@@ -607,31 +576,3 @@ def plain_kernel(device: torch.device | str, dtype: torch.dtype, head_dim: int) 
                             "kernel runs instead", key[0], str(dtype).removeprefix("torch."), head_dim, why)
             _plain[key] = None if why else _sdpa
         return _plain[key]
-
-
-# -- doctor ----------------------------------------------------------------------------------------
-def describe_kernels(head_dims: Sequence[int] = HEAD_DIMS) -> dict:
-    """What is available and what would run, per head dim, and why (for `raydit doctor`).
-    On a GPU without a calibration this runs the bounded probe."""
-    cuda = torch.cuda.is_available()
-    info: dict = {
-        "torch": torch.__version__,
-        "cuda_available": cuda,
-        "flash_attn_installed": _flash_attn_installed(),
-        "fa3_installed": _installed("flash_attn_interface"),
-    }
-    for dev, dtype, label in (("cpu", torch.float32, "cpu"), ("cuda", torch.bfloat16, "cuda")):
-        if dev == "cuda" and not cuda:
-            continue
-        by_dim = {str(d): kernel_choice(dev, dtype, d) for d in head_dims}
-        info[label] = {
-            "available": available_kernels(dev),
-            "dtype": str(dtype).removeprefix("torch."),
-            "selected": by_dim[str(head_dims[-1])].name,
-            "by_head_dim": {d: {"kernel": c.name, "why": c.why, "rates": dict(c.rates), "dropped": dict(c.dropped),
-                                "text": c.describe()} for d, c in by_dim.items()},
-        }
-    if cuda:
-        info["cuda"]["selected_bf16"] = info["cuda"]["selected"]
-        info["cuda"]["selected_fp32"] = kernel_choice("cuda", torch.float32, head_dims[-1]).name
-    return info

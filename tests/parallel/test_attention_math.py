@@ -15,7 +15,8 @@ from raydit.parallel.attention import (
     seq_to_head_recv,
     seq_to_head_send,
 )
-from raydit.parallel.kernels import available_kernels, describe_kernels
+from raydit.parallel.kernel_report import describe_kernels
+from raydit.parallel.kernels import available_kernels
 
 # float32 results against float64 math: atol = rtol = 1e-5 unless a test states otherwise.
 TOL = dict(atol=1e-5, rtol=1e-5)
