@@ -201,3 +201,28 @@ def test_bench_gpu_smoke_runs_every_part_on_the_cpu(tmp_path):
     assert parts["model"]["request"]["frames"] < result["request"]["num_frames"]
     assert parts["prediction"]["model"]["model_timed_at"] == "5x64x64"
     assert parts["prediction"]["model"]["step_seconds"] > 0
+
+
+def test_bench_modes_smoke_runs_its_kernel_and_width_parts_on_the_cpu(tmp_path):
+    """bench/bench_modes.py --smoke, kernels and the width stack (the steps part is the long
+    one): every kernel of every mode is timed and its error against float64 is in the mode's
+    range, and every mode of the width stack runs (fp8-sim for FP8 linear on a CPU)."""
+    import json
+    import os
+
+    env = dict(os.environ, RAYDIT_NO_PROGRESS="1")
+    done = subprocess.run([sys.executable, str(BENCH / "bench_modes.py"), "--smoke", "--iters", "2", "--skip", "steps",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parts = json.loads((tmp_path / "modes.json").read_text())["parts"]
+    for shape in parts["kernels"].values():
+        if not isinstance(shape, dict):
+            continue
+        assert shape["torch-cpu"]["rel_l2_vs_f64"] < 1e-5
+        assert 1e-3 < shape["int8-torch"]["rel_l2_vs_f64"] < 0.04
+        assert 1e-2 < shape["fp8-torch"]["rel_l2_vs_f64"] < 0.15
+        assert all(why is None for why in shape["check"].values())
+    modes = parts["wide"]["modes"]
+    assert set(modes) == {"bf16", "int8-attn", "fp8-linear", "fp8-linear+int8-attn", "fp8-linear+fp8-attn"}
+    assert all("s_per_layer" in row for row in modes.values()), modes
+    assert modes["fp8-linear"]["rel_l2_vs_bf16"] > 1e-4  # the linears really were rounded
