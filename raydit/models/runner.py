@@ -48,13 +48,16 @@ class Runner:
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
                  offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
-                 parallel_options: dict | None = None):
+                 parallel_options: dict | None = None, shard_weights: bool = False):
         """init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
         draw their noise in the run's dtype, and bf16 and float64 draws differ).
         parallel_options: the plan's further choices for the model (its adapter's `options`,
-        e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`."""
+        e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`.
+        shard_weights: each rank of the replica keeps 1/N of every transformer block's weights
+        and gathers a block's full weights just before it runs (raydit.models.sharded); sharded
+        before the pipeline goes to the device, so the full model never does."""
         from raydit.models.registry import family_for_pipeline
 
         self.family = family_for_pipeline(pipe)
@@ -73,6 +76,9 @@ class Runner:
             drop_encoders(pipe, self.family)
         else:
             restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
+        self.sharded = []
+        if shard_weights:
+            self._shard(pipe, mesh, dtype)
         self.pipe = pipe.to(device)
         # Cast only when needed: diffusers warns on any .to(dtype) after loading.
         if any(t.dtype != dtype for t in self.family.transformers(pipe)):
@@ -122,8 +128,31 @@ class Runner:
     def transformer(self):
         return self.family.transformers(self.pipe)[0]
 
+    def _shard(self, pipe, mesh, dtype: torch.dtype) -> None:
+        """Every transformer's blocks sharded over the replica, in the run's dtype, where the
+        pipeline is now (host memory on a worker)."""
+        from raydit.models.lora import fused
+        from raydit.models.sharded import check_shardable, shard_transformer
+
+        check_shardable(mesh)
+        if fused(pipe):
+            raise ValueError(f"shard_weights cannot keep LoRA {', '.join(fused(pipe))} fused into the weights: a "
+                             "regroup rebuilds the shards from the checkpoint files, without it; drop fuse_lora "
+                             "(the adapter then runs unfused) or shard_weights")
+        if any(t.dtype != dtype for t in self.family.transformers(pipe)):
+            pipe.to(dtype=dtype)  # what the unsharded path does after moving it
+        try:
+            for transformer in self.family.transformers(pipe):
+                self.sharded.append(shard_transformer(transformer, mesh))
+        except BaseException:
+            for sharded in self.sharded:
+                sharded.remove()
+            self.sharded = []
+            raise
+
     def close(self) -> None:
-        """Restore the unparallelized transformers."""
+        """Restore the unparallelized transformers (sharded weights rebuilt whole: from the
+        checkpoint files, or gathered over the replica for a model built in memory)."""
         if self._step_cache is not None:
             self._step_cache.remove()
             self._step_cache = None
@@ -133,6 +162,9 @@ class Runner:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        for sharded in getattr(self, "sharded", ()):
+            sharded.remove()
+        self.sharded = []
 
     # -- prepare -------------------------------------------------------------------------
     def _branches(self, request: GenerationRequest, positive: dict, negative: dict | None) -> tuple[tuple, int]:
