@@ -33,6 +33,7 @@ GENERATE_OPTIONS: dict[str, type] = {
     "loras": list,  # paths, or mappings {path, scale, name, target}
     "fuse_lora": bool,  # merge the one LoRA into the weights (--fuse-lora)
     "compile": bool,  # regional torch.compile of the transformer blocks (--compile)
+    "shard_weights": bool,  # each rank keeps 1/N of the blocks' weights (--shard-weights)
     "workers": int,
     "device": str,
     "ulysses": int,

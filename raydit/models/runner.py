@@ -77,6 +77,7 @@ class Runner:
         else:
             restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
         self.sharded = []
+        self._model_calls: dict = {}  # id(state.branches) -> idle passes per step (sharded weights)
         if shard_weights:
             self._shard(pipe, mesh, dtype)
         self.pipe = pipe.to(device)
@@ -175,13 +176,22 @@ class Runner:
         if n > self.family.max_branches:
             raise RuntimeError(f"{self.family.name} made {n} guidance branches, more than its max_branches "
                                f"{self.family.max_branches}")
+        shares = [branches]
         if n > 1 and C > 1:
             if n % C:
                 raise ValueError(f"this request runs {n} guidance branches per step, which the mesh's cfg degree "
                                  f"{C} does not share out evenly; run it on a plan of cfg 1")
             k = n // C
-            branches = branches[self.mesh.cfg_rank * k:(self.mesh.cfg_rank + 1) * k]
-        return tuple(self.family.group_calls(branches)), n
+            shares = [branches[g * k:(g + 1) * k] for g in range(C)]
+            branches = shares[self.mesh.cfg_rank]
+        calls = tuple(self.family.group_calls(branches))
+        if self.sharded:
+            # Sharded weights are gathered over the whole replica, cfg groups included: a group
+            # that runs fewer transformer calls per step (LTX-2 shares four passes unevenly)
+            # joins the others' block gathers with as many idle passes (`_idle_passes`).
+            runs = [sum(map(self.family.call_runs_model, self.family.group_calls(s))) for s in shares]
+            self._model_calls[id(calls)] = max(runs) - sum(map(self.family.call_runs_model, calls))
+        return calls, n
 
     @torch.no_grad()
     def prepare(self, request: GenerationRequest, checkpoint: dict | None = None) -> DenoiseState:
@@ -263,6 +273,7 @@ class Runner:
                 self._place_expert(state, t)
             for branch in state.branches:
                 self.family.predict(self.pipe, state, t, branch)
+            self._idle_passes(state, t)
         self._warm.add(key)
         return time.perf_counter() - t0
 
@@ -357,7 +368,19 @@ class Runner:
         cache = self._cache_step(state)
         with cache:  # step caching: the transformer calls of this step may skip blocks
             noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
+        self._idle_passes(state, t)
         return self._advance(state, t, noises, cache)
+
+    def _idle_passes(self, state: DenoiseState, t) -> None:
+        """Sharded weights: the block gathers of the transformer calls this cfg group has fewer
+        of than another group, this step (collective over the replica)."""
+        missing = self._model_calls.get(id(state.branches), 0) if self.sharded else 0
+        if missing:
+            active = self.family.active_transformer(self.pipe, state, t)
+            for sharded in self.sharded:
+                if sharded.transformer is active:
+                    for _ in range(missing):
+                        sharded.handle.idle_pass()
 
     @torch.no_grad()
     def step_batch(self, states: list[DenoiseState]) -> list[DenoiseState]:
@@ -391,6 +414,7 @@ class Runner:
                                            [states[i].branches[call] for i in part])
                 for i, rows in zip(part, out.chunk(len(part))):
                     noises[i].append(rows)
+            self._idle_passes(states[part[0]], ts[part[0]])
         out = []
         for s, t, n in zip(states, ts, noises):
             load_scheduler_state(pipe.scheduler, s.scheduler_state, self.device)

@@ -1,8 +1,10 @@
 """Inference-only weight sharding: each rank of a group keeps 1/N of every block's parameters.
 
 Layout of one block: its managed parameters laid end to end as raw bytes in one flat buffer
-(`BlockLayout`), each at an offset aligned to ALIGN bytes, the total padded to N equal
-chunks (each ALIGN-aligned too). Rank r keeps chunk r (`shard`, uint8). Before the block
+(`BlockLayout`), each where its address has the same remainder modulo ALIGN bytes as the
+parameter it replaces (CPU GEMMs take other code paths, and round differently, on other
+alignments: safetensors' loader leaves weights at any 4-byte address, and the sharded run
+must compute as the unsharded one does), the total padded to N equal ALIGN-aligned chunks. Rank r keeps chunk r (`shard`, uint8). Before the block
 runs, the chunks are all-gathered into a full flat buffer (bytes: bit-exact, any dtype, one
 collective per block, and gloo has no bfloat16 while uint8 is everywhere) and every
 parameter's `.data` becomes a view of its bytes; after the block ran, `.data` is an empty
@@ -57,6 +59,7 @@ class Entry:
     shape: tuple[int, ...]
     offset: int  # bytes
     nbytes: int
+    misalign: int  # the original address modulo ALIGN (offset has the same remainder)
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,25 @@ def plan_layout(named: list[tuple[str, nn.Module, str, torch.Tensor]], ranks: in
     entries, offset = [], 0
     for name, module, attr, tensor in named:
         nbytes = tensor.numel() * tensor.element_size()
-        entries.append(Entry(module, attr, name, tensor.dtype, tuple(tensor.shape), offset, nbytes))
-        offset = _round_up(offset + nbytes, ALIGN)
+        misalign = tensor.data_ptr() % ALIGN if tensor.numel() else 0
+        entries.append(Entry(module, attr, name, tensor.dtype, tuple(tensor.shape), offset + misalign, nbytes,
+                             misalign))
+        offset = _round_up(offset + misalign + nbytes, ALIGN)
     chunk = _round_up(max(1, -(-offset // ranks)), ALIGN)
     return BlockLayout(tuple(entries), chunk, ranks)
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _placed(e: Entry, source: torch.Tensor, device) -> torch.Tensor:
+    """A copy of `source` (e's values) in its own storage, at e's original alignment."""
+    raw = torch.empty(e.nbytes + ALIGN, dtype=torch.uint8, device=device)
+    start = (e.misalign - raw.data_ptr()) % ALIGN
+    out = raw[start:start + e.nbytes]
+    out.copy_(_bytes_of(source.to(device=device, dtype=e.dtype)))
+    return out.view(e.dtype).view(e.shape)
 
 
 @dataclass
@@ -204,6 +218,15 @@ class ShardedWeights:
             self._hooks.append(root.register_forward_pre_hook(root_before))
             self._hooks.append(root.register_forward_hook(root_after, always_call=True))
 
+    def idle_pass(self) -> None:
+        """The gathers of one forward, in its order, without running the blocks: a rank whose
+        group runs fewer forwards than another keeps the group's collectives matched."""
+        for i in range(len(self.blocks)):
+            self._install(i)
+            if self.prefetch and i + 1 < len(self.blocks):
+                self._post(i + 1)
+            self._release(i)
+
     def gather_all(self) -> None:
         """Every block full (collective over the group): what `remove` does without a source."""
         for i in range(len(self.blocks)):
@@ -222,19 +245,20 @@ class ShardedWeights:
         self._drain()
         for i, block in enumerate(self.blocks):
             layout = self.layouts[i]
+            device = self._shard(i).device
             if source is None:
                 self._install(i)
                 flat = self._full.pop(i)
                 for e in layout.entries:  # own storage, not views of one buffer
-                    getattr(e.module, e.attr).data = getattr(e.module, e.attr).data.clone()
+                    param = getattr(e.module, e.attr)
+                    param.data = _placed(e, param.data, device)
                 del flat
             else:
-                device = self._shard(i).device
                 tensors = source(i)
                 for e, t in zip(layout.entries, tensors, strict=True):
                     if tuple(t.shape) != e.shape:
                         raise ValueError(f"checkpoint tensor {e.name} has shape {tuple(t.shape)}, the model {e.shape}")
-                    getattr(e.module, e.attr).data = t.to(device=device, dtype=e.dtype)
+                    getattr(e.module, e.attr).data = _placed(e, t, device)
             delattr(block, SHARD_BUFFER)
             self.resident_bytes = 0
         for block in self.blocks:

@@ -205,6 +205,9 @@ class WorkerPool:
         self.loras: dict = {}
         # Regional torch.compile of every rank's transformer blocks (Engine(compile=True)).
         self.compile = False
+        # Sharded transformer weights (Engine(shard_weights=...)): True / False forces it, None
+        # takes the plan's choice (Plan.shard_weights: the layout fits only sharded).
+        self.shard_weights: bool | None = None
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -286,6 +289,8 @@ class WorkerPool:
                    # idle weights (inactive expert, encoders) kept in host memory
                    "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
                    "compile": int(self.compile),
+                   "shard_weights": int(bool(getattr(plan, "shard_weights", False) if self.shard_weights is None
+                                             else self.shard_weights) and world > 1),
                    # the audio length from which the plan splits an audio stream's tokens (None: never)
                    "audio_split_tokens": getattr(plan, "audio_split_tokens", None)}
         backend = "nccl" if self.device == "cuda" else "gloo"

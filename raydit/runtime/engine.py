@@ -134,6 +134,7 @@ class Engine:
         cache: str | None = None,
         cache_threshold: float | None = None,
         compile: bool = False,
+        shard_weights: bool | None = None,
         warmup: bool = False,
         max_replicas: int | None = None,
         scale_up_wait_s: float = 30.0,
@@ -163,6 +164,17 @@ class Engine:
             if not isinstance(value, bool):
                 raise ValueError(f"{flag} {value!r} must be True or False")
         self.compile = compile
+        # shard_weights: True: each rank of a replica keeps 1/N of every transformer block's
+        # weights (raydit.models.sharded); False: never; None: where the planner needs it.
+        if shard_weights not in (None, True, False):
+            raise ValueError(f"shard_weights {shard_weights!r} must be True, False or None (the planner's choice)")
+        if shard_weights and fuse_lora:
+            raise ValueError("shard_weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
+                             "from the checkpoint files, without it); drop fuse_lora or shard_weights")
+        if shard_weights and workers == 1:
+            raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
+                             "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
+        self.shard_weights = shard_weights
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
@@ -284,6 +296,7 @@ class Engine:
         add(replica)
         pool.loras = dict(self._loras)
         pool.compile = self.compile
+        pool.shard_weights = self.shard_weights
         seconds = pool.form(plan, self._collective_timeout_s)
         self._timings.setdefault("group_seconds", seconds)
         return replica

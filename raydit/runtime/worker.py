@@ -198,6 +198,9 @@ class RankWorker:
             self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
             offload_idle=bool(degrees.get("offload_idle")),
             compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
+            # each rank keeps 1/N of the blocks' weights; the previous runner's close() rebuilt
+            # them whole from the checkpoint files (raydit.models.sharded)
+            shard_weights=bool(degrees.get("shard_weights")) and mesh is not None,
             parallel_options={"audio_split_tokens": degrees.get("audio_split_tokens")} if mesh is not None else None,
         )
         return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1)}
