@@ -89,6 +89,16 @@ class RankWorker:
             torch.cuda.reset_peak_memory_stats(device)
         return out
 
+    def weight_shards(self) -> dict[str, int]:
+        """What this rank holds of the transformers' block weights (raydit.models.sharded): the
+        replica size they are sharded over (1: whole), the bytes of its shards, the most it
+        held at once during the steps since the group formed."""
+        sharded = getattr(self._runner, "sharded", None) or []
+        return {"ranks": sharded[0].handle.ranks if sharded else 1,
+                "shard_bytes": sum(s.handle.resident_bytes - sum(f.numel() for f in s.handle._full.values())
+                                   for s in sharded),
+                "peak_bytes": sum(s.handle.peak_bytes for s in sharded)}
+
     # -- model -------------------------------------------------------------------------
 
     def _device(self):
