@@ -235,6 +235,8 @@ class Engine:
             self.plan_result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,
                 workers=workers, ulysses=ulysses, ring=ring, cfg=cfg,
+                # re-plans after a loss take the planner's choice: one survivor runs unsharded
+                shard_weights=self.shard_weights,
             )
             plan = self.plan_result.best
             if show_plan:
