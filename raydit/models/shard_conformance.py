@@ -14,7 +14,7 @@ from raydit.models.conformance import feasible_plans, prefix_mesh, run_steps
 
 
 def shard_worker(rank: int, world_size: int, cases: list, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-                 checkpoints: dict | None = None) -> dict:
+                 checkpoints: dict | None = None, compile: bool = False, plans: tuple[str, ...] | None = None) -> dict:
     """{(case, plan, dtype, "plain" | "sharded" | "resumed"): latents} and
     {(case, plan, dtype, "held"): (peak parameter bytes the sharded blocks held, their full bytes)}."""
     from raydit.models.runner import Runner
@@ -28,12 +28,13 @@ def shard_worker(rank: int, world_size: int, cases: list, dtypes: tuple[str, ...
             pipe = case.make(dtype if dtype != torch.float32 else None)
             degrees = (1,) + (case.branch_degrees if case.cfg else ())
             for plan in feasible_plans(world_size, case.heads, cfg_degrees=degrees):
-                if plan.world_size != world_size:
+                if plan.world_size != world_size or (plans is not None and str(plan) not in plans):
                     continue
                 mesh = prefix_mesh(plan)
                 key = (case.name, str(plan), dtype_name)
                 for sharded in (False, True):
-                    runner = Runner(pipe, mesh, dtype=dtype, parallel_options=case.options, shard_weights=sharded)
+                    runner = Runner(pipe, mesh, dtype=dtype, parallel_options=case.options, shard_weights=sharded,
+                                    compile=compile)
                     try:
                         if sharded:
                             full = sum(h.handle.layouts[i].total for h in runner.sharded
