@@ -52,3 +52,81 @@ def shard_worker(rank: int, world_size: int, cases: list, dtypes: tuple[str, ...
                     finally:
                         runner.close()
     return out
+
+
+def mechanism_worker(rank: int, world_size: int) -> dict:
+    """raydit.parallel.shard_weights on a plain module: what a rank holds at rest and inside
+    each block, the forward against the unsharded one, and remove() giving back the very
+    values at the original alignment."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from raydit.parallel.shard_weights import ALIGN, resident_parameter_bytes, shard_blocks
+
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(24, 40), nn.LayerNorm(40), nn.Linear(40, 24)) for _ in range(4)])
+    blocks[1].to(torch.bfloat16)  # a block of another dtype: bytes are bytes
+    x = torch.randn(3, 24)
+
+    def run(m):
+        h = x
+        for b in m:
+            h = b(h.to(next(b.parameters()).dtype)).float()
+        return h
+
+    with torch.no_grad():
+        reference = run(blocks)
+    before = {n: (p.detach().clone(), p.data_ptr() % ALIGN) for n, p in blocks.named_parameters()}
+    full = resident_parameter_bytes(blocks)
+    handle = shard_blocks(list(blocks), dist.group.WORLD, root=None)
+    at_rest = resident_parameter_bytes(blocks)
+    inside = []
+    hooks = [b.register_forward_pre_hook(lambda m, a: inside.append(resident_parameter_bytes(blocks))) for b in blocks]
+    with torch.no_grad():
+        sharded = run(blocks)
+    for h in hooks:
+        h.remove()
+    empty_after = all(p.numel() == 0 for p in blocks.parameters())
+    peak = handle.peak_bytes
+    handle.remove(None)  # gathered back (collective)
+    restored = all(torch.equal(p, before[n][0]) and p.data_ptr() % ALIGN == before[n][1]
+                   for n, p in blocks.named_parameters())
+    errors = {}
+    alone = [dist.new_group([r]) for r in range(world_size)]  # collective: every rank makes every group
+    try:
+        shard_blocks(list(blocks), alone[rank], root=None)
+    except ValueError as exc:
+        errors["one rank"] = str(exc)
+    return {"equal": torch.equal(reference, sharded), "full": full, "at_rest": at_rest, "inside": inside,
+            "empty_after": empty_after, "peak": peak, "restored": restored, "errors": errors}
+
+
+def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) -> dict:
+    """A LoRA loaded into a pipeline whose blocks are already sharded (Engine.load_lora
+    between requests) gives the latents the unsharded pipeline gives with it; close() then
+    rebuilds the weights from the checkpoint files exactly."""
+    from raydit.models import lora
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.registry import family_for_pipeline
+    from raydit.models.runner import Runner
+    from raydit.parallel.mesh import build_mesh
+
+    mesh = build_mesh(ulysses=world_size)
+    request = GenerationRequest(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=2,
+                                guidance_scale=5.0, seed=3, lora={"late": 0.8})
+    out = {}
+    for sharded in (False, True):
+        pipe = load_pipeline(model_dir)
+        before = {n: p.detach().clone() for n, p in pipe.transformer.named_parameters()}
+        runner = Runner(pipe, mesh, shard_weights=sharded)
+        lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec("late", str(lora.lora_file(lora_dir)), "transformer"))
+        out[(sharded, "from files")] = bool(runner.sharded) and runner.sharded[0].source is not None
+        try:
+            out[sharded] = run_steps(runner, request, 2).latents
+        finally:
+            runner.close()
+        lora.unload(pipe, "late")
+        out[(sharded, "rebuilt")] = all(torch.equal(p, before[n.replace(".base_layer.", ".")])
+                                        for n, p in pipe.transformer.named_parameters() if "lora_" not in n)
+    return out
