@@ -639,14 +639,19 @@ class _Layouts:
                 "hidden by compute)")
         if offload_gb:
             link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
-            switch_s = spec.params * spec.bytes_per_param / 1e9 / link if spec.experts > 1 else 0.0
+            # A sharded expert moves its 1/N share only.
+            expert_gb = spec.params * spec.bytes_per_param / 1e9 / (C * sp if shard else 1)
+            switch_s = expert_gb / link if spec.experts > 1 else 0.0
+            encoder_gb = spec.text_encoder_params * spec.bytes_per_param / 1e9
             idle = (["the inactive expert"] if spec.experts > 1 else []) + \
                 (["the text encoder after encoding"] if spec.text_encoder_params else [])
             notes.append(
                 f"keeps {offload_gb:.1f} GB of idle weights in host memory ({' and '.join(idle)}): "
                 f"{base_gb:.1f} GB per rank instead of {resident_gb:.1f} GB"
-                + (f"; each expert switch moves {spec.params * spec.bytes_per_param / 1e9:.0f} GB, about "
-                   f"{switch_s:.1f} s per request over {link:g} GB/s" if switch_s else ""))
+                + (f"; each expert switch moves {expert_gb:.1f} GB, about "
+                   f"{switch_s:.1f} s per request over {link:g} GB/s" if switch_s else "")
+                + (f"; the text encoder's trip to the device and back, about {2 * encoder_gb / link:.1f} s per "
+                   "request" if encoder_gb else ""))
         mem = base_gb + reserve[bisect_right(starts, K * P - 1) - 1]
         return Plan(
             offload_idle_gb=offload_gb,
