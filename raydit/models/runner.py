@@ -191,6 +191,8 @@ class Runner:
             # joins the others' block gathers with as many idle passes (`_idle_passes`).
             runs = [sum(map(self.family.call_runs_model, self.family.group_calls(s))) for s in shares]
             self._model_calls[id(calls)] = max(runs) - sum(map(self.family.call_runs_model, calls))
+            while len(self._model_calls) > 4096:  # requests long gone (a live tuple's id is its own)
+                del self._model_calls[next(iter(self._model_calls))]
         return calls, n
 
     @torch.no_grad()

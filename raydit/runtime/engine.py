@@ -93,7 +93,9 @@ class Engine:
     counts the steps it served. `compile=True`: regional torch.compile of the transformer
     blocks on every rank (raydit.models.compile); the first request of each shape compiles
     while it is prepared, reported as `result.timings["compile_seconds"]` (0 once warm),
-    apart from `step_seconds` and `encode`. `warmup=True`: before the constructor returns,
+    apart from `step_seconds` and `encode`. `shard_weights=True`: each rank of a replica keeps
+    1/N of every transformer block's weights and gathers a block just before it runs
+    (raydit.models.sharded; None: where the planner needs it to fit, False: never). `warmup=True`: before the constructor returns,
     every replica runs one two-step request at the planned size (kernel choice, allocator
     growth, compilation, decode), so no user's request pays them; `timings["warmup_seconds"]`.
     `max_replicas=K` (> replicas): replicas follow the queue: one more (the planner's best
