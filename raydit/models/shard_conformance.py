@@ -130,3 +130,24 @@ def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) 
         out[(sharded, "rebuilt")] = all(torch.equal(p, before[n.replace(".base_layer.", ".")])
                                         for n, p in pipe.transformer.named_parameters() if "lora_" not in n)
     return out
+
+
+def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, requests: list[dict],
+                          joins: list[int], plan: tuple[int, int, int]) -> dict:
+    """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded:
+    {False | True: [final latents per request]}."""
+    from raydit.models.conformance import MeshPlan, run_batched
+    from raydit.models.family import GenerationRequest
+    from raydit.models.runner import Runner
+    from raydit.models.tiny import resolve_builder
+
+    pipe = resolve_builder(build)(**kwargs)
+    mesh = prefix_mesh(MeshPlan(*plan))
+    out = {}
+    for sharded in (False, True):
+        runner = Runner(pipe, mesh, shard_weights=sharded)
+        try:
+            out[sharded] = [s.latents for s in run_batched(runner, [GenerationRequest(**q) for q in requests], joins)]
+        finally:
+            runner.close()
+    return out

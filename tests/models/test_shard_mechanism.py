@@ -43,3 +43,22 @@ def test_runner_refuses_sharding_on_one_rank():
     with pytest.raises(ValueError, match="shard_weights needs a replica of 2 or more ranks.*drop shard_weights") as info:
         Runner(load_pipeline("tiny-wan"), None, shard_weights=True)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("plan", [(1, 1, 2)])
+def test_batched_steps_sharded_equal_unsharded(plan):
+    """Three Wan requests sharing steps (one joins at the second), on cfg 2: the gathers span
+    both guidance groups (Ulysses 2 passed too, 72 s; left out for the suite's time)."""
+    from raydit.models.loading import resolve_model_dir
+    from raydit.models.shard_conformance import batching_shard_worker
+    from raydit.parallel.testing import run_distributed
+
+    base = dict(prompt="a red fox runs", num_frames=9, height=16, width=112)
+    requests = [dict(base, num_inference_steps=3, guidance_scale=5.0, seed=1),
+                dict(base, num_inference_steps=4, guidance_scale=3.0, seed=2, negative_prompt="blur"),
+                dict(base, num_inference_steps=3, guidance_scale=4.0, seed=3)]
+    out = run_distributed(batching_shard_worker, 2, "raydit.models.families.wan:wan_pipeline",
+                          dict(base_dir=str(resolve_model_dir("tiny-wan"))), requests, [0, 0, 1], plan, timeout=600)
+    for rank_out in out:
+        for plain, sharded in zip(rank_out[False], rank_out[True], strict=True):
+            assert torch.equal(plain, sharded)
