@@ -99,3 +99,19 @@ def test_compiled_blocks_sharded_equal_unsharded():
     for rank_out in outputs:
         key = ("wan-t2v", "u2r1c1", "float32")
         assert torch.equal(rank_out[key + ("plain",)], rank_out[key + ("sharded",)])
+
+
+@pytest.mark.long
+def test_two_experts_sharded_equal_unsharded():
+    """Wan 2.2 A14B: both experts' blocks sharded, the switch at step 2 (steps 0-1 on
+    `transformer`, 2-3 on `transformer_2`), every plan of 2 ranks, float32 and bf16 (60 s)."""
+    from raydit.models.shard_conformance import shard_worker
+    from raydit.parallel.testing import run_distributed
+
+    case = next(c for c in harness.family_cases()["runner"] if c.name == "wan-a14b-resume-after-switch")
+    outputs = run_distributed(shard_worker, WORLD, [case], ("float32", "bfloat16"), timeout=900)
+    for rank_out in outputs:
+        keys = [k for k in rank_out if k[3] == "plain"]
+        assert len(keys) == 6  # 3 plans x 2 dtypes
+        for key in keys:
+            assert torch.equal(rank_out[key], rank_out[key[:3] + ("sharded",)]), key
