@@ -50,6 +50,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, help="force the number of replicas")
     p.add_argument("--world-size", dest="world_size", type=int,
                    help="only layouts that use exactly this many devices")
+    p.add_argument("--shard-weights", dest="shard_weights", action="store_true", default=None,
+                   help="every layout shards the transformer blocks' weights over its replica's ranks (default: "
+                        "the layouts that fit more devices with it)")
     p.add_argument("--no-cfg", dest="guidance", action="store_false",
                    help="classifier-free guidance off: one branch per step, cfg 1")
     p.add_argument("--quantize", choices=("none", "fp8"), default="none",
@@ -87,7 +90,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         gpus=args.gpus, gpu_type=args.gpu_type,
         per_node=args.per_node, cluster=cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
-        guidance=args.guidance, world_size=args.world_size,
+        guidance=args.guidance, world_size=args.world_size, shard_weights=args.shard_weights,
         mode=Mode(args.quantize, args.attention, args.compile),
     )
     top = args.top or None

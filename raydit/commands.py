@@ -78,6 +78,10 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="regional torch.compile of the transformer blocks on every rank: the first request of a "
                         "size compiles (reported as compile seconds, apart from the steps); not with unfused --lora")
     add_precision_arguments(p)
+    p.add_argument("--shard-weights", dest="shard_weights", action="store_true", default=None,
+                   help="each rank of a replica keeps 1/N of every transformer block's weights and gathers a block "
+                        "just before it runs (big models on small GPUs); needs 2 or more ranks per replica, "
+                        "not with --fuse-lora. Default: where the planner finds the model fits only so")
     p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"])
     p.add_argument("--ulysses", type=int)
@@ -180,6 +184,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.models.quantize_options import check_precision_options
 
     check_precision_options(opts)
+    check_shard_weights(opts)
     return opts
 
 
@@ -190,6 +195,20 @@ def check_compile(opts: dict) -> None:
     if opts.get("compile") and opts.get("lora_table") and not opts.get("fuse_lora"):
         raise ValueError("--compile cannot switch LoRA adapters per request (each switch would recompile the blocks); "
                          "add --fuse-lora to merge the one --lora into the weights, or drop --compile")
+
+
+def check_shard_weights(opts: dict) -> None:
+    """--shard-weights' own checks (generate and serve), before Ray starts."""
+    if opts.get("shard_weights") not in (None, True, False):  # a --config file can give anything
+        raise ValueError(f"shard_weights {opts['shard_weights']!r} must be true or false")
+    if not opts.get("shard_weights"):
+        return
+    if opts.get("fuse_lora"):
+        raise ValueError("--shard-weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
+                         "from the checkpoint files, without it); drop --fuse-lora or --shard-weights")
+    if opts.get("workers") == 1:
+        raise ValueError("--shard-weights needs 2 or more ranks per replica to share the weights, --workers is 1 "
+                         "(every weight is resident on one rank anyway); drop --shard-weights or raise --workers")
 
 
 def engine_kwargs(o: dict) -> dict:
@@ -213,6 +232,7 @@ def engine_kwargs(o: dict) -> dict:
         compile=bool(o.get("compile")),
         quantize=o.get("quantize"),
         attention=o.get("attention"),
+        shard_weights=True if o.get("shard_weights") else None,
     )
 
 

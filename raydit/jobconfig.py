@@ -35,6 +35,7 @@ GENERATE_OPTIONS: dict[str, type] = {
     "compile": bool,  # regional torch.compile of the transformer blocks (--compile)
     "quantize": str,  # FP8 linear layers: none, fp8 or fp8-sim (--quantize)
     "attention": str,  # attention kernels: bf16, auto, int8 or fp8 (--attention)
+    "shard_weights": bool,  # each rank keeps 1/N of the blocks' weights (--shard-weights)
     "workers": int,
     "device": str,
     "ulysses": int,

@@ -58,7 +58,7 @@ class Runner:
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
                  offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
                  parallel_options: dict | None = None, quantize: str | None = None, attention: str | None = None,
-                 fp8_granularity: str = DEFAULT_FP8_GRANULARITY):
+                 fp8_granularity: str = DEFAULT_FP8_GRANULARITY, shard_weights: bool = False):
         """init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
@@ -69,7 +69,10 @@ class Runner:
         transformer blocks' linear layers quantized once, here, after the cast to `dtype`
         (fp8_granularity: their scales per "row" or per "tensor"). attention: the attention
         kernels' mode (raydit.parallel.kernels.ATTENTION_MODES): an 8-bit mode routes every
-        attention through sp_attention's kernels, on one rank too."""
+        attention through sp_attention's kernels, on one rank too.
+        shard_weights: each rank of the replica keeps 1/N of every transformer block's weights
+        and gathers a block's full weights just before it runs (raydit.models.sharded); sharded
+        before the pipeline goes to the device, so the full model never does."""
         from raydit.models.registry import family_for_pipeline
 
         self.quantize = check_quantize(quantize)
@@ -100,6 +103,13 @@ class Runner:
             drop_encoders(pipe, self.family)
         else:
             restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
+        self.sharded = []
+        self._model_calls: dict = {}  # id(state.branches) -> idle passes per step (sharded weights)
+        if shard_weights and self.quantize is not None:
+            raise ValueError(f"shard_weights with quantize {self.quantize!r} is not supported yet (the FP8 layers "
+                             "replace the parameters the shards are views of); drop one of them")
+        if shard_weights:
+            self._shard(pipe, mesh, dtype)
         self.pipe = pipe.to(device)
         # Cast only when needed: diffusers warns on any .to(dtype) after loading.
         if any(t.dtype != dtype for t in self.family.transformers(pipe)):
@@ -173,8 +183,31 @@ class Runner:
     def transformer(self):
         return self.family.transformers(self.pipe)[0]
 
+    def _shard(self, pipe, mesh, dtype: torch.dtype) -> None:
+        """Every transformer's blocks sharded over the replica, in the run's dtype, where the
+        pipeline is now (host memory on a worker)."""
+        from raydit.models.lora import fused
+        from raydit.models.sharded import check_shardable, shard_transformer
+
+        check_shardable(mesh)
+        if fused(pipe):
+            raise ValueError(f"shard_weights cannot keep LoRA {', '.join(fused(pipe))} fused into the weights: a "
+                             "regroup rebuilds the shards from the checkpoint files, without it; drop fuse_lora "
+                             "(the adapter then runs unfused) or shard_weights")
+        if any(t.dtype != dtype for t in self.family.transformers(pipe)):
+            pipe.to(dtype=dtype)  # what the unsharded path does after moving it
+        try:
+            for transformer in self.family.transformers(pipe):
+                self.sharded.append(shard_transformer(transformer, mesh))
+        except BaseException:
+            for sharded in self.sharded:
+                sharded.remove()
+            self.sharded = []
+            raise
+
     def close(self) -> None:
-        """Restore the unparallelized transformers."""
+        """Restore the unparallelized transformers (sharded weights rebuilt whole: from the
+        checkpoint files, or gathered over the replica for a model built in memory)."""
         if self._step_cache is not None:
             self._step_cache.remove()
             self._step_cache = None
@@ -184,6 +217,9 @@ class Runner:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        for sharded in getattr(self, "sharded", ()):
+            sharded.remove()
+        self.sharded = []
 
     # -- prepare -------------------------------------------------------------------------
     def _branches(self, request: GenerationRequest, positive: dict, negative: dict | None) -> tuple[tuple, int]:
@@ -194,13 +230,24 @@ class Runner:
         if n > self.family.max_branches:
             raise RuntimeError(f"{self.family.name} made {n} guidance branches, more than its max_branches "
                                f"{self.family.max_branches}")
+        shares = [branches]
         if n > 1 and C > 1:
             if n % C:
                 raise ValueError(f"this request runs {n} guidance branches per step, which the mesh's cfg degree "
                                  f"{C} does not share out evenly; run it on a plan of cfg 1")
             k = n // C
-            branches = branches[self.mesh.cfg_rank * k:(self.mesh.cfg_rank + 1) * k]
-        return tuple(self.family.group_calls(branches)), n
+            shares = [branches[g * k:(g + 1) * k] for g in range(C)]
+            branches = shares[self.mesh.cfg_rank]
+        calls = tuple(self.family.group_calls(branches))
+        if self.sharded:
+            # Sharded weights are gathered over the whole replica, cfg groups included: a group
+            # that runs fewer transformer calls per step (LTX-2 shares four passes unevenly)
+            # joins the others' block gathers with as many idle passes (`_idle_passes`).
+            runs = [sum(map(self.family.call_runs_model, self.family.group_calls(s))) for s in shares]
+            self._model_calls[id(calls)] = max(runs) - sum(map(self.family.call_runs_model, calls))
+            while len(self._model_calls) > 4096:  # requests long gone (a live tuple's id is its own)
+                del self._model_calls[next(iter(self._model_calls))]
+        return calls, n
 
     @torch.no_grad()
     def prepare(self, request: GenerationRequest, checkpoint: dict | None = None) -> DenoiseState:
@@ -284,6 +331,7 @@ class Runner:
                 self._place_expert(state, t)
             for branch in state.branches:
                 self.family.predict(self.pipe, state, t, branch)
+            self._idle_passes(state, t)
         self._warm.add(key)
         return time.perf_counter() - t0
 
@@ -378,7 +426,19 @@ class Runner:
         cache = self._cache_step(state)
         with cache:  # step caching: the transformer calls of this step may skip blocks
             noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
+        self._idle_passes(state, t)
         return self._advance(state, t, noises, cache)
+
+    def _idle_passes(self, state: DenoiseState, t) -> None:
+        """Sharded weights: the block gathers of the transformer calls this cfg group has fewer
+        of than another group, this step (collective over the replica)."""
+        missing = self._model_calls.get(id(state.branches), 0) if self.sharded else 0
+        if missing:
+            active = self.family.active_transformer(self.pipe, state, t)
+            for sharded in self.sharded:
+                if sharded.transformer is active:
+                    for _ in range(missing):
+                        sharded.handle.idle_pass()
 
     @torch.no_grad()
     def step_batch(self, states: list[DenoiseState]) -> list[DenoiseState]:
@@ -412,6 +472,7 @@ class Runner:
                                            [states[i].branches[call] for i in part])
                 for i, rows in zip(part, out.chunk(len(part))):
                     noises[i].append(rows)
+            self._idle_passes(states[part[0]], ts[part[0]])
         out = []
         for s, t, n in zip(states, ts, noises):
             load_scheduler_state(pipe.scheduler, s.scheduler_state, self.device)

@@ -48,6 +48,9 @@ class ParallelMesh:
     # What a torch custom op (raydit.parallel.opaque) receives instead of the mesh: set at
     # creation, see `mesh_key`.
     key: int = field(default=0, init=False, compare=False, repr=False)
+    # Every rank of this rank's replica (all of ulysses x ring x cfg): the group that shards
+    # weights (raydit.parallel.shard_weights). None where the replica is one rank.
+    replica_group: dist.ProcessGroup | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", _register(self))
@@ -208,6 +211,21 @@ def build_mesh(
             group = dist.new_group(ranks=global_members, timeout=timeout)
             if rank in global_members:
                 mine[axis] = group
+    # The replica's group: the sp or cfg group where it spans the whole replica, the default
+    # group where the mesh is the world and one replica, else one more group per replica.
+    size = ulysses * ring * cfg
+    replica_group = None
+    if size > 1:
+        if cfg == 1 or ulysses * ring == 1:
+            replica_group = mine["sp"] if cfg == 1 else mine["cfg"]
+        elif replicas == 1 and len(ranks) == world:
+            replica_group = dist.group.WORLD
+        else:
+            for rep in range(replicas):
+                members = ranks[rep * size:(rep + 1) * size]
+                group = dist.new_group(ranks=members, timeout=timeout)
+                if rank in members:
+                    replica_group = group
     if rank not in ranks:
         return None
 
@@ -231,6 +249,7 @@ def build_mesh(
         cfg_group=mine["cfg"],
         ring_prev=ring_prev,
         ring_next=ring_next,
+        replica_group=replica_group,
     )
 
 
@@ -257,8 +276,9 @@ def release_mesh(mesh: ParallelMesh | None) -> None:
     if _MESHES.get(mesh.key) is mesh:
         del _MESHES[mesh.key]  # its groups are gone: the key is free for the next mesh
     seen = set()
-    for group in (mesh.ulysses_group, mesh.ring_group, mesh.sp_group, mesh.cfg_group):
-        if group is None or id(group) in seen or group == dist.GroupMember.NON_GROUP_MEMBER:
+    for group in (mesh.ulysses_group, mesh.ring_group, mesh.sp_group, mesh.cfg_group, mesh.replica_group):
+        if (group is None or id(group) in seen or group == dist.GroupMember.NON_GROUP_MEMBER
+                or group is dist.group.WORLD):
             continue
         seen.add(id(group))
         dist.destroy_process_group(group)

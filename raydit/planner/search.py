@@ -37,6 +37,7 @@ out; in addition a "per-type" plan runs the best layout of each type's nodes sid
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from raydit.planner.decode import DecodeCost, decode_cost
 from raydit.planner.devicemodel import Mode
 from raydit.planner.hardware import DeviceType
 from raydit.planner.model import ModelSpec, VideoGeometry, model_spec
+from raydit.planner.sharding import GatherCost, gather_cost, sharded_gb
 
 TIE_TOLERANCE = 0.005
 GPU_RESERVE_GB = 1.5
@@ -95,7 +97,7 @@ HOST_LINK_GB_S = 25.0
 
 @dataclass(frozen=True)
 class Rejection:
-    """A layout that cannot run, and why. kind: heads, node, count, tokens, memory, guidance.
+    """A layout that cannot run, and why. kind: heads, node, count, tokens, memory, guidance, shard.
     need_gb: the memory a rank would need (memory rejections; lets an error quote the least)."""
 
     ulysses: int
@@ -160,6 +162,11 @@ class Plan:
     # them split over the sp ranks, shorter ones keep them whole on every rank (the cost model's
     # crossover for this layout and video, raydit.planner.cost.audio_split_tokens); None: never.
     audio_split_tokens: int | None = None
+    # Transformer block weights sharded over the replica's ranks (raydit.planner.sharding):
+    # chosen where it lets more devices hold a rank (or forced); `gather` is its cost per step,
+    # whose exposed part the step times include.
+    shard_weights: bool = False
+    gather: GatherCost | None = None
 
     @property
     def sp(self) -> int:
@@ -235,6 +242,8 @@ class Plan:
             "cost_seconds": self.cost.to_dict(),
             "notes": list(self.notes),
             "decode": self.decode.to_dict() if self.decode is not None else None,
+            "shard_weights": self.shard_weights,
+            "weight_gather": self.gather.to_dict() if self.gather is not None else None,
             "explanation": self.explanation,
         }
         if self.parts:
@@ -350,9 +359,12 @@ class _Layouts:
     """Judges layouts for one (model, request, cluster); holds the per-call caches."""
 
     def __init__(self, spec: ModelSpec, geo: VideoGeometry, cluster: ClusterSpec, branches: int,
-                 one_branch_why: str = "guidance is off (--no-cfg)", mode=None):
+                 one_branch_why: str = "guidance is off (--no-cfg)", mode=None,
+                 shard_weights: bool | None = None):
         # branches: transformer passes per step (module docstring); one_branch_why: why there is one.
+        # shard_weights: True forces sharded block weights, False never, None where they make it fit.
         self.spec, self.geo, self.cluster, self.branches = spec, geo, cluster, branches
+        self.shard_weights = shard_weights
         self.one_branch_why = one_branch_why
         # Fastest first; stable on the order given.
         order = sorted(enumerate(cluster.nodes),
@@ -458,6 +470,9 @@ class _Layouts:
         if sp > geo.video_tokens:
             return reject("tokens", f"sp {sp} (ulysses x ring) exceeds the {geo.video_tokens} video "
                           "tokens; every rank must hold video tokens: use fewer devices")
+        if self.shard_weights and C * sp == 1:
+            return reject("shard", "sharded weights need 2 or more ranks per replica (cfg x ulysses x ring), "
+                          "this layout has 1")
         b = costmod.batch_per_group(self.branches, C)  # samples one group carries per step
         # The largest rank: rank 0 (text encoder), with the decode split over the replica.
         base_gb = costmod.memory_gb(spec, geo, U, R, b, 0.0, decode_ranks=C * sp)
@@ -470,6 +485,27 @@ class _Layouts:
             lean = self._slots(U, base_gb - idle_gb)[3]
             if everything and sum(everything.values()) == N and not (lean and sum(lean.values()) == N):
                 base_gb, offload_gb = base_gb - idle_gb, idle_gb
+        # Sharded block weights: where they let more replicas of this layout fit (the K asked
+        # for, or any more), or forced; from the unsharded peak without offloading, then with it.
+        shard, unsharded_gb = False, base_gb
+        if self.shard_weights is not False and C * sp > 1:
+            def left_out(gb):
+                out = self._slots(U, gb)[3]
+                return sum(out.values()) if out else 0
+
+            def replicas_fit(gb):
+                return self._slots(U, gb)[2] // (C * R)
+
+            experts = spec.experts
+            options = [(resident_gb, 0.0, experts)] + ([(resident_gb - idle_gb, idle_gb, 1)] if idle_gb > 0 else [])
+            best = None
+            for gb, off, resident_experts in options:
+                candidate = (sharded_gb(spec, gb, C * sp, resident_experts if off else experts), off)
+                if best is None or left_out(candidate[0]) < left_out(best[0]):
+                    best = candidate
+            plain, sharded = replicas_fit(base_gb), replicas_fit(best[0])
+            if self.shard_weights or (sharded > plain and (K is None or plain < K)):
+                base_gb, offload_gb, shard = best[0], best[1], True
         (runs, starts, slots, excluded, reserve, one_link, run_records,
          uniform_runs, slots_per_run) = self._slots(U, base_gb)
         if excluded and sum(excluded.values()) == N:  # no device can hold a rank
@@ -484,6 +520,18 @@ class _Layouts:
                            "expert, text encoder) in host memory: use devices with more memory")
             else:
                 fix = "raise ring or ulysses (activations shrink with sp) or use devices with more memory"
+            if shard:
+                fix = (f"{unsharded_gb + dev.memory_gb - big.capacity_gb:.1f} GB without sharding; "
+                       "use more ranks per replica or devices with more memory")
+                return Rejection(U, R, C, k_shown, (
+                    f"needs {base_gb + dev.memory_gb - big.capacity_gb:.1f} GB per device with the block weights "
+                    f"sharded over the replica's {C * sp} ranks (+ reserve), the largest device offered ({dev.name}) "
+                    f"has {dev.memory_gb:g} GB; {fix}"), "memory", base_gb)
+            if C * sp > 1 and self.shard_weights is not False:
+                least = min(sharded_gb(spec, resident_gb, C * sp, spec.experts),
+                            sharded_gb(spec, resident_gb - idle_gb, C * sp, 1 if idle_gb else spec.experts))
+                fix += f" (with the block weights sharded over its {C * sp} ranks it would still need " \
+                       f"{least + dev.memory_gb - big.capacity_gb:.1f} GB)"
             return Rejection(U, R, C, k_shown, (
                 f"needs {base_gb + dev.memory_gb - big.capacity_gb:.1f} GB per device (weights "
                 f"{weights:.1f} GB + activations {base_gb - weights:.1f} GB + reserve), the largest "
@@ -583,16 +631,34 @@ class _Layouts:
         audio_threshold = self._audio_threshold(fastest_cost) if geo.audio_tokens else None
         if geo.audio_tokens:
             notes.append(_audio_note(geo, sp, fastest_cost, audio_threshold))
+        gather = None
+        if shard:
+            # The replica's link: inside a node where its C x sp ranks fit on one, else the network.
+            info = runs[0][2]
+            link = info.intra if C * sp <= max(r[1] for r in runs) * U else self.network
+            gather = gather_cost(spec, C * sp, link, fastest_cost.compute)
+            steps = [s + gather.exposed_s for s in steps]
+            fastest_cost = dataclasses.replace(fastest_cost, total=fastest_cost.total + gather.exposed_s)
+            notes.append(
+                f"block weights sharded over the replica's {C * sp} ranks: {base_gb:.1f} GB per rank instead of "
+                f"{resident_gb - offload_gb:.1f} GB; each step gathers {spec.layers} blocks of "
+                f"{gather.block_mb:.0f} MB over {gather.link} ({gather.total_s:.3g} s, {gather.exposed_s:.3g} s not "
+                "hidden by compute)")
         if offload_gb:
             link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
-            switch_s = spec.params * spec.bytes_per_param / 1e9 / link if spec.experts > 1 else 0.0
+            # A sharded expert moves its 1/N share only.
+            expert_gb = spec.params * spec.bytes_per_param / 1e9 / (C * sp if shard else 1)
+            switch_s = expert_gb / link if spec.experts > 1 else 0.0
+            encoder_gb = spec.text_encoder_params * spec.bytes_per_param / 1e9
             idle = (["the inactive expert"] if spec.experts > 1 else []) + \
                 (["the text encoder after encoding"] if spec.text_encoder_params else [])
             notes.append(
                 f"keeps {offload_gb:.1f} GB of idle weights in host memory ({' and '.join(idle)}): "
                 f"{base_gb:.1f} GB per rank instead of {resident_gb:.1f} GB"
-                + (f"; each expert switch moves {spec.params * spec.bytes_per_param / 1e9:.0f} GB, about "
-                   f"{switch_s:.1f} s per request over {link:g} GB/s" if switch_s else ""))
+                + (f"; each expert switch moves {expert_gb:.1f} GB, about "
+                   f"{switch_s:.1f} s per request over {link:g} GB/s" if switch_s else "")
+                + (f"; the text encoder's trip to the device and back, about {2 * encoder_gb / link:.1f} s per "
+                   "request" if encoder_gb else ""))
         mem = base_gb + reserve[bisect_right(starts, K * P - 1) - 1]
         return Plan(
             offload_idle_gb=offload_gb,
@@ -610,6 +676,7 @@ class _Layouts:
             decode=decode_cost(spec, geo, C * sp, self.nodes[0].node.device.flops_per_second, self.nodes[0].intra.gb_s,
                                self.nodes[0].intra.latency_us),
             audio_split_tokens=audio_threshold,
+            shard_weights=shard, gather=gather,
         )
 
 
@@ -686,8 +753,8 @@ def _degrees_text(branches: int) -> str:
 
 
 def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world_size=None,
-               one_branch_why="guidance is off (--no-cfg)", mode=None):
-    L = _Layouts(spec, geo, cluster, branches, one_branch_why, mode)
+               one_branch_why="guidance is off (--no-cfg)", mode=None, shard_weights=None):
+    L = _Layouts(spec, geo, cluster, branches, one_branch_why, mode, shard_weights)
     N = cluster.total
     feasible: list[Plan] = []
     rejected: list[Rejection] = []
@@ -718,18 +785,18 @@ def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world
                     continue
                 rejected.append(out)
                 # Reasons that hold for every larger ring degree are listed once.
-                if ring is None and out.kind in ("heads", "node", "guidance", "tokens"):
+                if ring is None and out.kind in ("heads", "node", "guidance", "tokens", "shard"):
                     break
     return _rank(feasible), rejected
 
 
-def _per_type(spec, geo, cluster, branches, one_branch_why, mode=None) -> Plan | None:
+def _per_type(spec, geo, cluster, branches, one_branch_why, mode=None, shard_weights=None) -> Plan | None:
     """One best layout per device type, run side by side as replicas of different shapes."""
     parts = []
     for t in cluster.types:
         sub = cluster.only(t)
         feasible, _ = _enumerate(spec, geo, sub, branches, None, None, None, None,
-                                 one_branch_why=one_branch_why, mode=mode)
+                                 one_branch_why=one_branch_why, mode=mode, shard_weights=shard_weights)
         if feasible:
             parts.append(feasible[0])
     if len(parts) < 2:
@@ -785,7 +852,8 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
          gpus: int | None = None, gpu_type: str | None = None, per_node: int | None = None,
          cluster=None, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None,
          replicas: int | None = None, guidance: bool = True,
-         world_size: int | None = None, branches: int | None = None, mode: Mode | None = None) -> PlanResult:
+         world_size: int | None = None, branches: int | None = None, mode: Mode | None = None,
+         shard_weights: bool | None = None) -> PlanResult:
     """Plan `model` (name, diffusers directory or ModelSpec) for a frames x height x width
     request on `gpus` devices of `gpu_type` or on `cluster` (ClusterSpec, dict, YAML path).
 
@@ -796,10 +864,17 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     cfg_branches, or 2 when cfg=2 is forced on a one-branch model; module docstring).
     mode: how the step runs (devicemodel.Mode: fp8 GEMMs, 8-bit attention, compile; default
     bf16 eager); priced where the device type has an op table (`PlanResult.rates_sources`).
+    shard_weights: True: every layout shards the transformer blocks' weights over its replica
+    (raydit.planner.sharding); False: none does; None: those that fit more devices with it.
     """
     spec = model_spec(model)
     geo = spec.geometry(frames, height, width)
     cl = _resolve_cluster(gpus, gpu_type, per_node, cluster)
+    if shard_weights not in (None, True, False):
+        raise ValueError(f"shard_weights {shard_weights!r} must be True, False or None (where it fits more devices)")
+    if shard_weights and (cl.total == 1 or world_size == 1 or (replicas is not None and cl.total // replicas < 2)):
+        raise PlanError("sharded weights need 2 or more ranks per replica to share the blocks, this request leaves "
+                        "1 (every weight is resident on one device anyway); drop shard_weights or offer more devices")
     for name, value in (("ulysses", ulysses), ("ring", ring), ("cfg", cfg), ("replicas", replicas),
                         ("world_size", world_size)):
         _check_forced(name, value)
@@ -829,10 +904,11 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     mode = Mode() if mode is None else mode
     if not isinstance(mode, Mode):
         raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
-    feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode)
+    feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode,
+                                    shard_weights)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))
     if len(cl.types) > 1 and not forced:
-        combo = _per_type(spec, geo, cl, branches, why, mode)
+        combo = _per_type(spec, geo, cl, branches, why, mode, shard_weights)
         if combo is not None:
             feasible.append(combo)
             feasible = _rank(feasible)

@@ -130,9 +130,10 @@ class RayCluster:
         return spec
 
     def plan(self, spec, *, frames=None, height=None, width=None, device, workers=None,
-             ulysses=None, ring=None, cfg=None, counts=None):
+             ulysses=None, ring=None, cfg=None, counts=None, shard_weights=None):
         """The planner's result on the live cluster. `workers` given: the best plan that uses
-        exactly that many ranks is put first (the user asked for that many)."""
+        exactly that many ranks is put first (the user asked for that many). shard_weights: the
+        planner's (True: every layout shards the block weights; None: where they fit more devices)."""
         import dataclasses
 
         from raydit.planner import PlanError
@@ -141,7 +142,7 @@ class RayCluster:
         cluster = self.cluster_spec(device, workers, counts)
         result = make_plan(
             spec, frames=frames, height=height, width=width, cluster=cluster,
-            ulysses=ulysses, ring=ring, cfg=cfg, replicas=1,
+            ulysses=ulysses, ring=ring, cfg=cfg, replicas=1, shard_weights=shard_weights,
         )
         if workers is None:
             return result
@@ -213,6 +214,9 @@ class WorkerPool:
         self.quantize: str | None = None
         self.attention: str | None = None
         self.quantized: list[int] = []  # per rank of the group: the linear layers its Runner quantized
+        # Sharded transformer weights (Engine(shard_weights=...)): True / False forces it, None
+        # takes the plan's choice (Plan.shard_weights: the layout fits only sharded).
+        self.shard_weights: bool | None = None
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -295,6 +299,8 @@ class WorkerPool:
                    "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
                    "compile": int(self.compile),
                    "quantize": self.quantize, "attention": self.attention,
+                   "shard_weights": int(bool(getattr(plan, "shard_weights", False) if self.shard_weights is None
+                                             else self.shard_weights) and world > 1),
                    # the audio length from which the plan splits an audio stream's tokens (None: never)
                    "audio_split_tokens": getattr(plan, "audio_split_tokens", None)}
         backend = "nccl" if self.device == "cuda" else "gloo"

@@ -96,7 +96,10 @@ class Engine:
     apart from `step_seconds` and `encode`. `quantize="fp8"`: the transformer blocks' linear
     layers as FP8 GEMMs on every rank (torchao; GPUs of compute capability 8.9+), "fp8-sim" the
     same numbers emulated on any device (raydit.models.quantize); `attention`: the attention
-    kernels' mode (raydit.parallel.kernels.ATTENTION_MODES). `warmup=True`: before the constructor returns,
+    kernels' mode (raydit.parallel.kernels.ATTENTION_MODES). `shard_weights=True`: each rank of a
+    replica keeps 1/N of every transformer block's weights and gathers a block just before it
+    runs (raydit.models.sharded; None: where the planner needs it to fit, False: never).
+    `warmup=True`: before the constructor returns,
     every replica runs one two-step request at the planned size (kernel choice, allocator
     growth, compilation, decode), so no user's request pays them; `timings["warmup_seconds"]`.
     `max_replicas=K` (> replicas): replicas follow the queue: one more (the planner's best
@@ -139,6 +142,7 @@ class Engine:
         compile: bool = False,
         quantize: str | None = None,
         attention: str | None = None,
+        shard_weights: bool | None = None,
         warmup: bool = False,
         max_replicas: int | None = None,
         scale_up_wait_s: float = 30.0,
@@ -176,6 +180,20 @@ class Engine:
         self.attention = check_attention(attention)
         if device == "cpu":
             check_quantize_device(self.quantize, device)
+        # shard_weights: True: each rank of a replica keeps 1/N of every transformer block's
+        # weights (raydit.models.sharded); False: never; None: where the planner needs it.
+        if shard_weights not in (None, True, False):
+            raise ValueError(f"shard_weights {shard_weights!r} must be True, False or None (the planner's choice)")
+        if shard_weights and fuse_lora:
+            raise ValueError("shard_weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
+                             "from the checkpoint files, without it); drop fuse_lora or shard_weights")
+        if shard_weights and workers == 1:
+            raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
+                             "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
+        if shard_weights and self.quantize is not None:
+            raise ValueError(f"shard_weights with quantize {self.quantize!r} is not supported yet (the FP8 layers "
+                             "replace the parameters the shards are views of); drop one of them")
+        self.shard_weights = shard_weights
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
@@ -238,6 +256,8 @@ class Engine:
             self.plan_result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,
                 workers=workers, ulysses=ulysses, ring=ring, cfg=cfg,
+                # re-plans after a loss take the planner's choice: one survivor runs unsharded
+                shard_weights=self.shard_weights,
             )
             plan = self.plan_result.best
             if show_plan:
@@ -300,6 +320,7 @@ class Engine:
         pool.loras = dict(self._loras)
         pool.compile = self.compile
         pool.quantize, pool.attention = self.quantize, self.attention
+        pool.shard_weights = self.shard_weights
         seconds = pool.form(plan, self._collective_timeout_s)
         self._timings.setdefault("group_seconds", seconds)
         return replica

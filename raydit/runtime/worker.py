@@ -89,6 +89,16 @@ class RankWorker:
             torch.cuda.reset_peak_memory_stats(device)
         return out
 
+    def weight_shards(self) -> dict[str, int]:
+        """What this rank holds of the transformers' block weights (raydit.models.sharded): the
+        replica size they are sharded over (1: whole), the bytes of its shards, the most it
+        held at once during the steps since the group formed."""
+        sharded = getattr(self._runner, "sharded", None) or []
+        return {"ranks": sharded[0].handle.ranks if sharded else 1,
+                "shard_bytes": sum(s.handle.resident_bytes - sum(f.numel() for f in s.handle._full.values())
+                                   for s in sharded),
+                "peak_bytes": sum(s.handle.peak_bytes for s in sharded)}
+
     # -- model -------------------------------------------------------------------------
 
     def _device(self):
@@ -200,6 +210,9 @@ class RankWorker:
             compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
             quantize=degrees.get("quantize"),  # FP8 linear layers (raydit.models.quantize), on every rank
             attention=degrees.get("attention"),
+            # each rank keeps 1/N of the blocks' weights; the previous runner's close() rebuilt
+            # them whole from the checkpoint files (raydit.models.sharded)
+            shard_weights=bool(degrees.get("shard_weights")) and mesh is not None,
             parallel_options={"audio_split_tokens": degrees.get("audio_split_tokens")} if mesh is not None else None,
         )
         return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1,

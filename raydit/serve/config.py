@@ -42,6 +42,7 @@ SERVE_OPTIONS: dict[str, type] = {
     "compile": bool,  # regional torch.compile of the transformer blocks (raydit.models.compile)
     "quantize": str,  # FP8 linear layers: none, fp8 or fp8-sim (raydit.models.quantize)
     "attention": str,  # attention kernels: bf16, auto, int8 or fp8 (raydit.parallel.kernels)
+    "shard_weights": bool,  # each rank keeps 1/N of the blocks' weights (raydit.models.sharded)
     "warmup": bool,  # one request at the planned size on every replica before the first is admitted
     "max_replicas": int,  # replicas follow the queue between --replicas and this
     "scale_up_wait": float,  # seconds a request waits before a replica is added
@@ -126,6 +127,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", metavar="MODE",
                    help="attention kernels: bf16 (default), auto (the fastest that passed its float64 check), "
                         "int8 or fp8")
+    p.add_argument("--shard-weights", dest="shard_weights", action="store_true", default=None,
+                   help="each rank of a replica keeps 1/N of every transformer block's weights and gathers a block "
+                        "just before it runs (big models on small GPUs); needs 2 or more ranks per replica, "
+                        "not with --fuse-lora. Default: where the planner finds the model fits only so")
     p.add_argument("--warmup", action="store_true", default=None,
                    help="before the first request is admitted, run one at the planned size on every replica "
                         "(kernel choice, allocator growth, --compile's compilation, the decode), so no user waits "
@@ -208,6 +213,9 @@ def check_lora_options(opts: dict) -> None:
     for flag in ("compile", "warmup"):
         if opts.get(flag) not in (None, True, False):  # a builder's args dict is not typed by argparse
             raise ValueError(f"{flag} {opts[flag]!r} must be true or false")
+    from raydit.commands import check_shard_weights
+
+    check_shard_weights(opts)
     if opts.get("compile"):
         # Compiled blocks would recompile at every switch of adapters (Dynamo guards on peft's
         # layers); one fused LoRA is plain weights.
@@ -231,6 +239,7 @@ def engine_kwargs(opts: dict) -> dict:
         compile=bool(opts.get("compile")),
         quantize=opts.get("quantize"),
         attention=opts.get("attention"),
+        shard_weights=True if opts.get("shard_weights") else None,
         warmup=bool(opts.get("warmup")),
         max_replicas=opts.get("max_replicas"),
         max_batch=opts.get("max_batch") or 1,

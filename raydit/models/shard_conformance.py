@@ -1,0 +1,153 @@
+"""What spawned ranks run to check weight sharding against the same plan without it.
+
+`shard_worker` runs each runner case (raydit.models.conformance.RunnerCase) on every feasible
+plan of the world, unsharded and sharded, in each dtype, and returns the latents of both and
+what the sharded runs held of the weights (raydit.models.sharded). A module of its own, so
+spawned ranks import it (test modules are not importable there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raydit.models.conformance import feasible_plans, prefix_mesh, run_steps
+
+
+def shard_worker(rank: int, world_size: int, cases: list, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+                 checkpoints: dict | None = None, compile: bool = False, plans: tuple[str, ...] | None = None) -> dict:
+    """{(case, plan, dtype, "plain" | "sharded" | "resumed"): latents} and
+    {(case, plan, dtype, "held"): (peak parameter bytes the sharded blocks held, their full bytes)}."""
+    from raydit.models.runner import Runner
+    from raydit.parallel.shard_weights import SHARD_BUFFER
+
+    out = {}
+    for case in cases:
+        request = case.make_request()
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            pipe = case.make(dtype if dtype != torch.float32 else None)
+            degrees = (1,) + (case.branch_degrees if case.cfg else ())
+            for plan in feasible_plans(world_size, case.heads, cfg_degrees=degrees):
+                if plan.world_size != world_size or (plans is not None and str(plan) not in plans):
+                    continue
+                mesh = prefix_mesh(plan)
+                key = (case.name, str(plan), dtype_name)
+                for sharded in (False, True):
+                    runner = Runner(pipe, mesh, dtype=dtype, parallel_options=case.options, shard_weights=sharded,
+                                    compile=compile)
+                    try:
+                        if sharded:
+                            full = sum(h.handle.layouts[i].total for h in runner.sharded
+                                       for i in range(len(h.handle.blocks)))
+                            held = sum(getattr(b, SHARD_BUFFER).numel() for h in runner.sharded for b in h.handle.blocks)
+                            for h in runner.sharded:
+                                h.handle.reset_peak()
+                        latents = run_steps(runner, request, case.steps).latents
+                        out[key + ("sharded" if sharded else "plain",)] = latents
+                        if sharded:
+                            out[key + ("held",)] = (held, sum(h.peak_bytes for h in runner.sharded), full)
+                            if checkpoints and case.name in checkpoints.get(dtype_name, {}):
+                                resumed = run_steps(runner, request, case.steps, checkpoint=checkpoints[dtype_name][case.name])
+                                out[key + ("resumed",)] = resumed.latents
+                    finally:
+                        runner.close()
+    return out
+
+
+def mechanism_worker(rank: int, world_size: int) -> dict:
+    """raydit.parallel.shard_weights on a plain module: what a rank holds at rest and inside
+    each block, the forward against the unsharded one, and remove() giving back the very
+    values at the original alignment."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from raydit.parallel.shard_weights import ALIGN, resident_parameter_bytes, shard_blocks
+
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(24, 40), nn.LayerNorm(40), nn.Linear(40, 24)) for _ in range(4)])
+    blocks[1].to(torch.bfloat16)  # a block of another dtype: bytes are bytes
+    x = torch.randn(3, 24)
+
+    def run(m):
+        h = x
+        for b in m:
+            h = b(h.to(next(b.parameters()).dtype)).float()
+        return h
+
+    with torch.no_grad():
+        reference = run(blocks)
+    before = {n: (p.detach().clone(), p.data_ptr() % ALIGN) for n, p in blocks.named_parameters()}
+    full = resident_parameter_bytes(blocks)
+    handle = shard_blocks(list(blocks), dist.group.WORLD, root=None)
+    at_rest = resident_parameter_bytes(blocks)
+    inside = []
+    hooks = [b.register_forward_pre_hook(lambda m, a: inside.append(resident_parameter_bytes(blocks))) for b in blocks]
+    with torch.no_grad():
+        sharded = run(blocks)
+    for h in hooks:
+        h.remove()
+    empty_after = all(p.numel() == 0 for p in blocks.parameters())
+    peak = handle.peak_bytes
+    handle.remove(None)  # gathered back (collective)
+    restored = all(torch.equal(p, before[n][0]) and p.data_ptr() % ALIGN == before[n][1]
+                   for n, p in blocks.named_parameters())
+    errors = {}
+    alone = [dist.new_group([r]) for r in range(world_size)]  # collective: every rank makes every group
+    try:
+        shard_blocks(list(blocks), alone[rank], root=None)
+    except ValueError as exc:
+        errors["one rank"] = str(exc)
+    return {"equal": torch.equal(reference, sharded), "full": full, "at_rest": at_rest, "inside": inside,
+            "empty_after": empty_after, "peak": peak, "restored": restored, "errors": errors}
+
+
+def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) -> dict:
+    """A LoRA loaded into a pipeline whose blocks are already sharded (Engine.load_lora
+    between requests) gives the latents the unsharded pipeline gives with it; close() then
+    rebuilds the weights from the checkpoint files exactly."""
+    from raydit.models import lora
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.registry import family_for_pipeline
+    from raydit.models.runner import Runner
+    from raydit.parallel.mesh import build_mesh
+
+    mesh = build_mesh(ulysses=world_size)
+    request = GenerationRequest(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=2,
+                                guidance_scale=5.0, seed=3, lora={"late": 0.8})
+    out = {}
+    for sharded in (False, True):
+        pipe = load_pipeline(model_dir)
+        before = {n: p.detach().clone() for n, p in pipe.transformer.named_parameters()}
+        runner = Runner(pipe, mesh, shard_weights=sharded)
+        lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec("late", str(lora.lora_file(lora_dir)), "transformer"))
+        out[(sharded, "from files")] = bool(runner.sharded) and runner.sharded[0].source is not None
+        try:
+            out[sharded] = run_steps(runner, request, 2).latents
+        finally:
+            runner.close()
+        lora.unload(pipe, "late")
+        out[(sharded, "rebuilt")] = all(torch.equal(p, before[n.replace(".base_layer.", ".")])
+                                        for n, p in pipe.transformer.named_parameters() if "lora_" not in n)
+    return out
+
+
+def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, requests: list[dict],
+                          joins: list[int], plan: tuple[int, int, int]) -> dict:
+    """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded:
+    {False | True: [final latents per request]}."""
+    from raydit.models.conformance import MeshPlan, run_batched
+    from raydit.models.family import GenerationRequest
+    from raydit.models.runner import Runner
+    from raydit.models.tiny import resolve_builder
+
+    pipe = resolve_builder(build)(**kwargs)
+    mesh = prefix_mesh(MeshPlan(*plan))
+    out = {}
+    for sharded in (False, True):
+        runner = Runner(pipe, mesh, shard_weights=sharded)
+        try:
+            out[sharded] = [s.latents for s in run_batched(runner, [GenerationRequest(**q) for q in requests], joins)]
+        finally:
+            runner.close()
+    return out
