@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from raydit.runtime.options import submit_signature
 from raydit.serve.schema import Limits, RequestError
 from raydit.serve.store import FINISHED, VideoJob, VideoStore, new_id, valid_id
 
@@ -53,6 +54,7 @@ def running_mean(mean: float | None, x: float) -> float:
 POLL_MIN_MS, POLL_MAX_MS = 250, 10_000
 # The longest a GET may hold its answer until the video finishes (`wait_finished`).
 MAX_WAIT_S = 60.0
+_SUBMIT_KEYWORDS = tuple(submit_signature().parameters)[1:]
 
 
 def poll_interval_ms(status: str, step_s: float | None, wait_s: float | None = None) -> int | None:
@@ -326,15 +328,12 @@ class VideoService:
             future.add_done_callback(lambda f, run=run: self._on_done(run, f))
 
     def _submit_args(self, run: _Running) -> dict:
+        """The video's parameters (Engine.submit's keywords, as raydit.serve.schema.resolve made
+        them; cache only where the body set it, else the engine's) and the service's hooks."""
         p = run.job.params
-        args = dict(
-            prompt=p["prompt"], negative_prompt=p["negative_prompt"], num_frames=p["num_frames"],
-            height=p["height"], width=p["width"], num_inference_steps=p["num_inference_steps"],
-            guidance_scale=p["guidance_scale"], seed=p["seed"], lora=p.get("lora"), progress=False,
-            guidance_options=p.get("guidance_options") or None, tag=run.job.id,
-            callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step),
-        )
-        args.update({k: p[k] for k in ("cache", "cache_threshold") if k in p})  # else the engine's
+        args = {k: p[k] for k in _SUBMIT_KEYWORDS if k in p}
+        args.update(progress=False, tag=run.job.id,
+                    callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step))
         if run.job.has_image:
             from PIL import Image
 
