@@ -183,6 +183,8 @@ OPTIONS: tuple[Option, ...] = (
            help="a guidance knob of the model's family, repeatable (LTX-2: stg_scale=0, stg_blocks=28,29, "
                 "use_cross_timestep=false ...); a number, true/false, or integers separated by commas"),
     Option(None, request="tag", control=True),
+    # on_start(): called on the driver when a replica starts the request (again after a hand-back).
+    Option(None, request="on_start", control=True),
     # -- the Engine (its keywords: EngineConfig) ---------------------------------------------------
     Option("lora_scale", list, commands=_BOTH, saved=True, action="append", metavar="S",
            help={"generate": "scale of each --lora, in the same order (default 1.0); repeatable",

@@ -117,7 +117,7 @@ class ApiPart:
         request = self._request(given)
         self._check_request(request)
         return self._enqueue(request, control["callback_on_step_end"], control["progress"],
-                             control["checkpoint_dir"], tag=control["tag"])
+                             control["checkpoint_dir"], tag=control["tag"], on_start=control["on_start"])
 
     def _request(self, given: dict):
         """submit's request keywords -> the GenerationRequest: the model's defaults for what is
@@ -199,7 +199,7 @@ class ApiPart:
                     self._check_fits(r, request)
 
     def _enqueue(self, request, callback, progress, checkpoint_dir, job: Job | None = None,
-                 tag: str | None = None) -> Future:
+                 tag: str | None = None, on_start: Callable | None = None) -> Future:
         if checkpoint_dir is None and self.checkpoint_dir is not None:
             with self._capacity_lock:
                 self._submitted += 1
@@ -211,7 +211,7 @@ class ApiPart:
             self._tags += 1
             n = self._tags
         item = Item(request=request, future=Future(), callback=callback, progress=progress,
-                    checkpoint_dir=checkpoint_dir, job=job, tag=tag or f"request-{n}")
+                    checkpoint_dir=checkpoint_dir, job=job, tag=tag or f"request-{n}", on_start=on_start)
         return self._dispatcher.put(item)
 
     def _execute(self, replica: Any, item: Item) -> GenerationResult:
@@ -242,8 +242,16 @@ class ApiPart:
         else:
             self._event("request_resumed", replica=replica.index, step=job.step_index)
         job.prepared = False  # (re-)prepared on this replica, from job.checkpoint
+        if item.on_start is not None:
+            try:
+                item.on_start()
+            except Exception as exc:  # the caller's hook; the request runs on
+                self._event("on_start_failed", tag=item.tag, error=f"{type(exc).__name__}: {exc}")
         if self.elastic and self._grow != "never" and slot == 0:
-            replica.controller.maybe_grow(replica.plan, request.num_inference_steps - job.step_index, job)
+            # Steps left: the job's own count once prepared (diffusion forcing runs more than
+            # num_inference_steps), the request's before.
+            steps = job.num_steps or request.num_inference_steps
+            replica.controller.maybe_grow(replica.plan, steps - job.step_index, job)
         return job
 
     def _step_hooks(self, item: Item):
@@ -254,6 +262,8 @@ class ApiPart:
 
         def on_step(job: Job) -> None:
             if bar is not None:
+                if job.num_steps and bar.total != job.num_steps:  # diffusion forcing: its real steps
+                    bar.total = job.num_steps
                 bar.update(1)
                 if request.cache is not None:
                     bar.set_postfix(cached=_cached_steps(job), refresh=False)
@@ -296,13 +306,16 @@ class ApiPart:
         )
 
     def _run_callback(self, callback, job: Job) -> None:
-        """diffusers' convention: callback(pipe, step, timestep, callback_kwargs) -> dict.
+        """diffusers' convention: callback(pipe, step, timestep, callback_kwargs) -> dict, with
+        the engine as `pipe`; callback_kwargs: the latents, and `num_steps`, the steps this
+        request runs in all (num_inference_steps, except diffusion forcing's iterations over
+        its windows), for progress.
 
         A callback may return new latents; they reach the workers through the same resume
         path a regrouping uses, so every rank continues from them."""
         step = job.step_index - 1
         latents = from_wire(job.checkpoint["latents"])
-        out = callback(self, step, job.timesteps[step], {"latents": latents})
+        out = callback(self, step, job.timesteps[step], {"latents": latents, "num_steps": job.num_steps})
         if isinstance(out, dict) and "latents" in out and out["latents"] is not latents:
             import torch
 
