@@ -11,6 +11,8 @@ import json
 import math
 import sys
 
+from raydit.runtime import options as _options
+
 
 def parse_guidance_options(items) -> tuple:
     """--guidance-option NAME=VALUE strings -> GenerationRequest.guidance_options (sorted pairs);
@@ -40,96 +42,15 @@ def parse_guidance_options(items) -> tuple:
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file with any of the options below (command line wins)")
-    p.add_argument("--prompt", help="text prompt (required, here or in --config)")
-    p.add_argument("--negative-prompt", dest="negative_prompt")
-    p.add_argument("--model", help="a built-in tiny model ('tiny' (default), 'tiny-wan', ...) or a local "
-                                   "diffusers pipeline directory")
-    p.add_argument("--frames", type=int)
-    p.add_argument("--height", type=int)
-    p.add_argument("--width", type=int)
-    p.add_argument("--steps", type=int, help="denoising steps (default 50)")
-    p.add_argument("--guidance-scale", dest="guidance_scale", type=float)
-    p.add_argument("--guidance-scale-2", dest="guidance_scale_2", type=float,
-                   help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)")
-    p.add_argument("--true-cfg-scale", dest="true_cfg_scale", type=float, metavar="S",
-                   help="true classifier-free guidance where guidance is embedded in the model (HunyuanVideo): "
-                        "> 1 with --negative-prompt runs the cond/uncond pair (default 1: off)")
-    p.add_argument("--guidance-option", dest="guidance_option", action="append", metavar="NAME=VALUE",
-                   help="a guidance knob of the model's family, repeatable (LTX-2: stg_scale=0, stg_blocks=28,29, "
-                        "use_cross_timestep=false ...); a number, true/false, or integers separated by commas")
-    p.add_argument("--image", help="image (PNG, JPEG ...) conditioning an image-to-video model")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--cache", metavar="METHOD",
-                   help="step caching, off by default: fbcache (first-block cache) or teacache (timestep "
-                        "embedding); steps whose change is below --cache-threshold reuse cached residuals")
-    p.add_argument("--cache-threshold", dest="cache_threshold", type=float, metavar="X",
-                   help="relative L1 change below which a step is served from the cache (default: "
-                        "0.05 for fbcache, 0.1 for teacache); larger is faster and less exact")
-    p.add_argument("--lora", action="append", metavar="PATH",
-                   help="a diffusers-format LoRA (a .safetensors file or a directory holding one), loaded on "
-                        "every rank and active for this video; repeatable")
-    p.add_argument("--lora-scale", dest="lora_scale", action="append", metavar="S",
-                   help="scale of each --lora, in the same order (default 1.0); repeatable")
-    p.add_argument("--fuse-lora", dest="fuse_lora", action="store_true", default=None,
-                   help="merge the one --lora into the weights at its --lora-scale on every rank (diffusers' "
-                        "fuse_lora): no per-step cost, but the engine can then run only that LoRA")
-    p.add_argument("--compile", action="store_true", default=None,
-                   help="regional torch.compile of the transformer blocks on every rank: the first request of a "
-                        "size compiles (reported as compile seconds, apart from the steps); not with unfused --lora")
-    add_precision_arguments(p)
-    p.add_argument("--shard-weights", dest="shard_weights", action="store_true", default=None,
-                   help="each rank of a replica keeps 1/N of every transformer block's weights and gathers a block "
-                        "just before it runs (big models on small GPUs); needs 2 or more ranks per replica, "
-                        "not with --fuse-lora. Default: where the planner finds the model fits only so")
-    p.add_argument("--workers", type=int, help="ranks to use (default: all GPUs, or 2 CPU slots)")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"])
-    p.add_argument("--ulysses", type=int)
-    p.add_argument("--ring", type=int)
-    p.add_argument("--cfg", type=int, choices=[1, 2, 4])
-    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
-    p.add_argument("--out", help="mp4 to write (default video.mp4)")
-    p.add_argument("--save-latents", dest="save_latents", help="write the final latents as .npy")
-    p.add_argument("--fps", type=int, help="mp4 frame rate (default 8, or the rate a model's sound was made for)")
-    p.add_argument("--json", action="store_true", default=None, help="print a JSON summary")
-    p.add_argument("--checkpoint-dir", dest="checkpoint_dir",
-                   help="write the request and each finished step there (atomically); a run whose "
-                        "driver or head died finishes with --resume DIR")
-    p.add_argument("--resume", help="finish the run saved in this --checkpoint-dir from its last finished "
-                                    "step, with the same latents (its request and options come from there)")
+    from raydit.runtime.options import add_arguments
+
+    add_arguments(p, "generate")
 
 
-def add_precision_arguments(p: argparse.ArgumentParser) -> None:
-    """--quantize and --attention (generate and serve; checked by check_precision)."""
-    from raydit.models.quantize_options import QUANTIZE_MODES
-
-    p.add_argument("--quantize", choices=QUANTIZE_MODES,
-                   help="FP8 linear layers in the transformer blocks on every rank: fp8 (torchao; NVIDIA GPUs of "
-                        "compute capability 8.9+; pip install torchao), fp8-sim (the same numbers emulated on any "
-                        "device: numerics only, no speed) or none (default); not with unfused --lora")
-    p.add_argument("--attention", metavar="MODE",
-                   help="attention kernels: bf16 (default: the run's dtype), auto (the fastest that passed its "
-                        "float64 check), int8 or fp8")
-
-
-# What defines the request: with --resume it comes from the saved run, not the command line
-# (quantize and attention change its numbers).
-REQUEST_OPTIONS = ("prompt", "negative_prompt", "frames", "height", "width", "steps", "guidance_scale",
-                   "guidance_scale_2", "true_cfg_scale", "guidance_option", "image", "seed", "model", "cache", "cache_threshold", "lora", "lora_scale", "loras",
-                   "fuse_lora", "quantize", "attention")
+# What defines the request: with --resume it comes from the saved run, not the command line.
+REQUEST_OPTIONS = _options.request_keys()
 JOB_FILE = "job.json"
-
-GENERATE_DEFAULTS = {
-    "model": "tiny",
-    "steps": 50,
-    "guidance_scale": 6.0,
-    "seed": 0,
-    "device": "auto",
-    "out": "video.mp4",
-    "fps": None,  # 8, or the frame rate the model's sound was made for (GenerationResult.save)
-    "json": False,
-    "negative_prompt": "",
-}
+GENERATE_DEFAULTS = _options.command_defaults("generate")
 
 
 def resolve_generate_options(args: argparse.Namespace) -> dict:
@@ -212,28 +133,9 @@ def check_shard_weights(opts: dict) -> None:
 
 
 def engine_kwargs(o: dict) -> dict:
-    """The Engine's arguments from resolved generate options (all but `workers`, whose default
-    asks the cluster)."""
-    return dict(
-        model=o["model"],
-        device=o["device"],
-        ulysses=o.get("ulysses"),
-        ring=o.get("ring"),
-        cfg=o.get("cfg"),
-        address=o.get("address"),
-        frames=o.get("frames"),
-        height=o.get("height"),
-        width=o.get("width"),
-        show_plan=not o["json"],
-        cache=o.get("cache"),
-        cache_threshold=o.get("cache_threshold"),
-        loras=o["lora_table"],
-        fuse_lora=o["lora_choice"] if o.get("fuse_lora") else None,
-        compile=bool(o.get("compile")),
-        quantize=o.get("quantize"),
-        attention=o.get("attention"),
-        shard_weights=True if o.get("shard_weights") else None,
-    )
+    """The Engine's arguments from resolved generate options (`workers` too: cmd_generate
+    replaces a None by its own default)."""
+    return _options.engine_kwargs(o, "generate")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -271,24 +173,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if workers is None and device != "cuda" and o.get("address") is None:
         # On a CPU machine the default is 2 ranks: the smallest parallel run.
         workers = None if _has_gpu_cluster() else 2
-    with Engine(workers=workers, **engine_kwargs(o)) as engine:
+    with Engine(**{**engine_kwargs(o), "workers": workers}) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
-            o["prompt"],
-            negative_prompt=o.get("negative_prompt"),
-            num_frames=o.get("frames"),
-            height=o.get("height"),
-            width=o.get("width"),
-            num_inference_steps=o["steps"],
-            guidance_scale=o["guidance_scale"],
-            guidance_scale_2=o.get("guidance_scale_2"),
-            true_cfg_scale=1.0 if o.get("true_cfg_scale") is None else o["true_cfg_scale"],
-            guidance_options=o.get("guidance_options") or (),
-            seed=o["seed"],
-            progress=not o["json"],
-            image=image,
-            checkpoint_dir=o.get("checkpoint_dir"),
-            lora=o["lora_choice"],
-        )
+            **_options.request_kwargs(o, "generate", image=image, lora=o["lora_choice"], progress=not o["json"],
+                                      guidance_options=o.get("guidance_options") or ()))
         result.save(o["out"], fps=o["fps"])
         if o.get("save_latents"):
             np.save(o["save_latents"], result.latents)

@@ -11,44 +11,10 @@ from pathlib import Path
 
 import yaml
 
-# key -> the type the command line would parse it to.
-GENERATE_OPTIONS: dict[str, type] = {
-    "prompt": str,
-    "negative_prompt": str,
-    "model": str,
-    "frames": int,
-    "height": int,
-    "width": int,
-    "steps": int,
-    "guidance_scale": float,
-    "guidance_scale_2": float,
-    "true_cfg_scale": float,  # HunyuanVideo's true classifier-free guidance
-    "guidance_option": list,  # "NAME=VALUE" strings, as --guidance-option repeated (a family's knobs)
-    "image": str,
-    "seed": int,
-    "cache": str,  # step caching: fbcache or teacache
-    "cache_threshold": float,
-    "lora": list,  # paths, as --lora repeated
-    "lora_scale": list,  # as --lora-scale repeated
-    "loras": list,  # paths, or mappings {path, scale, name, target}
-    "fuse_lora": bool,  # merge the one LoRA into the weights (--fuse-lora)
-    "compile": bool,  # regional torch.compile of the transformer blocks (--compile)
-    "quantize": str,  # FP8 linear layers: none, fp8 or fp8-sim (--quantize)
-    "attention": str,  # attention kernels: bf16, auto, int8 or fp8 (--attention)
-    "shard_weights": bool,  # each rank keeps 1/N of the blocks' weights (--shard-weights)
-    "workers": int,
-    "device": str,
-    "ulysses": int,
-    "ring": int,
-    "cfg": int,
-    "address": str,
-    "out": str,
-    "save_latents": str,
-    "json": bool,
-    "fps": int,
-    "checkpoint_dir": str,
-    "resume": str,
-}
+from raydit.runtime.options import config_types
+
+# key -> the type the command line would parse it to (raydit.runtime.options declares them).
+GENERATE_OPTIONS: dict[str, type] = config_types("generate")
 
 
 def load_job_config(path: str, options: dict[str, type] | None = None) -> dict:

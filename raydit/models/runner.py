@@ -42,6 +42,7 @@ from raydit.models.quantize_options import (
     check_quantize_device,
     quantize_lora_refusal,
 )
+from raydit.models.precision import run_precision
 from raydit.models.text_encoding import (
     EncodeFailed,
     broadcast_branches,
@@ -424,7 +425,7 @@ class Runner:
             self._place_expert(state, t)
 
         cache = self._cache_step(state)
-        with cache:  # step caching: the transformer calls of this step may skip blocks
+        with cache, run_precision(self.dtype):  # step caching may skip blocks; float64 stays float64
             noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
         self._idle_passes(state, t)
         return self._advance(state, t, noises, cache)
@@ -466,13 +467,14 @@ class Runner:
         experts: dict[int, list[int]] = {}
         for i, (s, t) in enumerate(zip(states, ts)):
             experts.setdefault(id(family.active_transformer(pipe, s, t)), []).append(i)
-        for part in experts.values():
-            for call in range(len(states[part[0]].branches)):
-                out = family.predict_batch(pipe, [states[i] for i in part], [ts[i] for i in part],
-                                           [states[i].branches[call] for i in part])
-                for i, rows in zip(part, out.chunk(len(part))):
-                    noises[i].append(rows)
-            self._idle_passes(states[part[0]], ts[part[0]])
+        with run_precision(self.dtype):
+            for part in experts.values():
+                for call in range(len(states[part[0]].branches)):
+                    out = family.predict_batch(pipe, [states[i] for i in part], [ts[i] for i in part],
+                                               [states[i].branches[call] for i in part])
+                    for i, rows in zip(part, out.chunk(len(part))):
+                        noises[i].append(rows)
+                self._idle_passes(states[part[0]], ts[part[0]])
         out = []
         for s, t, n in zip(states, ts, noises):
             load_scheduler_state(pipe.scheduler, s.scheduler_state, self.device)

@@ -41,7 +41,8 @@ from raydit.parallel.sharding import SeqLayout, select_ranges
 def merge_attention(
     out_a: Tensor | None, lse_a: Tensor | None, out_b: Tensor, lse_b: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Merge two partial attentions over disjoint key sets; returns (out float32, lse float32).
+    """Merge two partial attentions over disjoint key sets; returns (out, lse) in float32, or in
+    float64 where the partials are float64 (a float64 run stays float64 through the ring).
 
     out_* (B, H, Sq, D), lse_* (B, H, Sq). With a = keys of block a, b = keys of block b:
         lse = log(exp(lse_a) + exp(lse_b))
@@ -52,18 +53,19 @@ def merge_attention(
     A row whose both lse are -inf (no key yet) uses m = 0: weights 0, lse -inf, out 0, no NaN.
     `out_a is None` starts the accumulation.
     """
+    acc = torch.promote_types(torch.float32, torch.promote_types(out_b.dtype, lse_b.dtype))
     if out_a is None or lse_a is None:
-        return out_b.float(), lse_b.float()
-    lse_a, lse_b = lse_a.float(), lse_b.float()
+        return out_b.to(acc), lse_b.to(acc)
+    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
     m = torch.maximum(lse_a, lse_b)
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
     total = w_a + w_b
     lse = m + torch.log(total)
     # total >= 1 wherever a row has a key; clamp only guards the all -inf rows (0 / tiny = 0).
-    inv = (1.0 / total.clamp_min(torch.finfo(torch.float32).tiny)).unsqueeze(-1)
+    inv = (1.0 / total.clamp_min(torch.finfo(acc).tiny)).unsqueeze(-1)
     # One new (B, H, Sq, D) tensor, updated in place: out_a * w_a/total + out_b * w_b/total.
-    out = (out_a.float() * (w_a.unsqueeze(-1) * inv)).addcmul_(out_b.float(), w_b.unsqueeze(-1) * inv)
+    out = (out_a.to(acc) * (w_a.unsqueeze(-1) * inv)).addcmul_(out_b.to(acc), w_b.unsqueeze(-1) * inv)
     return out, lse
 
 

@@ -4,7 +4,7 @@ Legend: B batch, H heads, Sq query tokens, Sk key tokens, D head dim.
 
 Every LSE kernel computes, for scores s = scale * q k^T (no mask, no dropout),
     out = softmax(s) v            (B, H, Sq, D), dtype of q
-    lse = logsumexp(s, over keys) (B, H, Sq), float32
+    lse = logsumexp(s, over keys) (B, H, Sq), float32 (float64 for float64 inputs)
 A kernel that returned anything else for lse (yunchang's torch path returns zeros; a kernel
 may use log base 2, or pad the lse) would be silently wrong on a ring, so no kernel runs
 before it passed a check against float64 math on this (device, dtype, head dim)
@@ -85,7 +85,7 @@ class AttentionKernel:
         if Sq == 0 or k_BHSD.size(2) == 0:
             # Native kernels crash (SIGFPE on CPU) on empty inputs. No key: out 0, lse -inf.
             out = q_BHSD.new_zeros(B, H, Sq, v_BHSD.size(-1))
-            return out, torch.full((B, H, Sq), -math.inf, dtype=torch.float32, device=q_BHSD.device)
+            return out, torch.full((B, H, Sq), -math.inf, dtype=lse_dtype(q_BHSD.dtype), device=q_BHSD.device)
         return self.fn(q_BHSD, k_BHSD, v_BHSD, float(scale))
 
 
@@ -97,15 +97,21 @@ def _exact(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tenso
     return torch.matmul(torch.exp(s_BHQK - lse_BHQ.unsqueeze(-1)), v.double()), lse_BHQ
 
 
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The log-sum-exp's dtype for inputs of `dtype`: float32, float64 for float64 (a float64
+    run is float64 throughout; its ring merge too)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _reference(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     out, lse = _exact(q, k, v, scale)
-    return out.to(q.dtype), lse.float()
+    return out.to(q.dtype), lse.to(lse_dtype(q.dtype))
 
 
 def _torch_cpu_flash(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     # aten op returns (out_BHSD, lse_BHS); lse is float32 for every input dtype (float64 for float64).
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
-    return out, lse.float()
+    return out, lse.to(lse_dtype(q.dtype))
 
 
 def _torch_flash(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
@@ -278,8 +284,8 @@ def _compare(dtype: torch.dtype, out: Tensor, lse: Tensor, ref_out: Tensor, ref_
     """Why (out, lse) is not the float64 result, or None."""
     if out.shape != ref_out.shape or out.dtype != dtype:
         return f"output {tuple(out.shape)} {out.dtype}, expected {tuple(ref_out.shape)} {dtype}"
-    if lse.shape != ref_lse.shape or lse.dtype != torch.float32:
-        return f"lse {tuple(lse.shape)} {lse.dtype}, expected {tuple(ref_lse.shape)} float32"
+    if lse.shape != ref_lse.shape or lse.dtype != lse_dtype(dtype):
+        return f"lse {tuple(lse.shape)} {lse.dtype}, expected {tuple(ref_lse.shape)} {lse_dtype(dtype)}"
     out_tol, lse_tol = CHECK_TOLERANCE.get(dtype, (2e-2, 2e-3))
     d_out = (out.double().cpu() - ref_out).abs()
     d_lse = (lse.double().cpu() - ref_lse).abs()
@@ -568,7 +574,7 @@ def plain_kernel(device: torch.device | str, dtype: torch.dtype, head_dim: int) 
                 q, k, v, scale = _check_inputs(torch.device(device), dtype, int(head_dim))
                 ref_out, ref_lse = _exact(q.cpu(), k.cpu(), v.cpu(), scale)
                 # The output alone is checked: the reference's lse stands in for the missing one.
-                why = _compare(dtype, _sdpa(q, k, v, scale), ref_lse.float(), ref_out, ref_lse)
+                why = _compare(dtype, _sdpa(q, k, v, scale), ref_lse.to(lse_dtype(dtype)), ref_out, ref_lse)
             except Exception as exc:
                 why = _short(exc)
             if why is not None:

@@ -50,6 +50,7 @@ class Item:
     queued_at: float = field(default_factory=time.monotonic)  # when it joined the queue
     tag: str = ""  # the request's name in results (step-level batching: whom it shared steps with)
     batched_with: list = field(default_factory=list)  # the tags of the requests it shared a step with
+    on_start: Callable | None = None  # called when a replica starts it (submit's on_start)
 
 
 class Dispatcher:

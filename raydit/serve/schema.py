@@ -15,12 +15,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-# raydit's own fields, sent by the openai client through `extra_body`.
-RAYDIT_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt", "seed", "num_frames", "lora",
-                 "guidance_options")
-
+from raydit.runtime.options import form_fields
 
 class RequestError(ValueError):
     """A request the server refuses: HTTP status, the field (OpenAI's `param`), a message."""
@@ -35,30 +32,25 @@ class RequestError(ValueError):
         self.headers = headers or {}
 
 
-class VideoCreate(BaseModel):
-    """POST /v1/videos. `input_reference` (an image upload) is handled apart from this."""
+def _video_create() -> type[BaseModel]:
+    """POST /v1/videos's body, from the fields raydit.runtime.options declares: OpenAI's
+    (prompt, model, size, seconds) and raydit's own, which the openai client sends through
+    `extra_body`. `input_reference` (an image upload) is handled apart from this. Left out:
+    None, except `cache` (left out: the server's --cache; null, "none" or "off": every step
+    computed) and `lora` (None: the base model, on a --fuse-lora server its LoRA; a name at
+    scale 1.0 or {name: scale}; in a form the name or that object as JSON text);
+    `guidance_options`: the model's further knobs {name: value}, in a form as JSON text."""
+    fields = {}
+    for name, spec in form_fields().items():
+        spec = dict(spec)
+        annotation = spec.pop("annotation")
+        fields[name] = (annotation, Field(**spec) if "default" in spec else Field(..., **spec))
+    return create_model("VideoCreate", __config__=ConfigDict(extra="forbid"), **fields)
 
-    model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=20_000)
-    model: str | None = None
-    size: str | None = Field(default=None, description="WIDTHxHEIGHT in pixels, e.g. 720x480")
-    seconds: float | None = Field(default=None, gt=0, le=3600)
-    num_frames: int | None = Field(default=None, ge=1)
-    num_inference_steps: int | None = Field(default=None, ge=1)
-    guidance_scale: float | None = Field(default=None, ge=0, le=100)
-    negative_prompt: str | None = Field(default=None, max_length=20_000)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    # Step caching for this video (raydit.models.cache): left out, the server's (--cache);
-    # null, "none" or "off": every step computed.
-    cache: str | None = None
-    cache_threshold: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # None: the base model (on a --fuse-lora server: its LoRA); a name (scale 1.0) or {name: scale};
-    # in a form, the name or that object as JSON text.
-    lora: str | dict[str, Any] | None = None
-    # The model's further guidance knobs (GenerationRequest.guidance_options), {name: value}; in
-    # a form, that object as JSON text. LTX-2: stg_scale, modality_scale, audio_guidance_scale ...
-    guidance_options: dict[str, Any] | str | None = None
+VideoCreate = _video_create()
+# raydit's own fields, sent by the openai client through `extra_body`.
+RAYDIT_FIELDS = tuple(n for n in VideoCreate.model_fields if n not in ("prompt", "model", "size", "seconds"))
 
 
 class LoraCreate(BaseModel):

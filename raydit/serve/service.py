@@ -6,11 +6,11 @@ Independent of HTTP: the Serve deployment (raydit.serve.app) calls `create`, `ge
 The service keeps its own queue and hands the engine at most two requests per engine
 replica slot (a replica runs one request, or up to --max-batch with step-level batching):
 one running and one waiting in the engine's own queue, so a replica starts its next request
-(or a batch takes a joiner at its next step) with no round trip through this service (the
-engine runs requests in submission order, so the oldest `capacity` requests it holds are
-taken as the running ones; with batching, one of another geometry waits for its turn). A request is `queued` while it waits here or in the engine's queue
-(a DELETE drops it: here, or by cancelling its engine future) and `in_progress` once it
-is one of the requests the engine runs. A running request reports each finished step
+(or a batch takes a joiner at its next step) with no round trip through this service. A
+request is `queued` while it waits here or in the engine's queue (a DELETE drops it: here,
+or by cancelling its engine future), also while it waits there for a batch of its own
+geometry, and `in_progress` once a replica starts it (the engine's `on_start`).
+A running request reports each finished step
 through the engine's `callback_on_step_end` (progress, the step counter); a DELETE flags it
 and the same callback raises at its next step, which ends the request and frees its
 replica. Rank and node loss underneath are the engine's business (it re-plans and resumes
@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from raydit.runtime.options import submit_signature
 from raydit.serve.schema import Limits, RequestError
 from raydit.serve.store import FINISHED, VideoJob, VideoStore, new_id, valid_id
 
@@ -53,6 +54,7 @@ def running_mean(mean: float | None, x: float) -> float:
 POLL_MIN_MS, POLL_MAX_MS = 250, 10_000
 # The longest a GET may hold its answer until the video finishes (`wait_finished`).
 MAX_WAIT_S = 60.0
+_SUBMIT_KEYWORDS = tuple(submit_signature().parameters)[1:]
 
 
 def poll_interval_ms(status: str, step_s: float | None, wait_s: float | None = None) -> int | None:
@@ -98,6 +100,7 @@ class _Running:
     submitted: float = 0.0
     future: object | None = None  # the engine's Future, once submitted
     last_step: float | None = None  # time.monotonic() of its last finished step
+    started: bool = False  # a replica started it (the engine's on_start): in_progress
 
 
 class VideoService:
@@ -269,7 +272,7 @@ class VideoService:
         with self._cond:
             wait = None
             if job.status == "queued" and self._mean_request_s is not None:
-                waiting = list(self._running)[self._started_locked():] + list(self._queue)
+                waiting = [vid for vid, run in self._running.items() if not run.started] + list(self._queue)
                 ahead = waiting.index(job.id) if job.id in waiting else 0
                 # The running requests finish first, then those ahead, `capacity` at a time.
                 wait = self._mean_request_s * (ahead // self.capacity + 1)
@@ -287,19 +290,23 @@ class VideoService:
     # -- running -----------------------------------------------------------------------------
 
     def _started_locked(self) -> int:
-        """Requests the engine runs now (the oldest `capacity` of those it holds)."""
-        return min(self.capacity, len(self._running))
+        """Requests the engine runs now (a replica started them: submit's on_start)."""
+        return sum(1 for run in self._running.values() if run.started)
 
     def _waiting_locked(self) -> int:
-        """Requests waiting: here, and in the engine's queue behind the running ones."""
+        """Requests waiting: here, and in the engine's queue (for a replica, or for a batch of
+        their own geometry while one of another runs)."""
         return len(self._queue) + len(self._running) - self._started_locked()
 
-    def _promote_locked(self) -> None:
-        """Mark in_progress the requests the engine now runs (submission order)."""
-        for run in list(self._running.values())[:self.capacity]:
-            if run.job.status == "queued" and run.stop is None:
+    def _on_start(self, run: _Running) -> None:
+        """A replica started `run` (the engine's on_start, on its thread): in_progress from now."""
+        with self._cond:
+            if run.started:
+                return  # resumed after a hand-back: it was running already
+            run.started = True
+            run.submitted = time.time()  # the request's own run time starts here
+            if run.job.status == "queued" and run.stop is None and run.job.id in self._jobs:
                 run.job.status, run.job.progress = "in_progress", 0
-                run.submitted = time.time()  # the request's own run time starts here
                 self.store.save(run.job, durable=False)
 
     def _dispatch_loop(self) -> None:
@@ -322,19 +329,16 @@ class VideoService:
                 run.future = future
                 if run.stop == "deleted":
                     future.cancel()  # deleted while it was being submitted
-                self._promote_locked()
             future.add_done_callback(lambda f, run=run: self._on_done(run, f))
 
     def _submit_args(self, run: _Running) -> dict:
+        """The video's parameters (Engine.submit's keywords, as raydit.serve.schema.resolve made
+        them; cache only where the body set it, else the engine's) and the service's hooks."""
         p = run.job.params
-        args = dict(
-            prompt=p["prompt"], negative_prompt=p["negative_prompt"], num_frames=p["num_frames"],
-            height=p["height"], width=p["width"], num_inference_steps=p["num_inference_steps"],
-            guidance_scale=p["guidance_scale"], seed=p["seed"], lora=p.get("lora"), progress=False,
-            guidance_options=p.get("guidance_options") or None, tag=run.job.id,
-            callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(run, step),
-        )
-        args.update({k: p[k] for k in ("cache", "cache_threshold") if k in p})  # else the engine's
+        args = {k: p[k] for k in _SUBMIT_KEYWORDS if k in p}
+        args.update(progress=False, tag=run.job.id, on_start=lambda: self._on_start(run),
+                    callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(
+                        run, step, kwargs.get("num_steps")))
         if run.job.has_image:
             from PIL import Image
 
@@ -342,8 +346,10 @@ class VideoService:
                 args["image"] = Image.open(io.BytesIO(f.read())).convert("RGB")
         return args
 
-    def _on_step(self, run: _Running, step: int) -> None:
-        """Runs on the driver after every finished step (diffusers' callback convention)."""
+    def _on_step(self, run: _Running, step: int, num_steps: int | None = None) -> None:
+        """Runs on the driver after every finished step (diffusers' callback convention);
+        `num_steps`: the steps the request runs in all (diffusion forcing: more than
+        num_inference_steps), else num_inference_steps."""
         self._metrics.steps.inc()
         now = time.monotonic()
         if run.last_step is not None:  # the first step's time includes the request's start
@@ -351,9 +357,9 @@ class VideoService:
         run.last_step = now
         if run.stop is not None:
             raise RequestStopped(run.stop)
-        if run.job.status == "queued":  # started before the service promoted it
-            run.job.status = "in_progress"
-        total = run.job.params["num_inference_steps"]
+        if not run.started:  # an engine that says no on_start
+            self._on_start(run)
+        total = num_steps or run.job.params["num_inference_steps"]
         # 100 is kept for when the mp4 is on disk.
         run.job.progress = min(99, int(100 * (step + 1) / total))
         return None
@@ -361,7 +367,6 @@ class VideoService:
     def _release(self, run: _Running) -> None:
         with self._cond:
             self._running.pop(run.job.id, None)
-            self._promote_locked()
             self._cond.notify_all()
 
     def _on_done(self, run: _Running, future) -> None:
@@ -420,6 +425,8 @@ class VideoService:
                 "recoveries": recoveries,
                 "timings": {k: round(float(v), 4) for k, v in timings.items() if isinstance(v, (int, float))},
             }
+            if recoveries:  # every request of a batch records the recovery it went through
+                job.info["timings"]["recovery_seconds"] = round(float(sum(timings["recovery_seconds"])), 4)
             job.status, job.progress, job.completed_at = "completed", 100, time.time()
             self.store.save(job)
             self._wake_locked(job.id)

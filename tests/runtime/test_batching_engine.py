@@ -100,6 +100,27 @@ def test_a_request_that_leaves_does_not_touch_the_others(engine):
     assert kept.batched_with == ["leaves"]
 
 
+def test_a_request_of_another_geometry_starts_after_the_batch_one_of_its_geometry_joins_it(engine):
+    """submit's on_start says when a replica starts a request, not when it is queued: one of
+    another geometry queued behind a running batch starts once the batch is done (a server shows
+    it `queued` until then), one of the batch's geometry queued behind it starts when it joins."""
+    started, lock = [], threading.Lock()
+
+    def on_start(tag):
+        def hook():
+            with lock:
+                started.append((tag, first.done()))
+        return hook
+
+    first = engine.submit(PROMPT, tag="first", on_start=on_start("first"), **_kwargs(31, 4, 5.0))
+    other = engine.submit(PROMPT, num_frames=13, tag="other", on_start=on_start("other"), **_kwargs(32, 2, 5.0))
+    joiner = engine.submit(PROMPT, tag="joiner", on_start=on_start("joiner"), **_kwargs(33, 2, 5.0))
+    for f in (first, other, joiner):
+        f.result(timeout=300)
+    assert started == [("first", False), ("joiner", False), ("other", True)], started
+    assert joiner.result().batched_with == ["first"] and other.result().batched_with == []
+
+
 def test_max_batch_is_checked_before_ray():
     from raydit.runtime.engine import Engine
 

@@ -87,12 +87,16 @@ def test_callback_on_step_end_sees_every_step_and_can_edit_latents(engine4):
     engine4.regroup(ulysses=2, ring=1, cfg=1)
     seen = []
 
+    kwargs_seen = []
+
     def record(engine, step, timestep, kwargs):
         seen.append((step, timestep, kwargs["latents"].shape))
+        kwargs_seen.append(kwargs)
         return kwargs
 
     result = _gen(engine4, callback_on_step_end=record, num_inference_steps=3)
     assert [s for s, _, _ in seen] == [0, 1, 2]
+    assert kwargs_seen[-1]["num_steps"] == 3
     assert all(shape == result.latents.shape for _, _, shape in seen)
 
     # Zeroing the latents after the last step must show in the result: the edit reached
@@ -104,6 +108,21 @@ def test_callback_on_step_end_sees_every_step_and_can_edit_latents(engine4):
 
     zeroed = _gen(engine4, callback_on_step_end=zero_last, num_inference_steps=3)
     assert np.count_nonzero(zeroed.latents) == 0
+
+
+def test_diffusion_forcing_tells_its_callback_the_steps_it_really_runs(ray_local):
+    """SkyReels-V2 DF over three windows runs num_inference_steps per window: the callback's
+    `num_steps` says so (progress bars and servers count it), and its steps run 0 .. num_steps-1."""
+    from raydit.runtime.engine import Engine
+
+    seen = []
+    with Engine(model="tiny-skyreels-df", workers=1, device="cpu", show_plan=False, frames=17, height=32,
+                width=32) as engine:
+        engine.generate("a river", num_frames=17, num_inference_steps=2, progress=False, seed=3, guidance_options=dict(
+            base_num_frames=9, overlap_history=5, addnoise_condition=20),
+            callback_on_step_end=lambda pipe, step, t, kwargs: seen.append((step, kwargs["num_steps"])))
+    assert [step for step, _ in seen] == list(range(6)), seen  # 2 steps x 3 windows
+    assert {n for _, n in seen} == {6}
 
 
 class DriverGone(Exception):

@@ -14,9 +14,9 @@ import pytest
 
 pytestmark = [pytest.mark.serve, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 
-openai = pytest.importorskip("openai")
-requests = pytest.importorskip("requests")
-pytest.importorskip("psutil")
+import openai  # noqa: E402  (a declared test dependency: missing, the serve stage fails)
+import requests  # noqa: E402  (a declared test dependency: missing, the serve stage fails)
+import psutil  # noqa: E402,F401  (a declared test dependency: missing, the serve stage fails)
 
 from serving import Server, running  # noqa: E402
 
@@ -118,6 +118,14 @@ def test_a_request_joins_a_running_batch_and_one_with_a_lora_runs_apart(server, 
     while time.time() < deadline and client.videos.retrieve(first.id).progress < 5:
         time.sleep(0.05)
     joined, styled = create(22), create(23, lora='{"wan-style": 1.0}')
+    # Until the batch is done the LoRA request waits for its turn: `queued`, never `in_progress`
+    # while the batch's last request has steps to go (it starts after that one's decode).
+    while True:
+        waiting, batch = client.videos.retrieve(styled.id), client.videos.retrieve(joined.id)
+        if batch.status == "completed" or batch.progress >= 99:
+            break
+        assert waiting.status == "queued", (waiting.status, batch.status, batch.progress)
+        time.sleep(0.05)
     first, joined, styled = (client.videos.poll(v.id, poll_interval_ms=100) for v in (first, joined, styled))
     assert first.status == joined.status == styled.status == "completed", (first.error, joined.error, styled.error)
     assert joined.id in first.model_extra["raydit"]["batched_with"]
@@ -159,6 +167,9 @@ def test_a_rank_killed_mid_batch_loses_no_request(server, tmp_path):
     for v in done:
         assert set(v.model_extra["raydit"]["batched_with"]) == ids - {v.id}, v.model_extra["raydit"]
         assert v.model_extra["raydit"]["recoveries"] >= 1, "the kill landed after the batch finished"
+    # The recovery's seconds are every request's (they all waited for it), not the batch lead's.
+    seconds = [v.model_extra["raydit"]["timings"].get("recovery_seconds") for v in done]
+    assert seconds[0] and seconds[0] > 0 and len(set(seconds)) == 1, seconds
     assert _metric(server, "raydit_recoveries_total") >= before + 3
     alone = client.videos.poll(create(32).id, poll_interval_ms=100)
     a, b = _frames(client, done[1].id, tmp_path), _frames(client, alone.id, tmp_path)

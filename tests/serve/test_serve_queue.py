@@ -36,26 +36,42 @@ class _Result:
 
 
 class StandInEngine:
-    """Engine.submit's contract: a Future per request; requests run in submission order."""
+    """Engine.submit's contract: a Future per request; requests run in submission order, one
+    at a time, each announced by its `on_start` when it starts."""
 
     replicas = [object()]
     takes_image = False
 
     def __init__(self):
         self.submitted: list[tuple[dict, Future]] = []
+        self.started: set[int] = set()
         self.lock = threading.Lock()
 
     def submit(self, **kwargs):
         f = Future()
         with self.lock:
             self.submitted.append((kwargs, f))
+        self._start_next()
         return f
+
+    def _start_next(self) -> None:
+        with self.lock:
+            if any(i in self.started and not f.done() for i, (_, f) in enumerate(self.submitted)):
+                return  # one runs
+            waiting = [i for i, (_, f) in enumerate(self.submitted) if i not in self.started and not f.cancelled()]
+            if not waiting:
+                return
+            self.started.add(waiting[0])
+            kwargs, f = self.submitted[waiting[0]]
+            f.set_running_or_notify_cancel()
+        kwargs["on_start"]()
 
     def finish(self, index: int) -> None:
         kwargs, f = self.submitted[index]
-        f.set_running_or_notify_cancel()
+        assert index in self.started, "finished before it started"
         kwargs["callback_on_step_end"](self, 0, 999, {})
         f.set_result(_Result())
+        self._start_next()
 
 
 def _wait(cond, timeout=10.0):
@@ -254,3 +270,22 @@ def test_video_writer_runs_below_the_ranks_priority_and_its_ffmpeg_inherits_it(t
     t.join()
     assert seen["nice"] == min(19, base + 3)
     assert _nice_of(os.getpid()) == base
+
+
+def test_progress_counts_the_steps_the_engine_says_the_request_runs(tmp_path):
+    """Diffusion forcing runs more steps than num_inference_steps (its iterations over every
+    window): the engine's callback says how many (`num_steps`), and progress counts those, so a
+    6-step run of num_inference_steps 2 is at 50% after 3 steps, not at 99% after 2."""
+    engine = StandInEngine()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+    try:
+        job = service.create(dict(PARAMS, num_inference_steps=2))
+        _wait(lambda: service.get(job.id).status == "in_progress")
+        callback = engine.submitted[0][0]["callback_on_step_end"]
+        seen = []
+        for step in range(6):
+            callback(engine, step, 999, {"latents": None, "num_steps": 6})
+            seen.append(service.get(job.id).progress)
+        assert seen == [16, 33, 50, 66, 83, 99]  # 100 once the mp4 is on disk
+    finally:
+        service.close(timeout_s=2)

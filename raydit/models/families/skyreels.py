@@ -265,7 +265,11 @@ class SkyReelsFamily(WanFamily):
 
         pipe.scheduler.set_timesteps(request.num_inference_steps, device=device)
         if self._forcing(pipe):
-            return self._init_forcing(pipe, request, generator, device)
+            # The state in float32, as the pipeline keeps it; in a float64 run, float64 (UniPC
+            # returns each frame in its sample's dtype: a float32 state would round every step).
+            # The noise is drawn in float32 either way (the same draws as a float32 run).
+            state = torch.float64 if dtype == torch.float64 else torch.float32
+            return self._init_forcing(pipe, request, generator, device, state)
         timesteps = pipe.scheduler.timesteps
         if request.image is None:
             latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
@@ -277,7 +281,7 @@ class SkyReelsFamily(WanFamily):
                                                   request.num_frames, torch.float32, device, generator)
         return Prepared(latents=latents, timesteps=timesteps, context=dict(condition=condition))
 
-    def _init_forcing(self, pipe, request, generator, device):
+    def _init_forcing(self, pipe, request, generator, device, state_dtype):
         import torch
 
         from raydit.models.family import live_scheduler_state
@@ -294,9 +298,9 @@ class SkyReelsFamily(WanFamily):
         first = s["windows"][0]
         window = pipe.prepare_latents(1, pipe.transformer.config.in_channels, request.height, request.width,
                                       request.num_frames, torch.float32, device, generator,
-                                      base_latent_num_frames=first["frames"] if s["long"] else None)[0]
+                                      base_latent_num_frames=first["frames"] if s["long"] else None)[0].to(state_dtype)
         total = s["windows"][0]["frames"] + sum(w["frames"] - s["overlap"] for w in s["windows"][1:])
-        latents = torch.zeros(window.shape[:2] + (total,) + window.shape[3:], dtype=torch.float32, device=device)
+        latents = torch.zeros(window.shape[:2] + (total,) + window.shape[3:], dtype=state_dtype, device=device)
         latents[:, :, :first["frames"]] = window
         carry = dict(window=window, frames=[fresh] * first["frames"])
         if s["addnoise"] > 0:  # on the latents' device, as the pipeline draws it (torch.randn_like)
@@ -414,6 +418,7 @@ class SkyReelsFamily(WanFamily):
                 base_latent_num_frames=s["windows"][0]["frames"], causal_block_size=s["block"],
                 overlap_history_latent_frames=s["overlap"], long_video_iter=w + 1)
             assert frames_n == nxt["frames"] and prefix_frames == nxt["prefix"], (frames_n, prefix_frames, nxt)
+            new = new.to(window.dtype)  # float64 in a float64 run, as the first window
             if prefix_frames:
                 new[:, :, :prefix_frames] = prefix.to(pipe.transformer.dtype)
             carry.update(window=new, frames=[ctx["fresh_scheduler"]] * frames_n)

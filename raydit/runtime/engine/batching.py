@@ -1,0 +1,106 @@
+"""Step-level batching: queued requests with the running one's batch key join its replica's
+steps at a step boundary and leave when their own steps are done (Engine(max_batch=N))."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raydit.runtime.engine.validation import family_of
+from raydit.runtime.errors import HandBack
+from raydit.runtime.queue import RESOLVED, Item
+
+
+class BatchingPart:
+    """The Engine's step-level batching (a part of raydit.runtime.engine.Engine)."""
+
+    def _batch_key(self, request):
+        """Requests with equal keys share steps on a replica (Family.batch_key); None: alone."""
+        if self.max_batch <= 1:
+            return None
+        if self._family is None:
+            self._family = family_of(self.model_dir)
+        return self._family.batch_key(None, request)  # the driver holds no pipeline
+
+    def _batch_limit(self, replica: Any) -> int:
+        """The most requests `replica` carries per step: max_batch, within its plan's memory."""
+        from raydit.planner.search import batch_capacity
+
+        return min(self.max_batch, batch_capacity(self.plan_result, replica.plan))
+
+    def _execute_batch(self, replica: Any, first: Item, key) -> Any:
+        """Run `first` and the queued requests of the same batch key that join it, each at
+        the step boundary after it arrives, up to the replica's batch limit; each leaves when
+        its own steps are done (its future is resolved then). A request whose callback raises
+        (a cancel) or whose own prepare or decode fails leaves alone; a failure of the shared
+        step fails them all; a replica that must hand back gives every request back with its
+        progress. Returns RESOLVED: every future is set here."""
+        limit = self._batch_limit(replica)
+        batch: list[Item] = []
+        hooks: dict[int, tuple] = {}
+
+        def admit(item: Item) -> None:
+            used = {it.job.slot for it in batch}
+            slot = min(s for s in range(limit) if s not in used)
+            self._begin(replica, item, slot)
+            hooks[id(item)] = self._step_hooks(item)
+            item.batched_with = []
+            if batch:
+                self._event("batch_joined", replica=replica.index, tag=item.tag, slot=slot,
+                            batch=[it.tag for it in batch] + [item.tag])
+            batch.append(item)
+
+        def leave(item: Item, exc: BaseException | None = None, result=None) -> None:
+            batch.remove(item)
+            bar = hooks.pop(id(item))[1]
+            if bar is not None:
+                bar.close()
+            if exc is not None:
+                if item.job.prepared and not item.job.done:
+                    replica.pool.forget(item.job.slot)
+                item.future.set_exception(exc)
+            else:
+                item.future.set_result(result)
+
+        admit(first)
+        replica.batch_size = 1
+        try:
+            while batch:
+                if len(batch) < limit:
+                    for item in self._dispatcher.take_matching(lambda r: self._batch_key(r) == key, limit - len(batch)):
+                        admit(item)
+                replica.batch_size = len(batch)
+                jobs = [it.job for it in batch]
+                try:
+                    what, did = replica.controller.tick_batch(jobs)
+                except HandBack:  # every request left goes back with its progress; `first`, if
+                    # still here, by the dispatcher (which requeues no finished request)
+                    self._dispatcher.hand_back([it for it in batch if it is not first])
+                    raise
+                except Exception as exc:
+                    failed = getattr(exc, "failed_job", None)
+                    owner = [it for it in batch if it.job is failed]
+                    for item in (owner or list(batch)):
+                        leave(item, exc)
+                    continue
+                by_job = {id(it.job): it for it in batch}
+                if what == "stepped":
+                    tags = [by_job[id(j)].tag for j in did]
+                    for job in did:
+                        item = by_job[id(job)]
+                        for tag in tags:
+                            if tag != item.tag and tag not in item.batched_with:
+                                item.batched_with.append(tag)
+                        try:
+                            hooks[id(item)][0](job)
+                        except BaseException as exc:  # a callback's refusal (a cancel): it alone leaves
+                            leave(item, exc)
+                elif what == "decoded":
+                    item = by_job[id(did[0])]
+                    leave(item, result=self._result(replica, item))
+        finally:
+            replica.batch_size = 0
+            for item in list(batch):
+                bar = hooks.pop(id(item), (None, None))[1]
+                if bar is not None:
+                    bar.close()
+        return RESOLVED
