@@ -94,20 +94,20 @@ def test_the_engine_config_is_checked_where_it_is_built(kwargs, needle):
 def test_adding_an_option_is_one_entry(monkeypatch):
     """One entry, and the option is a flag of both commands, a config-file key, an Engine
     keyword with its default and check, and reaches the Engine from the command line."""
-    entry = options.Option("quantize", commands=("generate", "serve"), choices=("none", "fp8"), engine="quantize",
+    entry = options.Option("demo_mode", commands=("generate", "serve"), choices=("none", "fp8"), engine="demo_mode",
                            default="none", check=options.one_of("none", "fp8"), help="weights in FP8")
     monkeypatch.setattr(options, "OPTIONS", options.OPTIONS + (entry,))
     for command in ("generate", "serve"):
         parser = argparse.ArgumentParser()
         options.add_arguments(parser, command)
-        assert parser.parse_args(["--quantize", "fp8"]).quantize == "fp8"
-        assert options.config_types(command)["quantize"] is str
-        assert options.engine_kwargs({"quantize": "fp8"}, command)["quantize"] == "fp8"
-        assert "quantize" not in options.engine_kwargs({}, command)  # the Engine's default holds
+        assert parser.parse_args(["--demo-mode", "fp8"]).demo_mode == "fp8"
+        assert options.config_types(command)["demo_mode"] is str
+        assert options.engine_kwargs({"demo_mode": "fp8"}, command)["demo_mode"] == "fp8"
+        assert "demo_mode" not in options.engine_kwargs({}, command)  # the Engine's default holds
     config = options._make_engine_config()
-    assert config().quantize == "none" and config(quantize="fp8").quantize == "fp8"
-    with pytest.raises(ValueError, match="quantize 'int4' is not one of none, fp8"):
-        config(quantize="int4")
+    assert config().demo_mode == "none" and config(demo_mode="fp8").demo_mode == "fp8"
+    with pytest.raises(ValueError, match="demo_mode 'int4' is not one of none, fp8"):
+        config(demo_mode="int4")
 
 
 def test_command_options_reach_the_engine_and_its_request():
