@@ -81,18 +81,10 @@ class RunnerCase:
         return (1,) + (self.branch_degrees if self.cfg and world_size in cfg_world_sizes else ())
 
     def make_request(self):
-        from raydit.models.family import GenerationRequest, image_to_png
+        from raydit.models.family import GenerationRequest, checker_image, image_to_png
 
-        image = None if self.image is None else image_to_png(test_image(self.request["height"], self.request["width"]))
+        image = None if self.image is None else image_to_png(checker_image(self.request["height"], self.request["width"]))
         return GenerationRequest(**self.request, image=image)
-
-
-def test_image(height: int, width: int):
-    """A deterministic RGB image with structure in both directions (uint8 [H, W, 3])."""
-    import numpy as np
-
-    y, x = np.mgrid[0:height, 0:width]
-    return np.stack([(x * 7) % 256, (y * 5) % 256, ((x // 4 + y // 4) % 2) * 255], axis=-1).astype(np.uint8)
 
 
 class _Unbuilt(dict):

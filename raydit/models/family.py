@@ -82,6 +82,15 @@ def image_to_png(image) -> bytes:
     return buf.getvalue()
 
 
+def checker_image(height: int, width: int):
+    """A deterministic RGB image with structure in both directions (uint8 [height, width, 3]):
+    what a warm-up, a calibration or a conformance case hands an image-to-video pipeline."""
+    import numpy as np
+
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([(x * 7) % 256, (y * 5) % 256, ((x // 4 + y // 4) % 2) * 255], axis=-1).astype(np.uint8)
+
+
 def to_uint8_frames(frames):
     """Frames in [0, 1] (the video processor's "np" output) -> uint8, as every family returns."""
     import numpy as np

@@ -325,8 +325,7 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
     Returns the entry filed under the spec's calibration_key."""
     import torch
 
-    from raydit.models.conformance import test_image
-    from raydit.models.family import GenerationRequest, image_to_png
+    from raydit.models.family import GenerationRequest, checker_image, image_to_png
     from raydit.models.loading import load_pipeline, takes_image
     from raydit.models.registry import load_families
     from raydit.models.runner import Runner
@@ -347,7 +346,7 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
     own = pipe is None
     if own:
         pipe = load_pipeline(model_dir, device=dev, dtype=dtype)
-    image = image_to_png(test_image(geo.height, geo.width)) if takes_image(model_dir) else None
+    image = image_to_png(checker_image(geo.height, geo.width)) if takes_image(model_dir) else None
     request = GenerationRequest(prompt=MODEL_PROMPT, num_frames=geo.frames, height=geo.height, width=geo.width,
                                 num_inference_steps=steps, guidance_scale=MODEL_GUIDANCE, seed=0, image=image)
     runner = Runner(pipe, device=dev, dtype=dtype)

@@ -357,13 +357,12 @@ class Engine:
         choice, the allocator's growth, a compiled Engine's compilation and the decode are
         paid here (`timings["warmup_seconds"]`), not by the first video. Two steps, guidance
         on: the step a request runs, and a scheduler past its first step."""
-        from raydit.models.conformance import test_image
-        from raydit.models.family import GenerationRequest, image_to_png
+        from raydit.models.family import GenerationRequest, checker_image, image_to_png
 
         frames, height, width = self._planned_geometry()
         request = GenerationRequest(
             prompt="warm-up", num_frames=frames, height=height, width=width, num_inference_steps=2,
-            guidance_scale=6.0, seed=0, image=image_to_png(test_image(height, width)) if self.takes_image else None,
+            guidance_scale=6.0, seed=0, image=image_to_png(checker_image(height, width)) if self.takes_image else None,
             cache=self.cache, cache_threshold=self.cache_threshold, lora=self._fused_default(None))
         t0 = time.perf_counter()
         for replica in list(self.replicas if replicas is None else replicas):
@@ -734,10 +733,10 @@ class Engine:
         if self.max_batch <= 1:
             return None
         if self._family is None:
-            from raydit.models.loading import _pipeline_class
+            from raydit.models.loading import pipeline_class
             from raydit.models.registry import family_for_class
 
-            self._family = family_for_class(_pipeline_class(Path(self.model_dir)))
+            self._family = family_for_class(pipeline_class(Path(self.model_dir)))
         return self._family.batch_key(None, request)  # the driver holds no pipeline
 
     def _batch_limit(self, replica: Replica) -> int:
@@ -1061,10 +1060,10 @@ def round_frames(model_dir: str, vae_temporal: int, frames):
         return frames
     from pathlib import Path
 
-    from raydit.models.loading import _pipeline_class
+    from raydit.models.loading import pipeline_class
     from raydit.models.registry import family_for_class
 
-    pipeline = _pipeline_class(Path(model_dir))
+    pipeline = pipeline_class(Path(model_dir))
     rounded = family_for_class(pipeline).round_frames(frames, vae_temporal)
     logging.getLogger("raydit").warning(
         "raydit: frames %d -> %d: the VAE takes %d k + 1 frames; rounded as diffusers' %s does",

@@ -14,7 +14,7 @@ import torch
 
 from raydit.models import conformance as harness
 from raydit.models.families import mochi
-from raydit.models.family import GenerationRequest
+from raydit.models.family import GenerationRequest, checker_image
 from raydit.models.runner import Runner
 
 REQUEST = dict(prompt="a red fox runs", num_frames=7, height=32, width=48, num_inference_steps=2, seed=3)
@@ -64,7 +64,7 @@ def test_an_image_is_refused(base_dir):
     from raydit.models.family import image_to_png
 
     runner = Runner(mochi.mochi_pipeline(base_dir))
-    image = image_to_png(harness.test_image(32, 48))
+    image = image_to_png(checker_image(32, 48))
     with pytest.raises(ValueError, match="MochiPipeline is a text-to-video pipeline and takes no image"):
         runner.prepare(GenerationRequest(**REQUEST, image=image))
 

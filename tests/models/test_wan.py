@@ -15,7 +15,7 @@ import torch
 from raydit.models import conformance as harness
 from raydit.models.adapter import GatherOutput, SequenceParallelPlan, SplitInput
 from raydit.models.families import wan
-from raydit.models.family import GenerationRequest, image_to_png
+from raydit.models.family import GenerationRequest, checker_image, image_to_png
 from raydit.models.registry import get_adapter, supported_transformers
 from raydit.models.runner import Runner
 from raydit.parallel.mesh import build_mesh
@@ -36,7 +36,7 @@ def _request(**kw):
 
 
 def _image(height=48, width=80):
-    return image_to_png(harness.test_image(height, width))
+    return image_to_png(checker_image(height, width))
 
 
 # -- adapter -----------------------------------------------------------------------------------
