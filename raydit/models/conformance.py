@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from raydit.models.tiny import resolve_builder as _resolve
+from raydit.planner.layouts import mesh_layouts
 
 
 @dataclass(frozen=True)
@@ -130,15 +131,7 @@ def case_worlds(case, world_sizes) -> list[int]:
 
 def feasible_plans(world_size: int, heads: int, cfg_degrees: tuple[int, ...] = (1,)) -> list[MeshPlan]:
     """Every (ulysses, ring, cfg) with product world_size and ulysses dividing heads."""
-    plans = []
-    for cfg in cfg_degrees:
-        if world_size % cfg:
-            continue
-        sp = world_size // cfg
-        for ulysses in range(1, sp + 1):
-            if sp % ulysses == 0 and heads % ulysses == 0:
-                plans.append(MeshPlan(ulysses, sp // ulysses, cfg))
-    return plans
+    return [MeshPlan(*layout) for layout in mesh_layouts(heads, world_size, cfg_degrees)]
 
 
 def forward_once(transformer, forward_kwargs: dict) -> torch.Tensor:

@@ -298,6 +298,9 @@ class Family:
     true_cfg: bool = False
     # The names of GenerationRequest.guidance_options this family takes; the runner refuses others.
     option_names: tuple[str, ...] = ()
+    # The VAE decoder as the planner prices it (a raydit.planner.model.DecoderShape, counted on
+    # diffusers' decoder with its real config); None: not counted, decoded on one rank.
+    decoder = None
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
@@ -307,6 +310,15 @@ class Family:
         return (num_frames - 1) // vae_temporal * vae_temporal + 1
 
     # -- what the registry and the planner read -------------------------------------------
+    def models(self) -> list:
+        """The planner's built-in models of this family: ModelSpecs, as data (the registry
+        registers them with raydit.planner, with `decoder_for` each)."""
+        return []
+
+    def decoder_for(self, spec):
+        """The decoder of one of this family's models (`decoder` unless the family has several)."""
+        return self.decoder
+
     def tiny(self) -> dict[str, Callable[[], Path]]:
         """Built-in tiny pipelines: name -> function building (once) and returning its dir."""
         return {}

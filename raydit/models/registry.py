@@ -44,7 +44,7 @@ def families() -> dict[str, object]:
         return dict(_FAMILIES)
     with _LOCK:
         if not _FAMILIES:
-            from raydit.planner.model import register_spec_reader
+            from raydit.planner.model import register_models, register_spec_reader
 
             package = importlib.import_module("raydit.models.families")
 
@@ -59,13 +59,29 @@ def families() -> dict[str, object]:
                 found[family.name] = family
                 if family.adapter is not None:
                     register_adapter(family.adapter)
-                register_spec_reader(family.pipelines, family.spec_from_dir)
+                register_spec_reader(family.pipelines, _spec_reader(family))
+                register_models(_with_decoder(family, spec) for spec in family.models())
             _FAMILIES.update(found)
     return dict(_FAMILIES)
 
 
+def _with_decoder(family, spec):
+    """The spec with its family's decoder (the planner prices the decode with it)."""
+    import dataclasses
+
+    return spec if spec.decoder is not None else dataclasses.replace(spec, decoder=family.decoder_for(spec))
+
+
+def _spec_reader(family):
+    def read(path, configs):
+        return _with_decoder(family, family.spec_from_dir(path, configs))
+
+    return read
+
+
 def load_families() -> None:
-    """Make every family known (the planner reads pipeline directories through them)."""
+    """Make every family known: its adapter, its built-in models and pipeline readers (the
+    planner's lookups call this themselves: raydit/__init__.py makes it their model source)."""
     families()
 
 

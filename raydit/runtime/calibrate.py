@@ -327,7 +327,6 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
 
     from raydit.models.family import GenerationRequest, checker_image, image_to_png
     from raydit.models.loading import load_pipeline, takes_image
-    from raydit.models.registry import load_families
     from raydit.models.runner import Runner
     from raydit.parallel.kernels import measure_kernels
     from raydit.planner import cost as costmod
@@ -337,7 +336,6 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
         raise ValueError(f"steps {steps!r} must be an integer >= 2 (the first is dropped)")
     from raydit.models.loading import resolve_model_dir
 
-    load_families()
     model_dir = str(resolve_model_dir(str(model_dir)))
     spec = model_spec(model_dir)
     geo = spec.geometry(frames, height, width)

@@ -141,7 +141,6 @@ class Engine:
         max_batch: int = 1,
     ):
         from raydit.models.loading import resolve_model_dir, takes_image
-        from raydit.models.registry import load_families
         from raydit.planner import model_spec
 
         if device not in DEVICES:
@@ -166,7 +165,6 @@ class Engine:
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = model
-        load_families()
         self.model_dir = str(resolve_model_dir(model))
         self.takes_image = takes_image(self.model_dir)
         self.spec = model_spec(self.model_dir)

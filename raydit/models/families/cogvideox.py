@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
 from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
+from raydit.planner.model import DecoderShape
 
 TEXT, VIDEO = 0, 1  # part indices of the layout: text first, then video (docs/design.md)
 
@@ -129,18 +130,64 @@ class CogVideoXAdapter(ModelAdapter):
 
 
 # -- the family ----------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# AutoencoderKLCogVideoX (13 latent frames -> 49): 9.30e6 MAC per output pixel-frame, 8291 halo
+# values per output frame and column, 18.9 exchanges and 17.1 group norms per latent frame.
+DECODER = DecoderShape(2 * 9.30e6, 8291, 18.9, 17.1, 128, 8)
+
+
+def transformer_params(layers: int, hidden: int, ffn: int) -> float:
+    """CogVideoX's transformer parameters, estimated: attention 4h^2, FFN 2h*ffn, two adaptive
+    norms ~4h^2 (what the planner counts where no weights are there to count)."""
+    return float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
+
+    tiny_hidden = TINY_HEADS * TINY_HEAD_DIM
+    common = dict(family="cogvideox", patch_size=2, text_in_sequence=True)
+    return [
+        ModelSpec(name="cogvideox-2b", heads=30, head_dim=64, layers=30, ffn_hidden=7680, patch_size_t=None,
+                  text_tokens=226, positional="sinusoidal", in_channels=16, params=1.69e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.22e9, default_frames=49, default_height=480,
+                  default_width=720, **common),
+        ModelSpec(name="cogvideox-5b", heads=48, head_dim=64, layers=42, ffn_hidden=12288, patch_size_t=None,
+                  text_tokens=226, positional="rotary", in_channels=16, params=5.57e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.22e9, default_frames=49, default_height=480,
+                  default_width=720, **common),
+        ModelSpec(name="cogvideox1.5-5b", heads=48, head_dim=64, layers=42, ffn_hidden=12288, patch_size_t=2,
+                  text_tokens=226, positional="rotary", in_channels=16, params=5.57e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.22e9, default_frames=81, default_height=768,
+                  default_width=1360, **common),
+        ModelSpec(name="tiny", heads=2, head_dim=16, layers=2, ffn_hidden=4 * tiny_hidden, patch_size_t=None,
+                  text_tokens=16, positional="sinusoidal", in_channels=4,
+                  params=transformer_params(2, tiny_hidden, 4 * tiny_hidden), text_encoder_params=1e5,
+                  vae_params=1e5, default_frames=9, default_height=64, default_width=64, **common),
+        ModelSpec(name="tiny-i2v", heads=2, head_dim=16, layers=2, ffn_hidden=4 * tiny_hidden,
+                  patch_size_t=None, text_tokens=16, positional="rotary", in_channels=8,
+                  params=transformer_params(2, tiny_hidden, 4 * tiny_hidden), text_encoder_params=1e5,
+                  vae_params=1e5, default_frames=9, default_height=64, default_width=64, **common),
+    ]
+
+
 class CogVideoXFamily(Family):
     name = "cogvideox"
     pipelines = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline")
     image_pipelines = ("CogVideoXImageToVideoPipeline",)
     adapter = CogVideoXAdapter
     batch_branches = True
+    decoder = DECODER
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny": tiny_pipeline_dir, "tiny-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path: Path, configs):
-        from raydit.planner.model import ModelSpec, component_params, require, t5_params, _cogvideox_params
+        from raydit.planner.model import ModelSpec, component_params, require, t5_params
 
         cfg = configs["transformer"]
         where = str(path / "transformer" / "config.json")
@@ -170,7 +217,7 @@ class CogVideoXFamily(Family):
             patch_size_t=int(patch_t) if patch_t else None,
             text_tokens=int(require(cfg, "max_text_seq_length", where)), text_in_sequence=True,
             positional=positional, in_channels=int(cfg.get("in_channels", 16)),
-            params=component_params(path / "transformer") or _cogvideox_params(layers, hidden, 4 * hidden),
+            params=component_params(path / "transformer") or transformer_params(layers, hidden, 4 * hidden),
             text_encoder_params=te, vae_params=component_params(path / "vae") or 0.0,
             default_frames=int(cfg.get("sample_frames", 49)),
             default_height=int(cfg.get("sample_height", 60)) * vae_spatial,

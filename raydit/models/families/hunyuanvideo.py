@@ -73,6 +73,7 @@ from pathlib import Path
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, clip_text_encoder, load_pipeline_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -289,6 +290,60 @@ def apply_first_frame_split(handle, plan) -> None:
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# LLaVA-Llama-3-8B + CLIP-L text: the text encoders' parameters; HunyuanVideo-I2V's LLaVA with its
+# CLIP ViT-L/14-336 vision tower (0.30e9) and projector (0.02e9), + CLIP-L text.
+TEXT_ENCODER_PARAMS = 8.03e9 + 0.12e9
+I2V_TEXT_ENCODER_PARAMS = 8.03e9 + 0.30e9 + 0.02e9 + 0.12e9
+
+# HunyuanVideo (AutoencoderKLHunyuanVideo, diffusers' default config = HunyuanVideo's: blocks
+# 128/256/512/512, 2 layers each, mid-block attention), counted with torch.utils.flop_counter
+# on the decoder built on the meta device (a throwaway script: `FlopCounterMode` around
+# `vae.decoder(torch.randn(1, 16, T, h, w, device="meta"))`, T x h x w = 3x8x8, 5x32x32,
+# 9x32x32 latents): 9x32x32 (33 x 256 x 256 out) 3.711e13 FLOP in convolutions + 1.9e10 in
+# linear layers, 1.716e7 FLOP per output pixel-frame (5x32x32: 1.754e7 incl. attention;
+# 3x8x8: 1.808e7, edges weigh more), plus the mid block's one-head attention over the call's
+# latent tokens, 4 N^2 x 512 FLOP (1.74e11 at N = 9216: the bmm count). diffusers decodes it
+# framewise (5 latent frames a call, stride 3) and, with enable_tiling() (the official
+# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit splits it by
+# rows (issue 18). Halo counts by forward pre-hooks on the same meta-device decoder (5 x 32 x 32
+# latents, one call of 17 frames: 35 convolutions with a 1-row halo, 30 group norms; 2342 halo
+# values per output frame and column): per latent frame of the framewise decode (stride 3,
+# each output frame decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms.
+DECODER = DecoderShape(1.716e7, 3318, 11.7, 10.0, 128, 17, attention_channels=512,
+                        call_frames=5, call_stride=3, tile=32, tile_stride=24)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    common = dict(family="hunyuanvideo", patch_size=2, patch_size_t=1, text_in_sequence=True,
+                  positional="rotary", cfg_branches=1)
+    return [
+        # 20 dual-stream + 40 single-stream blocks, counted as 60 attention layers.
+        # Guidance is embedded (a guidance-scale input): one transformer pass per step.
+        ModelSpec(name="hunyuanvideo", heads=24, head_dim=128, layers=60, ffn_hidden=12288, text_tokens=256,
+                  in_channels=16, params=12.8e9, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=0.25e9,
+                  default_frames=129, default_height=720, default_width=1280, **common),
+        # HunyuanVideo-I2V (hunyuanvideo-community/HunyuanVideo-I2V): the same transformer with
+        # token_replace blocks (16 channels; the image's latents replace the first latent frame).
+        # Text: 576 image features of the LLaVA kept 1 in 4 (144) + 252 prompt tokens = 396;
+        # HunyuanVideoImageToVideoPipeline's defaults 129 x 720 x 1280.
+        ModelSpec(name="hunyuanvideo-i2v", heads=24, head_dim=128, layers=60, ffn_hidden=12288,
+                  text_tokens=396, in_channels=16, params=12.8e9, text_encoder_params=I2V_TEXT_ENCODER_PARAMS,
+                  vae_params=0.25e9, default_frames=129, default_height=720, default_width=1280, **common),
+        # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
+        ModelSpec(name="tiny-hunyuan", heads=6, head_dim=16, layers=2, ffn_hidden=192, text_tokens=256,
+                  in_channels=4, params=6.4e5, text_encoder_params=4.2e4, vae_params=7.1e4, default_frames=9,
+                  default_height=64, default_width=64, **common),
+        # tiny-hunyuan-i2v: the same with token_replace blocks; a tiny Llava: 144 image + 252 text tokens.
+        ModelSpec(name="tiny-hunyuan-i2v", heads=6, head_dim=16, layers=2, ffn_hidden=192, text_tokens=396,
+                  in_channels=4, params=6.4e5, text_encoder_params=6.3e4, vae_params=7.1e4, default_frames=9,
+                  default_height=64, default_width=64, **common),
+    ]
+
+
 class HunyuanVideoFamily(Family):
     """HunyuanVideoPipeline's and HunyuanVideoImageToVideoPipeline's steps: one transformer
     call per step with the guidance scale embedded, two (negative, positive) for true
@@ -301,6 +356,10 @@ class HunyuanVideoFamily(Family):
     batch_branches = False  # true CFG: two calls, as the pipeline makes them
     keeps_scheduler_dtype = True  # the pipelines' latents turn bf16 after the first step
     true_cfg = True
+    decoder = DECODER
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny-hunyuan": tiny_pipeline_dir, "tiny-hunyuan-i2v": tiny_i2v_pipeline_dir}

@@ -59,6 +59,7 @@ from pathlib import Path
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -210,6 +211,45 @@ def _request_image(pipe, request):
     return pipe.video_processor.resize(image, height=height, width=width, resize_mode="crop")
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+TEXT_ENCODER_PARAMS = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encoder
+
+# HunyuanVideo 1.5 (AutoencoderKLHunyuanVideo15, default config: 16x, blocks 128 ... 1024, RMS
+# norms), counted the same way on 5 x 16 x 16 latents (17 x 256 x 256 out): 2.535e7 FLOP per
+# output pixel-frame in convolutions, plus its mid block's one-head attention over every latent
+# token of the video at 1024 channels (6.7e9 = 4 N^2 C, N = 1280); 3370 halo values per output
+# frame and column, 8 exchanges per latent frame, no group norm. diffusers decodes the whole
+# video in one call (no framewise decode).
+DECODER = DecoderShape(2.535e7, 3370, 8.0, 0.0, 128, 0, attention_channels=1024)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    # tiny-hunyuan15 / -i2v: HunyuanVideo 1.5's layout (patch 1, 16x VAE, joint text) at 6 heads x 8.
+    # (4.6e6 parameters: the ByT5 projection's 2048-wide hidden layer is fixed by diffusers.)
+    tiny = dict(family="hunyuanvideo15", heads=6, head_dim=8, layers=2, ffn_hidden=96, patch_size=1, patch_size_t=1,
+                text_tokens=1256, text_in_sequence=True, positional="rotary", in_channels=9, params=4.6e6,
+                vae_params=1.1e5, default_frames=9, default_height=48, default_width=80, vae_spatial=16)
+    common = dict(family="hunyuanvideo15", heads=16, head_dim=128, layers=54, ffn_hidden=8192, patch_size=1,
+                  patch_size_t=1, text_tokens=1256, text_in_sequence=True, positional="rotary", in_channels=65,
+                  params=8.33e9, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=1.26e9, default_frames=121,
+                  vae_spatial=16)
+    return [
+        # HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel's defaults: 16 heads x 128, 54
+        # dual-stream blocks, patch 1, 65 = 32 noise + 32 image + 1 mask channels, 8.33e9 params
+        # counted on the meta device; AutoencoderKLHunyuanVideo15: 16x / 4x, 32 channels, 1.26e9).
+        # Text joins the attention: 1000 Qwen2.5-VL + 256 ByT5 tokens (padded); encoders: the
+        # Qwen2.5-VL-7B text model 7.07e9 + ByT5-small's encoder 0.22e9. Defaults: 121 frames at
+        # the 16:9 bucket of the transformer's target_size (640: 480 x 848; 960: 720 x 1280).
+        ModelSpec(name="hunyuanvideo-1.5-480p", default_height=480, default_width=848, **common),
+        ModelSpec(name="hunyuanvideo-1.5-720p", default_height=720, default_width=1280, **common),
+        ModelSpec(name="tiny-hunyuan15", text_encoder_params=2.9e4, **tiny),
+        ModelSpec(name="tiny-hunyuan15-i2v", text_encoder_params=3.4e4, **tiny),
+    ]
+
+
 class HunyuanVideo15Family(Family):
     """HunyuanVideo15Pipeline / HunyuanVideo15ImageToVideoPipeline steps: classifier-free
     guidance from the pipeline's guider, two transformer calls per step."""
@@ -220,6 +260,10 @@ class HunyuanVideo15Family(Family):
     adapter = HunyuanVideo15Adapter
     batch_branches = False  # the guider's batches: one call per branch, as the pipeline makes them
     keeps_scheduler_dtype = True  # as the pipelines' loops (they cast back on Apple's mps only)
+    decoder = DECODER
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny-hunyuan15": tiny_pipeline_dir, "tiny-hunyuan15-i2v": tiny_i2v_pipeline_dir}

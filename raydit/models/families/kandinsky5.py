@@ -173,6 +173,45 @@ class Kandinsky5Adapter(ModelAdapter):
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Qwen2.5-VL-7B (the whole Qwen2_5_VLForConditionalGeneration the pipelines load, 8.29e9) + CLIP
+# ViT-L/14's text model (0.12e9).
+TEXT_ENCODER_PARAMS = 8.29e9 + 0.12e9
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    # tiny-kandinsky5 / -i2v: Kandinsky 5's layout (patch (1, 2, 2), HunyuanVideo VAE, Qwen text
+    # cross-attended) at 6 heads x 8; I2V at 17 frames (its pipeline needs 5 latent frames).
+    tiny = dict(family="kandinsky5", heads=6, head_dim=8, layers=2, ffn_hidden=64, patch_size=2, patch_size_t=1,
+                text_tokens=512, text_in_sequence=False, positional="rotary", in_channels=9, params=9.2e4,
+                text_encoder_params=2.2e4, vae_params=7.1e4)
+    common = dict(family="kandinsky5", patch_size=2, patch_size_t=1, text_tokens=512, text_in_sequence=False,
+                  positional="rotary", in_channels=33, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=0.25e9,
+                  default_frames=121, default_height=512, default_width=768)
+    return [
+        # Kandinsky 5 (kandinskylab/Kandinsky-5.0-*-Diffusers, Kandinsky5T2VPipeline / I2V),
+        # Kandinsky5Transformer3DModel as its configs set it: Lite 2B (model_dim 1792 = 28 heads x
+        # 64, 32 visual + 2 text blocks, FFN 7168, time_dim 512) and Pro 19B (4096 = 32 x 128,
+        # 60 + 4 blocks, FFN 16384, time_dim 1024); patch (1, 2, 2), 33 = 16 noise + 16
+        # conditioning + 1 mask channels; 2.008e9 / 1.931e10 parameters on the meta device
+        # (tests/models/test_family_kandinsky5.py). Layers count the visual blocks (the text
+        # blocks run on the text alone, whole on every rank); the text is cross-attended, at most
+        # 512 Qwen2.5-VL tokens. The HunyuanVideo VAE (8x / 4x, 0.25e9); the pipelines' defaults
+        # 121 x 512 x 768. The 10 s Lite checkpoints use NABLA sparse attention: one process per
+        # replica only (sequence parallelism refuses it).
+        ModelSpec(name="kandinsky5-t2v-lite", heads=28, head_dim=64, layers=32, ffn_hidden=7168,
+                  params=2.008e9, **common),
+        ModelSpec(name="kandinsky5-t2v-pro", heads=32, head_dim=128, layers=60, ffn_hidden=16384,
+                  params=19.31e9, **common),
+        ModelSpec(name="kandinsky5-i2v-pro", heads=32, head_dim=128, layers=60, ffn_hidden=16384,
+                  params=19.31e9, **common),
+        ModelSpec(name="tiny-kandinsky5", default_frames=9, default_height=48, default_width=80, **tiny),
+        ModelSpec(name="tiny-kandinsky5-i2v", default_frames=17, default_height=32, default_width=48, **tiny),
+    ]
+
+
 class Kandinsky5Family(Family):
     """Kandinsky5T2VPipeline / Kandinsky5I2VPipeline steps: classifier-free guidance, two
     transformer calls per step (conditional and unconditional), as the pipelines make them."""
@@ -187,6 +226,9 @@ class Kandinsky5Family(Family):
     def round_frames(num_frames: int, vae_temporal: int) -> int:
         # Kandinsky5T2VPipeline / I2V: num_frames // t * t + 1 ("Rounding to the nearest number").
         return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny-kandinsky5": tiny_pipeline_dir, "tiny-kandinsky5-i2v": tiny_i2v_pipeline_dir}

@@ -35,6 +35,7 @@ from pathlib import Path
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
 
@@ -112,6 +113,43 @@ class LTXAdapter(ModelAdapter):
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# LTX-Video (AutoencoderKLLTXVideo, default config = 0.9.0's: decoder 512 ... 128 channels,
+# patch 4), 5 x 16 x 16 latents (33 x 512 x 512 out): 8.92e5 FLOP per output pixel-frame
+# (3 x 8 x 8: 9.17e5), 590 halo values per output frame and column, 8.6 exchanges per latent
+# frame, RMS norms only; its 128 channels at a quarter of the resolution hold as much as 8 at
+# full resolution; the whole video in one call.
+DECODER = DecoderShape(2 * 4.46e5, 590, 8.6, 0.0, 8, 0)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="ltx", patch_size=1, patch_size_t=1, text_tokens=128, text_in_sequence=False,
+                  positional="rotary", vae_spatial=32, vae_temporal=8)
+    return [
+        # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
+        ModelSpec(name="ltx-video", heads=32, head_dim=64, layers=28, ffn_hidden=8192, in_channels=128,
+                  params=1.92e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
+                  default_height=512, default_width=704, **common),
+        # The same 2B model under its sized name; LTX-Video 13B (0.9.7): 32 heads x 128, 48 layers,
+        # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704). Shapes and
+        # parameter counts (1.923e9, 13.04e9) are what diffusers builds from the configs its
+        # conversion script writes for those checkpoints (tests/test_planner_model.py).
+        ModelSpec(name="ltx-video-2b", heads=32, head_dim=64, layers=28, ffn_hidden=8192, in_channels=128,
+                  params=1.92e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
+                  default_height=512, default_width=704, **common),
+        ModelSpec(name="ltx-video-13b", heads=32, head_dim=128, layers=48, ffn_hidden=16384, in_channels=128,
+                  params=13.04e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
+                  default_height=512, default_width=704, **common),
+        # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
+        ModelSpec(name="tiny-ltx", heads=6, head_dim=12, layers=2, ffn_hidden=288, in_channels=8, params=2.3e5,
+                  text_encoder_params=2.5e4, vae_params=1.1e5, default_frames=9, default_height=64,
+                  default_width=96, **common),
+    ]
+
+
 class LTXFamily(Family):
     """LTXPipeline's and LTXImageToVideoPipeline's steps."""
 
@@ -120,6 +158,10 @@ class LTXFamily(Family):
     image_pipelines = ("LTXImageToVideoPipeline",)
     adapter = LTXAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
+    decoder = DECODER
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny-ltx": tiny_pipeline_dir, "tiny-ltx-i2v": tiny_i2v_pipeline_dir}

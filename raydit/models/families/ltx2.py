@@ -396,6 +396,38 @@ class LTX2Adapter(ModelAdapter):
         return handle
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Gemma 3 12B (11.77e9 text with tied embeddings + 0.42e9 SigLIP) and the pipeline's text connectors
+# (1.43e9: Linear 49 x 3840 -> 3840 and two 2-layer 30 x 128 transformers, LTX2TextConnectors'
+# defaults, which are LTX-2's).
+TEXT_ENCODER_PARAMS = 12.19e9 + 1.43e9
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    common = dict(family="ltx2")
+    return [
+        # LTX-2 (Lightricks/LTX-2, LTX2Pipeline): the 19B audio-video transformer, diffusers'
+        # LTX2VideoTransformer3DModel defaults (its LTX-2 config): video 32 heads x 128, 48
+        # blocks, 128 latent channels, patch 1; the audio stream (32 x 64 = 2048 wide, FFN 4 x) runs
+        # in the same blocks and is counted in the parameters (1.888e10 on the meta device), not in
+        # the split sequence: its tokens (AutoencoderKLLTX2Audio's defaults: 16000 Hz / hop 160 /
+        # 4x temporal compression = 25 a second, read at the pipeline's 24 fps) stay whole on every
+        # rank, costed apart (raydit.planner.cost). Gemma 3 text reaches both streams by
+        # cross-attention, 1024 tokens (max_sequence_length). VAEs: video 32x / 8x (the pipeline's),
+        # 1.22e9 + audio VAE 0.05e9 + vocoder 0.06e9. LTX2Pipeline's defaults: 121 x 512 x 768.
+        # Guidance: four branches per step (the negative and positive passes, STG, modality), shared
+        # out over cfg 1, 2 or 4 groups.
+        ModelSpec(name="ltx-2", heads=32, head_dim=128, layers=48, ffn_hidden=16384, patch_size=1,
+                  patch_size_t=1, text_tokens=1024, text_in_sequence=False, positional="rotary",
+                  in_channels=128, params=18.88e9, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=1.33e9,
+                  default_frames=121, default_height=512, default_width=768, vae_spatial=32, vae_temporal=8,
+                  cfg_branches=4, audio_heads=32, audio_head_dim=64, audio_ffn_hidden=4 * 32 * 64,
+                  audio_tokens_per_second=25.0, frame_rate=24.0, **common),
+    ]
+
+
 class LTX2Family(Family):
     """LTX2Pipeline's and LTX2ImageToVideoPipeline's steps."""
 
@@ -406,6 +438,9 @@ class LTX2Family(Family):
     batch_branches = False  # different passes, not one batch (group_calls batches the cfg pair alone)
     max_branches = 4  # negative, positive, STG, modality (module docstring)
     option_names = tuple(OPTION_DEFAULTS)
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny-ltx2": tiny_pipeline_dir, "tiny-ltx2-i2v": tiny_i2v_pipeline_dir}

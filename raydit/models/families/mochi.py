@@ -51,6 +51,7 @@ from pathlib import Path
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -223,6 +224,42 @@ def linear_quadratic_sigmas(num_steps: int, threshold_noise: float = THRESHOLD_N
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Mochi 1 (AutoencoderKLMochi(), diffusers' default config = its conversion script's: decoder 768
+# ... 128 channels, replicate-padded causal convolutions, per-frame group norms, no attention),
+# counted the same way on the meta device: 1.5805e7 FLOP per decoded output pixel-frame (4 x 16 x
+# 16 and 8 x 16 x 16 latents alike); the decoder makes 6 T frames for T latent frames, of which
+# the VAE drops the first 5 (`dropped_frames`); 4670 halo values per decoded frame and column (5 x
+# 16 x 16); 38 convolutions with a 1-row halo per call (9.5 per latent frame at the pipeline's 19
+# frames: 4 latent frames) and 16.4 group-norm calls per latent frame (each norm runs per 8
+# frames); the whole video in one call at 128 channels at full resolution. raydit splits it by
+# rows (issue 34).
+DECODER = DecoderShape(1.5805e7, 4670, 9.5, 16.4, 128, 0, dropped_frames=5)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="mochi", patch_size=2, patch_size_t=1, text_tokens=256, text_in_sequence=True,
+                  positional="rotary", in_channels=12, vae_temporal=6)
+    return [
+        # Mochi 1 (genmo/mochi-1-preview): MochiTransformer3DModel's defaults, which its conversion
+        # script builds (24 heads x 128, 48 asymmetric dual-stream blocks, a 1536-wide text
+        # stream, SwiGLU of inner width 8192, patch 2, 12 latent channels: 1.0028e10 parameters
+        # on the meta device); the T5 text (256 tokens, padded) joins the attention.
+        # AutoencoderKLMochi(latent_channels=12): 6x in time, 8x in space, 4.6e8 parameters.
+        # MochiPipeline's defaults: 19 frames at 480 x 848.
+        ModelSpec(name="mochi-1", heads=24, head_dim=128, layers=48, ffn_hidden=8192, params=10.03e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.46e9, default_frames=19, default_height=480,
+                  default_width=848, **common),
+        # tiny-mochi: Mochi's layout (asymmetric dual-stream blocks, 6x / 8x VAE, joint T5 text) at 6 heads.
+        ModelSpec(name="tiny-mochi", heads=6, head_dim=16, layers=2, ffn_hidden=256, params=4.2e5,
+                  text_encoder_params=2.5e4, vae_params=6.1e5, default_frames=7, default_height=32,
+                  default_width=48, **common),
+    ]
+
+
 class MochiFamily(Family):
     """MochiPipeline's steps: [negative, positive] as one transformer call, guidance and the
     flow-matching step in float32."""
@@ -232,6 +269,10 @@ class MochiFamily(Family):
     adapter = MochiAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
     batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask")
+    decoder = DECODER
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {"tiny-mochi": tiny_pipeline_dir}

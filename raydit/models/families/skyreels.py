@@ -197,6 +197,47 @@ def _to_device(value, device, key=None):
     return value
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import CLIP_VIT_H_PARAMS, UMT5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="skyreels", head_dim=128, patch_size=2, patch_size_t=1, text_tokens=512,
+                  text_in_sequence=False, positional="rotary", vae_params=0.13e9)
+    return [
+        # SkyReels-V2 (Skywork/SkyReels-V2-*-Diffusers): Wan 2.1's transformer layout (1.3B: 12
+        # heads x 128, 30 layers; 14B: 40 x 128, 40 layers) as diffusers' conversion script
+        # configures it; parameters counted on the meta device (1.3B DF 1.436e9 with its fps
+        # embedding, I2V 1.3B 1.564e9, 14B 14.29e9, I2V 14B 16.39e9). Defaults: 540P 97 x 544 x
+        # 960 (the pipelines'), 720P 121 x 720 x 1280 (base_num_frames 121 for diffusion forcing).
+        # DF: a timestep per latent frame, long videos in windows of base_num_frames.
+        ModelSpec(name="skyreels-v2-t2v-14b-540p", heads=40, layers=40, ffn_hidden=13824, in_channels=16,
+                  params=14.29e9, text_encoder_params=UMT5_XXL_PARAMS, default_frames=97, default_height=544,
+                  default_width=960, **common),
+        ModelSpec(name="skyreels-v2-t2v-14b-720p", heads=40, layers=40, ffn_hidden=13824, in_channels=16,
+                  params=14.29e9, text_encoder_params=UMT5_XXL_PARAMS, default_frames=121, default_height=720,
+                  default_width=1280, **common),
+        ModelSpec(name="skyreels-v2-i2v-1.3b-540p", heads=12, layers=30, ffn_hidden=8960, in_channels=36,
+                  params=1.564e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, default_frames=97,
+                  default_height=544, default_width=960, **common),
+        ModelSpec(name="skyreels-v2-i2v-14b-540p", heads=40, layers=40, ffn_hidden=13824, in_channels=36,
+                  params=16.39e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, default_frames=97,
+                  default_height=544, default_width=960, **common),
+        ModelSpec(name="skyreels-v2-i2v-14b-720p", heads=40, layers=40, ffn_hidden=13824, in_channels=36,
+                  params=16.39e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, default_frames=121,
+                  default_height=720, default_width=1280, **common),
+        ModelSpec(name="skyreels-v2-df-1.3b-540p", heads=12, layers=30, ffn_hidden=8960, in_channels=16,
+                  params=1.436e9, text_encoder_params=UMT5_XXL_PARAMS, default_frames=97, default_height=544,
+                  default_width=960, **common),
+        ModelSpec(name="skyreels-v2-df-14b-540p", heads=40, layers=40, ffn_hidden=13824, in_channels=16,
+                  params=14.29e9, text_encoder_params=UMT5_XXL_PARAMS, default_frames=97, default_height=544,
+                  default_width=960, **common),
+        ModelSpec(name="skyreels-v2-df-14b-720p", heads=40, layers=40, ffn_hidden=13824, in_channels=16,
+                  params=14.29e9, text_encoder_params=UMT5_XXL_PARAMS, default_frames=121, default_height=720,
+                  default_width=1280, **common),
+    ]
+
+
 # -- the family --------------------------------------------------------------------------------
 class SkyReelsFamily(WanFamily):
     """SkyReels-V2's steps, as diffusers' SkyReelsV2Pipeline, SkyReelsV2ImageToVideoPipeline
@@ -222,6 +263,9 @@ class SkyReelsFamily(WanFamily):
     adapter = SkyReelsAdapter
     batch_branches = False
     option_names = tuple(DF_OPTIONS)
+
+    def models(self):
+        return builtin_models()
 
     def tiny(self):
         return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}

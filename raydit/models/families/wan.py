@@ -28,6 +28,7 @@ import functools
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared, png_to_image
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
 
@@ -127,6 +128,46 @@ def _low_noise(pipe, t) -> bool:
     return boundary is not None and bool(t < boundary)
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Wan 2.1 (AutoencoderKLWan, base 96, 21 -> 81 frames): 4.24e6 MAC per output pixel-frame, 6320
+# halo values per output frame and column, 33 exchanges per latent frame, no group norm (RMS norm
+# over channels).
+DECODER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4)
+# Wan 2.2's 16x VAE (TI2V-5B: decoder base 256 at half resolution, patch 2; 5 -> 17 frames):
+# 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
+# channels at half resolution hold as much as 64 at full resolution.
+DECODER_16X = DecoderShape(2 * 9.33e6, 8934, 33.0, 0.0, 64, 4)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import CLIP_VIT_H_PARAMS, UMT5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="wan", head_dim=128, patch_size=2, patch_size_t=1, text_tokens=512,
+                  text_in_sequence=False, positional="rotary")
+    return [
+        ModelSpec(name="wan2.1-t2v-1.3b", heads=12, layers=30, ffn_hidden=8960, in_channels=16, params=1.42e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
+                  default_height=480, default_width=832, **common),
+        ModelSpec(name="wan2.1-t2v-14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.0e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
+                  default_height=720, default_width=1280, **common),
+        # I2V: 16 noise + 4 mask + 16 image-latent channels; 257 CLIP image tokens join the
+        # text in cross-attention (the CLIP ViT-H image encoder counts with the text encoder).
+        ModelSpec(name="wan2.1-i2v-14b-480p", heads=40, layers=40, ffn_hidden=13824, in_channels=36,
+                  params=14.0e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, vae_params=0.13e9,
+                  default_frames=81, default_height=480, default_width=832, **common),
+        # Two 14B experts: `transformer` above the boundary timestep, `transformer_2` below.
+        ModelSpec(name="wan2.2-t2v-a14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.0e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
+                  default_height=720, default_width=1280, experts=2, **common),
+        # TI2V-5B: 48 latent channels, the 16x spatial VAE; 121 frames at 704 x 1280.
+        ModelSpec(name="wan2.2-ti2v-5b", heads=24, layers=30, ffn_hidden=14336, in_channels=48, params=5.0e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.7e9, default_frames=121,
+                  default_height=704, default_width=1280, vae_spatial=16, **common),
+    ]
+
+
 class WanFamily(Family):
     """Wan's steps, as diffusers' WanPipeline / WanImageToVideoPipeline take them.
 
@@ -147,11 +188,19 @@ class WanFamily(Family):
     adapter = WanAdapter
     batch_branches = False
     max_sequence_length = 512  # the pipelines' default (2.1 I2V's processor assumes 512)
+    decoder = DECODER
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
         # WanPipeline / WanImageToVideoPipeline: num_frames // t * t + 1 ("Rounding to the nearest number").
         return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+
+    def models(self):
+        return builtin_models()
+
+    def decoder_for(self, spec):
+        """Wan 2.2's 16x VAE (TI2V-5B) is another decoder than Wan 2.1's 8x."""
+        return DECODER_16X if spec.vae_spatial == 16 else self.decoder
 
     def tiny(self):
         return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
