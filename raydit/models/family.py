@@ -221,6 +221,50 @@ class GenerationRequest:
         return asdict(self)
 
 
+def check_frames(num_frames: int, temporal: int) -> None:
+    """Refuse (one line) a frame count the VAE cannot take: it must be temporal k + 1."""
+    if (num_frames - 1) % temporal:
+        lower = num_frames - (num_frames - 1) % temporal
+        raise ValueError(f"num_frames {num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+
+
+def check_size(request: "GenerationRequest", multiple: int, vae_scale: int | None = None, patch: int | None = None):
+    """Refuse (one line) a height or width that is not a multiple of `multiple` (the VAE's scale
+    x the patch, where both are given they are named)."""
+    for label, value in (("height", request.height), ("width", request.width)):
+        if value % multiple:
+            lower = value - value % multiple
+            nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+            why = f" (VAE scale {vae_scale} x patch {patch})" if vae_scale is not None else ""
+            raise ValueError(f"{label} {value} must be a multiple of {multiple}{why}; nearest: {nearest}")
+
+
+def linear_sigma_timesteps(pipe, steps: int, device, retrieve_timesteps):
+    """The timesteps of the flow-matching pipelines whose default sigmas fall linearly from 1
+    (np.linspace(1, 0, steps + 1)[:-1]), set on the pipeline's scheduler from its first step;
+    `retrieve_timesteps`: the pipeline module's own."""
+    import numpy as np
+
+    sigmas = np.linspace(1.0, 0.0, steps + 1)[:-1]  # as the pipeline's default
+    timesteps, _ = retrieve_timesteps(pipe.scheduler, steps, device, sigmas=sigmas)
+    pipe.scheduler.set_begin_index(0)
+    return timesteps
+
+
+def reference_call(request: "GenerationRequest", *, negative_none: bool = False, **extra) -> dict:
+    """The request as a diffusers video pipeline's __call__ takes it for a reference run (the
+    runner's results are held to it): prompt, negative prompt (None for an empty one where the
+    pipeline expects that), frames, size, steps, guidance, a CPU generator seeded with the
+    request's seed and output_type="latent"; `extra`: the family's own arguments."""
+    import torch
+
+    return dict(prompt=request.prompt, negative_prompt=(request.negative_prompt or None) if negative_none
+                else request.negative_prompt, num_frames=request.num_frames, height=request.height,
+                width=request.width, num_inference_steps=request.num_inference_steps,
+                guidance_scale=request.guidance_scale,
+                generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent", **extra)
+
+
 def cat_branches(branches: list) -> dict:
     """[{k: [1, ...]}, ...] -> {k: [n, ...]}: branches as one batch, in their order (tensors
     concatenated, other values taken from the first)."""

@@ -505,3 +505,22 @@ def require(config: dict, key: str, where: str):
     if key not in config:
         raise ValueError(f"{where}: missing {key!r}")
     return config[key]
+
+
+def transformer_config(path: Path, configs: Mapping[str, dict], supported, pipeline: str,
+                       component: str = "transformer") -> tuple[dict, str]:
+    """(config, where it was read) of a pipeline directory's transformer, read by a family's
+    spec reader; a transformer class `supported` does not take (a class name, or a function of
+    it) is refused in one line naming the file and `pipeline` ("a Wan pipeline")."""
+    cfg = dict(configs.get(component, {}))
+    where = str(path / component / "config.json")
+    cls = str(cfg.get("_class_name", ""))
+    if not (supported(cls) if callable(supported) else cls == supported):
+        raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by {pipeline}")
+    return cfg, where
+
+
+def attention_shape(config: dict, where: str) -> tuple[int, int]:
+    """(heads, head dim) of a transformer config with num_attention_heads and attention_head_dim."""
+    return int(require(config, "num_attention_heads", where)), int(require(config, "attention_head_dim", where))
+

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.family import Family, Prepared, png_to_image, reference_call
 from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
 from raydit.planner.model import DecoderShape
 
@@ -48,21 +48,6 @@ TINY_WIDTH = 64
 
 
 # -- adapter -------------------------------------------------------------------------------
-def shard_rotary(freqs, layout, sp_index: int):
-    """Cut the rotary table of all video tokens down to this rank's video chunk.
-
-    cos, sin: [L_video, D] -> [chunk_video, D], zero rows for pad tokens (pad queries are
-    dropped at gather and pad keys are masked, so their rotation is irrelevant).
-    """
-    cos, sin = freqs
-    if cos.shape[0] != layout.part_lengths[VIDEO]:
-        raise ValueError(
-            f"rotary table has {cos.shape[0]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "build image_rotary_emb for the same frames/height/width as the latents"
-        )
-    return (layout.shard(cos, VIDEO, sp_index, dim=0), layout.shard(sin, VIDEO, sp_index, dim=0))
-
-
 class CogVideoXSPAttnProcessor:
     """Sequence-parallel replacement for CogVideoX's attention processor.
 
@@ -78,6 +63,7 @@ class CogVideoXSPAttnProcessor:
         from diffusers.models.embeddings import apply_rotary_emb
 
         from raydit.parallel.attention import sp_attention
+        from raydit.parallel.sharding import shard_rotary
 
         if attention_mask is not None:
             raise ValueError("attention_mask is not supported under sequence parallelism; CogVideoX does not use one")
@@ -101,7 +87,7 @@ class CogVideoXSPAttnProcessor:
         if image_rotary_emb is not None:
             # Rotary applies to video tokens only; the table covers all video tokens, so take
             # the rows of this rank's video chunk.
-            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
+            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index, VIDEO, dim=0)
             q_BHLD = torch.cat([q_BHLD[:, :, :text_len], apply_rotary_emb(q_BHLD[:, :, text_len:], freqs)], dim=2)
             if not attn.is_cross_attention:
                 k_BHLD = torch.cat([k_BHLD[:, :, :text_len], apply_rotary_emb(k_BHLD[:, :, text_len:], freqs)], dim=2)
@@ -124,9 +110,8 @@ class CogVideoXAdapter(ModelAdapter):
         gather_outputs=(GatherOutput(0, VIDEO), GatherOutput(1, TEXT)),
         attention="attn1",
     )
+    processor = CogVideoXSPAttnProcessor
 
-    def make_processor(self, context: ForwardContext) -> CogVideoXSPAttnProcessor:
-        return CogVideoXSPAttnProcessor(context)
 
 
 # -- the family ----------------------------------------------------------------------------
@@ -179,22 +164,16 @@ class CogVideoXFamily(Family):
     adapter = CogVideoXAdapter
     batch_branches = True
     decoder = DECODER
-
-    def models(self):
-        return builtin_models()
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny": tiny_pipeline_dir, "tiny-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path: Path, configs):
-        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if not cls.startswith("CogVideoX"):
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a CogVideoX pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, lambda cls: cls.startswith("CogVideoX"), "a CogVideoX pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(require(cfg, "num_layers", where))
         hidden = heads * head_dim
         vae = configs.get("vae", {})
@@ -226,22 +205,9 @@ class CogVideoXFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
-        import torch
-
         kwargs = {} if request.image is None else {"image": png_to_image(request.image)}
-        return pipe(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            num_frames=request.num_frames,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            generator=torch.Generator().manual_seed(request.seed),
-            max_sequence_length=pipe.transformer.config.max_text_seq_length,
-            output_type="latent",
-            **kwargs,
-        ).frames
+        return pipe(**reference_call(request, max_sequence_length=pipe.transformer.config.max_text_seq_length,
+                                     **kwargs)).frames
 
     def conformance_cases(self, base_dirs):
         return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny"])}

@@ -58,11 +58,10 @@ Legend: B batch, Lv / La video / audio tokens, Cv / Ca their latent channels.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Audio, Family, Prepared
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
+from raydit.models.family import Audio, Family, Prepared, check_frames, check_size, reference_call
+from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
 
 PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default (a tokenizer with a smaller limit: its own)
@@ -164,18 +163,13 @@ def stream_layout(layout, part: int):
     return SeqLayout((layout.part_lengths[part],), layout.sp)
 
 
-def shard_rotary(rotary_emb, layout, sp_index: int, part: int = VIDEO):
-    """Cut a rotary table of all of a stream's tokens to this rank's chunk: interleaved tables
-    are [B, L, C], split ones [B, H, L, r]; pad rows are zero (pad queries are dropped at
-    gather, pad keys never attended)."""
-    cos, sin = rotary_emb
-    dim = 1 if cos.ndim == 3 else 2
-    if cos.shape[dim] != layout.part_lengths[part]:
-        raise ValueError(
-            f"rotary table has {cos.shape[dim]} rows but the {('video', 'audio')[part]} has "
-            f"{layout.part_lengths[part]} tokens; the table must come from the same latents the blocks see"
-        )
-    return layout.shard(cos, part, sp_index, dim=dim), layout.shard(sin, part, sp_index, dim=dim)
+def shard_stream_rotary(rotary_emb, layout, sp_index: int, part: int = VIDEO):
+    """A stream's rotary table cut to this rank's chunk: interleaved tables are [B, L, C], split
+    ones [B, H, L, r] (raydit.parallel.sharding.shard_rotary)."""
+    from raydit.parallel.sharding import shard_rotary
+
+    dim = 1 if rotary_emb[0].ndim == 3 else 2
+    return shard_rotary(rotary_emb, layout, sp_index, part, dim, name=("video", "audio")[part])
 
 
 def _rotate(attn, x, rotary_emb):
@@ -212,8 +206,6 @@ class LTX2SelfAttnProcessor:
                  key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
         import torch
 
-        from raydit.parallel.attention import sp_attention
-
         if not _split(self.context, self.part):
             kwargs = {} if perturbation_mask is None and all_perturbed is None else dict(
                 perturbation_mask=perturbation_mask, all_perturbed=all_perturbed)
@@ -237,14 +229,11 @@ class LTX2SelfAttnProcessor:
         query = attn.norm_q(attn.to_q(hidden_states))
         key = attn.norm_k(attn.to_k(hidden_states))
         if query_rotary_emb is not None:
-            freqs = shard_rotary(query_rotary_emb, layout, mesh.sp_index, self.part)
+            freqs = shard_stream_rotary(query_rotary_emb, layout, mesh.sp_index, self.part)
             query, key = _rotate(attn, query, freqs), _rotate(attn, key, freqs)
 
-        def heads(x_BLC):
-            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
-
-        out_BHLD = sp_attention(heads(query), heads(key), heads(value), mesh, stream_layout(layout, self.part))
-        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        out_BLC = attend(*(x.unflatten(2, (attn.heads, -1)) for x in (query, key, value)), mesh,
+                         stream_layout(layout, self.part))
         if perturbation_mask is not None:  # a batch mixing perturbed and plain samples
             out_BLC = value.lerp(out_BLC, perturbation_mask.to(out_BLC.dtype))
         if traced:
@@ -295,9 +284,9 @@ class _GatheredKeysAttention:
         if query_rotary_emb is not None:  # as diffusers: the keys take the queries' table where they have none
             key_rotary_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
             if _split(self.context, query_part):
-                query_rotary_emb = shard_rotary(query_rotary_emb, layout, mesh.sp_index, query_part)
+                query_rotary_emb = shard_stream_rotary(query_rotary_emb, layout, mesh.sp_index, query_part)
             query = _rotate(attn, query, query_rotary_emb)
-            key = _rotate(attn, key, shard_rotary(key_rotary_emb, layout, mesh.sp_index, self.keys_part))
+            key = _rotate(attn, key, shard_stream_rotary(key_rotary_emb, layout, mesh.sp_index, self.keys_part))
         q_BHLD = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
         (out_BHLD,) = opaque_call(self._key, [q_BHLD, key, value], [])
         return _output(attn, out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype), gate_logits)
@@ -319,7 +308,7 @@ class LTX2AudioToVideoAttnProcessor(_GatheredKeysAttention):
         if _split(self.context, AUDIO):
             return self.attend(attn, hidden_states, encoder_hidden_states, query_rotary_emb, key_rotary_emb, VIDEO)
         if query_rotary_emb is not None:
-            query_rotary_emb = shard_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
+            query_rotary_emb = shard_stream_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
         return self.original(attn, hidden_states, encoder_hidden_states, None, query_rotary_emb, key_rotary_emb)
 
 
@@ -439,8 +428,7 @@ class LTX2Family(Family):
     max_branches = 4  # negative, positive, STG, modality (module docstring)
     option_names = tuple(OPTION_DEFAULTS)
 
-    def models(self):
-        return builtin_models()
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny-ltx2": tiny_pipeline_dir, "tiny-ltx2-i2v": tiny_i2v_pipeline_dir}
@@ -453,14 +441,10 @@ class LTX2Family(Family):
         tokens per second as `init` makes them (audio_vae/ sample_rate / mel_hop_length /
         AUDIO_VAE_TEMPORAL_COMPRESSION, read at FRAME_RATE; without audio_vae/, the pipeline's
         16000 / 160). The vocoder turns mel frames into samples and sets no token count."""
-        from raydit.planner.model import ModelSpec, component_params, require
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "LTX2VideoTransformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by an LTX-2 pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "LTX2VideoTransformer3DModel", "an LTX-2 pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(cfg.get("num_layers", 48))
         hidden = heads * head_dim
         # diffusers' defaults where the config leaves them out (LTX-2's: 32 x 64)
@@ -545,13 +529,8 @@ class LTX2Family(Family):
                 raise ValueError("guidance option stg_blocks needs a transformer with perturbed_attn (LTX-2.3); "
                                  "this one has none: set stg_scale=0 and audio_stg_scale=0")
         temporal = pipe.vae_temporal_compression_ratio
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % 32:  # the pipeline's check_inputs
-                lower = value - value % 32
-                raise ValueError(f"{label} {value} must be a multiple of 32; nearest: {f'{lower} or ' if lower else ''}{lower + 32}")
+        check_frames(request.num_frames, temporal)
+        check_size(request, 32)  # the pipeline's check_inputs
 
     # -- prepare ---------------------------------------------------------------------------
     def encode(self, pipe, request, device, dtype):
@@ -810,16 +789,12 @@ class LTX2Family(Family):
         if request.image is not None:
             crf = _default_crf(pipe) if g["image_crf"] is None else g["image_crf"]
             image = {"image": png_to_image(request.image), "image_crf": crf}
-        out = pipe(
-            **image, prompt=request.prompt, negative_prompt=request.negative_prompt, num_frames=request.num_frames,
-            height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale, stg_scale=g["stg_scale"], modality_scale=g["modality_scale"],
+        out = pipe(**reference_call(
+            request, **image, stg_scale=g["stg_scale"], modality_scale=g["modality_scale"],
             guidance_rescale=g["guidance_rescale"], audio_guidance_scale=g["audio_guidance_scale"],
             audio_stg_scale=g["audio_stg_scale"], audio_modality_scale=g["audio_modality_scale"],
             audio_guidance_rescale=g["audio_guidance_rescale"], spatio_temporal_guidance_blocks=list(g["stg_blocks"]),
-            use_cross_timestep=g["use_cross_timestep"], max_sequence_length=max_sequence_length(pipe),
-            generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent",
-        )
+            use_cross_timestep=g["use_cross_timestep"], max_sequence_length=max_sequence_length(pipe)))
         return torch.cat([out.frames.flatten(1), out.audio.flatten(1)], dim=1)
 
     def decode_video(self, pipe, state, latents):
@@ -962,19 +937,10 @@ def tiny_i2v_pipeline():
     return LTX2ImageToVideoPipeline(**components)
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-ltx2`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-ltx2-{TINY_VERSION}", lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-ltx2-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
-def tiny_i2v_pipeline_dir() -> Path:
-    """The directory of `tiny-ltx2-i2v`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-ltx2-i2v-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+tiny_i2v_pipeline_dir = tiny_dir(f"tiny-ltx2-i2v-{TINY_VERSION}", tiny_i2v_pipeline, TINY_DEFAULTS)
 
 
 def ltx2_pipeline(base_dir: str):

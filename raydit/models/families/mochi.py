@@ -46,11 +46,12 @@ Legend: B batch, S local video tokens (this rank's chunk), Lv all video tokens, 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.adapter import ModelAdapter
+from raydit.models.family import Family, Prepared, check_frames, check_size, reference_call
+from raydit.models.joint_text import JointTextProcessor, joint_text_plan
+from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
+from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
@@ -61,25 +62,9 @@ PIPELINE = "MochiPipeline"
 PIPELINE_DEFAULTS = {"num_frames": 19, "height": 480, "width": 848}
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default text length (T5 tokens, padded)
 THRESHOLD_NOISE = 0.025  # the pipeline's linear-quadratic schedule
-_MASK_CACHE = "__mochi_text_valid__"
 
 
 # -- adapter -----------------------------------------------------------------------------------
-def shard_rotary(rotary_emb, layout, sp_index: int):
-    """Cut Mochi's rotary table of all video tokens to this rank's video chunk.
-
-    cos, sin: [Lv, H, D/2] -> [S, H, D/2]; pad rows are zero (pad queries are dropped at the
-    gather and pad keys are never attended, so their rotation does not matter).
-    """
-    cos, sin = rotary_emb
-    if cos.shape[0] != layout.part_lengths[VIDEO]:
-        raise ValueError(
-            f"rotary table has {cos.shape[0]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "the table must come from the same latents the blocks see"
-        )
-    return layout.shard(cos, VIDEO, sp_index, dim=0), layout.shard(sin, VIDEO, sp_index, dim=0)
-
-
 def apply_rotary(x, cos, sin):
     """Mochi's rotation of interleaved pairs (x[..., 0::2], x[..., 1::2]), computed in float32
     and cast back, the arithmetic of diffusers' MochiAttnProcessor2_0.
@@ -93,120 +78,47 @@ def apply_rotary(x, cos, sin):
 
 
 def valid_text_counts(mask, text_len: int, batch: int) -> list[int]:
-    """Per sample, how many text tokens are valid, from the model's encoder_attention_mask.
-
-    mask: [B, Lt] (bool, or 0/1 numbers), True for a token to attend. T5's padding makes it a
-    prefix (the first n tokens); any other mask is refused, since diffusers' processor places
-    the valid tokens' outputs at the first n positions (only a prefix keeps them in place)."""
-    import torch
-
-    if mask is None:
-        return [text_len] * batch
-    mask = mask.reshape(mask.shape[0], -1).bool()
-    if mask.shape[1] != text_len:
-        raise ValueError(f"encoder_attention_mask covers {mask.shape[1]} tokens; the text has {text_len}")
-    counts = mask.sum(dim=1)
-    prefix = torch.arange(text_len, device=mask.device).unsqueeze(0) < counts.unsqueeze(1)
-    if not torch.equal(mask, prefix):
-        raise ValueError(
-            "encoder_attention_mask must mark a prefix of the text tokens as valid (T5 pads at the end, as "
-            "MochiPipeline's tokenizer call does); give the mask the tokenizer returns"
-        )
-    counts = [int(c) for c in counts.tolist()]
-    return counts * batch if len(counts) == 1 and batch > 1 else counts
+    """Per sample, how many text tokens are valid, from the model's encoder_attention_mask [B, Lt]
+    (True for a token to attend). T5's padding makes it a prefix; any other mask is refused, since
+    diffusers' processor places the valid tokens' outputs at the first n positions."""
+    return valid_text_counts_of(mask, text_len, batch, name="encoder_attention_mask",
+                                how="T5 pads at the end, as MochiPipeline's tokenizer call does; give the mask "
+                                    "the tokenizer returns")
 
 
-class MochiSPAttnProcessor:
-    """Sequence-parallel replacement for MochiAttnProcessor2_0.
+class MochiSPAttnProcessor(JointTextProcessor):
+    """Sequence-parallel replacement for MochiAttnProcessor2_0: the text stream has its own width
+    Ct, and stays un-projected in a context_pre_only block, as there."""
 
-    hidden_states: [B, S, C], this rank's video chunk; encoder_hidden_states: [B, Lt, Ct], the
-    whole text (Ct the text stream's width). Returns (video [B, S, C], text [B, Lt, Ct]) as the
-    model's processor does (the text un-projected in a context_pre_only block, as there).
-    """
+    video_part = VIDEO
 
-    def __init__(self, context: ForwardContext):
-        from raydit.parallel.opaque import register_call
+    def valid_counts(self, mask, video_len, text_len, batch):
+        return valid_text_counts(mask, text_len, batch)
 
-        self.context = context
-        # The joint attention reads the mask's values (how many text tokens are valid) to lay
-        # the sequence out: data-dependent Python that torch.compile cannot keep in a graph, so
-        # a compiled block calls it as one opaque op (raydit.parallel.opaque).
-        self._joint_key = register_call(self._joint, like=(0, 3), name=(type(self).__qualname__, context.mesh.key))
+    def rotate(self, q, k, rotary):
+        from raydit.parallel.sharding import shard_rotary
 
-    def _counts(self, mask, video_len: int, text_len: int, batch: int) -> list[int]:
-        # The same mask goes to every block of a forward: read it once (one host sync).
-        cache = self.context.split_cache
-        cached = cache.get(_MASK_CACHE)
-        if cached is not None and cached[0] is mask:
-            return cached[1]
-        counts = valid_text_counts(mask, text_len, batch)
-        cache[_MASK_CACHE] = (mask, counts)
-        return counts
+        cos, sin = shard_rotary(rotary, self.context.layout, self.context.mesh.sp_index, VIDEO, dim=0)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
-    def _joint(self, tensors, ints):
-        from raydit.models.joint_text import joint_call
-
-        return joint_call(tensors, ints, self.context.mesh, self._counts)
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
-        from raydit.parallel.opaque import opaque_call
-
-        if encoder_hidden_states is None:
-            raise ValueError("MochiSPAttnProcessor needs the text tokens (encoder_hidden_states)")
-        mesh, layout = self.context.mesh, self.context.layout
-        assert layout is not None, "split hook did not run before attention"
-        assert hidden_states.shape[1] == layout.local_len, (hidden_states.shape, layout.local_len)
-        Lv = layout.part_lengths[VIDEO]
-
-        def heads(x_BLC):
-            return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
-
-        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            k = attn.norm_k(k)
-        text = encoder_hidden_states
-        tq, tk, tv = heads(attn.add_q_proj(text)), heads(attn.add_k_proj(text)), heads(attn.add_v_proj(text))
-        if attn.norm_added_q is not None:
-            tq = attn.norm_added_q(tq)
-        if attn.norm_added_k is not None:
-            tk = attn.norm_added_k(tk)
-        if image_rotary_emb is not None:
-            cos, sin = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-
-        joint = [q, k, v, tq, tk, tv] + ([] if attention_mask is None else [attention_mask])
-        video_out, text_out = opaque_call(self._joint_key, joint, [Lv])
-        video_out = video_out.flatten(2, 3).type_as(q)
-        text_out = text_out.flatten(2, 3).type_as(q)
-        video_out = attn.to_out[1](attn.to_out[0](video_out))  # linear, dropout
+    def finish(self, attn, video, text):
+        video = attn.to_out[1](attn.to_out[0](video))  # linear, dropout
         if hasattr(attn, "to_add_out"):  # absent in the context_pre_only (last) block
-            text_out = attn.to_add_out(text_out)
-        return video_out, text_out
+            text = attn.to_add_out(text)
+        return video, text
 
 
 class MochiAdapter(ModelAdapter):
     name = "mochi"
     transformer_classes = ("MochiTransformer3DModel",)
-    plan = SequenceParallelPlan(
-        blocks="transformer_blocks",
-        # MochiTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
-        # encoder_attention_mask, image_rotary_emb): only the video is split; temb [B, C] is
-        # per sample, the rotary table is cut in the processor.
-        split_inputs=(SplitInput("hidden_states", VIDEO),),
-        # the block returns (hidden_states, encoder_hidden_states); the text is whole
-        gather_outputs=(GatherOutput(0, VIDEO),),
-        attention="attn1",
-    )
+    # MochiTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+    # encoder_attention_mask, image_rotary_emb) -> (hidden_states, encoder_hidden_states); temb
+    # [B, C] is per sample, the rotary table is cut in the processor.
+    plan = joint_text_plan("transformer_blocks", attention="attn1", video_part=VIDEO)
+    processor = MochiSPAttnProcessor
+    block_count = "num_layers"
 
-    def validate(self, transformer, mesh) -> None:
-        if not self.plan.block_list(transformer):
-            raise ValueError("the transformer has no blocks to parallelize (num_layers = 0)")
-        super().validate(transformer, mesh)
 
-    def make_processor(self, context: ForwardContext) -> MochiSPAttnProcessor:
-        return MochiSPAttnProcessor(context)
 
 
 def linear_quadratic_sigmas(num_steps: int, threshold_noise: float = THRESHOLD_NOISE) -> list[float]:
@@ -270,9 +182,7 @@ class MochiFamily(Family):
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
     batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask")
     decoder = DECODER
-
-    def models(self):
-        return builtin_models()
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny-mochi": tiny_pipeline_dir}
@@ -281,14 +191,10 @@ class MochiFamily(Family):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (19 frames, 480 x 848) unless the directory says otherwise
         (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, t5_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "MochiTransformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a Mochi pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "MochiTransformer3DModel", "a Mochi pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(cfg.get("num_layers", 48))
         hidden = heads * head_dim
         text_hidden = int(cfg.get("pooled_projection_dim", 1536))
@@ -323,21 +229,8 @@ class MochiFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
-        import torch
-
         pipe.set_progress_bar_config(disable=True)
-        return pipe(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            num_frames=request.num_frames,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            generator=torch.Generator("cpu").manual_seed(request.seed),
-            max_sequence_length=MAX_SEQUENCE_LENGTH,
-            output_type="latent",
-        ).frames
+        return pipe(**reference_call(request, max_sequence_length=MAX_SEQUENCE_LENGTH)).frames
 
     def conformance_cases(self, base_dirs):
         return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-mochi"])}
@@ -353,18 +246,9 @@ class MochiFamily(Family):
                 "sigma schedule (half its steps are linear); give 2 or more"
             )
         temporal = pipe.vae_temporal_scale_factor
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        check_frames(request.num_frames, temporal)
         multiple = pipe.vae_spatial_scale_factor * pipe.transformer.config.patch_size
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % multiple:
-                lower = value - value % multiple
-                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
-                raise ValueError(
-                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_spatial_scale_factor} "
-                    f"x patch {pipe.transformer.config.patch_size}); nearest: {nearest}"
-                )
+        check_size(request, multiple, pipe.vae_spatial_scale_factor, pipe.transformer.config.patch_size)
 
     def encode(self, pipe, request, device, dtype):
         """The T5 embeddings and masks of both branches (the negative prompt "" when none is
@@ -492,12 +376,7 @@ def tiny_pipeline():
     )
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-mochi`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-mochi-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-mochi-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
 # -- conformance -------------------------------------------------------------------------------
