@@ -1,6 +1,6 @@
 """The model-family plug-in: what one family of video pipelines declares to raydit.
 
-A family (CogVideoX, Wan, ...) is ONE module in `raydit/models/families/`, found by the
+A family (CogVideoX, Wan, ...) is ONE module or package in `raydit/models/families/`, found by the
 registry without being named anywhere else. It defines `FAMILY`, an instance of a `Family`
 subclass, which declares as data and small functions:
 

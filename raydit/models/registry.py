@@ -1,6 +1,6 @@
 """The registry: model families found on disk, and adapters keyed by transformer class.
 
-A family is one module in `raydit/models/families/` defining `FAMILY` (a
+A family is one module or package in `raydit/models/families/` defining `FAMILY` (a
 `raydit.models.family.Family`); nothing lists them: `families()` imports every module of
 that package once. Everything else (loading, the runtime, the CLI, the planner's reading of
 a pipeline directory) goes through the functions here, keyed by the pipeline class in

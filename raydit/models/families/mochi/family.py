@@ -1,4 +1,6 @@
-"""The Mochi 1 family: text-to-video (`MochiPipeline`, genmo/mochi-1-preview).
+"""The Mochi 1 family: text-to-video (`MochiPipeline`, genmo/mochi-1-preview): its adapter and steps.
+
+Its tiny pipeline is in `tiny.py`, its conformance cases in `cases.py`.
 
 Adapter. `MochiTransformer3DModel` runs one list of asymmetric dual-stream blocks: the video
 (3072 wide in Mochi 1) and the T5 text (1536 wide) keep their own weights, norms and
@@ -31,11 +33,6 @@ dtype they were drawn in (the text encoder's, so bf16 in a bf16 run).
 Decode. AutoencoderKLMochi (6x in time, 8x in space), the latents denormalized with the
 VAE's latents_mean / latents_std as the pipeline does.
 
-Tiny. `tiny-mochi`: 6 heads x 16 (96-wide video), a 48-wide text stream, 2 blocks (the
-second context_pre_only), 12 latent channels, a 2-layer T5 and a small AutoencoderKLMochi
-with the released compression (6x temporal, 8x spatial); random weights; the released
-checkpoint's scheduler (invert_sigmas=True).
-
 Module-level imports stay light (no torch, no diffusers): the planner reads this family
 through the registry without importing torch.
 
@@ -51,7 +48,7 @@ from raydit.models.adapter import ModelAdapter
 from raydit.models.family import Family, Prepared, check_frames, check_size, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
-from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
+from raydit.models.tiny import DEFAULTS_FILE
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
@@ -185,6 +182,8 @@ class MochiFamily(Family):
     models = staticmethod(builtin_models)
 
     def tiny(self):
+        from raydit.models.families.mochi.tiny import tiny_pipeline_dir
+
         return {"tiny-mochi": tiny_pipeline_dir}
 
     def spec_from_dir(self, path, configs):
@@ -233,6 +232,8 @@ class MochiFamily(Family):
         return pipe(**reference_call(request, max_sequence_length=MAX_SEQUENCE_LENGTH)).frames
 
     def conformance_cases(self, base_dirs):
+        from raydit.models.families.mochi.cases import forward_cases, runner_cases
+
         return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-mochi"])}
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -317,128 +318,3 @@ class MochiFamily(Family):
 
 
 FAMILY = MochiFamily()
-
-
-# -- the tiny pipeline -------------------------------------------------------------------------
-TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
-TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
-TINY_HEAD_DIM = 16  # the video stream is 96 wide
-TINY_TEXT_WIDTH = 48  # the text stream (pooled_projection_dim), narrower than the video's, as Mochi's
-TINY_TEXT_DIM = 32  # T5 d_model == transformer text_embed_dim (8 pooling heads divide it)
-TINY_LATENT_CHANNELS = 12  # the pipeline's decode reshapes latents_mean to 12 channels
-TINY_DEFAULTS = {"num_frames": 7, "height": 32, "width": 48}
-
-
-def tiny_transformer(seed: int, **overrides):
-    """A MochiTransformer3DModel of the tiny geometry (or `overrides`), every parameter drawn
-    from `seed` (zero-initialised gates would make parallel tests trivial)."""
-    import torch
-    from diffusers import MochiTransformer3DModel
-
-    from raydit.models.tiny import randomize
-
-    config = dict(patch_size=2, num_attention_heads=TINY_HEADS, attention_head_dim=TINY_HEAD_DIM, num_layers=2,
-                  pooled_projection_dim=TINY_TEXT_WIDTH, in_channels=TINY_LATENT_CHANNELS, text_embed_dim=TINY_TEXT_DIM,
-                  time_embed_dim=32, max_sequence_length=MAX_SEQUENCE_LENGTH)
-    config.update(overrides)
-    torch.manual_seed(seed)
-    return randomize(MochiTransformer3DModel(**config), seed)
-
-
-def _tiny_vae(seed: int):
-    """AutoencoderKLMochi with the released compression (temporal 1 x 2 x 3, spatial 2 x 2 x 2)
-    at 32 channels (its group norms take 32 groups), one layer per block, no attention; seeded weights (its default init, which decodes to a
-    varied video)."""
-    import torch
-    from diffusers import AutoencoderKLMochi
-
-    torch.manual_seed(seed)
-    return AutoencoderKLMochi(
-        in_channels=15, out_channels=3, latent_channels=TINY_LATENT_CHANNELS,
-        encoder_block_out_channels=(32, 32, 32, 32), decoder_block_out_channels=(32, 32, 32, 32),
-        layers_per_block=(1, 1, 1, 1, 1), add_attention_block=(False, False, False, False, False),
-    ).eval()
-
-
-def tiny_pipeline():
-    """The tiny MochiPipeline, built in memory."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, MochiPipeline
-
-    from raydit.models.tiny import SEED, t5_encoder, tokenizer
-
-    tok = tokenizer(MAX_SEQUENCE_LENGTH)
-    return MochiPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(invert_sigmas=True),  # genmo/mochi-1-preview's
-        vae=_tiny_vae(SEED + 2),
-        text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM),
-        tokenizer=tok,
-        transformer=tiny_transformer(SEED + 10),
-    )
-
-
-tiny_pipeline_dir = tiny_dir(f"tiny-mochi-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
-
-
-# -- conformance -------------------------------------------------------------------------------
-_BUILD_FORWARD = "raydit.models.families.mochi:mochi_forward"
-_BUILD_PIPELINE = "raydit.models.families.mochi:mochi_pipeline"
-
-
-def mochi_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
-                  valid: tuple, text_len: int = 13, layers: int = 2, seed: int = 31):
-    """A tiny-weight MochiTransformer3DModel and the kwargs of one forward call: one sample
-    per entry of `valid` (its count of valid text tokens out of `text_len`), bool masks as the
-    pipeline gives them."""
-    import torch
-
-    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim, num_layers=layers,
-                                   max_sequence_length=text_len)
-    g = torch.Generator().manual_seed(7)
-    batch = len(valid)
-    kwargs = dict(
-        hidden_states=torch.randn(batch, TINY_LATENT_CHANNELS, latent_frames, 2 * latent_height, 2 * latent_width,
-                                  generator=g),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
-        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
-        encoder_attention_mask=torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1),
-    )
-    return transformer, kwargs
-
-
-def mochi_pipeline(base_dir: str):
-    """The tiny Mochi pipeline loaded from its directory (as a real checkpoint is)."""
-    return load_pipeline_dir(base_dir)
-
-
-def forward_cases() -> list:
-    """Token counts no world size 2..6 divides, masks that differ per sample, fewer valid text
-    tokens than ranks, a sample with no valid text (force_zeros_for_empty_prompt), 6 and 5
-    heads (Ulysses 1, 2, 3, 6 / 1, 5; the rest ring or hybrid)."""
-    from raydit.models.conformance import ForwardCase
-
-    return [
-        # 3 x 3 x 5 = 45 video tokens (latent 6 x 10, patch 2); two samples with 5 and 11 of 13
-        # text tokens valid.
-        ForwardCase("mochi-h6-masks", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=3, latent_width=5, heads=6, head_dim=16, valid=(5, 11))),
-        # 1 x 1 x 7 = 7 video tokens, 2 and 0 valid text tokens of 9: on 3..8 ranks some ranks
-        # hold no valid text and, from 4 ranks, only padding of the video; the second sample
-        # attends to the video alone.
-        ForwardCase("mochi-h5-7tokens", _BUILD_FORWARD, 5,
-                    dict(latent_frames=1, latent_height=1, latent_width=7, heads=5, head_dim=8, valid=(2, 0),
-                         text_len=9, layers=3),
-                    worlds=(5, 8)),
-    ]
-
-
-def runner_cases(base_dir: str) -> list:
-    """Denoising on the tiny pipeline: 13 frames at 48 x 80 -> 3 x 3 x 5 = 45 video tokens
-    (3 and 5 divide it, 2, 4, 6 and 8 do not), the branches batched, cfg plans on 2 groups."""
-    from raydit.models.conformance import RunnerCase
-
-    return [
-        RunnerCase("mochi-t2v", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(prompt="a red fox runs", negative_prompt="blur", num_frames=13, height=48, width=80,
-                        num_inference_steps=3, guidance_scale=4.5, seed=11),
-                   dict(base_dir=base_dir), worlds=(2, 3, 4, 8)),  # the suite's time; the forward cases run every world
-    ]
