@@ -364,8 +364,27 @@ class Family:
         return self.decoder
 
     def tiny(self) -> dict[str, Callable[[], Path]]:
-        """Built-in tiny pipelines: name -> function building (once) and returning its dir."""
-        return {}
+        """Built-in tiny pipelines: name -> function building (once) and returning its dir. A
+        family package declares them in its tiny.py (TINY_PIPELINES)."""
+        part = self._package_part("tiny")
+        return dict(getattr(part, "TINY_PIPELINES", {})) if part is not None else {}
+
+    def _package_part(self, name: str):
+        """The module `name` (tiny, cases) of the package this family's class lives in, or None
+        where the family is one module. Imported by name: the family's own code imports neither,
+        they import it (no circle)."""
+        import importlib
+
+        module = type(self).__module__
+        if not module.endswith(".family"):
+            return None
+        target = f"{module.rpartition('.')[0]}.{name}"
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if exc.name != target:
+                raise
+            return None
 
     def spec_from_dir(self, path: Path, configs: Mapping[str, dict]):
         """A raydit.planner.ModelSpec from the pipeline's config files. `configs` maps a
@@ -394,8 +413,10 @@ class Family:
 
     def conformance_cases(self, base_dirs: Mapping[str, str]) -> dict[str, list]:
         """{'forward': [ForwardCase...], 'runner': [RunnerCase...]}; `base_dirs` maps tiny names
-        to their built directories."""
-        return {"forward": [], "runner": []}
+        to their built directories. A family package declares them in its cases.py
+        (conformance_cases(base_dirs))."""
+        part = self._package_part("cases")
+        return part.conformance_cases(base_dirs) if part is not None else {"forward": [], "runner": []}
 
     # -- the runner's hooks ------------------------------------------------------------------
     def load_lora(self, pipe, state_dict: dict, name: str, components: tuple[str, ...] = ("transformer",)) -> None:

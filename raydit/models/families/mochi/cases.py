@@ -68,3 +68,8 @@ def runner_cases(base_dir: str) -> list:
                         num_inference_steps=3, guidance_scale=4.5, seed=11),
                    dict(base_dir=base_dir), worlds=(2, 3, 4, 8)),  # the suite's time; the forward cases run every world
     ]
+
+
+def conformance_cases(base_dirs) -> dict:
+    """Mochi's cases for the shared suite (Family.conformance_cases)."""
+    return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-mochi"])}

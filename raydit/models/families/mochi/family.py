@@ -181,11 +181,6 @@ class MochiFamily(Family):
     decoder = DECODER
     models = staticmethod(builtin_models)
 
-    def tiny(self):
-        from raydit.models.families.mochi.tiny import tiny_pipeline_dir
-
-        return {"tiny-mochi": tiny_pipeline_dir}
-
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (19 frames, 480 x 848) unless the directory says otherwise
@@ -230,11 +225,6 @@ class MochiFamily(Family):
     def reference_latents(self, pipe, request):
         pipe.set_progress_bar_config(disable=True)
         return pipe(**reference_call(request, max_sequence_length=MAX_SEQUENCE_LENGTH)).frames
-
-    def conformance_cases(self, base_dirs):
-        from raydit.models.families.mochi.cases import forward_cases, runner_cases
-
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-mochi"])}
 
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:

@@ -69,4 +69,4 @@ def tiny_pipeline():
 
 tiny_pipeline_dir = tiny_dir(f"tiny-mochi-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
-
+TINY_PIPELINES = {"tiny-mochi": tiny_pipeline_dir}  # what the family declares (Family.tiny)
