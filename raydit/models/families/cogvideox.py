@@ -23,7 +23,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image, reference_call
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import png_to_image, reference_call
 from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
 from raydit.planner.model import DecoderShape
 

@@ -70,7 +70,8 @@ from __future__ import annotations
 import json
 
 from raydit.models.adapter import ModelAdapter
-from raydit.models.family import Family, Prepared, check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
 from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir

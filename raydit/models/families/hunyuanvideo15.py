@@ -56,7 +56,8 @@ import json
 import math
 
 from raydit.models.adapter import ModelAdapter
-from raydit.models.family import Family, Prepared, check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan, valid_text_counts
 from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
 from raydit.planner.model import DecoderShape

@@ -61,7 +61,8 @@ from __future__ import annotations
 import json
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
-from raydit.models.family import Family, Prepared, check_frames, check_size, png_to_image, reference_call
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir
 
 VIDEO = 0  # the only part split across the visual blocks

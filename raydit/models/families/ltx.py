@@ -32,7 +32,8 @@ from __future__ import annotations
 import json
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
-from raydit.models.family import Family, Prepared, check_frames, check_size, reference_call
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
 from raydit.planner.model import DecoderShape
 
@@ -173,7 +174,7 @@ class LTXFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
-        from raydit.models.family import png_to_image
+        from raydit.models.requests import png_to_image
 
         pipe.set_progress_bar_config(disable=True)
         image = {} if request.image is None else {"image": png_to_image(request.image)}
@@ -220,7 +221,7 @@ class LTXFamily(Family):
             latents = pipe.prepare_latents(1, channels, request.height, request.width, request.num_frames,
                                            torch.float32, device, generator)  # [1, L, C] packed
         else:
-            from raydit.models.family import png_to_image
+            from raydit.models.requests import png_to_image
 
             image = pipe.video_processor.preprocess(png_to_image(request.image), height=request.height,
                                                     width=request.width).to(device=device, dtype=dtype)

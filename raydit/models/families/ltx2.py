@@ -60,7 +60,8 @@ from __future__ import annotations
 import json
 
 from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
-from raydit.models.family import Audio, Family, Prepared, check_frames, check_size, reference_call
+from raydit.models.family import Audio, Family, Prepared
+from raydit.models.requests import check_frames, check_size, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
 
 PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
@@ -592,7 +593,7 @@ class LTX2Family(Family):
         else:
             from PIL import Image
 
-            from raydit.models.family import png_to_image
+            from raydit.models.requests import png_to_image
 
             image = png_to_image(request.image)
             crf = _default_crf(pipe) if g["image_crf"] is None else g["image_crf"]
@@ -781,7 +782,7 @@ class LTX2Family(Family):
     def reference_latents(self, pipe, request):
         import torch
 
-        from raydit.models.family import png_to_image
+        from raydit.models.requests import png_to_image
 
         g = guidance(pipe, request)
         pipe.set_progress_bar_config(disable=True)

@@ -42,7 +42,8 @@ from raydit.models.families.wan import (
     _tiny_image_encoder,
     _tiny_vae,
 )
-from raydit.models.family import Prepared, png_to_image, reference_call
+from raydit.models.family import Prepared
+from raydit.models.requests import png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
-from raydit.models.family import Family, Prepared, check_frames, check_size, png_to_image, reference_call
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 from raydit.planner.model import DecoderShape
 
