@@ -399,14 +399,12 @@ def _device_type_name(device) -> str:
 
 
 def part_prediction(ctx: dict, results: dict) -> dict:
-    from raydit.models.registry import load_families
     from raydit.planner import ClusterSpec, NodeSpec, device_type, plan
     from raydit.planner import model_spec as planner_spec
     from raydit.runtime.calibrate import apply_entry
 
     if "model_dir" not in ctx:
         raise Missing("needs the saved pipeline of part 3")
-    load_families()
     spec = planner_spec(ctx["model_dir"])
     try:
         base = device_type(_device_type_name(ctx["device"]))

@@ -269,10 +269,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     model = None
     if args.model:
         from raydit.models.loading import resolve_model_dir
-        from raydit.models.registry import load_families
         from raydit.planner import model_spec
 
-        load_families()
         model = str(resolve_model_dir(args.model))
         model_spec(model).geometry(geometry.get("frames"), geometry.get("height"), geometry.get("width"))
     if args.calibrate:

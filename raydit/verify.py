@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from raydit.planner.layouts import cfg_degrees, mesh_layouts
+
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 LOW_PRECISION = ("bfloat16", "float16")
@@ -26,17 +28,9 @@ LOW_PRECISION = ("bfloat16", "float16")
 
 def feasible_layouts(heads: int, max_world: int, branches: int = 2) -> list[tuple[int, int, int]]:
     """All (ulysses, ring, cfg) with ulysses | heads, cfg | branches (the model's guidance
-    branches per step) and ulysses*ring*cfg <= max_world."""
-    out = []
-    for cfg in (d for d in range(1, max(branches, 1) + 1) if branches % d == 0):
-        for ulysses in range(1, max_world + 1):
-            if heads % ulysses:
-                continue
-            for ring in range(1, max_world + 1):
-                if ulysses * ring * cfg <= max_world:
-                    out.append((ulysses, ring, cfg))
-    out.sort(key=lambda d: (d[0] * d[1] * d[2], d[2], d[1], d[0]))
-    return out
+    branches per step) and ulysses*ring*cfg <= max_world, the smallest first."""
+    out = mesh_layouts(heads, max_world, cfg_degrees(branches), exact=False)
+    return sorted(out, key=lambda d: (d[0] * d[1] * d[2], d[2], d[1], d[0]))
 
 
 def verify(

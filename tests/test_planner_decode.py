@@ -21,10 +21,11 @@ def test_decode_ranks(model, ranks, split):
 
 
 def test_wan_16x_vae_has_its_own_shape():
-    from raydit.planner.decode import WAN_16X, decoder_shape
+    from raydit.models.families.wan import DECODER_16X
+    from raydit.planner.decode import decoder_shape
 
-    assert decoder_shape(BUILTIN_MODELS["wan2.2-ti2v-5b"]) is WAN_16X
-    assert decoder_shape(BUILTIN_MODELS["wan2.1-t2v-14b"]) is not WAN_16X
+    assert decoder_shape(BUILTIN_MODELS["wan2.2-ti2v-5b"]) is DECODER_16X
+    assert decoder_shape(BUILTIN_MODELS["wan2.1-t2v-14b"]) is not DECODER_16X
 
 
 def test_more_ranks_decode_faster_and_hold_less():
@@ -142,10 +143,11 @@ def test_decoder_flops_match_diffusers_count(model, vae_class, latents, video):
     diffusers = pytest.importorskip("diffusers")
     from torch.utils.flop_counter import FlopCounterMode
 
-    from raydit.planner.decode import DECODERS, decode_flops, decoder_shape
+    from raydit.models.registry import families
+    from raydit.planner.decode import decode_flops, decoder_shape
 
     spec = BUILTIN_MODELS[model]
-    assert decoder_shape(spec) is DECODERS[spec.family] and decoder_shape(spec).parallel
+    assert decoder_shape(spec) is families()[spec.family].decoder and decoder_shape(spec).parallel
     with torch.device("meta"):
         vae = getattr(diffusers, vae_class)()
     with FlopCounterMode(display=False) as counter:
@@ -156,7 +158,8 @@ def test_decoder_flops_match_diffusers_count(model, vae_class, latents, video):
 def test_hunyuan_decode_counts_attention_calls_and_tiles():
     """decode_flops follows diffusers' framewise decode (5 latent frames a call, stride 3) and,
     tiled, its 32 x 32 latent tiles at stride 24; each call attends over its latent tokens."""
-    from raydit.planner.decode import HUNYUAN, decode_flops
+    from raydit.models.families.hunyuanvideo import DECODER as HUNYUAN
+    from raydit.planner.decode import decode_flops
 
     spec = BUILTIN_MODELS["hunyuanvideo"]
     m, c = HUNYUAN.flops_per_pixel, HUNYUAN.attention_channels

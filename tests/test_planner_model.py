@@ -412,3 +412,44 @@ def test_mochi_builtin_matches_the_published_config():
     assert (spec.vae_temporal, spec.vae_spatial) == (vae.temporal_compression_ratio, vae.spatial_compression_ratio)
     # MochiPipeline.__call__'s defaults
     assert (spec.default_frames, spec.default_height, spec.default_width) == (19, 480, 848)
+
+
+# -- the planner names no family (issue 41) --------------------------------------------------------
+def test_the_planner_looks_models_up_without_anyone_loading_the_families_first(tmp_path):
+    """A fresh process asks the planner itself (not raydit.model_spec) for a built-in and for a
+    pipeline directory: the lookups load the families' models and readers on their own, with
+    the decoder each family declares, and still import neither torch nor diffusers."""
+    import subprocess
+    import sys
+
+    cfg = {"_class_name": "WanTransformer3DModel", "num_attention_heads": 12, "attention_head_dim": 128,
+           "num_layers": 30, "patch_size": [1, 2, 2], "ffn_dim": 8960, "in_channels": 16}
+    root = _pipeline_dir(tmp_path, cfg, "WanPipeline")
+    code = ("import sys; from raydit.planner.model import model_spec; "
+            "mochi = model_spec('mochi-1'); wan = model_spec(sys.argv[1]); "
+            "assert mochi.family == 'mochi' and mochi.decoder is not None and mochi.decoder.dropped_frames == 5; "
+            "assert wan.family == 'wan' and wan.decoder == model_spec('wan2.1-t2v-1.3b').decoder; "
+            "bad = [m for m in ('torch', 'diffusers', 'ray') if m in sys.modules]; assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_planners_code_names_no_family():
+    """No string in the planner's code (comments and docstrings aside) is a family's name: the
+    built-in models and the decoders are the families' data."""
+    import ast
+    from pathlib import Path
+
+    import raydit.planner
+    from raydit.models.registry import families
+
+    names = set(families())
+    assert {"cogvideox", "wan", "mochi"} <= names
+    for path in Path(raydit.planner.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and id(n) not in docstrings and n.value in names}
+        assert not named, f"{path.name} names the families {sorted(named)}"

@@ -1107,3 +1107,17 @@ def test_ltx2_split_audio_work_and_exchanges():
             got.audio_exchange + got.audio_compute - whole_cost.audio_compute)
     # Ulysses must divide the audio heads too: 32 audio heads, Ulysses 64 cannot split them.
     assert not costmod.can_split_audio(spec, geo, 64, 1) and costmod.can_split_audio(spec, geo, 32, 1)
+
+
+@pytest.mark.parametrize("heads, world, cfgs, exact, expected", [
+    (6, 4, (1, 2), True, [(1, 4, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2)]),  # 4 does not divide 6 heads
+    (30, 8, (1,), True, [(1, 8, 1), (2, 4, 1)]),
+    (2, 3, (1, 2), False, [(1, 1, 1), (1, 2, 1), (1, 3, 1), (2, 1, 1), (1, 1, 2)]),
+    (6, 3, (4,), True, []),  # cfg 4 does not fit 3 devices
+])
+def test_mesh_layouts_are_the_one_enumerator(heads, world, cfgs, exact, expected):
+    """The layouts the planner, `raydit verify` and the conformance suite walk (issue 41)."""
+    from raydit.planner.layouts import cfg_degrees, mesh_layouts
+
+    assert mesh_layouts(heads, world, cfgs, exact=exact) == expected
+    assert cfg_degrees(4) == [1, 2, 4] and cfg_degrees(1) == [1]

@@ -4,7 +4,7 @@
     handle = parallelize(pipe.transformer, mesh)   # adapter found from the transformer's class
     ...; handle.remove()                           # or unparallelize(pipe.transformer)
 
-A family is one module in `raydit/models/families/` (see `raydit.models.family`). Importing
+A family is one module or package in `raydit/models/families/` (see `raydit.models.family`). Importing
 this package imports neither torch nor diffusers; the names below load on first use.
 """
 

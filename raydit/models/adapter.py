@@ -120,6 +120,29 @@ class ForwardContext:
     # per-forward switches an adapter's hook sets before the first block (SplitInput.when)
     flags: dict = field(default_factory=dict)
 
+    def self_attention(self, processor: str, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                       why: str = ""):
+        """This forward's (mesh, layout) for a self-attention processor's call on this rank's
+        chunk: text is refused (cross-attention keeps its own processor) and so is a mask (the
+        split sequence takes none), each in one line naming the processor and `why`."""
+        if encoder_hidden_states is not None:
+            raise ValueError(f"{processor} serves self-attention (attn1) only; cross-attention keeps its own")
+        if attention_mask is not None:
+            raise ValueError(f"{processor}: attention_mask is not supported under sequence parallelism{why}")
+        if self.layout is None:
+            raise RuntimeError("the split hook did not run before attention")
+        assert hidden_states.shape[1] == self.layout.local_len, (hidden_states.shape, self.layout.local_len)
+        return self.mesh, self.layout
+
+
+def attend(q_BLHD, k_BLHD, v_BLHD, mesh, layout):
+    """sp_attention over token-major heads: q, k, v [B, L, H, D] -> [B, L, H x D] in q's dtype,
+    what a processor hands its output projection."""
+    from raydit.parallel.attention import sp_attention
+
+    out_BHLD = sp_attention(q_BLHD.transpose(1, 2), k_BLHD.transpose(1, 2), v_BLHD.transpose(1, 2), mesh, layout)
+    return out_BHLD.transpose(1, 2).flatten(2, 3).type_as(q_BLHD)
+
 
 @dataclass
 class ParallelHandle:
@@ -287,12 +310,20 @@ class ModelAdapter:
     # forward argument holding the timestep embedding (teacache's quantity).
     block_outputs: tuple[str, ...] | None = None
     block_temb: str = "temb"
+    # The attention processor class, built with the forward context (make_processor's default).
+    processor: type | None = None
+    # The config entries that count the blocks, where a model may have none (refused by name:
+    # "num_layers"); "": not checked.
+    block_count: str = ""
 
     def validate(self, transformer: nn.Module, mesh) -> None:
-        """Raise ValueError when this transformer cannot run on this mesh: the Ulysses degree
-        must divide the heads, and fused QKV projections must be unfused. A family adds its
-        own checks after calling this."""
+        """Raise ValueError when this transformer cannot run on this mesh: blocks to split (where
+        `block_count` says so), the Ulysses degree must divide the heads, and fused QKV
+        projections must be unfused. A family adds its own checks after calling this."""
         from raydit.parallel.attention import feasible_ulysses
+
+        if self.block_count and not self.plan.block_list(transformer):
+            raise ValueError(f"the transformer has no blocks to parallelize ({self.block_count} = 0)")
 
         heads = transformer.config.num_attention_heads
         if heads % mesh.ulysses != 0:
@@ -305,7 +336,9 @@ class ModelAdapter:
                 raise ValueError("the transformer has fused QKV projections; call transformer.unfuse_qkv_projections() first")
 
     def make_processor(self, context: ForwardContext):
-        raise NotImplementedError
+        if self.processor is None:
+            raise NotImplementedError(f"{type(self).__name__} names no attention processor")
+        return self.processor(context)
 
     # Keys of `parallelize(options=)` this adapter takes (a plan's further choices for it).
     options: tuple[str, ...] = ()

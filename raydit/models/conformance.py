@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from raydit.models.tiny import resolve_builder as _resolve
+from raydit.planner.layouts import mesh_layouts
 
 
 @dataclass(frozen=True)
@@ -81,18 +82,11 @@ class RunnerCase:
         return (1,) + (self.branch_degrees if self.cfg and world_size in cfg_world_sizes else ())
 
     def make_request(self):
-        from raydit.models.family import GenerationRequest, image_to_png
+        from raydit.models.family import GenerationRequest
+        from raydit.models.requests import checker_image, image_to_png
 
-        image = None if self.image is None else image_to_png(test_image(self.request["height"], self.request["width"]))
+        image = None if self.image is None else image_to_png(checker_image(self.request["height"], self.request["width"]))
         return GenerationRequest(**self.request, image=image)
-
-
-def test_image(height: int, width: int):
-    """A deterministic RGB image with structure in both directions (uint8 [H, W, 3])."""
-    import numpy as np
-
-    y, x = np.mgrid[0:height, 0:width]
-    return np.stack([(x * 7) % 256, (y * 5) % 256, ((x // 4 + y // 4) % 2) * 255], axis=-1).astype(np.uint8)
 
 
 class _Unbuilt(dict):
@@ -138,15 +132,7 @@ def case_worlds(case, world_sizes) -> list[int]:
 
 def feasible_plans(world_size: int, heads: int, cfg_degrees: tuple[int, ...] = (1,)) -> list[MeshPlan]:
     """Every (ulysses, ring, cfg) with product world_size and ulysses dividing heads."""
-    plans = []
-    for cfg in cfg_degrees:
-        if world_size % cfg:
-            continue
-        sp = world_size // cfg
-        for ulysses in range(1, sp + 1):
-            if sp % ulysses == 0 and heads % ulysses == 0:
-                plans.append(MeshPlan(ulysses, sp // ulysses, cfg))
-    return plans
+    return [MeshPlan(*layout) for layout in mesh_layouts(heads, world_size, cfg_degrees)]
 
 
 def forward_once(transformer, forward_kwargs: dict) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The model-family plug-in: what one family of video pipelines declares to raydit.
 
-A family (CogVideoX, Wan, ...) is ONE module in `raydit/models/families/`, found by the
+A family (CogVideoX, Wan, ...) is ONE module or package in `raydit/models/families/`, found by the
 registry without being named anywhere else. It defines `FAMILY`, an instance of a `Family`
 subclass, which declares as data and small functions:
 
@@ -31,62 +31,17 @@ Legend: B batch (guidance branches), F latent frames, C channels, H/W latent hei
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+# The request's image helpers live in raydit.models.requests; named here too, where the runtime,
+# the server and the tests have always taken them.
+from raydit.models.requests import checker_image, image_to_png, png_to_image, to_uint8_frames  # noqa: E402,F401
+
 # Classifier-free guidance's two branches in the pipeline's order (uncond, cond): their index in
 # `Family.guidance_branches`, and the cfg rank that evaluates each on a mesh of cfg 2.
 UNCOND, COND = 0, 1
-
-
-def image_to_png(image) -> bytes:
-    """A PIL image, an array or a path -> PNG bytes (what a request carries: hashable,
-    comparable, picklable). Raises ValueError with one line for anything else."""
-    from PIL import Image, UnidentifiedImageError
-
-    if isinstance(image, (bytes, bytearray)):
-        data = bytes(image)
-        try:
-            Image.open(io.BytesIO(data)).verify()
-        except (UnidentifiedImageError, OSError):
-            raise ValueError("image bytes are not a readable image (PNG, JPEG, WebP ...)") from None
-        return data
-    if isinstance(image, (str, Path)):
-        path = Path(image).expanduser()
-        if not path.is_file():
-            raise ValueError(f"image {str(image)!r} does not exist; give the path of a PNG or JPEG file")
-        try:
-            img = Image.open(path)
-            img.load()
-        except (UnidentifiedImageError, OSError):
-            raise ValueError(f"image {str(image)!r} is not an image file PIL can read (PNG, JPEG, WebP ...)") from None
-    elif isinstance(image, Image.Image):
-        img = image
-    else:
-        try:
-            import numpy as np
-
-            arr = np.asarray(image)
-            if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (3, 4):
-                raise TypeError
-            img = Image.fromarray(arr)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"image of type {type(image).__name__} is not supported; give a PIL.Image, a path, "
-                "or a uint8 array [height, width, 3]"
-            ) from None
-    buf = io.BytesIO()
-    img.convert("RGB").save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def to_uint8_frames(frames):
-    """Frames in [0, 1] (the video processor's "np" output) -> uint8, as every family returns."""
-    import numpy as np
-
-    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
 
 
 def normalize_options(options) -> tuple[tuple[str, Any], ...]:
@@ -122,12 +77,6 @@ def normalize_options(options) -> tuple[tuple[str, Any], ...]:
             raise ValueError(f"guidance option {name}={value!r} must be a number, a bool or a list of integers")
         out[name] = value
     return tuple(sorted(out.items()))
-
-
-def png_to_image(data: bytes):
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,6 +243,15 @@ class Family:
     # diffusers' adaptive norms (norm1.linear ...), the blocks' modulation in most families; a
     # family whose modulation lives under another name adds it.
     quantize_keep: tuple[str, ...] = ("norm*",)
+    # The VAE decoder as the planner prices it (a raydit.planner.model.DecoderShape, counted on
+    # diffusers' decoder with its real config); None: not counted, decoded on one rank.
+    decoder = None
+    # Bytes per token and channel one block's non-GEMM, non-attention ops (norms, modulation,
+    # rotary, residuals, activations) move in eager bf16, counted on diffusers' block at real width
+    # on the meta device (a TorchDispatchMode summing every op's input and output bytes, views,
+    # GEMMs and the attention kernel excluded; bench/bench_opsweep.py --count-blocks); 0: not
+    # counted (raydit.planner.devicemodel's default stands in). The planner's ModelSpec.elementwise_bytes.
+    elementwise_bytes: float = 0.0
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
@@ -303,9 +261,37 @@ class Family:
         return (num_frames - 1) // vae_temporal * vae_temporal + 1
 
     # -- what the registry and the planner read -------------------------------------------
+    def models(self) -> list:
+        """The planner's built-in models of this family: ModelSpecs, as data (the registry
+        registers them with raydit.planner, with `decoder_for` each)."""
+        return []
+
+    def decoder_for(self, spec):
+        """The decoder of one of this family's models (`decoder` unless the family has several)."""
+        return self.decoder
+
     def tiny(self) -> dict[str, Callable[[], Path]]:
-        """Built-in tiny pipelines: name -> function building (once) and returning its dir."""
-        return {}
+        """Built-in tiny pipelines: name -> function building (once) and returning its dir. A
+        family package declares them in its tiny.py (TINY_PIPELINES)."""
+        part = self._package_part("tiny")
+        return dict(getattr(part, "TINY_PIPELINES", {})) if part is not None else {}
+
+    def _package_part(self, name: str):
+        """The module `name` (tiny, cases) of the package this family's class lives in, or None
+        where the family is one module. Imported by name: the family's own code imports neither,
+        they import it (no circle)."""
+        import importlib
+
+        module = type(self).__module__
+        if not module.endswith(".family"):
+            return None
+        target = f"{module.rpartition('.')[0]}.{name}"
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if exc.name != target:
+                raise
+            return None
 
     def spec_from_dir(self, path: Path, configs: Mapping[str, dict]):
         """A raydit.planner.ModelSpec from the pipeline's config files. `configs` maps a
@@ -334,8 +320,10 @@ class Family:
 
     def conformance_cases(self, base_dirs: Mapping[str, str]) -> dict[str, list]:
         """{'forward': [ForwardCase...], 'runner': [RunnerCase...]}; `base_dirs` maps tiny names
-        to their built directories."""
-        return {"forward": [], "runner": []}
+        to their built directories. A family package declares them in its cases.py
+        (conformance_cases(base_dirs))."""
+        part = self._package_part("cases")
+        return part.conformance_cases(base_dirs) if part is not None else {"forward": [], "runner": []}
 
     # -- the runner's hooks ------------------------------------------------------------------
     def load_lora(self, pipe, state_dict: dict, name: str, components: tuple[str, ...] = ("transformer",)) -> None:

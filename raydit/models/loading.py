@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 
-def _pipeline_class(path: Path) -> str:
+def pipeline_class(path: Path) -> str:
+    """The pipeline class a diffusers directory names (model_index.json `_class_name`; "" for none)."""
     index = path / "model_index.json"
     try:
         return str(json.loads(index.read_text()).get("_class_name", ""))
@@ -38,7 +39,7 @@ def resolve_model_dir(model: str) -> Path:
                 f"model directory {str(path)!r} is not a diffusers pipeline (no model_index.json); "
                 f"pass a directory saved with save_pretrained, or one of {', '.join(sorted(tiny))}"
             )
-        class_name = _pipeline_class(path)
+        class_name = pipeline_class(path)
         try:
             family_for_class(class_name)
         except ValueError as exc:
@@ -64,7 +65,7 @@ def takes_image(model_dir: str | Path) -> bool:
     """Whether the pipeline in `model_dir` is an image-to-video pipeline."""
     from raydit.models.registry import family_for_class
 
-    class_name = _pipeline_class(Path(model_dir))
+    class_name = pipeline_class(Path(model_dir))
     return class_name in family_for_class(class_name).image_pipelines
 
 
@@ -77,8 +78,8 @@ def load_pipeline(model: str | Path, device=None, dtype=None):
     from raydit.models.tiny import quiet_hub
 
     path = resolve_model_dir(str(model))
-    pipeline_cls = getattr(diffusers, _pipeline_class(path))
-    components = family_for_class(_pipeline_class(path)).load_components(path)
+    pipeline_cls = getattr(diffusers, pipeline_class(path))
+    components = family_for_class(pipeline_class(path)).load_components(path)
     # Loading bars from every rank would drown the generation's own progress bar; the
     # tokenizer's pre-truncation warning repeats what diffusers reports of the truncation.
     with quiet_hub():

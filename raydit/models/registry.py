@@ -1,6 +1,6 @@
 """The registry: model families found on disk, and adapters keyed by transformer class.
 
-A family is one module in `raydit/models/families/` defining `FAMILY` (a
+A family is one module or package in `raydit/models/families/` defining `FAMILY` (a
 `raydit.models.family.Family`); nothing lists them: `families()` imports every module of
 that package once. Everything else (loading, the runtime, the CLI, the planner's reading of
 a pipeline directory) goes through the functions here, keyed by the pipeline class in
@@ -44,7 +44,7 @@ def families() -> dict[str, object]:
         return dict(_FAMILIES)
     with _LOCK:
         if not _FAMILIES:
-            from raydit.planner.model import register_spec_reader
+            from raydit.planner.model import register_models, register_spec_reader
 
             package = importlib.import_module("raydit.models.families")
 
@@ -59,13 +59,34 @@ def families() -> dict[str, object]:
                 found[family.name] = family
                 if family.adapter is not None:
                     register_adapter(family.adapter)
-                register_spec_reader(family.pipelines, family.spec_from_dir)
+                register_spec_reader(family.pipelines, _spec_reader(family))
+                register_models(_with_decoder(family, spec) for spec in family.models())
             _FAMILIES.update(found)
     return dict(_FAMILIES)
 
 
+def _with_decoder(family, spec):
+    """The spec with its family's decoder and its blocks' elementwise bytes (the planner prices
+    the decode and the step's non-GEMM ops with them), where the spec does not give its own."""
+    import dataclasses
+
+    if spec.decoder is None:
+        spec = dataclasses.replace(spec, decoder=family.decoder_for(spec))
+    if not spec.elementwise_bytes and family.elementwise_bytes:
+        spec = dataclasses.replace(spec, elementwise_bytes=float(family.elementwise_bytes))
+    return spec
+
+
+def _spec_reader(family):
+    def read(path, configs):
+        return _with_decoder(family, family.spec_from_dir(path, configs))
+
+    return read
+
+
 def load_families() -> None:
-    """Make every family known (the planner reads pipeline directories through them)."""
+    """Make every family known: its adapter, its built-in models and pipeline readers (the
+    planner's lookups call this themselves: raydit/__init__.py makes it their model source)."""
     families()
 
 

@@ -113,6 +113,16 @@ def write_pipeline(directory: str | os.PathLike, make_pipeline: Callable[[], obj
     return directory
 
 
+def tiny_dir(name: str, make_pipeline: Callable[[], object], defaults: dict) -> Callable[[], Path]:
+    """The builder of a built-in tiny pipeline's directory: it returns cache_root() / name,
+    written once by `make_pipeline()` with its request defaults (`defaults`, in DEFAULTS_FILE)."""
+    def build() -> Path:
+        return write_pipeline(cache_root() / name, lambda: WithDefaults(make_pipeline(), defaults))
+
+    build.__doc__ = f"The directory of `{name.rsplit('-', 1)[0]}`, written once to the cache."
+    return build
+
+
 def tokenizer(max_length: int):
     """A T5-like fast tokenizer: pad=0, eos=1, unk=2; words split into characters (so distinct
     prompts give distinct token ids)."""
@@ -136,6 +146,28 @@ def tokenizer(max_length: int):
         unk_token="<unk>",
         model_max_length=max_length,
     )
+
+
+def qwen_tokenizer(whole_words, max_length: int = 2048):
+    """A Qwen-like fast tokenizer built in code (the tiny stand-in for Qwen2.5-VL's): its chat
+    markers <|im_start|>, <|im_end|>, <|endoftext|> and `whole_words` are single tokens, any other
+    word is split into characters."""
+    import string
+
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    vocab = {"<|endoftext|>": 0, "<unk>": 1}
+    for word in (*special[:2], *whole_words, *chars, *("##" + c for c in chars)):
+        vocab.setdefault(word, len(vocab))
+    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in special])
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", unk_token="<unk>",
+                                   eos_token="<|im_end|>", model_max_length=max_length)
 
 
 def t5_encoder(vocab_size: int, d_model: int, seed: int = SEED + 1, umt5: bool = False):

@@ -173,3 +173,18 @@ def select_ranges(x: Tensor, ranges: tuple[tuple[int, int], ...], dim: int) -> T
         start, stop = ranges[0]
         return x.narrow(dim, start, stop - start)
     return torch.cat([x.narrow(dim, start, stop - start) for start, stop in ranges], dim=dim)
+
+
+def shard_rotary(rotary_emb, layout: SeqLayout, sp_index: int, part: int, dim: int, name: str = "video"):
+    """A rotary table (cos, sin) of all of `part`'s tokens along `dim` -> rank `sp_index`'s
+    chunk of it, as `layout.shard` cuts the part: zero rows for pad tokens (pad queries are
+    dropped at the gather and pad keys are never attended, so their rotation does not matter).
+    Each family's table has its own shape ([L, D], [B, L, C], [1, L, 1, D] ...): `dim` is its
+    sequence dim; `name` names the part in the error."""
+    cos, sin = rotary_emb
+    if cos.shape[dim] != layout.part_lengths[part]:
+        raise ValueError(
+            f"rotary table has {cos.shape[dim]} rows but the {name} has {layout.part_lengths[part]} tokens; "
+            "the table must come from the same latents the blocks see"
+        )
+    return layout.shard(cos, part, sp_index, dim=dim), layout.shard(sin, part, sp_index, dim=dim)

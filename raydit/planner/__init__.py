@@ -4,9 +4,11 @@
     result = plan("cogvideox-2b", 49, 480, 720, gpus=8)
     result.best.ulysses, result.best.ring, result.best.cfg, result.best.placement
 
-Layers: `model` (ModelSpec, geometry of a request), `hardware` (device table), `cluster`
-(ClusterSpec), `cost` (step time and memory model, with the formulas), `search` (enumerate,
-judge, rank), `report` (the readable table).
+Layers: `model` (ModelSpec, geometry of a request; the built-in models and pipeline readers
+the model families register), `hardware` (device table), `cluster` (ClusterSpec), `cost` (step
+time and memory model, with the formulas), `decode` (the VAE decode each spec's decoder
+costs), `layouts` (the mesh layouts every layer walks), `search` (enumerate, judge, rank),
+`report` (the readable table). It names no model family.
 """
 
 from raydit.planner.cluster import ClusterSpec, NodeSpec

@@ -7,10 +7,10 @@ to rank 0. Per video, with n = ranks, H x W output pixels, F output frames, e by
 
     compute   t_c = F H W m / P_vae x ceil(rows / n) / rows      (the largest band paces)
               m = FLOP per output pixel and frame of the family's decoder (2 x MACs, counted
-              on diffusers' decoders with real configs: DECODERS below), P_vae = P x VAE_EFFICIENCY
+              on diffusers' decoders with real configs: each family's DecoderShape), P_vae = P x VAE_EFFICIENCY
     halo      t_h = [n > 1] (x a + 2 F W h e / B)                 (both neighbours at once)
               x = halo exchanges (one per convolution taller than one row, per call of the
-              decoder), h = halo values per output frame and output column (DECODERS)
+              decoder), h = halo values per output frame and output column (DecoderShape)
     norms     [n > 1] g a: one small all-gather per group norm (CogVideoX)
     gather    [n > 1] F H W 3 e (n - 1) / n / B + a                 (the bands to rank 0)
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raydit.planner.model import ModelSpec, VideoGeometry
+from raydit.planner.model import DecoderShape, ModelSpec, VideoGeometry
 
 GB = 1e9
 # Fraction of the device's DiT rate (DeviceType.flops_per_second) a VAE decoder reaches: a
@@ -58,106 +58,15 @@ TEXT_ENCODER_PLACES = ("every-rank", "one-rank", "cpu")
 TEXT_HIDDEN = 4096
 
 
-@dataclass(frozen=True)
-class DecoderShape:
-    """What the cost model needs of one family's VAE decoder (counted by forward hooks on
-    diffusers' decoder with the real config: MACs and halo values per output pixel)."""
-
-    flops_per_pixel: float  # FLOP per output pixel and frame (2 x MACs)
-    halo_values: float  # halo values sent per output frame and output column (all convs)
-    exchanges_per_latent_frame: float
-    norms_per_latent_frame: float
-    top_channels: int  # channels of the decoder's full-resolution activations (per output pixel)
-    frames_per_call: int  # output frames one decoder call produces (0: the whole video)
-    parallel: bool = True  # raydit decodes this family's VAE by rows
-    # Channels of a self-attention over one decoder call's latent tokens (HunyuanVideo's mid
-    # block: 4 N^2 C FLOP for N tokens); 0: none (its cost is then in flops_per_pixel).
-    attention_channels: int = 0
-    # Latent frames per decoder call and the stride between calls (diffusers' framewise
-    # decode: each call also takes the frame before its stride, its first output frame
-    # dropped), and, for `tiled` decodes, the latent tile side and stride (diffusers' defaults).
-    call_frames: int = 0  # 0: the whole video in one call (or the cost is per pixel only)
-    call_stride: int = 0
-    tile: int = 0
-    tile_stride: int = 0
-    # Output frames the decoder makes beyond the video's and the VAE then drops (Mochi's decoder
-    # makes t x T frames for T latent frames and drops the first t - 1): decoded, so counted.
-    dropped_frames: int = 0
-
-
-# CogVideoX (AutoencoderKLCogVideoX, 13 latent frames -> 49): 9.30e6 MAC per output pixel-frame,
-# 8291 halo values per output frame and column, 18.9 exchanges and 17.1 group norms per latent frame.
-# Wan 2.1 (AutoencoderKLWan, base 96, 21 -> 81 frames): 4.24e6 MAC, 6320 halo values, 33 exchanges,
-# no group norm (RMS norm over channels).
-DECODERS = {
-    "cogvideox": DecoderShape(2 * 9.30e6, 8291, 18.9, 17.1, 128, 8),
-    "wan": DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4),
-}
-DECODERS["skyreels"] = DECODERS["wan"]  # SkyReels-V2 decodes with Wan 2.1's VAE (AutoencoderKLWan)
-# Wan 2.2's 16x VAE (TI2V-5B: decoder base 256 at half resolution, patch 2; 5 -> 17 frames):
-# 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
-# channels at half resolution hold as much as 64 at full resolution.
-WAN_16X = DecoderShape(2 * 9.33e6, 8934, 33.0, 0.0, 64, 4)
-# HunyuanVideo (AutoencoderKLHunyuanVideo, diffusers' default config = HunyuanVideo's: blocks
-# 128/256/512/512, 2 layers each, mid-block attention), counted with torch.utils.flop_counter
-# on the decoder built on the meta device (a throwaway script: `FlopCounterMode` around
-# `vae.decoder(torch.randn(1, 16, T, h, w, device="meta"))`, T x h x w = 3x8x8, 5x32x32,
-# 9x32x32 latents): 9x32x32 (33 x 256 x 256 out) 3.711e13 FLOP in convolutions + 1.9e10 in
-# linear layers, 1.716e7 FLOP per output pixel-frame (5x32x32: 1.754e7 incl. attention;
-# 3x8x8: 1.808e7, edges weigh more), plus the mid block's one-head attention over the call's
-# latent tokens, 4 N^2 x 512 FLOP (1.74e11 at N = 9216: the bmm count). diffusers decodes it
-# framewise (5 latent frames a call, stride 3) and, with enable_tiling() (the official
-# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit splits it by
-# rows (issue 18). Halo counts by forward pre-hooks on the same meta-device decoder (5 x 32 x 32
-# latents, one call of 17 frames: 35 convolutions with a 1-row halo, 30 group norms; 2342 halo
-# values per output frame and column): per latent frame of the framewise decode (stride 3,
-# each output frame decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms.
-HUNYUAN = DecoderShape(1.716e7, 3318, 11.7, 10.0, 128, 17, attention_channels=512,
-                       call_frames=5, call_stride=3, tile=32, tile_stride=24)
-DECODERS["hunyuanvideo"] = HUNYUAN
-# HunyuanVideo 1.5 (AutoencoderKLHunyuanVideo15, default config: 16x, blocks 128 ... 1024, RMS
-# norms), counted the same way on 5 x 16 x 16 latents (17 x 256 x 256 out): 2.535e7 FLOP per
-# output pixel-frame in convolutions, plus its mid block's one-head attention over every latent
-# token of the video at 1024 channels (6.7e9 = 4 N^2 C, N = 1280); 3370 halo values per output
-# frame and column, 8 exchanges per latent frame, no group norm. diffusers decodes the whole
-# video in one call (no framewise decode).
-HUNYUAN15 = DecoderShape(2.535e7, 3370, 8.0, 0.0, 128, 0, attention_channels=1024)
-DECODERS["hunyuanvideo15"] = HUNYUAN15
-# LTX-Video (AutoencoderKLLTXVideo, default config = 0.9.0's: decoder 512 ... 128 channels,
-# patch 4), 5 x 16 x 16 latents (33 x 512 x 512 out): 8.92e5 FLOP per output pixel-frame
-# (3 x 8 x 8: 9.17e5), 590 halo values per output frame and column, 8.6 exchanges per latent
-# frame, RMS norms only; its 128 channels at a quarter of the resolution hold as much as 8 at
-# full resolution; the whole video in one call.
-LTX = DecoderShape(2 * 4.46e5, 590, 8.6, 0.0, 8, 0)
-DECODERS["ltx"] = LTX
-# Mochi 1 (AutoencoderKLMochi(), diffusers' default config = its conversion script's: decoder 768
-# ... 128 channels, replicate-padded causal convolutions, per-frame group norms, no attention),
-# counted the same way on the meta device: 1.5805e7 FLOP per decoded output pixel-frame (4 x 16 x
-# 16 and 8 x 16 x 16 latents alike); the decoder makes 6 T frames for T latent frames, of which
-# the VAE drops the first 5 (`dropped_frames`); 4670 halo values per decoded frame and column (5 x
-# 16 x 16); 38 convolutions with a 1-row halo per call (9.5 per latent frame at the pipeline's 19
-# frames: 4 latent frames) and 16.4 group-norm calls per latent frame (each norm runs per 8
-# frames); the whole video in one call at 128 channels at full resolution. raydit splits it by
-# rows (issue 34).
-DECODERS["mochi"] = DecoderShape(1.5805e7, 4670, 9.5, 16.4, 128, 0, dropped_frames=5)
-# Kandinsky 5 decodes with HunyuanVideo's VAE (AutoencoderKLHunyuanVideo), split by rows as
-# HunyuanVideo's is (its family decodes by rows): priced as that decoder, split.
-DECODERS["kandinsky5"] = HUNYUAN
-# LTX-2's video VAE (AutoencoderKLLTX2Video, diffusers' default config = LTX-2's), counted with
-# torch.utils.flop_counter on the meta device, 3 x 8 x 8 latents (17 x 256 x 256 out): 1.5030e12
-# FLOP, 1.349e6 per output pixel-frame (LTX-Video's decoder, the same way: 9.17e5). raydit runs it
-# whole on one rank (the family does not split it), so it is priced whole, not split; the other
-# figures (halo, memory) stay the stand-in's (_OTHER below): not counted for LTX-2.
-DECODERS["ltx2"] = DecoderShape(1.349e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
-# Families whose VAE raydit does not split and whose decoder is not counted (decoded
-# replicated, on one rank's time): a Wan-2.1-like cost per pixel stands in for their decoder.
-_OTHER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
+# A model whose family declares no decoder (ModelSpec.decoder None: its VAE is not split and its
+# decoder not counted, decoded replicated, on one rank's time): a Wan-2.1-like cost per pixel
+# stands in for it.
+UNCOUNTED = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
 
 
 def decoder_shape(spec: ModelSpec) -> DecoderShape:
-    if spec.family == "wan" and spec.vae_spatial == 16:
-        return WAN_16X
-    return DECODERS.get(spec.family, _OTHER)
+    """The decoder the family declared with the spec, or UNCOUNTED."""
+    return spec.decoder if spec.decoder is not None else UNCOUNTED
 
 
 @dataclass(frozen=True)

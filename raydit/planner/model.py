@@ -24,27 +24,43 @@ import struct
 from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 
 POSITIONAL_KINDS = ("sinusoidal", "rotary", "learned")
 
-# T5 v1.1 XXL encoder (CogVideoX, LTX-Video, Mochi), umT5-XXL encoder (Wan), and
-# HunyuanVideo's LLaVA-Llama-3-8B + CLIP-L: parameter counts.
-_T5_XXL = 4.76e9
-_UMT5_XXL = 5.68e9
-_HUNYUAN_TEXT = 8.03e9 + 0.12e9
-# HunyuanVideo-I2V's LLaVA-Llama-3-8B with its CLIP ViT-L/14-336 vision tower (0.30e9) and
-# projector (0.02e9), + CLIP-L text.
-_HUNYUAN_I2V_TEXT = 8.03e9 + 0.30e9 + 0.02e9 + 0.12e9
-_CLIP_VIT_H = 0.63e9
-_HUNYUAN15_TEXT = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encoder
-# LTX-2: Gemma 3 12B (11.77e9 text with tied embeddings + 0.42e9 SigLIP) and the pipeline's text
-# connectors (1.43e9: Linear 49 x 3840 -> 3840 and two 2-layer 30 x 128 transformers, LTX2TextConnectors'
-# defaults, which are LTX-2's).
-_LTX2_TEXT = 12.19e9 + 1.43e9
-# Kandinsky 5: Qwen2.5-VL-7B (the whole Qwen2_5_VLForConditionalGeneration the pipelines load,
-# 8.29e9) + CLIP ViT-L/14's text model (0.12e9).
-_KANDINSKY5_TEXT = 8.29e9 + 0.12e9
+# Parameter counts of text and image encoders several families' pipelines load (a family's own
+# encoders are counted in its module): T5 v1.1 XXL's encoder, umT5-XXL's encoder, CLIP ViT-H/14's
+# vision tower (an image-to-video pipeline's image encoder).
+T5_XXL_PARAMS = 4.76e9
+UMT5_XXL_PARAMS = 5.68e9
+CLIP_VIT_H_PARAMS = 0.63e9
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What the cost model needs of one family's VAE decoder (counted by forward hooks on
+    diffusers' decoder with the real config: MACs and halo values per output pixel). A family
+    declares its own (raydit.planner.decode prices it); a ModelSpec carries it as `decoder`."""
+
+    flops_per_pixel: float  # FLOP per output pixel and frame (2 x MACs)
+    halo_values: float  # halo values sent per output frame and output column (all convs)
+    exchanges_per_latent_frame: float
+    norms_per_latent_frame: float
+    top_channels: int  # channels of the decoder's full-resolution activations (per output pixel)
+    frames_per_call: int  # output frames one decoder call produces (0: the whole video)
+    parallel: bool = True  # raydit decodes this family's VAE by rows
+    # Channels of a self-attention over one decoder call's latent tokens (HunyuanVideo's mid
+    # block: 4 N^2 C FLOP for N tokens); 0: none (its cost is then in flops_per_pixel).
+    attention_channels: int = 0
+    # Latent frames per decoder call and the stride between calls (diffusers' framewise
+    # decode: each call also takes the frame before its stride, its first output frame
+    # dropped), and, for `tiled` decodes, the latent tile side and stride (diffusers' defaults).
+    call_frames: int = 0  # 0: the whole video in one call (or the cost is per pixel only)
+    call_stride: int = 0
+    tile: int = 0
+    tile_stride: int = 0
+    # Output frames the decoder makes beyond the video's and the VAE then drops (Mochi's decoder
+    # makes t x T frames for T latent frames and drops the first t - 1): decoded, so counted.
+    dropped_frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,7 @@ class ModelSpec:
     audio_tokens_per_second: audio tokens per second of sound (sample rate / mel hop / the audio
         VAE's temporal compression); frame_rate: frames per second a request's video is read at
         to give the sound's length. Both 0 without an audio stream.
+    decoder: the VAE decoder's shape (DecoderShape), declared by the family; None: uncounted.
     """
 
     name: str
@@ -108,6 +125,9 @@ class ModelSpec:
     # rotary, residuals, activations) move in eager mode, counted on the family's diffusers block;
     # 0: not counted (raydit.planner.devicemodel.DEFAULT_ELEMENTWISE_BYTES stands in).
     elementwise_bytes: float = 0.0
+    # The family's VAE decoder as the cost model prices it; None: not counted, decoded on one
+    # rank (raydit.planner.decode prices a Wan-2.1-like decoder per pixel for it).
+    decoder: DecoderShape | None = None
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
@@ -134,6 +154,8 @@ class ModelSpec:
             raise ValueError(
                 f"model {self.name!r}: an audio stream needs audio_heads, audio_head_dim, audio_ffn_hidden, "
                 f"audio_tokens_per_second and frame_rate all > 0 (none: all 0), got {', '.join(map(str, audio))}")
+        if self.decoder is not None and not isinstance(self.decoder, DecoderShape):
+            raise ValueError(f"model {self.name!r}: decoder must be a DecoderShape or None, got {self.decoder!r}")
         if self.text_tokens < 0:
             raise ValueError(f"model {self.name!r}: text_tokens must be >= 0, got {self.text_tokens}")
         if self.positional not in POSITIONAL_KINDS:
@@ -277,178 +299,63 @@ class VideoGeometry:
         return d
 
 
-def _cogvideox_params(layers: int, hidden: int, ffn: int) -> float:
-    """Transformer parameter estimate: attention 4h^2, FFN 2h*ffn, two adaptive norms ~4h^2."""
-    return float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
+# name -> ModelSpec: the built-in models, each declared by its family (register_models); the
+# planner lists none itself. `set_model_source` names who makes them known (the package that
+# loads the families, raydit/__init__.py): it is called once, at the first lookup, so no caller
+# has to load the families before asking for a model.
+_BUILTINS: dict[str, ModelSpec] = {}
+_SOURCES: list[Callable[[], None]] = []
+_LOADED = False
 
 
-def _builtin_specs() -> dict[str, ModelSpec]:
-    # name, family, heads, head_dim, layers, ffn, patch, patch_t, text tokens, text joins the
-    # sequence, positional, latent channels, params, text-encoder params, VAE params,
-    # default frames, height, width.
-    specs = [
-        ModelSpec("cogvideox-2b", "cogvideox", 30, 64, 30, 7680, 2, None, 226, True, "sinusoidal",
-                  16, 1.69e9, _T5_XXL, 0.22e9, 49, 480, 720),
-        ModelSpec("cogvideox-5b", "cogvideox", 48, 64, 42, 12288, 2, None, 226, True, "rotary",
-                  16, 5.57e9, _T5_XXL, 0.22e9, 49, 480, 720),
-        ModelSpec("cogvideox1.5-5b", "cogvideox", 48, 64, 42, 12288, 2, 2, 226, True, "rotary",
-                  16, 5.57e9, _T5_XXL, 0.22e9, 81, 768, 1360),
-        ModelSpec("wan2.1-t2v-1.3b", "wan", 12, 128, 30, 8960, 2, 1, 512, False, "rotary",
-                  16, 1.42e9, _UMT5_XXL, 0.13e9, 81, 480, 832),
-        ModelSpec("wan2.1-t2v-14b", "wan", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  16, 14.0e9, _UMT5_XXL, 0.13e9, 81, 720, 1280),
-        # I2V: 16 noise + 4 mask + 16 image-latent channels; 257 CLIP image tokens join the
-        # text in cross-attention (the CLIP ViT-H image encoder counts with the text encoder).
-        ModelSpec("wan2.1-i2v-14b-480p", "wan", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  36, 14.0e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 81, 480, 832),
-        # Two 14B experts: `transformer` above the boundary timestep, `transformer_2` below.
-        ModelSpec("wan2.2-t2v-a14b", "wan", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  16, 14.0e9, _UMT5_XXL, 0.13e9, 81, 720, 1280, experts=2),
-        # TI2V-5B: 48 latent channels, the 16x spatial VAE; 121 frames at 704 x 1280.
-        ModelSpec("wan2.2-ti2v-5b", "wan", 24, 128, 30, 14336, 2, 1, 512, False, "rotary",
-                  48, 5.0e9, _UMT5_XXL, 0.7e9, 121, 704, 1280, vae_spatial=16),
-        # SkyReels-V2 (Skywork/SkyReels-V2-*-Diffusers): Wan 2.1's transformer layout (1.3B: 12
-        # heads x 128, 30 layers; 14B: 40 x 128, 40 layers) as diffusers' conversion script
-        # configures it; parameters counted on the meta device (1.3B DF 1.436e9 with its fps
-        # embedding, I2V 1.3B 1.564e9, 14B 14.29e9, I2V 14B 16.39e9). Defaults: 540P 97 x 544 x
-        # 960 (the pipelines'), 720P 121 x 720 x 1280 (base_num_frames 121 for diffusion forcing).
-        # DF: a timestep per latent frame, long videos in windows of base_num_frames.
-        ModelSpec("skyreels-v2-t2v-14b-540p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  16, 14.29e9, _UMT5_XXL, 0.13e9, 97, 544, 960),
-        ModelSpec("skyreels-v2-t2v-14b-720p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  16, 14.29e9, _UMT5_XXL, 0.13e9, 121, 720, 1280),
-        ModelSpec("skyreels-v2-i2v-1.3b-540p", "skyreels", 12, 128, 30, 8960, 2, 1, 512, False, "rotary",
-                  36, 1.564e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 97, 544, 960),
-        ModelSpec("skyreels-v2-i2v-14b-540p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  36, 16.39e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 97, 544, 960),
-        ModelSpec("skyreels-v2-i2v-14b-720p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  36, 16.39e9, _UMT5_XXL + _CLIP_VIT_H, 0.13e9, 121, 720, 1280),
-        ModelSpec("skyreels-v2-df-1.3b-540p", "skyreels", 12, 128, 30, 8960, 2, 1, 512, False, "rotary",
-                  16, 1.436e9, _UMT5_XXL, 0.13e9, 97, 544, 960),
-        ModelSpec("skyreels-v2-df-14b-540p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  16, 14.29e9, _UMT5_XXL, 0.13e9, 97, 544, 960),
-        ModelSpec("skyreels-v2-df-14b-720p", "skyreels", 40, 128, 40, 13824, 2, 1, 512, False, "rotary",
-                  16, 14.29e9, _UMT5_XXL, 0.13e9, 121, 720, 1280),
-        # 20 dual-stream + 40 single-stream blocks, counted as 60 attention layers.
-        # Guidance is embedded (a guidance-scale input): one transformer pass per step.
-        ModelSpec("hunyuanvideo", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 256, True, "rotary",
-                  16, 12.8e9, _HUNYUAN_TEXT, 0.25e9, 129, 720, 1280, cfg_branches=1),
-        # HunyuanVideo-I2V (hunyuanvideo-community/HunyuanVideo-I2V): the same transformer with
-        # token_replace blocks (16 channels; the image's latents replace the first latent frame).
-        # Text: 576 image features of the LLaVA kept 1 in 4 (144) + 252 prompt tokens = 396;
-        # HunyuanVideoImageToVideoPipeline's defaults 129 x 720 x 1280.
-        ModelSpec("hunyuanvideo-i2v", "hunyuanvideo", 24, 128, 60, 12288, 2, 1, 396, True, "rotary",
-                  16, 12.8e9, _HUNYUAN_I2V_TEXT, 0.25e9, 129, 720, 1280, cfg_branches=1),
-        # HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel's defaults: 16 heads x 128, 54
-        # dual-stream blocks, patch 1, 65 = 32 noise + 32 image + 1 mask channels, 8.33e9 params
-        # counted on the meta device; AutoencoderKLHunyuanVideo15: 16x / 4x, 32 channels, 1.26e9).
-        # Text joins the attention: 1000 Qwen2.5-VL + 256 ByT5 tokens (padded); encoders: the
-        # Qwen2.5-VL-7B text model 7.07e9 + ByT5-small's encoder 0.22e9. Defaults: 121 frames at
-        # the 16:9 bucket of the transformer's target_size (640: 480 x 848; 960: 720 x 1280).
-        ModelSpec("hunyuanvideo-1.5-480p", "hunyuanvideo15", 16, 128, 54, 8192, 1, 1, 1256, True, "rotary",
-                  65, 8.33e9, _HUNYUAN15_TEXT, 1.26e9, 121, 480, 848, vae_spatial=16),
-        ModelSpec("hunyuanvideo-1.5-720p", "hunyuanvideo15", 16, 128, 54, 8192, 1, 1, 1256, True, "rotary",
-                  65, 8.33e9, _HUNYUAN15_TEXT, 1.26e9, 121, 720, 1280, vae_spatial=16),
-        # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
-        ModelSpec("ltx-video", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
-                  128, 1.92e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
-        # The same 2B model under its sized name; LTX-Video 13B (0.9.7): 32 heads x 128, 48 layers,
-        # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704). Shapes and
-        # parameter counts (1.923e9, 13.04e9) are what diffusers builds from the configs its
-        # conversion script writes for those checkpoints (tests/test_planner_model.py).
-        ModelSpec("ltx-video-2b", "ltx", 32, 64, 28, 8192, 1, 1, 128, False, "rotary",
-                  128, 1.92e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
-        ModelSpec("ltx-video-13b", "ltx", 32, 128, 48, 16384, 1, 1, 128, False, "rotary",
-                  128, 13.04e9, _T5_XXL, 0.4e9, 161, 512, 704, vae_spatial=32, vae_temporal=8),
-        # LTX-2 (Lightricks/LTX-2, LTX2Pipeline): the 19B audio-video transformer, diffusers'
-        # LTX2VideoTransformer3DModel defaults (its LTX-2 config): video 32 heads x 128, 48
-        # blocks, 128 latent channels, patch 1; the audio stream (32 x 64 = 2048 wide, FFN 4 x) runs
-        # in the same blocks and is counted in the parameters (1.888e10 on the meta device), not in
-        # the split sequence: its tokens (AutoencoderKLLTX2Audio's defaults: 16000 Hz / hop 160 /
-        # 4x temporal compression = 25 a second, read at the pipeline's 24 fps) stay whole on every
-        # rank, costed apart (raydit.planner.cost). Gemma 3 text reaches both streams by
-        # cross-attention, 1024 tokens (max_sequence_length). VAEs: video 32x / 8x (the pipeline's),
-        # 1.22e9 + audio VAE 0.05e9 + vocoder 0.06e9. LTX2Pipeline's defaults: 121 x 512 x 768.
-        # Guidance: four branches per step (the negative and positive passes, STG, modality), shared
-        # out over cfg 1, 2 or 4 groups.
-        ModelSpec("ltx-2", "ltx2", 32, 128, 48, 16384, 1, 1, 1024, False, "rotary",
-                  128, 18.88e9, _LTX2_TEXT, 1.33e9, 121, 512, 768, vae_spatial=32, vae_temporal=8,
-                  cfg_branches=4, audio_heads=32, audio_head_dim=64, audio_ffn_hidden=4 * 32 * 64,
-                  audio_tokens_per_second=25.0, frame_rate=24.0),
-        # Kandinsky 5 (kandinskylab/Kandinsky-5.0-*-Diffusers, Kandinsky5T2VPipeline / I2V),
-        # Kandinsky5Transformer3DModel as its configs set it: Lite 2B (model_dim 1792 = 28 heads x
-        # 64, 32 visual + 2 text blocks, FFN 7168, time_dim 512) and Pro 19B (4096 = 32 x 128,
-        # 60 + 4 blocks, FFN 16384, time_dim 1024); patch (1, 2, 2), 33 = 16 noise + 16
-        # conditioning + 1 mask channels; 2.008e9 / 1.931e10 parameters on the meta device
-        # (tests/models/test_family_kandinsky5.py). Layers count the visual blocks (the text
-        # blocks run on the text alone, whole on every rank); the text is cross-attended, at most
-        # 512 Qwen2.5-VL tokens. The HunyuanVideo VAE (8x / 4x, 0.25e9); the pipelines' defaults
-        # 121 x 512 x 768. The 10 s Lite checkpoints use NABLA sparse attention: one process per
-        # replica only (sequence parallelism refuses it).
-        ModelSpec("kandinsky5-t2v-lite", "kandinsky5", 28, 64, 32, 7168, 2, 1, 512, False, "rotary",
-                  33, 2.008e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
-        ModelSpec("kandinsky5-t2v-pro", "kandinsky5", 32, 128, 60, 16384, 2, 1, 512, False, "rotary",
-                  33, 19.31e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
-        ModelSpec("kandinsky5-i2v-pro", "kandinsky5", 32, 128, 60, 16384, 2, 1, 512, False, "rotary",
-                  33, 19.31e9, _KANDINSKY5_TEXT, 0.25e9, 121, 512, 768),
-        # Mochi 1 (genmo/mochi-1-preview): MochiTransformer3DModel's defaults, which its conversion
-        # script builds (24 heads x 128, 48 asymmetric dual-stream blocks, a 1536-wide text
-        # stream, SwiGLU of inner width 8192, patch 2, 12 latent channels: 1.0028e10 parameters
-        # on the meta device); the T5 text (256 tokens, padded) joins the attention.
-        # AutoencoderKLMochi(latent_channels=12): 6x in time, 8x in space, 4.6e8 parameters.
-        # MochiPipeline's defaults: 19 frames at 480 x 848.
-        ModelSpec("mochi-1", "mochi", 24, 128, 48, 8192, 2, 1, 256, True, "rotary",
-                  12, 10.03e9, _T5_XXL, 0.46e9, 19, 480, 848, vae_temporal=6),
-    ]
-    # Built-in tiny pipelines (random weights, written by their family's module; a test
-    # checks each against the spec read back from the directory it writes).
-    tiny_hidden = 2 * 16
-    specs.append(ModelSpec("tiny", "cogvideox", 2, 16, 2, 4 * tiny_hidden, 2, None, 16, True, "sinusoidal",
-                           4, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
-    specs.append(ModelSpec("tiny-i2v", "cogvideox", 2, 16, 2, 4 * tiny_hidden, 2, None, 16, True, "rotary",
-                           8, _cogvideox_params(2, tiny_hidden, 4 * tiny_hidden), 1e5, 1e5, 9, 64, 64))
-    # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
-    specs.append(ModelSpec("tiny-hunyuan", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 256, True, "rotary",
-                           4, 6.4e5, 4.2e4, 7.1e4, 9, 64, 64, cfg_branches=1))
-    # tiny-hunyuan-i2v: the same with token_replace blocks; a tiny Llava: 144 image + 252 text tokens.
-    specs.append(ModelSpec("tiny-hunyuan-i2v", "hunyuanvideo", 6, 16, 2, 192, 2, 1, 396, True, "rotary",
-                           4, 6.4e5, 6.3e4, 7.1e4, 9, 64, 64, cfg_branches=1))
-    # tiny-hunyuan15 / -i2v: HunyuanVideo 1.5's layout (patch 1, 16x VAE, joint text) at 6 heads x 8.
-    # (4.6e6 parameters: the ByT5 projection's 2048-wide hidden layer is fixed by diffusers.)
-    for name, encoders in (("tiny-hunyuan15", 2.9e4), ("tiny-hunyuan15-i2v", 3.4e4)):
-        specs.append(ModelSpec(name, "hunyuanvideo15", 6, 8, 2, 96, 1, 1, 1256, True, "rotary",
-                               9, 4.6e6, encoders, 1.1e5, 9, 48, 80, vae_spatial=16))
-    # tiny-mochi: Mochi's layout (asymmetric dual-stream blocks, 6x / 8x VAE, joint T5 text) at 6 heads.
-    specs.append(ModelSpec("tiny-mochi", "mochi", 6, 16, 2, 256, 2, 1, 256, True, "rotary",
-                           12, 4.2e5, 2.5e4, 6.1e5, 7, 32, 48, vae_temporal=6))
-    # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
-    specs.append(ModelSpec("tiny-ltx", "ltx", 6, 12, 2, 288, 1, 1, 128, False, "rotary",
-                           8, 2.3e5, 2.5e4, 1.1e5, 9, 64, 96, vae_spatial=32, vae_temporal=8))
-    # tiny-kandinsky5 / -i2v: Kandinsky 5's layout (patch (1, 2, 2), HunyuanVideo VAE, Qwen text
-    # cross-attended) at 6 heads x 8; I2V at 17 frames (its pipeline needs 5 latent frames).
-    for name, frames, height, width in (("tiny-kandinsky5", 9, 48, 80), ("tiny-kandinsky5-i2v", 17, 32, 48)):
-        specs.append(ModelSpec(name, "kandinsky5", 6, 8, 2, 64, 2, 1, 512, False, "rotary",
-                               9, 9.2e4, 2.2e4, 7.1e4, frames, height, width))
-    return {s.name: _with_elementwise(s) for s in specs}
+def register_models(specs) -> None:
+    """Make `specs` (ModelSpecs) built-in models, looked up by name (case-insensitive)."""
+    for spec in specs:
+        if not isinstance(spec, ModelSpec):
+            raise ValueError(f"a built-in model must be a ModelSpec, got {type(spec).__name__}")
+        owner = _BUILTINS.get(spec.name)
+        if owner is not None and owner != spec:
+            raise ValueError(f"built-in model {spec.name!r} is declared twice, differently ({owner.family}, "
+                             f"{spec.family}); give one of them another name")
+        _BUILTINS[spec.name] = spec
 
 
-# Bytes per token and channel a layer's non-GEMM, non-attention ops move in eager bf16, counted
-# on diffusers 0.42.1's blocks at real widths on the meta device: a TorchDispatchMode summing the
-# bytes of every op's inputs and outputs (views, GEMMs and the attention kernel excluded), one block
-# of 1024 video tokens with the family's text (bench/bench_opsweep.py --count-blocks repeats it):
-# WanTransformerBlock (1536 wide; modulation, norms and rotary in float32) 658.8 MB over 1024 x 1536
-# -> 419; CogVideoXBlock (1920, 1024 + 226 tokens) 202.3 MB -> 84; HunyuanVideo's dual-stream
-# block (3072, 1024 + 256) 912.9 MB -> 232 and single-stream 936.3 MB -> 238 (238 taken).
-# SkyReels-V2 runs Wan's block. Families not counted: 0 (the device model's default).
-ELEMENTWISE_BYTES = {"wan": 419.0, "skyreels": 419.0, "cogvideox": 84.0, "hunyuanvideo": 238.0}
+def set_model_source(load: Callable[[], None]) -> None:
+    """`load()` registers the built-in models and pipeline readers (register_models,
+    register_spec_reader); it runs once, before the first lookup that needs them."""
+    if load not in _SOURCES:
+        _SOURCES.append(load)
 
 
-def _with_elementwise(spec: ModelSpec) -> ModelSpec:
-    counted = ELEMENTWISE_BYTES.get(spec.family, 0.0)
-    return replace(spec, elementwise_bytes=counted) if counted and not spec.elementwise_bytes else spec
+def _load() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True  # set first: a source that looks a model up while loading sees what is there
+    for load in list(_SOURCES):
+        load()
 
 
-BUILTIN_MODELS: Mapping[str, ModelSpec] = MappingProxyType(_builtin_specs())  # read-only
+class _BuiltinModels(Mapping):
+    """The built-in models, read-only; reading it loads their sources first."""
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        _load()
+        return _BUILTINS[name]
+
+    def __iter__(self):
+        _load()
+        return iter(dict(_BUILTINS))
+
+    def __len__(self) -> int:
+        _load()
+        return len(_BUILTINS)
+
+    def __repr__(self) -> str:
+        return f"BUILTIN_MODELS({', '.join(self)})"
+
+
+BUILTIN_MODELS: Mapping[str, ModelSpec] = _BuiltinModels()
 
 
 def model_spec(name_or_dir) -> ModelSpec:
@@ -532,7 +439,7 @@ def _t5_estimate(config: dict) -> float:
 
 
 # Pipeline class (model_index.json `_class_name`) -> reader(path, configs) -> ModelSpec.
-# Filled by raydit.models.registry from the model families; the planner names none.
+# Filled by the model families (through the model source); the planner names none.
 _SPEC_READERS: dict[str, Callable] = {}
 
 # Component folders whose config a reader may need; `configs[""]` is model_index.json.
@@ -577,12 +484,13 @@ def _spec_from_dir(path: Path) -> ModelSpec:
         )
     configs = read_pipeline_configs(path)
     class_name = str(configs[""].get("_class_name", ""))
+    _load()
     reader = _SPEC_READERS.get(class_name)
     if reader is None:
         if not _SPEC_READERS:
             raise ValueError(
-                "pipeline directories are read through raydit's model families: call "
-                "raydit.model_spec / raydit.plan (or raydit.models.registry.load_families() first)"
+                "pipeline directories are read through raydit's model families, and none is known: "
+                "import raydit (it makes them known) before raydit.planner"
             )
         raise ValueError(
             f"model directory {str(path)!r} holds a {class_name or '(no _class_name)'}; raydit plans "
@@ -593,7 +501,7 @@ def _spec_from_dir(path: Path) -> ModelSpec:
             f"model directory {str(path)!r} has no transformer/config.json; give a diffusers "
             "pipeline directory (saved with save_pretrained) or a built-in name"
         )
-    return _with_elementwise(reader(path, configs))
+    return reader(path, configs)
 
 
 def require(config: dict, key: str, where: str):
@@ -601,3 +509,22 @@ def require(config: dict, key: str, where: str):
     if key not in config:
         raise ValueError(f"{where}: missing {key!r}")
     return config[key]
+
+
+def transformer_config(path: Path, configs: Mapping[str, dict], supported, pipeline: str,
+                       component: str = "transformer") -> tuple[dict, str]:
+    """(config, where it was read) of a pipeline directory's transformer, read by a family's
+    spec reader; a transformer class `supported` does not take (a class name, or a function of
+    it) is refused in one line naming the file and `pipeline` ("a Wan pipeline")."""
+    cfg = dict(configs.get(component, {}))
+    where = str(path / component / "config.json")
+    cls = str(cfg.get("_class_name", ""))
+    if not (supported(cls) if callable(supported) else cls == supported):
+        raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by {pipeline}")
+    return cfg, where
+
+
+def attention_shape(config: dict, where: str) -> tuple[int, int]:
+    """(heads, head dim) of a transformer config with num_attention_heads and attention_head_dim."""
+    return int(require(config, "num_attention_heads", where)), int(require(config, "attention_head_dim", where))
+

@@ -50,6 +50,7 @@ from raydit.planner.cost import Link, StepCost
 from raydit.planner.decode import DecodeCost, decode_cost
 from raydit.planner.devicemodel import Mode
 from raydit.planner.hardware import DeviceType
+from raydit.planner.layouts import cfg_degrees
 from raydit.planner.model import ModelSpec, VideoGeometry, model_spec
 from raydit.planner.sharding import GatherCost, gather_cost, sharded_gb
 
@@ -749,7 +750,7 @@ def batch_capacity(result: "PlanResult", plan: "Plan", limit: int = 64) -> int:
 
 def _degrees_text(branches: int) -> str:
     """The cfg degrees that share `branches` evenly, as words."""
-    return " or ".join(f"cfg {d}" for d in range(1, branches + 1) if branches % d == 0)
+    return " or ".join(f"cfg {d}" for d in cfg_degrees(branches))
 
 
 def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world_size=None,
@@ -758,7 +759,7 @@ def _enumerate(spec, geo, cluster, branches, ulysses, ring, cfg, replicas, world
     N = cluster.total
     feasible: list[Plan] = []
     rejected: list[Rejection] = []
-    cfgs = [cfg] if cfg is not None else [d for d in range(1, branches + 1) if branches % d == 0]
+    cfgs = [cfg] if cfg is not None else cfg_degrees(branches)
     for C in cfgs:
         if ulysses is not None:
             us = [ulysses]

@@ -394,10 +394,8 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
     Returns the entry filed under the spec's calibration_key."""
     import torch
 
-    from raydit.models.conformance import test_image
-    from raydit.models.family import GenerationRequest, image_to_png
+    from raydit.models.family import GenerationRequest, checker_image, image_to_png
     from raydit.models.loading import load_pipeline, takes_image
-    from raydit.models.registry import load_families
     from raydit.models.runner import Runner
     from raydit.parallel.kernels import measure_kernels
     from raydit.planner import cost as costmod
@@ -407,7 +405,6 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
         raise ValueError(f"steps {steps!r} must be an integer >= 2 (the first is dropped)")
     from raydit.models.loading import resolve_model_dir
 
-    load_families()
     model_dir = str(resolve_model_dir(str(model_dir)))
     spec = model_spec(model_dir)
     geo = spec.geometry(frames, height, width)
@@ -416,7 +413,7 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
     own = pipe is None
     if own:
         pipe = load_pipeline(model_dir, device=dev, dtype=dtype)
-    image = image_to_png(test_image(geo.height, geo.width)) if takes_image(model_dir) else None
+    image = image_to_png(checker_image(geo.height, geo.width)) if takes_image(model_dir) else None
     request = GenerationRequest(prompt=MODEL_PROMPT, num_frames=geo.frames, height=geo.height, width=geo.width,
                                 num_inference_steps=steps, guidance_scale=MODEL_GUIDANCE, seed=0, image=image)
     runner = Runner(pipe, device=dev, dtype=dtype)

@@ -50,7 +50,8 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, mochi, skyreels, wan
+    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, skyreels, wan
+    from raydit.models.families.mochi import tiny as mochi_tiny
 
     ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
     ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
@@ -95,8 +96,8 @@ def _cases() -> list[CacheCase]:
                        num_inference_steps=STEPS, guidance_scale=5.0, seed=4, cache="fbcache", cache_threshold=1.0)),
         # Mochi 1: the video and the whole text stream are both residual streams of its blocks;
         # the guidance pair batched in one call; 3 latent frames x 2 x 3 = 18 video tokens.
-        CacheCase("mochi-teacache", "raydit.models.families.mochi:mochi_pipeline",
-                  dict(base_dir=str(mochi.tiny_pipeline_dir())), 6,
+        CacheCase("mochi-teacache", "raydit.models.families.mochi.cases:mochi_pipeline",
+                  dict(base_dir=str(mochi_tiny.tiny_pipeline_dir())), 6,
                   dict(prompt="a kite", negative_prompt="blur", num_frames=13, height=32, width=48,
                        num_inference_steps=STEPS, guidance_scale=4.5, seed=4, cache="teacache", cache_threshold=1.0)),
         # SkyReels-V2 diffusion forcing: a timestep per frame, so teacache's temb is [B, 6, L, C],

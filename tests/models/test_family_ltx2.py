@@ -92,11 +92,11 @@ def test_the_image_crf_needs_pyav_or_zero():
         pytest.skip("PyAV is installed: the re-compression runs")
     except ImportError:
         pass
-    from raydit.models.conformance import test_image
+    from raydit.models.family import checker_image
     from raydit.models.family import image_to_png
 
     pipe = ltx2.ltx2_pipeline(str(ltx2.tiny_i2v_pipeline_dir()))
-    request = dataclasses.replace(REQUEST, image=image_to_png(test_image(32, 416)), guidance_options={})
+    request = dataclasses.replace(REQUEST, image=image_to_png(checker_image(32, 416)), guidance_options={})
     with pytest.raises(ValueError, match="CRF 33 .* needs PyAV .* image_crf=0"):
         Runner(pipe).prepare(request)
 

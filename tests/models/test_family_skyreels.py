@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.family import GenerationRequest, image_to_png
+from raydit.models.family import GenerationRequest, checker_image, image_to_png
 from raydit.models.families import skyreels
 from raydit.models.runner import Runner
 
@@ -108,7 +108,7 @@ def test_other_requests_are_refused_in_one_line(df_pipe):
     base = dict(prompt="x", num_frames=9, height=48, width=80, num_inference_steps=2)
     cases = [
         (t2v, GenerationRequest(**base, guidance_options=dict(ar_step=2)), "are diffusion forcing's"),
-        (df_pipe, GenerationRequest(**base, image=image_to_png(harness.test_image(48, 80))), "takes no image"),
+        (df_pipe, GenerationRequest(**base, image=image_to_png(checker_image(48, 80))), "takes no image"),
         (t2v, GenerationRequest(**base, guidance_scale_2=3.0), "has one transformer"),
         (t2v, GenerationRequest(**{**base, "num_frames": 10}), "must be 4k + 1"),
         (df_pipe, GenerationRequest(**base, guidance_options=dict(stg_scale=1.0)), "are not taken by"),

@@ -40,7 +40,7 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
                         dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=32, width=48,
                              num_inference_steps=2, guidance_scale=5.0, seed=3), (2,)),
     # Mochi 1: 6 heads, 2 x 2 x 3 = 12 video tokens with the valid text laid out across the ranks.
-    "tiny-mochi": ("raydit.models.families.mochi:mochi_pipeline", 6, dict(),
+    "tiny-mochi": ("raydit.models.families.mochi.cases:mochi_pipeline", 6, dict(),
                    dict(prompt="a red fox", num_frames=7, height=32, width=48, num_inference_steps=2, seed=3), (2,)),
 }
 # The LoRA's target modules where the attention projections are not named to_q / to_k / to_v / to_out.0.

@@ -10,11 +10,11 @@ from torch import nn
 
 from raydit.models import get_adapter, parallelize, register_adapter, supported_transformers, unparallelize
 from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.families.cogvideox import CogVideoXAdapter, CogVideoXSPAttnProcessor, shard_rotary
+from raydit.models.families.cogvideox import VIDEO, CogVideoXAdapter, CogVideoXSPAttnProcessor
 from raydit.models.conformance import forward_once
 from raydit.models.families.cogvideox import cogvideox_forward
 from raydit.parallel.mesh import build_mesh
-from raydit.parallel.sharding import SeqLayout
+from raydit.parallel.sharding import SeqLayout, shard_rotary
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_shard_rotary_chunks_rebuild_the_table(video_len, sp):
     layout = SeqLayout(part_lengths=(13, video_len), sp=sp)
     cos = torch.arange(video_len * 4, dtype=torch.float32).view(video_len, 4)
     sin = -cos
-    chunks = [shard_rotary((cos, sin), layout, s) for s in range(sp)]
+    chunks = [shard_rotary((cos, sin), layout, s, VIDEO, dim=0) for s in range(sp)]
     chunk = layout.chunk_lengths[1]
     assert all(c.shape == (chunk, 4) and s.shape == (chunk, 4) for c, s in chunks)
     torch.testing.assert_close(torch.cat([c for c, _ in chunks])[:video_len], cos, rtol=0, atol=0)
@@ -120,7 +120,7 @@ def test_shard_rotary_chunks_rebuild_the_table(video_len, sp):
 def test_shard_rotary_refuses_a_table_of_another_size():
     layout = SeqLayout(part_lengths=(13, 10), sp=2)
     with pytest.raises(ValueError, match="rotary table has 12 rows but the video has 10 tokens"):
-        shard_rotary((torch.zeros(12, 4), torch.zeros(12, 4)), layout, 0)
+        shard_rotary((torch.zeros(12, 4), torch.zeros(12, 4)), layout, 0, VIDEO, dim=0)
 
 
 def test_split_hook_binds_positional_arguments(model_and_inputs):

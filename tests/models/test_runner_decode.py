@@ -65,16 +65,27 @@ FAMILIES = ("hunyuanvideo", "hunyuanvideo15", "ltx", "kandinsky5", "mochi", "sky
 def _family_runner(name: str, mesh=None):
     """A Runner on the family's tiny pipeline (tiny-hunyuan: 8 latent rows, tiny-hunyuan15: 3,
     tiny-ltx: 2, tiny-kandinsky5: 6, channels-last latents) and a request at its tiny defaults."""
-    import importlib
-
     from raydit.models import GenerationRequest, Runner
 
-    module = importlib.import_module(f"raydit.models.families.{name}")
     load = {"hunyuanvideo": "hunyuan_pipeline", "hunyuanvideo15": "hunyuan15_pipeline", "ltx": "ltx_pipeline",
             "kandinsky5": "kandinsky5_pipeline", "mochi": "mochi_pipeline", "skyreels": "skyreels_pipeline"}[name]
-    pipe = getattr(module, load)(str(module.tiny_pipeline_dir()))
-    request = GenerationRequest(prompt="a cat", num_inference_steps=2, seed=3, **module.TINY_DEFAULTS)
+    pipe = _family_attr(name, load)(str(_family_attr(name, "tiny_pipeline_dir")()))
+    request = GenerationRequest(prompt="a cat", num_inference_steps=2, seed=3, **_family_attr(name, "TINY_DEFAULTS"))
     return Runner(pipe, mesh=mesh), request
+
+
+def _family_attr(name: str, attr: str):
+    """`attr` of a family's module, or of its package's tiny or cases module."""
+    import importlib
+
+    for part in ("", ".tiny", ".cases"):
+        try:
+            module = importlib.import_module(f"raydit.models.families.{name}{part}")
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, attr):
+            return getattr(module, attr)
+    raise AttributeError(f"family {name} has no {attr}")
 
 
 def families_decode_worker(rank, world):
@@ -91,10 +102,8 @@ def families_decode_worker(rank, world):
 
 @pytest.fixture(scope="module")
 def families_on_two_ranks():
-    import importlib
-
     for name in FAMILIES:  # written once here, not by two ranks at the same time
-        importlib.import_module(f"raydit.models.families.{name}").tiny_pipeline_dir()
+        _family_attr(name, "tiny_pipeline_dir")()
     return run_distributed(families_decode_worker, 2, timeout=600)
 
 

@@ -273,9 +273,9 @@ def test_verify_refuses_a_tolerance_or_step_count_before_ray_starts(tmp_path):
 def _write_png(path, height=64, width=64):
     from PIL import Image
 
-    from raydit.models.conformance import test_image
+    from raydit.models.family import checker_image
 
-    Image.fromarray(test_image(height, width)).save(path)
+    Image.fromarray(checker_image(height, width)).save(path)
     return path
 
 

@@ -326,13 +326,11 @@ def test_model_calibration_files_the_models_own_rates_and_the_planner_uses_them(
     and the planner then gives the timed step back for that model (and only for it)."""
     from raydit.doctor import format_report
     from raydit.models.loading import resolve_model_dir
-    from raydit.models.registry import load_families
     from raydit.planner import model_spec
     from raydit.runtime import calibrate
 
     _, ids = fake_cluster
     monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
-    load_families()
     model = str(resolve_model_dir("tiny"))
     spec = model_spec(model)
     entry = calibrate.calibrate_type("cpu", ids["A100"], "cpu", pair=False, sizes=(64,), model=model,

@@ -23,8 +23,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import png_to_image, reference_call
 from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
+from raydit.planner.model import DecoderShape
 
 TEXT, VIDEO = 0, 1  # part indices of the layout: text first, then video (docs/design.md)
 
@@ -47,21 +49,6 @@ TINY_WIDTH = 64
 
 
 # -- adapter -------------------------------------------------------------------------------
-def shard_rotary(freqs, layout, sp_index: int):
-    """Cut the rotary table of all video tokens down to this rank's video chunk.
-
-    cos, sin: [L_video, D] -> [chunk_video, D], zero rows for pad tokens (pad queries are
-    dropped at gather and pad keys are masked, so their rotation is irrelevant).
-    """
-    cos, sin = freqs
-    if cos.shape[0] != layout.part_lengths[VIDEO]:
-        raise ValueError(
-            f"rotary table has {cos.shape[0]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "build image_rotary_emb for the same frames/height/width as the latents"
-        )
-    return (layout.shard(cos, VIDEO, sp_index, dim=0), layout.shard(sin, VIDEO, sp_index, dim=0))
-
-
 class CogVideoXSPAttnProcessor:
     """Sequence-parallel replacement for CogVideoX's attention processor.
 
@@ -77,6 +64,7 @@ class CogVideoXSPAttnProcessor:
         from diffusers.models.embeddings import apply_rotary_emb
 
         from raydit.parallel.attention import sp_attention
+        from raydit.parallel.sharding import shard_rotary
 
         if attention_mask is not None:
             raise ValueError("attention_mask is not supported under sequence parallelism; CogVideoX does not use one")
@@ -100,7 +88,7 @@ class CogVideoXSPAttnProcessor:
         if image_rotary_emb is not None:
             # Rotary applies to video tokens only; the table covers all video tokens, so take
             # the rows of this rank's video chunk.
-            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
+            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index, VIDEO, dim=0)
             q_BHLD = torch.cat([q_BHLD[:, :, :text_len], apply_rotary_emb(q_BHLD[:, :, text_len:], freqs)], dim=2)
             if not attn.is_cross_attention:
                 k_BHLD = torch.cat([k_BHLD[:, :, :text_len], apply_rotary_emb(k_BHLD[:, :, text_len:], freqs)], dim=2)
@@ -123,31 +111,72 @@ class CogVideoXAdapter(ModelAdapter):
         gather_outputs=(GatherOutput(0, VIDEO), GatherOutput(1, TEXT)),
         attention="attn1",
     )
+    processor = CogVideoXSPAttnProcessor
 
-    def make_processor(self, context: ForwardContext) -> CogVideoXSPAttnProcessor:
-        return CogVideoXSPAttnProcessor(context)
 
 
 # -- the family ----------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# AutoencoderKLCogVideoX (13 latent frames -> 49): 9.30e6 MAC per output pixel-frame, 8291 halo
+# values per output frame and column, 18.9 exchanges and 17.1 group norms per latent frame.
+DECODER = DecoderShape(2 * 9.30e6, 8291, 18.9, 17.1, 128, 8)
+
+
+def transformer_params(layers: int, hidden: int, ffn: int) -> float:
+    """CogVideoX's transformer parameters, estimated: attention 4h^2, FFN 2h*ffn, two adaptive
+    norms ~4h^2 (what the planner counts where no weights are there to count)."""
+    return float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
+
+    tiny_hidden = TINY_HEADS * TINY_HEAD_DIM
+    common = dict(family="cogvideox", patch_size=2, text_in_sequence=True)
+    return [
+        ModelSpec(name="cogvideox-2b", heads=30, head_dim=64, layers=30, ffn_hidden=7680, patch_size_t=None,
+                  text_tokens=226, positional="sinusoidal", in_channels=16, params=1.69e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.22e9, default_frames=49, default_height=480,
+                  default_width=720, **common),
+        ModelSpec(name="cogvideox-5b", heads=48, head_dim=64, layers=42, ffn_hidden=12288, patch_size_t=None,
+                  text_tokens=226, positional="rotary", in_channels=16, params=5.57e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.22e9, default_frames=49, default_height=480,
+                  default_width=720, **common),
+        ModelSpec(name="cogvideox1.5-5b", heads=48, head_dim=64, layers=42, ffn_hidden=12288, patch_size_t=2,
+                  text_tokens=226, positional="rotary", in_channels=16, params=5.57e9,
+                  text_encoder_params=T5_XXL_PARAMS, vae_params=0.22e9, default_frames=81, default_height=768,
+                  default_width=1360, **common),
+        ModelSpec(name="tiny", heads=2, head_dim=16, layers=2, ffn_hidden=4 * tiny_hidden, patch_size_t=None,
+                  text_tokens=16, positional="sinusoidal", in_channels=4,
+                  params=transformer_params(2, tiny_hidden, 4 * tiny_hidden), text_encoder_params=1e5,
+                  vae_params=1e5, default_frames=9, default_height=64, default_width=64, **common),
+        ModelSpec(name="tiny-i2v", heads=2, head_dim=16, layers=2, ffn_hidden=4 * tiny_hidden,
+                  patch_size_t=None, text_tokens=16, positional="rotary", in_channels=8,
+                  params=transformer_params(2, tiny_hidden, 4 * tiny_hidden), text_encoder_params=1e5,
+                  vae_params=1e5, default_frames=9, default_height=64, default_width=64, **common),
+    ]
+
+
 class CogVideoXFamily(Family):
     name = "cogvideox"
     pipelines = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline")
     image_pipelines = ("CogVideoXImageToVideoPipeline",)
     adapter = CogVideoXAdapter
     batch_branches = True
+    decoder = DECODER
+    # CogVideoXBlock at 1920 wide, 1024 + 226 tokens: 202.3 MB (Family.elementwise_bytes).
+    elementwise_bytes = 84.0
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny": tiny_pipeline_dir, "tiny-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path: Path, configs):
-        from raydit.planner.model import ModelSpec, component_params, require, t5_params, _cogvideox_params
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if not cls.startswith("CogVideoX"):
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a CogVideoX pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, lambda cls: cls.startswith("CogVideoX"), "a CogVideoX pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(require(cfg, "num_layers", where))
         hidden = heads * head_dim
         vae = configs.get("vae", {})
@@ -170,7 +199,7 @@ class CogVideoXFamily(Family):
             patch_size_t=int(patch_t) if patch_t else None,
             text_tokens=int(require(cfg, "max_text_seq_length", where)), text_in_sequence=True,
             positional=positional, in_channels=int(cfg.get("in_channels", 16)),
-            params=component_params(path / "transformer") or _cogvideox_params(layers, hidden, 4 * hidden),
+            params=component_params(path / "transformer") or transformer_params(layers, hidden, 4 * hidden),
             text_encoder_params=te, vae_params=component_params(path / "vae") or 0.0,
             default_frames=int(cfg.get("sample_frames", 49)),
             default_height=int(cfg.get("sample_height", 60)) * vae_spatial,
@@ -179,22 +208,9 @@ class CogVideoXFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
-        import torch
-
         kwargs = {} if request.image is None else {"image": png_to_image(request.image)}
-        return pipe(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            num_frames=request.num_frames,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            generator=torch.Generator().manual_seed(request.seed),
-            max_sequence_length=pipe.transformer.config.max_text_seq_length,
-            output_type="latent",
-            **kwargs,
-        ).frames
+        return pipe(**reference_call(request, max_sequence_length=pipe.transformer.config.max_text_seq_length,
+                                     **kwargs)).frames
 
     def conformance_cases(self, base_dirs):
         return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny"])}

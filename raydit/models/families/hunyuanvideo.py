@@ -68,11 +68,14 @@ tokens (padded length), n valid text tokens, H heads, D head dim, C = H*D.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, clip_text_encoder, load_pipeline_dir
+from raydit.models.adapter import ModelAdapter
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
+from raydit.models.joint_text import JointTextProcessor, joint_text_plan
+from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
+from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -80,7 +83,6 @@ VIDEO = 0  # the only part split across the blocks
 # own in DEFAULTS_FILE (the tiny built-ins do: 129 x 720 x 1280 is far too big for them).
 PIPELINE_DEFAULTS = {"num_frames": 129, "height": 720, "width": 1280}
 MAX_SEQUENCE_LENGTH = 256  # the pipeline's default text length (Llama tokens after the crop)
-_MASK_CACHE = "__hunyuanvideo_text_valid__"
 I2V = "HunyuanVideoImageToVideoPipeline"
 # The I2V pipeline's default template: 576 image features (CLIP-L/336), kept 1 in `interleave`
 # by image_condition_type (the pipeline's own choice when the call gives none).
@@ -96,154 +98,48 @@ def _image_condition(pipe) -> str | None:
 
 
 # -- adapter -----------------------------------------------------------------------------------
-def shard_rotary(rotary_emb, layout, sp_index: int):
-    """Cut the rotary table of all video tokens to this rank's video chunk.
-
-    cos, sin: [Lv, D] -> [S, D]; pad rows are zero (pad queries are dropped at the gather
-    and pad keys are never attended, so their rotation does not matter).
-    """
-    cos, sin = rotary_emb
-    if cos.shape[0] != layout.part_lengths[VIDEO]:
-        raise ValueError(
-            f"rotary table has {cos.shape[0]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "the table must come from the same latents the blocks see"
-        )
-    return layout.shard(cos, VIDEO, sp_index, dim=0), layout.shard(sin, VIDEO, sp_index, dim=0)
-
-
 def valid_text_counts(attention_mask, video_len: int, text_len: int, batch: int) -> list[int]:
-    """Per sample, how many text tokens are valid, from the model's joint mask.
-
-    attention_mask: [B, 1, 1, Lv + Lt] bool (True: a key to attend), or None (all valid).
-    The model builds it as a prefix (every video token, then the first n text tokens); a mask
-    of any other shape is refused, since only a prefix can be laid out exactly.
-    """
-    import torch
-
-    if attention_mask is None:
-        return [text_len] * batch
-    mask = attention_mask.reshape(attention_mask.shape[0], -1).bool()
-    if mask.shape[1] != video_len + text_len:
-        raise ValueError(
-            f"attention_mask covers {mask.shape[1]} tokens; the joint sequence has {video_len} video + "
-            f"{text_len} text tokens"
-        )
-    counts = mask[:, video_len:].sum(dim=1)
-    positions = torch.arange(text_len, device=mask.device)
-    prefix = positions.unsqueeze(0) < counts.unsqueeze(1)
-    if not bool(mask[:, :video_len].all()) or not torch.equal(mask[:, video_len:], prefix):
-        raise ValueError(
-            "attention_mask must keep every video token and a prefix of the text tokens (as "
-            "HunyuanVideoTransformer3DModel builds it from encoder_attention_mask)"
-        )
-    counts = [int(c) for c in counts.tolist()]
-    return counts * batch if len(counts) == 1 and batch > 1 else counts
+    """Per sample, how many text tokens are valid, from the model's joint mask: [B, 1, 1, Lv + Lt]
+    bool (True: a key to attend), or None (all valid), built as a prefix (every video token,
+    then the first n text tokens); a mask of any other shape is refused."""
+    return valid_text_counts_of(attention_mask, text_len, batch, video_len=video_len,
+                                how="as HunyuanVideoTransformer3DModel builds it from encoder_attention_mask")
 
 
-class HunyuanVideoSPAttnProcessor:
+class HunyuanVideoSPAttnProcessor(JointTextProcessor):
     """Sequence-parallel replacement for HunyuanVideo's attention processor, in both kinds of
     block: dual-stream (text through add_q/k/v_proj and to_add_out) and single-stream (text
-    through the video's projections; no output projection).
+    through the video's projections; no output projection)."""
 
-    hidden_states: [B, S, C], this rank's video chunk; encoder_hidden_states: [B, Lt, C],
-    the whole text. Returns (video [B, S, C], text [B, Lt, C]) as the model's processor does.
-    """
+    video_part = VIDEO
 
-    def __init__(self, context: ForwardContext):
-        from raydit.parallel.opaque import register_call
+    def valid_counts(self, mask, video_len, text_len, batch):
+        return valid_text_counts(mask, video_len, text_len, batch)
 
-        self.context = context
-        # The joint attention reads the mask's values (how many text tokens are valid) to lay
-        # the sequence out: data-dependent Python that torch.compile cannot keep in a graph,
-        # so a compiled block calls it as one opaque op (raydit.parallel.opaque). Outputs:
-        # video like q, text like tq. Every processor of a mesh registers under one name, so
-        # every block runs one compiled graph (they share everything _joint reads).
-        self._joint_key = register_call(self._joint, like=(0, 3), name=(type(self).__qualname__, context.mesh.key))
-
-    def _counts(self, attention_mask, video_len: int, text_len: int, batch: int) -> list[int]:
-        # The same mask tensor goes to every block of a forward: read it once (one host sync).
-        cache = self.context.split_cache
-        cached = cache.get(_MASK_CACHE)
-        if cached is not None and cached[0] is attention_mask:
-            return cached[1]
-        counts = valid_text_counts(attention_mask, video_len, text_len, batch)
-        cache[_MASK_CACHE] = (attention_mask, counts)
-        return counts
-
-    def _joint(self, tensors, ints):
-        """The joint attention behind opaque_call (raydit.models.joint_text.joint_call)."""
-        from raydit.models.joint_text import joint_call
-
-        return joint_call(tensors, ints, self.context.mesh, self._counts)
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
-
-        from raydit.parallel.opaque import opaque_call
-
-        if encoder_hidden_states is None:
-            raise ValueError("HunyuanVideoSPAttnProcessor needs the text tokens (encoder_hidden_states)")
-        mesh, layout = self.context.mesh, self.context.layout
-        assert layout is not None, "split hook did not run before attention"
-        assert hidden_states.shape[1] == layout.local_len, (hidden_states.shape, layout.local_len)
-        Lv = layout.part_lengths[VIDEO]
-
-        def heads(x_BLC):
-            return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
-
-        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            k = attn.norm_k(k)
-        if image_rotary_emb is not None:
-            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
-            q = apply_rotary_emb(q, freqs, sequence_dim=1)
-            k = apply_rotary_emb(k, freqs, sequence_dim=1)
-        text = encoder_hidden_states
+    def text_projections(self, attn):
         if attn.add_q_proj is not None:  # dual-stream: the text's own projections and norms
-            tq, tk, tv = heads(attn.add_q_proj(text)), heads(attn.add_k_proj(text)), heads(attn.add_v_proj(text))
-            norm_tq, norm_tk = attn.norm_added_q, attn.norm_added_k
-        else:  # single-stream: the same projections and norms as the video
-            tq, tk, tv = heads(attn.to_q(text)), heads(attn.to_k(text)), heads(attn.to_v(text))
-            norm_tq, norm_tk = attn.norm_q, attn.norm_k
-        if norm_tq is not None:
-            tq = norm_tq(tq)
-        if norm_tk is not None:
-            tk = norm_tk(tk)
+            return super().text_projections(attn)
+        return (attn.to_q, attn.to_k, attn.to_v), (attn.norm_q, attn.norm_k)  # single-stream: the video's
 
-        joint = [q, k, v, tq, tk, tv] + ([] if attention_mask is None else [attention_mask])
-        video_out, text_out = opaque_call(self._joint_key, joint, [Lv])
-        video_out = video_out.flatten(2, 3).type_as(q)
-        text_out = text_out.flatten(2, 3).type_as(q)
+    def finish(self, attn, video, text):
         if getattr(attn, "to_out", None) is not None:
-            video_out = attn.to_out[1](attn.to_out[0](video_out))  # linear, dropout
+            video = attn.to_out[1](attn.to_out[0](video))  # linear, dropout
         if getattr(attn, "to_add_out", None) is not None:
-            text_out = attn.to_add_out(text_out)
-        return video_out, text_out
+            text = attn.to_add_out(text)
+        return video, text
 
 
 class HunyuanVideoAdapter(ModelAdapter):
     name = "hunyuanvideo"
     transformer_classes = ("HunyuanVideoTransformer3DModel",)
-    plan = SequenceParallelPlan(
-        # dual-stream, then single-stream blocks: split before the first, gather after the last
-        blocks=("transformer_blocks", "single_transformer_blocks"),
-        # HunyuanVideoTransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
-        # attention_mask, freqs_cis, ...): only the video is split.
-        split_inputs=(SplitInput("hidden_states", VIDEO),),
-        # both kinds of block return (hidden_states, encoder_hidden_states); the text is whole
-        gather_outputs=(GatherOutput(0, VIDEO),),
-        attention="attn",
-    )
+    # Dual-stream, then single-stream blocks (HunyuanVideoTransformerBlock.forward(hidden_states,
+    # encoder_hidden_states, temb, attention_mask, freqs_cis, ...)): split before the first, gather
+    # after the last; both kinds return (hidden_states, encoder_hidden_states).
+    plan = joint_text_plan(("transformer_blocks", "single_transformer_blocks"), video_part=VIDEO)
+    processor = HunyuanVideoSPAttnProcessor
+    block_count = "num_layers + num_single_layers"
 
-    def validate(self, transformer, mesh) -> None:
-        if not self.plan.block_list(transformer):
-            raise ValueError("the transformer has no blocks to parallelize (num_layers + num_single_layers = 0)")
-        super().validate(transformer, mesh)
 
-    def make_processor(self, context: ForwardContext) -> HunyuanVideoSPAttnProcessor:
-        return HunyuanVideoSPAttnProcessor(context)
 
     def parallelize(self, transformer, mesh, options=None):
         handle = super().parallelize(transformer, mesh, options)
@@ -289,6 +185,60 @@ def apply_first_frame_split(handle, plan) -> None:
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# LLaVA-Llama-3-8B + CLIP-L text: the text encoders' parameters; HunyuanVideo-I2V's LLaVA with its
+# CLIP ViT-L/14-336 vision tower (0.30e9) and projector (0.02e9), + CLIP-L text.
+TEXT_ENCODER_PARAMS = 8.03e9 + 0.12e9
+I2V_TEXT_ENCODER_PARAMS = 8.03e9 + 0.30e9 + 0.02e9 + 0.12e9
+
+# HunyuanVideo (AutoencoderKLHunyuanVideo, diffusers' default config = HunyuanVideo's: blocks
+# 128/256/512/512, 2 layers each, mid-block attention), counted with torch.utils.flop_counter
+# on the decoder built on the meta device (a throwaway script: `FlopCounterMode` around
+# `vae.decoder(torch.randn(1, 16, T, h, w, device="meta"))`, T x h x w = 3x8x8, 5x32x32,
+# 9x32x32 latents): 9x32x32 (33 x 256 x 256 out) 3.711e13 FLOP in convolutions + 1.9e10 in
+# linear layers, 1.716e7 FLOP per output pixel-frame (5x32x32: 1.754e7 incl. attention;
+# 3x8x8: 1.808e7, edges weigh more), plus the mid block's one-head attention over the call's
+# latent tokens, 4 N^2 x 512 FLOP (1.74e11 at N = 9216: the bmm count). diffusers decodes it
+# framewise (5 latent frames a call, stride 3) and, with enable_tiling() (the official
+# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit splits it by
+# rows (issue 18). Halo counts by forward pre-hooks on the same meta-device decoder (5 x 32 x 32
+# latents, one call of 17 frames: 35 convolutions with a 1-row halo, 30 group norms; 2342 halo
+# values per output frame and column): per latent frame of the framewise decode (stride 3,
+# each output frame decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms.
+DECODER = DecoderShape(1.716e7, 3318, 11.7, 10.0, 128, 17, attention_channels=512,
+                        call_frames=5, call_stride=3, tile=32, tile_stride=24)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    common = dict(family="hunyuanvideo", patch_size=2, patch_size_t=1, text_in_sequence=True,
+                  positional="rotary", cfg_branches=1)
+    return [
+        # 20 dual-stream + 40 single-stream blocks, counted as 60 attention layers.
+        # Guidance is embedded (a guidance-scale input): one transformer pass per step.
+        ModelSpec(name="hunyuanvideo", heads=24, head_dim=128, layers=60, ffn_hidden=12288, text_tokens=256,
+                  in_channels=16, params=12.8e9, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=0.25e9,
+                  default_frames=129, default_height=720, default_width=1280, **common),
+        # HunyuanVideo-I2V (hunyuanvideo-community/HunyuanVideo-I2V): the same transformer with
+        # token_replace blocks (16 channels; the image's latents replace the first latent frame).
+        # Text: 576 image features of the LLaVA kept 1 in 4 (144) + 252 prompt tokens = 396;
+        # HunyuanVideoImageToVideoPipeline's defaults 129 x 720 x 1280.
+        ModelSpec(name="hunyuanvideo-i2v", heads=24, head_dim=128, layers=60, ffn_hidden=12288,
+                  text_tokens=396, in_channels=16, params=12.8e9, text_encoder_params=I2V_TEXT_ENCODER_PARAMS,
+                  vae_params=0.25e9, default_frames=129, default_height=720, default_width=1280, **common),
+        # tiny-hunyuan: HunyuanVideo's layout (one dual- and one single-stream block) at 6 heads.
+        ModelSpec(name="tiny-hunyuan", heads=6, head_dim=16, layers=2, ffn_hidden=192, text_tokens=256,
+                  in_channels=4, params=6.4e5, text_encoder_params=4.2e4, vae_params=7.1e4, default_frames=9,
+                  default_height=64, default_width=64, **common),
+        # tiny-hunyuan-i2v: the same with token_replace blocks; a tiny Llava: 144 image + 252 text tokens.
+        ModelSpec(name="tiny-hunyuan-i2v", heads=6, head_dim=16, layers=2, ffn_hidden=192, text_tokens=396,
+                  in_channels=4, params=6.4e5, text_encoder_params=6.3e4, vae_params=7.1e4, default_frames=9,
+                  default_height=64, default_width=64, **common),
+    ]
+
+
 class HunyuanVideoFamily(Family):
     """HunyuanVideoPipeline's and HunyuanVideoImageToVideoPipeline's steps: one transformer
     call per step with the guidance scale embedded, two (negative, positive) for true
@@ -301,6 +251,11 @@ class HunyuanVideoFamily(Family):
     batch_branches = False  # true CFG: two calls, as the pipeline makes them
     keeps_scheduler_dtype = True  # the pipelines' latents turn bf16 after the first step
     true_cfg = True
+    decoder = DECODER
+    # The dual-stream block at 3072 wide, 1024 + 256 tokens: 912.9 MB -> 232; the single-stream
+    # block 936.3 MB -> 238, taken (Family.elementwise_bytes).
+    elementwise_bytes = 238.0
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny-hunyuan": tiny_pipeline_dir, "tiny-hunyuan-i2v": tiny_i2v_pipeline_dir}
@@ -309,14 +264,10 @@ class HunyuanVideoFamily(Family):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (129 frames, 720 x 1280) unless the directory says otherwise
         (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, component_params, require
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "HunyuanVideoTransformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a HunyuanVideo pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "HunyuanVideoTransformer3DModel", "a HunyuanVideo pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         dual, single = int(cfg.get("num_layers", 20)), int(cfg.get("num_single_layers", 40))
         hidden = heads * head_dim
         ffn = int(hidden * float(cfg.get("mlp_ratio", 4.0)))
@@ -362,19 +313,8 @@ class HunyuanVideoFamily(Family):
                 seen["latents"] = tensors["latents"]
                 return tensors
             kwargs["callback_on_step_end"] = last_latents
-        frames = pipe(
-            **kwargs,
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt or None,
-            num_frames=request.num_frames,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            true_cfg_scale=request.true_cfg_scale,
-            guidance_scale=request.guidance_scale,
-            generator=torch.Generator("cpu").manual_seed(request.seed),
-            output_type="latent",
-        ).frames
+        frames = pipe(**reference_call(request, negative_none=True, true_cfg_scale=request.true_cfg_scale,
+                                       **kwargs)).frames
         if "latents" in seen:
             assert torch.equal(seen["latents"][:, :, 1:], frames)
             return seen["latents"]
@@ -404,18 +344,9 @@ class HunyuanVideoFamily(Family):
                 f"{condition!r}; load an image-to-video checkpoint (HunyuanVideo-I2V)"
             )
         temporal = pipe.vae_scale_factor_temporal
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        check_frames(request.num_frames, temporal)
         multiple = max(16, pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size)
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % multiple:
-                lower = value - value % multiple
-                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
-                raise ValueError(
-                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_scale_factor_spatial} "
-                    f"x patch {pipe.transformer.config.patch_size}); nearest: {nearest}"
-                )
+        check_size(request, multiple, pipe.vae_scale_factor_spatial, pipe.transformer.config.patch_size)
 
     def encode(self, pipe, request, device, dtype):
         """I2V: the Llava encodes the prompt with the image (its features join the text); the
@@ -445,14 +376,10 @@ class HunyuanVideoFamily(Family):
         return positive, negative
 
     def init(self, pipe, request, generator, device, dtype):
-        import numpy as np
         import torch
         from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import retrieve_timesteps
 
-        n = request.num_inference_steps
-        sigmas = np.linspace(1.0, 0.0, n + 1)[:-1]  # as the pipeline's default
-        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, sigmas=sigmas)
-        pipe.scheduler.set_begin_index(0)
+        timesteps = linear_sigma_timesteps(pipe, request.num_inference_steps, device, retrieve_timesteps)
         config = pipe.transformer.config
         condition = _image_condition(pipe)
         context = {"condition": condition}
@@ -601,13 +528,14 @@ def tiny_transformer(seed: int, **overrides):
     return randomize(HunyuanVideoTransformer3DModel(**config), seed)
 
 
-def _tiny_vae(seed: int):
+def tiny_vae(seed: int, latent_channels: int = TINY_LATENT_CHANNELS):
+    """A tiny AutoencoderKLHunyuanVideo (Kandinsky 5 decodes with this VAE too)."""
     import torch
     from diffusers import AutoencoderKLHunyuanVideo
 
     torch.manual_seed(seed)
     return AutoencoderKLHunyuanVideo(
-        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
+        latent_channels=latent_channels, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
         spatial_compression_ratio=8, temporal_compression_ratio=4,
     ).eval()
 
@@ -623,19 +551,14 @@ def tiny_pipeline():
         text_encoder=_llama_encoder(len(tok), SEED + 1),
         tokenizer=tok,
         transformer=tiny_transformer(SEED + 10),
-        vae=_tiny_vae(SEED + 2),
+        vae=tiny_vae(SEED + 2),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),  # HunyuanVideo's
         text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,
     )
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-hunyuan`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-hunyuan-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-hunyuan-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
 # -- the tiny image-to-video pipeline -----------------------------------------------------------
@@ -710,7 +633,7 @@ def tiny_i2v_pipeline():
         text_encoder=_llava_encoder(tok, SEED + 4),
         tokenizer=tok,
         transformer=tiny_transformer(SEED + 11, image_condition_type="token_replace"),
-        vae=_tiny_vae(SEED + 2),
+        vae=tiny_vae(SEED + 2),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
         text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,
@@ -718,12 +641,7 @@ def tiny_i2v_pipeline():
     )
 
 
-def tiny_i2v_pipeline_dir() -> Path:
-    """The directory of `tiny-hunyuan-i2v`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-hunyuan-i2v-{TINY_I2V_VERSION}",
-                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+tiny_i2v_pipeline_dir = tiny_dir(f"tiny-hunyuan-i2v-{TINY_I2V_VERSION}", tiny_i2v_pipeline, TINY_DEFAULTS)
 
 
 # -- conformance -------------------------------------------------------------------------------

@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.adapter import ModelAdapter
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
+from raydit.models.joint_text import JointTextProcessor, joint_text_plan, valid_text_counts
+from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -70,129 +72,33 @@ DEFAULT_FRAMES = 121
 # The text the blocks attend: Qwen tokens after the template crop, ByT5 tokens, and the
 # image tokens (SigLIP's 729 for I2V; 729 masked zeros for T2V): all padded lengths.
 QWEN_TOKENS, BYT5_TOKENS, IMAGE_TOKENS = 1000, 256, 729
-_MASK_CACHE = "__hunyuanvideo15_text_valid__"
 
 
 # -- adapter -----------------------------------------------------------------------------------
-def valid_text_counts(attention_mask, text_len: int, batch: int) -> list[int]:
-    """Per sample, how many text tokens are valid, from the block's text mask.
+class HunyuanVideo15SPAttnProcessor(JointTextProcessor):
+    """Sequence-parallel replacement for HunyuanVideo15AttnProcessor2_0; its mask is the text's,
+    [B, Lt], with the valid tokens first (the model reorders the text so)."""
 
-    attention_mask: [B, Lt] (bool or 0/1), or None (all valid). The model reorders the text so
-    the valid tokens come first; a mask that is not a prefix is refused (only a prefix can be
-    laid out exactly).
-    """
-    import torch
+    video_part = VIDEO
 
-    if attention_mask is None:
-        return [text_len] * batch
-    mask = attention_mask.reshape(attention_mask.shape[0], -1).bool()
-    if mask.shape[1] != text_len:
-        raise ValueError(f"attention_mask covers {mask.shape[1]} tokens; the text has {text_len}")
-    counts = mask.sum(dim=1)
-    prefix = torch.arange(text_len, device=mask.device).unsqueeze(0) < counts.unsqueeze(1)
-    if not torch.equal(mask, prefix):
-        raise ValueError(
-            "attention_mask must keep a prefix of the text tokens (as HunyuanVideo15Transformer3DModel "
-            "builds it: valid image, ByT5 and Qwen tokens first)"
-        )
-    counts = [int(c) for c in counts.tolist()]
-    return counts * batch if len(counts) == 1 and batch > 1 else counts
+    def valid_counts(self, mask, video_len, text_len, batch):
+        return valid_text_counts(mask, text_len, batch, how="as HunyuanVideo15Transformer3DModel builds it: "
+                                 "valid image, ByT5 and Qwen tokens first")
 
-
-class HunyuanVideo15SPAttnProcessor:
-    """Sequence-parallel replacement for HunyuanVideo15AttnProcessor2_0.
-
-    hidden_states: [B, S, C], this rank's video chunk; encoder_hidden_states: [B, Lt, C], the
-    whole text; attention_mask: [B, Lt]. Returns (video [B, S, C], text [B, Lt, C]).
-    """
-
-    def __init__(self, context: ForwardContext):
-        from raydit.parallel.opaque import register_call
-
-        self.context = context
-        # The joint attention reads the mask's values (how many text tokens are valid) to lay
-        # the sequence out: data-dependent Python that torch.compile cannot keep in a graph,
-        # so a compiled block calls it as one opaque op (raydit.parallel.opaque). Outputs:
-        # video like q, text like tq. Every processor of a mesh registers under one name, so
-        # every block runs one compiled graph (they share everything _joint reads).
-        self._joint_key = register_call(self._joint, like=(0, 3), name=(type(self).__qualname__, context.mesh.key))
-
-    def _counts(self, attention_mask, text_len: int, batch: int) -> list[int]:
-        # The same mask tensor goes to every block of a forward: read it once (one host sync).
-        cache = self.context.split_cache
-        cached = cache.get(_MASK_CACHE)
-        if cached is not None and cached[0] is attention_mask:
-            return cached[1]
-        counts = valid_text_counts(attention_mask, text_len, batch)
-        cache[_MASK_CACHE] = (attention_mask, counts)
-        return counts
-
-    def _joint(self, tensors, ints):
-        """The joint attention behind opaque_call (raydit.models.joint_text.joint_call)."""
-        from raydit.models.joint_text import joint_call
-
-        return joint_call(tensors, ints, self.context.mesh, lambda mask, _video_len, text_len, batch: self._counts(mask, text_len, batch))
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
-
-        from raydit.parallel.opaque import opaque_call
-
-        if encoder_hidden_states is None:
-            raise ValueError("HunyuanVideo15SPAttnProcessor needs the text tokens (encoder_hidden_states)")
-        mesh, layout = self.context.mesh, self.context.layout
-        if layout is None:
-            raise RuntimeError("the split hook did not run before attention")
-        Lv = layout.part_lengths[VIDEO]
-
-        def heads(x_BLC):
-            return x_BLC.unflatten(2, (attn.heads, -1))  # [B, L, C] -> [B, L, H, D]
-
-        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
-        q, k = attn.norm_q(q), attn.norm_k(k)
-        if image_rotary_emb is not None:
-            cos, sin = image_rotary_emb  # [Lv, D] each -> this rank's rows [S, D]
-            if cos.shape[0] != Lv:
-                raise ValueError(f"rotary table has {cos.shape[0]} rows but the video has {Lv} tokens")
-            freqs = (layout.shard(cos, VIDEO, mesh.sp_index, dim=0), layout.shard(sin, VIDEO, mesh.sp_index, dim=0))
-            q = apply_rotary_emb(q, freqs, sequence_dim=1)
-            k = apply_rotary_emb(k, freqs, sequence_dim=1)
-        text = encoder_hidden_states
-        tq, tk, tv = heads(attn.add_q_proj(text)), heads(attn.add_k_proj(text)), heads(attn.add_v_proj(text))
-        if attn.norm_added_q is not None:
-            tq = attn.norm_added_q(tq)
-        if attn.norm_added_k is not None:
-            tk = attn.norm_added_k(tk)
-
-        joint = [q, k, v, tq, tk, tv] + ([] if attention_mask is None else [attention_mask])
-        video_out, text_out = opaque_call(self._joint_key, joint, [Lv])
-        video_out = video_out.flatten(2, 3).type_as(q)
-        text_out = text_out.flatten(2, 3).type_as(q)
-        video_out = attn.to_out[1](attn.to_out[0](video_out))  # linear, dropout
-        text_out = attn.to_add_out(text_out)
-        return video_out, text_out
+    def finish(self, attn, video, text):
+        return attn.to_out[1](attn.to_out[0](video)), attn.to_add_out(text)  # linear, dropout
 
 
 class HunyuanVideo15Adapter(ModelAdapter):
     name = "hunyuanvideo15"
     transformer_classes = ("HunyuanVideo15Transformer3DModel",)
-    plan = SequenceParallelPlan(
-        blocks="transformer_blocks",
-        # HunyuanVideo15TransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
-        # attention_mask, freqs_cis): only the video is split (temb is per sample).
-        split_inputs=(SplitInput("hidden_states", VIDEO),),
-        # the block returns (hidden_states, encoder_hidden_states); the text is whole
-        gather_outputs=(GatherOutput(0, VIDEO),),
-        attention="attn",
-    )
+    # HunyuanVideo15TransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+    # attention_mask, freqs_cis) -> (hidden_states, encoder_hidden_states); temb is per sample.
+    plan = joint_text_plan("transformer_blocks", video_part=VIDEO)
+    processor = HunyuanVideo15SPAttnProcessor
+    block_count = "num_layers"
 
-    def validate(self, transformer, mesh) -> None:
-        if not self.plan.block_list(transformer):
-            raise ValueError("the transformer has no blocks to parallelize (num_layers = 0)")
-        super().validate(transformer, mesh)
 
-    def make_processor(self, context: ForwardContext) -> HunyuanVideo15SPAttnProcessor:
-        return HunyuanVideo15SPAttnProcessor(context)
 
 
 # -- the family --------------------------------------------------------------------------------
@@ -210,6 +116,45 @@ def _request_image(pipe, request):
     return pipe.video_processor.resize(image, height=height, width=width, resize_mode="crop")
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+TEXT_ENCODER_PARAMS = 7.07e9 + 0.22e9  # Qwen2.5-VL-7B text model + ByT5-small encoder
+
+# HunyuanVideo 1.5 (AutoencoderKLHunyuanVideo15, default config: 16x, blocks 128 ... 1024, RMS
+# norms), counted the same way on 5 x 16 x 16 latents (17 x 256 x 256 out): 2.535e7 FLOP per
+# output pixel-frame in convolutions, plus its mid block's one-head attention over every latent
+# token of the video at 1024 channels (6.7e9 = 4 N^2 C, N = 1280); 3370 halo values per output
+# frame and column, 8 exchanges per latent frame, no group norm. diffusers decodes the whole
+# video in one call (no framewise decode).
+DECODER = DecoderShape(2.535e7, 3370, 8.0, 0.0, 128, 0, attention_channels=1024)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    # tiny-hunyuan15 / -i2v: HunyuanVideo 1.5's layout (patch 1, 16x VAE, joint text) at 6 heads x 8.
+    # (4.6e6 parameters: the ByT5 projection's 2048-wide hidden layer is fixed by diffusers.)
+    tiny = dict(family="hunyuanvideo15", heads=6, head_dim=8, layers=2, ffn_hidden=96, patch_size=1, patch_size_t=1,
+                text_tokens=1256, text_in_sequence=True, positional="rotary", in_channels=9, params=4.6e6,
+                vae_params=1.1e5, default_frames=9, default_height=48, default_width=80, vae_spatial=16)
+    common = dict(family="hunyuanvideo15", heads=16, head_dim=128, layers=54, ffn_hidden=8192, patch_size=1,
+                  patch_size_t=1, text_tokens=1256, text_in_sequence=True, positional="rotary", in_channels=65,
+                  params=8.33e9, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=1.26e9, default_frames=121,
+                  vae_spatial=16)
+    return [
+        # HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel's defaults: 16 heads x 128, 54
+        # dual-stream blocks, patch 1, 65 = 32 noise + 32 image + 1 mask channels, 8.33e9 params
+        # counted on the meta device; AutoencoderKLHunyuanVideo15: 16x / 4x, 32 channels, 1.26e9).
+        # Text joins the attention: 1000 Qwen2.5-VL + 256 ByT5 tokens (padded); encoders: the
+        # Qwen2.5-VL-7B text model 7.07e9 + ByT5-small's encoder 0.22e9. Defaults: 121 frames at
+        # the 16:9 bucket of the transformer's target_size (640: 480 x 848; 960: 720 x 1280).
+        ModelSpec(name="hunyuanvideo-1.5-480p", default_height=480, default_width=848, **common),
+        ModelSpec(name="hunyuanvideo-1.5-720p", default_height=720, default_width=1280, **common),
+        ModelSpec(name="tiny-hunyuan15", text_encoder_params=2.9e4, **tiny),
+        ModelSpec(name="tiny-hunyuan15-i2v", text_encoder_params=3.4e4, **tiny),
+    ]
+
+
 class HunyuanVideo15Family(Family):
     """HunyuanVideo15Pipeline / HunyuanVideo15ImageToVideoPipeline steps: classifier-free
     guidance from the pipeline's guider, two transformer calls per step."""
@@ -220,6 +165,8 @@ class HunyuanVideo15Family(Family):
     adapter = HunyuanVideo15Adapter
     batch_branches = False  # the guider's batches: one call per branch, as the pipeline makes them
     keeps_scheduler_dtype = True  # as the pipelines' loops (they cast back on Apple's mps only)
+    decoder = DECODER
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny-hunyuan15": tiny_pipeline_dir, "tiny-hunyuan15-i2v": tiny_i2v_pipeline_dir}
@@ -229,14 +176,10 @@ class HunyuanVideo15Family(Family):
         absent keys: 16 x 128, 54 layers, patch 1, 16x / 4x VAE, 32 latent channels); request
         defaults: 121 frames at the 16:9 bucket of the transformer's target_size, unless the
         directory says otherwise (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, component_params, require
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "HunyuanVideo15Transformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a HunyuanVideo 1.5 pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "HunyuanVideo15Transformer3DModel", "a HunyuanVideo 1.5 pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(cfg.get("num_layers", 54))
         hidden = heads * head_dim
         ffn = int(hidden * float(cfg.get("mlp_ratio", 4.0)))
@@ -262,16 +205,12 @@ class HunyuanVideo15Family(Family):
         )
 
     def reference_latents(self, pipe, request):
-        import torch
-
         pipe.set_progress_bar_config(disable=True)
-        kwargs = dict(prompt=request.prompt, negative_prompt=request.negative_prompt or None,
-                      num_frames=request.num_frames, num_inference_steps=request.num_inference_steps,
-                      generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent")
+        kwargs = reference_call(request, negative_none=True)
+        del kwargs["guidance_scale"]  # the pipeline's guider takes it, below
         if type(pipe).__name__ == I2V:
+            del kwargs["height"], kwargs["width"]
             kwargs["image"] = png_to_image(request.image)  # the pipeline sizes the video from it
-        else:
-            kwargs.update(height=request.height, width=request.width)
         guider = pipe.guider
         pipe.guider = guider.new(guidance_scale=request.guidance_scale)  # what --guidance-scale sets
         try:
@@ -310,18 +249,9 @@ class HunyuanVideo15Family(Family):
                 raise ValueError(f"the pipeline's guider sets {odd}; raydit runs plain classifier-free guidance only "
                                  "(guidance_rescale 0, start 0, stop 1): save the pipeline with such a guider")
         temporal = pipe.vae_scale_factor_temporal
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        check_frames(request.num_frames, temporal)
         multiple = pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % multiple:
-                lower = value - value % multiple
-                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
-                raise ValueError(
-                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_scale_factor_spatial} "
-                    f"x patch {pipe.transformer.config.patch_size}); nearest: {nearest}"
-                )
+        check_size(request, multiple, pipe.vae_scale_factor_spatial, pipe.transformer.config.patch_size)
         if type(pipe).__name__ == I2V:
             image = png_to_image(request.image)
             height, width = _image_size(pipe, image)
@@ -351,14 +281,10 @@ class HunyuanVideo15Family(Family):
         return positive, negative
 
     def init(self, pipe, request, generator, device, dtype):
-        import numpy as np
         import torch
         from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import retrieve_timesteps
 
-        n = request.num_inference_steps
-        sigmas = np.linspace(1.0, 0.0, n + 1)[:-1]  # as the pipeline's default
-        timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, sigmas=sigmas)
-        pipe.scheduler.set_begin_index(0)
+        timesteps = linear_sigma_timesteps(pipe, request.num_inference_steps, device, retrieve_timesteps)
         model_dtype = pipe.transformer.dtype
         # In the transformer's dtype, as both pipelines draw them (bf16 noise drawn in bf16).
         latents = pipe.prepare_latents(1, pipe.num_channels_latents, request.height, request.width,
@@ -451,7 +377,6 @@ TINY_SIGLIP_SIZE = 32  # SigLIP input; 8-pixel patches: 16 image tokens
 # Qwen2.5-VL's chat template puts 108 tokens before the prompt, which the pipeline crops.
 # This tokenizer keeps some of the system message's words whole and splits the others into
 # characters, so that its template is 108 tokens too and the crop leaves exactly the prompt.
-_SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 _CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -466,23 +391,10 @@ TEMPLATE_TOKENS = 108
 
 
 def qwen_tokenizer(max_length: int = 2048, whole_words: tuple = tuple(_WHOLE_WORDS)):
-    """A Qwen-like fast tokenizer with a chat template, built in code: `whole_words` are single
-    tokens, any other word is split into characters."""
-    import string
+    """The tiny Qwen-like tokenizer (raydit.models.tiny.qwen_tokenizer) with the chat template."""
+    from raydit.models.tiny import qwen_tokenizer as qwen_like
 
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = string.ascii_lowercase + string.digits + string.punctuation
-    vocab = {"<|endoftext|>": 0, "<unk>": 1}
-    for word in (*_SPECIAL[:2], *whole_words, *chars, *("##" + c for c in chars)):
-        vocab.setdefault(word, len(vocab))
-    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in _SPECIAL])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", unk_token="<unk>",
-                                  eos_token="<|im_end|>", model_max_length=max_length)
+    tok = qwen_like(whole_words, max_length)
     tok.chat_template = _CHAT_TEMPLATE
     return tok
 
@@ -605,20 +517,10 @@ def tiny_pipeline(image: bool = False):
     return HunyuanVideo15ImageToVideoPipeline(**parts, image_encoder=encoder, feature_extractor=processor)
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-hunyuan15`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-hunyuan15-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-hunyuan15-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
-def tiny_i2v_pipeline_dir() -> Path:
-    """The directory of `tiny-hunyuan15-i2v`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-hunyuan15-i2v-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(image=True), TINY_DEFAULTS))
+tiny_i2v_pipeline_dir = tiny_dir(f"tiny-hunyuan15-i2v-{TINY_VERSION}", lambda: tiny_pipeline(image=True), TINY_DEFAULTS)
 
 
 # -- conformance -------------------------------------------------------------------------------

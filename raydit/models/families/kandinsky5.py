@@ -59,11 +59,12 @@ tokens, H heads, D head dim, C = H*D; latents [B, F, H, W, C] are channels-last.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, clip_text_encoder, load_pipeline_dir
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
+from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir
+from raydit.models.families.hunyuanvideo import DECODER as HUNYUAN_DECODER
 
 VIDEO = 0  # the only part split across the visual blocks
 
@@ -107,16 +108,10 @@ class Kandinsky5SPAttnProcessor:
         self.context = context
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, rotary_emb=None, sparse_params=None):
-        from raydit.parallel.attention import sp_attention
-
-        if encoder_hidden_states is not None:
-            raise ValueError("Kandinsky5SPAttnProcessor serves the visual self-attention only; cross-attention keeps its own")
         if sparse_params is not None:
             raise ValueError("NABLA sparse attention (attention_type='nabla') cannot run under sequence parallelism; "
                              "run this checkpoint on one rank per replica (sp 1)")
-        mesh, layout = self.context.mesh, self.context.layout
-        if layout is None:
-            raise RuntimeError("the split hook did not run before attention")
+        mesh, layout = self.context.self_attention("Kandinsky5SPAttnProcessor", hidden_states, encoder_hidden_states)
 
         def heads(x_BSC):
             return x_BSC.unflatten(2, (attn.num_heads, -1))  # [B, S, C] -> [B, S, H, D]
@@ -130,9 +125,7 @@ class Kandinsky5SPAttnProcessor:
             if rotary_emb.shape[1] != layout.local_len:
                 raise ValueError(f"rotary table has {rotary_emb.shape[1]} rows for this rank's {layout.local_len} tokens")
             q, k = apply_rotary(q, rotary_emb), apply_rotary(k, rotary_emb)
-        out_BHSD = sp_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mesh, layout)
-        out_BSC = out_BHSD.transpose(1, 2).flatten(2, 3).type_as(q)
-        return attn.out_layer(out_BSC)
+        return attn.out_layer(attend(q, k, v, mesh, layout))
 
 
 class Kandinsky5Adapter(ModelAdapter):
@@ -147,6 +140,7 @@ class Kandinsky5Adapter(ModelAdapter):
         gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns the video alone
         attention="self_attention",
     )
+    processor = Kandinsky5SPAttnProcessor
     block_outputs = ("visual_embed",)
     block_temb = "time_embed"
 
@@ -168,11 +162,48 @@ class Kandinsky5Adapter(ModelAdapter):
                 f"feasible: {', '.join(map(str, feasible_ulysses(heads)))}"
             )
 
-    def make_processor(self, context: ForwardContext) -> Kandinsky5SPAttnProcessor:
-        return Kandinsky5SPAttnProcessor(context)
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Qwen2.5-VL-7B (the whole Qwen2_5_VLForConditionalGeneration the pipelines load, 8.29e9) + CLIP
+# ViT-L/14's text model (0.12e9).
+TEXT_ENCODER_PARAMS = 8.29e9 + 0.12e9
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    # tiny-kandinsky5 / -i2v: Kandinsky 5's layout (patch (1, 2, 2), HunyuanVideo VAE, Qwen text
+    # cross-attended) at 6 heads x 8; I2V at 17 frames (its pipeline needs 5 latent frames).
+    tiny = dict(family="kandinsky5", heads=6, head_dim=8, layers=2, ffn_hidden=64, patch_size=2, patch_size_t=1,
+                text_tokens=512, text_in_sequence=False, positional="rotary", in_channels=9, params=9.2e4,
+                text_encoder_params=2.2e4, vae_params=7.1e4)
+    common = dict(family="kandinsky5", patch_size=2, patch_size_t=1, text_tokens=512, text_in_sequence=False,
+                  positional="rotary", in_channels=33, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=0.25e9,
+                  default_frames=121, default_height=512, default_width=768)
+    return [
+        # Kandinsky 5 (kandinskylab/Kandinsky-5.0-*-Diffusers, Kandinsky5T2VPipeline / I2V),
+        # Kandinsky5Transformer3DModel as its configs set it: Lite 2B (model_dim 1792 = 28 heads x
+        # 64, 32 visual + 2 text blocks, FFN 7168, time_dim 512) and Pro 19B (4096 = 32 x 128,
+        # 60 + 4 blocks, FFN 16384, time_dim 1024); patch (1, 2, 2), 33 = 16 noise + 16
+        # conditioning + 1 mask channels; 2.008e9 / 1.931e10 parameters on the meta device
+        # (tests/models/test_family_kandinsky5.py). Layers count the visual blocks (the text
+        # blocks run on the text alone, whole on every rank); the text is cross-attended, at most
+        # 512 Qwen2.5-VL tokens. The HunyuanVideo VAE (8x / 4x, 0.25e9); the pipelines' defaults
+        # 121 x 512 x 768. The 10 s Lite checkpoints use NABLA sparse attention: one process per
+        # replica only (sequence parallelism refuses it).
+        ModelSpec(name="kandinsky5-t2v-lite", heads=28, head_dim=64, layers=32, ffn_hidden=7168,
+                  params=2.008e9, **common),
+        ModelSpec(name="kandinsky5-t2v-pro", heads=32, head_dim=128, layers=60, ffn_hidden=16384,
+                  params=19.31e9, **common),
+        ModelSpec(name="kandinsky5-i2v-pro", heads=32, head_dim=128, layers=60, ffn_hidden=16384,
+                  params=19.31e9, **common),
+        ModelSpec(name="tiny-kandinsky5", default_frames=9, default_height=48, default_width=80, **tiny),
+        ModelSpec(name="tiny-kandinsky5-i2v", default_frames=17, default_height=32, default_width=48, **tiny),
+    ]
+
+
 class Kandinsky5Family(Family):
     """Kandinsky5T2VPipeline / Kandinsky5I2VPipeline steps: classifier-free guidance, two
     transformer calls per step (conditional and unconditional), as the pipelines make them."""
@@ -182,6 +213,9 @@ class Kandinsky5Family(Family):
     image_pipelines = (I2V,)
     adapter = Kandinsky5Adapter
     batch_branches = False  # the pipelines call the transformer once per branch
+    # Kandinsky 5 decodes with HunyuanVideo's VAE (AutoencoderKLHunyuanVideo), split by rows as
+    # HunyuanVideo's is: priced as that decoder, split.
+    decoder = HUNYUAN_DECODER
     # The visual blocks' modulation (visual_modulation.out_layer) stays in the run's dtype under quantize.
     quantize_keep = Family.quantize_keep + ("visual_modulation",)
 
@@ -190,6 +224,8 @@ class Kandinsky5Family(Family):
         # Kandinsky5T2VPipeline / I2V: num_frames // t * t + 1 ("Rounding to the nearest number").
         return max(num_frames // vae_temporal * vae_temporal + 1, 1)
 
+    models = staticmethod(builtin_models)
+
     def tiny(self):
         return {"tiny-kandinsky5": tiny_pipeline_dir, "tiny-kandinsky5-i2v": tiny_i2v_pipeline_dir}
 
@@ -197,13 +233,9 @@ class Kandinsky5Family(Family):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
         absent keys); request defaults: the pipeline's 121 frames at 512 x 768 unless the
         directory says otherwise (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, component_params
+        from raydit.planner.model import ModelSpec, component_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "Kandinsky5Transformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a Kandinsky 5 pipeline")
+        cfg, where = transformer_config(path, configs, "Kandinsky5Transformer3DModel", "a Kandinsky 5 pipeline")
         axes = [int(a) for a in cfg.get("axes_dims", (16, 24, 24))]
         head_dim = sum(axes)
         hidden = int(cfg.get("model_dim", 2048))
@@ -253,13 +285,8 @@ class Kandinsky5Family(Family):
         return {"tokenizer": AutoTokenizer.from_pretrained(str(path / "tokenizer"))}
 
     def reference_latents(self, pipe, request):
-        import torch
-
         pipe.set_progress_bar_config(disable=True)
-        kwargs = dict(prompt=request.prompt, negative_prompt=request.negative_prompt or None,
-                      num_frames=request.num_frames, height=request.height, width=request.width,
-                      num_inference_steps=request.num_inference_steps, guidance_scale=request.guidance_scale,
-                      generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent")
+        kwargs = reference_call(request, negative_none=True)
         if type(pipe).__name__ == I2V:
             kwargs["image"] = png_to_image(request.image)
         return pipe(**kwargs).frames
@@ -280,17 +307,10 @@ class Kandinsky5Family(Family):
                 "its sinusoids in float32 and needs it float32: load the pipeline with from_pretrained(dtype=...) "
                 "(which keeps it float32) instead of casting with .to(dtype); float64 runs are not supported")
         temporal = pipe.vae_scale_factor_temporal
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        check_frames(request.num_frames, temporal)
         patch = pipe.transformer.config.patch_size
         multiple = pipe.vae_scale_factor_spatial * int(patch[1])
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % multiple:
-                lower = value - value % multiple
-                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
-                raise ValueError(f"{label} {value} must be a multiple of {multiple} (VAE scale "
-                                 f"{pipe.vae_scale_factor_spatial} x patch {patch[1]}); nearest: {nearest}")
+        check_size(request, multiple, pipe.vae_scale_factor_spatial, patch[1])
         if type(pipe).__name__ == I2V and (request.num_frames - 1) // temporal + 1 < I2V_MIN_LATENT_FRAMES:
             least = (I2V_MIN_LATENT_FRAMES - 1) * temporal + 1
             raise ValueError(f"num_frames {request.num_frames} is too few for {I2V}: it renormalizes the first 4 "
@@ -398,7 +418,6 @@ TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 v
 TINY_I2V_DEFAULTS = {"num_frames": 17, "height": 32, "width": 48}  # 5 x 2 x 3 = 30 video tokens
 TEMPLATE_TOKENS = 128  # the pipelines' prompt_template_encode_start_idx
 
-_SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 # The words of the pipelines' system message kept whole; "scren" and "pay" are spelled out in
 # characters so that the template is exactly TEMPLATE_TOKENS tokens before the prompt.
 _WHOLE_WORDS = (
@@ -410,23 +429,10 @@ _WHOLE_WORDS = (
 
 
 def qwen_tokenizer(max_length: int = 2048):
-    """A Qwen-like fast tokenizer built in code (text only): the template's words are single
-    tokens, any other word is split into characters."""
-    import string
+    """The tiny Qwen-like tokenizer (text only): the template's words are single tokens."""
+    from raydit.models.tiny import qwen_tokenizer as qwen_like
 
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = string.ascii_lowercase + string.digits + string.punctuation
-    vocab = {"<|endoftext|>": 0, "<unk>": 1}
-    for word in (*_SPECIAL[:2], *_WHOLE_WORDS, *chars, *("##" + c for c in chars)):
-        vocab.setdefault(word, len(vocab))
-    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in _SPECIAL])
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", unk_token="<unk>",
-                                   eos_token="<|im_end|>", model_max_length=max_length)
+    return qwen_like(_WHOLE_WORDS, max_length)
 
 
 def _template_prefix(pipe_template: str, tok) -> int:
@@ -471,28 +477,18 @@ def tiny_transformer(seed: int, **overrides):
     return randomize(Kandinsky5Transformer3DModel(**config), seed)
 
 
-def _tiny_vae(seed: int):
-    import torch
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    torch.manual_seed(seed)
-    return AutoencoderKLHunyuanVideo(
-        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
-        spatial_compression_ratio=8, temporal_compression_ratio=4,
-    ).eval()
-
-
 def tiny_pipeline(image: bool = False):
     """The tiny Kandinsky5T2VPipeline (or, `image`, Kandinsky5I2VPipeline), built in memory."""
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
 
+    from raydit.models.families.hunyuanvideo import tiny_vae  # Kandinsky 5 decodes with HunyuanVideo's VAE
     from raydit.models.tiny import SEED, tokenizer
 
     tok, tok_2 = qwen_tokenizer(), tokenizer(77)
     cls = Kandinsky5I2VPipeline if image else Kandinsky5T2VPipeline
     pipe = cls(
         transformer=tiny_transformer(SEED + 10),
-        vae=_tiny_vae(SEED + 2),
+        vae=tiny_vae(SEED + 2, TINY_LATENT_CHANNELS),
         text_encoder=_qwen_encoder(len(tok), SEED + 1),
         tokenizer=tok,
         text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
@@ -506,20 +502,10 @@ def tiny_pipeline(image: bool = False):
     return pipe
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-kandinsky5`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-kandinsky5-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-kandinsky5-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
-def tiny_i2v_pipeline_dir() -> Path:
-    """The directory of `tiny-kandinsky5-i2v`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-kandinsky5-i2v-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(image=True), TINY_I2V_DEFAULTS))
+tiny_i2v_pipeline_dir = tiny_dir(f"tiny-kandinsky5-i2v-{TINY_VERSION}", lambda: tiny_pipeline(image=True), TINY_I2V_DEFAULTS)
 
 
 # -- conformance -------------------------------------------------------------------------------

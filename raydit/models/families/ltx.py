@@ -30,11 +30,12 @@ Legend: B batch, L local video tokens, H heads, D head dim, C = H*D.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Family, Prepared
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.requests import check_frames, check_size, reference_call
+from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
 
@@ -44,18 +45,6 @@ FRAME_RATE = 25  # the pipeline's default (rotary interpolation in time)
 
 
 # -- adapter -----------------------------------------------------------------------------------
-def shard_rotary(rotary_emb, layout, sp_index: int):
-    """Cut LTX's rotary table of all video tokens to this rank's chunk: cos, sin [B, L, C]
-    -> [B, chunk, C]; pad rows are zero (pad queries are dropped at gather, pad keys unused)."""
-    cos, sin = rotary_emb
-    if cos.shape[1] != layout.part_lengths[VIDEO]:
-        raise ValueError(
-            f"rotary table has {cos.shape[1]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "the table must come from the same latents the blocks see"
-        )
-    return layout.shard(cos, VIDEO, sp_index, dim=1), layout.shard(sin, VIDEO, sp_index, dim=1)
-
-
 class LTXSPAttnProcessor:
     """Sequence-parallel replacement for the processor of an LTX block's self-attention.
 
@@ -69,29 +58,19 @@ class LTXSPAttnProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.transformers.transformer_ltx import apply_rotary_emb
 
-        from raydit.parallel.attention import sp_attention
+        from raydit.parallel.sharding import shard_rotary
 
-        if encoder_hidden_states is not None:
-            raise ValueError("LTXSPAttnProcessor serves self-attention (attn1) only; cross-attention keeps its own")
-        if attention_mask is not None:
-            raise ValueError("attention_mask is not supported in LTX self-attention under sequence parallelism")
-        mesh, layout = self.context.mesh, self.context.layout
-        assert layout is not None, "split hook did not run before attention"
-        B, L, _ = hidden_states.shape
-        assert L == layout.local_len, (L, layout.local_len)
+        mesh, layout = self.context.self_attention("LTXSPAttnProcessor", hidden_states, encoder_hidden_states,
+                                                   attention_mask, " (LTX's pipelines pass none)")
 
         q = attn.norm_q(attn.to_q(hidden_states))  # [B, L, C]
         k = attn.norm_k(attn.to_k(hidden_states))
         v = attn.to_v(hidden_states)
         if image_rotary_emb is not None:
-            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index)
+            freqs = shard_rotary(image_rotary_emb, layout, mesh.sp_index, VIDEO, dim=1)
             q, k = apply_rotary_emb(q, freqs), apply_rotary_emb(k, freqs)
 
-        def heads(x_BLC):
-            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
-
-        out_BHLD = sp_attention(heads(q), heads(k), heads(v), mesh, layout)
-        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).type_as(q)
+        out_BLC = attend(*(x.unflatten(2, (attn.heads, -1)) for x in (q, k, v)), mesh, layout)
         return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
 
 
@@ -106,12 +85,48 @@ class LTXAdapter(ModelAdapter):
         gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns hidden_states alone
         attention="attn1",
     )
+    processor = LTXSPAttnProcessor
 
-    def make_processor(self, context: ForwardContext) -> LTXSPAttnProcessor:
-        return LTXSPAttnProcessor(context)
 
 
 # -- the family --------------------------------------------------------------------------------
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# LTX-Video (AutoencoderKLLTXVideo, default config = 0.9.0's: decoder 512 ... 128 channels,
+# patch 4), 5 x 16 x 16 latents (33 x 512 x 512 out): 8.92e5 FLOP per output pixel-frame
+# (3 x 8 x 8: 9.17e5), 590 halo values per output frame and column, 8.6 exchanges per latent
+# frame, RMS norms only; its 128 channels at a quarter of the resolution hold as much as 8 at
+# full resolution; the whole video in one call.
+DECODER = DecoderShape(2 * 4.46e5, 590, 8.6, 0.0, 8, 0)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="ltx", patch_size=1, patch_size_t=1, text_tokens=128, text_in_sequence=False,
+                  positional="rotary", vae_spatial=32, vae_temporal=8)
+    return [
+        # LTX-Video's VAE compresses 32x spatially and 8x in time; its patch is 1.
+        ModelSpec(name="ltx-video", heads=32, head_dim=64, layers=28, ffn_hidden=8192, in_channels=128,
+                  params=1.92e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
+                  default_height=512, default_width=704, **common),
+        # The same 2B model under its sized name; LTX-Video 13B (0.9.7): 32 heads x 128, 48 layers,
+        # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704). Shapes and
+        # parameter counts (1.923e9, 13.04e9) are what diffusers builds from the configs its
+        # conversion script writes for those checkpoints (tests/test_planner_model.py).
+        ModelSpec(name="ltx-video-2b", heads=32, head_dim=64, layers=28, ffn_hidden=8192, in_channels=128,
+                  params=1.92e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
+                  default_height=512, default_width=704, **common),
+        ModelSpec(name="ltx-video-13b", heads=32, head_dim=128, layers=48, ffn_hidden=16384, in_channels=128,
+                  params=13.04e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
+                  default_height=512, default_width=704, **common),
+        # tiny-ltx: LTX-Video's layout (patch 1, 32x / 8x VAE, T5 cross-attention) at 6 heads.
+        ModelSpec(name="tiny-ltx", heads=6, head_dim=12, layers=2, ffn_hidden=288, in_channels=8, params=2.3e5,
+                  text_encoder_params=2.5e4, vae_params=1.1e5, default_frames=9, default_height=64,
+                  default_width=96, **common),
+    ]
+
+
 class LTXFamily(Family):
     """LTXPipeline's and LTXImageToVideoPipeline's steps."""
 
@@ -120,6 +135,8 @@ class LTXFamily(Family):
     image_pipelines = ("LTXImageToVideoPipeline",)
     adapter = LTXAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
+    decoder = DECODER
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny-ltx": tiny_pipeline_dir, "tiny-ltx-i2v": tiny_i2v_pipeline_dir}
@@ -127,14 +144,10 @@ class LTXFamily(Family):
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (161 frames, 512 x 704) unless the directory says otherwise."""
-        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, t5_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "LTXVideoTransformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by an LTX pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "LTXVideoTransformer3DModel", "an LTX pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(cfg.get("num_layers", 28))
         hidden = heads * head_dim
         vae = configs.get("vae", {})
@@ -161,24 +174,11 @@ class LTXFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
-        import torch
-
-        from raydit.models.family import png_to_image
+        from raydit.models.requests import png_to_image
 
         pipe.set_progress_bar_config(disable=True)
         image = {} if request.image is None else {"image": png_to_image(request.image)}
-        return pipe(
-            **image,
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            num_frames=request.num_frames,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            generator=torch.Generator("cpu").manual_seed(request.seed),
-            output_type="latent",
-        ).frames
+        return pipe(**reference_call(request, **image)).frames
 
     def conformance_cases(self, base_dirs):
         return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx"], base_dirs["tiny-ltx-i2v"])}
@@ -194,19 +194,9 @@ class LTXFamily(Family):
                 "LTX-Video's guidance_scale is classifier-free already: drop true_cfg_scale"
             )
         temporal = pipe.vae_temporal_compression_ratio
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+        check_frames(request.num_frames, temporal)
         multiple = pipe.vae_spatial_compression_ratio * pipe.transformer_spatial_patch_size
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % multiple:
-                lower = value - value % multiple
-                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
-                raise ValueError(
-                    f"{label} {value} must be a multiple of {multiple} (VAE scale "
-                    f"{pipe.vae_spatial_compression_ratio} x patch {pipe.transformer_spatial_patch_size}); "
-                    f"nearest: {nearest}"
-                )
+        check_size(request, multiple, pipe.vae_spatial_compression_ratio, pipe.transformer_spatial_patch_size)
 
     def encode(self, pipe, request, device, dtype):
         embeds, mask, negative, negative_mask = pipe.encode_prompt(
@@ -231,7 +221,7 @@ class LTXFamily(Family):
             latents = pipe.prepare_latents(1, channels, request.height, request.width, request.num_frames,
                                            torch.float32, device, generator)  # [1, L, C] packed
         else:
-            from raydit.models.family import png_to_image
+            from raydit.models.requests import png_to_image
 
             image = pipe.video_processor.preprocess(png_to_image(request.image), height=request.height,
                                                     width=request.width).to(device=device, dtype=dtype)
@@ -367,19 +357,10 @@ def tiny_i2v_pipeline():
     return LTXImageToVideoPipeline(**tiny_pipeline().components)
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-ltx`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-ltx-{TINY_VERSION}", lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-ltx-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
-def tiny_i2v_pipeline_dir() -> Path:
-    """The directory of `tiny-ltx-i2v`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-ltx-i2v-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+tiny_i2v_pipeline_dir = tiny_dir(f"tiny-ltx-i2v-{TINY_VERSION}", tiny_i2v_pipeline, TINY_DEFAULTS)
 
 
 # -- conformance -------------------------------------------------------------------------------

@@ -58,11 +58,12 @@ Legend: B batch, Lv / La video / audio tokens, Cv / Ca their latent channels.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Audio, Family, Prepared
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.requests import check_frames, check_size, reference_call
+from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
+from raydit.planner.model import DecoderShape
 
 PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default (a tokenizer with a smaller limit: its own)
@@ -164,18 +165,13 @@ def stream_layout(layout, part: int):
     return SeqLayout((layout.part_lengths[part],), layout.sp)
 
 
-def shard_rotary(rotary_emb, layout, sp_index: int, part: int = VIDEO):
-    """Cut a rotary table of all of a stream's tokens to this rank's chunk: interleaved tables
-    are [B, L, C], split ones [B, H, L, r]; pad rows are zero (pad queries are dropped at
-    gather, pad keys never attended)."""
-    cos, sin = rotary_emb
-    dim = 1 if cos.ndim == 3 else 2
-    if cos.shape[dim] != layout.part_lengths[part]:
-        raise ValueError(
-            f"rotary table has {cos.shape[dim]} rows but the {('video', 'audio')[part]} has "
-            f"{layout.part_lengths[part]} tokens; the table must come from the same latents the blocks see"
-        )
-    return layout.shard(cos, part, sp_index, dim=dim), layout.shard(sin, part, sp_index, dim=dim)
+def shard_stream_rotary(rotary_emb, layout, sp_index: int, part: int = VIDEO):
+    """A stream's rotary table cut to this rank's chunk: interleaved tables are [B, L, C], split
+    ones [B, H, L, r] (raydit.parallel.sharding.shard_rotary)."""
+    from raydit.parallel.sharding import shard_rotary
+
+    dim = 1 if rotary_emb[0].ndim == 3 else 2
+    return shard_rotary(rotary_emb, layout, sp_index, part, dim, name=("video", "audio")[part])
 
 
 def _rotate(attn, x, rotary_emb):
@@ -212,8 +208,6 @@ class LTX2SelfAttnProcessor:
                  key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
         import torch
 
-        from raydit.parallel.attention import sp_attention
-
         if not _split(self.context, self.part):
             kwargs = {} if perturbation_mask is None and all_perturbed is None else dict(
                 perturbation_mask=perturbation_mask, all_perturbed=all_perturbed)
@@ -237,14 +231,11 @@ class LTX2SelfAttnProcessor:
         query = attn.norm_q(attn.to_q(hidden_states))
         key = attn.norm_k(attn.to_k(hidden_states))
         if query_rotary_emb is not None:
-            freqs = shard_rotary(query_rotary_emb, layout, mesh.sp_index, self.part)
+            freqs = shard_stream_rotary(query_rotary_emb, layout, mesh.sp_index, self.part)
             query, key = _rotate(attn, query, freqs), _rotate(attn, key, freqs)
 
-        def heads(x_BLC):
-            return x_BLC.unflatten(2, (attn.heads, -1)).transpose(1, 2)  # [B, H, L, D]
-
-        out_BHLD = sp_attention(heads(query), heads(key), heads(value), mesh, stream_layout(layout, self.part))
-        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype)
+        out_BLC = attend(*(x.unflatten(2, (attn.heads, -1)) for x in (query, key, value)), mesh,
+                         stream_layout(layout, self.part))
         if perturbation_mask is not None:  # a batch mixing perturbed and plain samples
             out_BLC = value.lerp(out_BLC, perturbation_mask.to(out_BLC.dtype))
         if traced:
@@ -295,9 +286,9 @@ class _GatheredKeysAttention:
         if query_rotary_emb is not None:  # as diffusers: the keys take the queries' table where they have none
             key_rotary_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
             if _split(self.context, query_part):
-                query_rotary_emb = shard_rotary(query_rotary_emb, layout, mesh.sp_index, query_part)
+                query_rotary_emb = shard_stream_rotary(query_rotary_emb, layout, mesh.sp_index, query_part)
             query = _rotate(attn, query, query_rotary_emb)
-            key = _rotate(attn, key, shard_rotary(key_rotary_emb, layout, mesh.sp_index, self.keys_part))
+            key = _rotate(attn, key, shard_stream_rotary(key_rotary_emb, layout, mesh.sp_index, self.keys_part))
         q_BHLD = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
         (out_BHLD,) = opaque_call(self._key, [q_BHLD, key, value], [])
         return _output(attn, out_BHLD.transpose(1, 2).flatten(2, 3).to(query.dtype), gate_logits)
@@ -319,7 +310,7 @@ class LTX2AudioToVideoAttnProcessor(_GatheredKeysAttention):
         if _split(self.context, AUDIO):
             return self.attend(attn, hidden_states, encoder_hidden_states, query_rotary_emb, key_rotary_emb, VIDEO)
         if query_rotary_emb is not None:
-            query_rotary_emb = shard_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
+            query_rotary_emb = shard_stream_rotary(query_rotary_emb, self.context.layout, self.context.mesh.sp_index)
         return self.original(attn, hidden_states, encoder_hidden_states, None, query_rotary_emb, key_rotary_emb)
 
 
@@ -396,6 +387,38 @@ class LTX2Adapter(ModelAdapter):
         return handle
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Gemma 3 12B (11.77e9 text with tied embeddings + 0.42e9 SigLIP) and the pipeline's text connectors
+# (1.43e9: Linear 49 x 3840 -> 3840 and two 2-layer 30 x 128 transformers, LTX2TextConnectors'
+# defaults, which are LTX-2's).
+TEXT_ENCODER_PARAMS = 12.19e9 + 1.43e9
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import ModelSpec
+
+    common = dict(family="ltx2")
+    return [
+        # LTX-2 (Lightricks/LTX-2, LTX2Pipeline): the 19B audio-video transformer, diffusers'
+        # LTX2VideoTransformer3DModel defaults (its LTX-2 config): video 32 heads x 128, 48
+        # blocks, 128 latent channels, patch 1; the audio stream (32 x 64 = 2048 wide, FFN 4 x) runs
+        # in the same blocks and is counted in the parameters (1.888e10 on the meta device), not in
+        # the split sequence: its tokens (AutoencoderKLLTX2Audio's defaults: 16000 Hz / hop 160 /
+        # 4x temporal compression = 25 a second, read at the pipeline's 24 fps) stay whole on every
+        # rank, costed apart (raydit.planner.cost). Gemma 3 text reaches both streams by
+        # cross-attention, 1024 tokens (max_sequence_length). VAEs: video 32x / 8x (the pipeline's),
+        # 1.22e9 + audio VAE 0.05e9 + vocoder 0.06e9. LTX2Pipeline's defaults: 121 x 512 x 768.
+        # Guidance: four branches per step (the negative and positive passes, STG, modality), shared
+        # out over cfg 1, 2 or 4 groups.
+        ModelSpec(name="ltx-2", heads=32, head_dim=128, layers=48, ffn_hidden=16384, patch_size=1,
+                  patch_size_t=1, text_tokens=1024, text_in_sequence=False, positional="rotary",
+                  in_channels=128, params=18.88e9, text_encoder_params=TEXT_ENCODER_PARAMS, vae_params=1.33e9,
+                  default_frames=121, default_height=512, default_width=768, vae_spatial=32, vae_temporal=8,
+                  cfg_branches=4, audio_heads=32, audio_head_dim=64, audio_ffn_hidden=4 * 32 * 64,
+                  audio_tokens_per_second=25.0, frame_rate=24.0, **common),
+    ]
+
+
 class LTX2Family(Family):
     """LTX2Pipeline's and LTX2ImageToVideoPipeline's steps."""
 
@@ -405,7 +428,14 @@ class LTX2Family(Family):
     adapter = LTX2Adapter
     batch_branches = False  # different passes, not one batch (group_calls batches the cfg pair alone)
     max_branches = 4  # negative, positive, STG, modality (module docstring)
+    # LTX-2's video VAE (AutoencoderKLLTX2Video, diffusers' default config = LTX-2's), counted with
+    # torch.utils.flop_counter on the meta device, 3 x 8 x 8 latents (17 x 256 x 256 out): 1.5030e12
+    # FLOP, 1.349e6 per output pixel-frame. raydit runs it whole on one rank (this family does not
+    # split it), so it is priced whole; the halo and memory figures are the uncounted stand-in's.
+    decoder = DecoderShape(1.349e6, 6320, 33.0, 0.0, 128, 4, parallel=False)
     option_names = tuple(OPTION_DEFAULTS)
+
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {"tiny-ltx2": tiny_pipeline_dir, "tiny-ltx2-i2v": tiny_i2v_pipeline_dir}
@@ -418,14 +448,10 @@ class LTX2Family(Family):
         tokens per second as `init` makes them (audio_vae/ sample_rate / mel_hop_length /
         AUDIO_VAE_TEMPORAL_COMPRESSION, read at FRAME_RATE; without audio_vae/, the pipeline's
         16000 / 160). The vocoder turns mel frames into samples and sets no token count."""
-        from raydit.planner.model import ModelSpec, component_params, require
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
 
-        cfg = configs["transformer"]
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "LTX2VideoTransformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by an LTX-2 pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "LTX2VideoTransformer3DModel", "an LTX-2 pipeline")
+        heads, head_dim = attention_shape(cfg, where)
         layers = int(cfg.get("num_layers", 48))
         hidden = heads * head_dim
         # diffusers' defaults where the config leaves them out (LTX-2's: 32 x 64)
@@ -510,13 +536,8 @@ class LTX2Family(Family):
                 raise ValueError("guidance option stg_blocks needs a transformer with perturbed_attn (LTX-2.3); "
                                  "this one has none: set stg_scale=0 and audio_stg_scale=0")
         temporal = pipe.vae_temporal_compression_ratio
-        if (request.num_frames - 1) % temporal:
-            lower = request.num_frames - (request.num_frames - 1) % temporal
-            raise ValueError(f"num_frames {request.num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % 32:  # the pipeline's check_inputs
-                lower = value - value % 32
-                raise ValueError(f"{label} {value} must be a multiple of 32; nearest: {f'{lower} or ' if lower else ''}{lower + 32}")
+        check_frames(request.num_frames, temporal)
+        check_size(request, 32)  # the pipeline's check_inputs
 
     # -- prepare ---------------------------------------------------------------------------
     def encode(self, pipe, request, device, dtype):
@@ -578,7 +599,7 @@ class LTX2Family(Family):
         else:
             from PIL import Image
 
-            from raydit.models.family import png_to_image
+            from raydit.models.requests import png_to_image
 
             image = png_to_image(request.image)
             crf = _default_crf(pipe) if g["image_crf"] is None else g["image_crf"]
@@ -767,7 +788,7 @@ class LTX2Family(Family):
     def reference_latents(self, pipe, request):
         import torch
 
-        from raydit.models.family import png_to_image
+        from raydit.models.requests import png_to_image
 
         g = guidance(pipe, request)
         pipe.set_progress_bar_config(disable=True)
@@ -775,16 +796,12 @@ class LTX2Family(Family):
         if request.image is not None:
             crf = _default_crf(pipe) if g["image_crf"] is None else g["image_crf"]
             image = {"image": png_to_image(request.image), "image_crf": crf}
-        out = pipe(
-            **image, prompt=request.prompt, negative_prompt=request.negative_prompt, num_frames=request.num_frames,
-            height=request.height, width=request.width, num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale, stg_scale=g["stg_scale"], modality_scale=g["modality_scale"],
+        out = pipe(**reference_call(
+            request, **image, stg_scale=g["stg_scale"], modality_scale=g["modality_scale"],
             guidance_rescale=g["guidance_rescale"], audio_guidance_scale=g["audio_guidance_scale"],
             audio_stg_scale=g["audio_stg_scale"], audio_modality_scale=g["audio_modality_scale"],
             audio_guidance_rescale=g["audio_guidance_rescale"], spatio_temporal_guidance_blocks=list(g["stg_blocks"]),
-            use_cross_timestep=g["use_cross_timestep"], max_sequence_length=max_sequence_length(pipe),
-            generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent",
-        )
+            use_cross_timestep=g["use_cross_timestep"], max_sequence_length=max_sequence_length(pipe)))
         return torch.cat([out.frames.flatten(1), out.audio.flatten(1)], dim=1)
 
     def decode_video(self, pipe, state, latents):
@@ -927,19 +944,10 @@ def tiny_i2v_pipeline():
     return LTX2ImageToVideoPipeline(**components)
 
 
-def tiny_pipeline_dir() -> Path:
-    """The directory of `tiny-ltx2`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-ltx2-{TINY_VERSION}", lambda: WithDefaults(tiny_pipeline(), TINY_DEFAULTS))
+tiny_pipeline_dir = tiny_dir(f"tiny-ltx2-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
 
 
-def tiny_i2v_pipeline_dir() -> Path:
-    """The directory of `tiny-ltx2-i2v`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    return write_pipeline(cache_root() / f"tiny-ltx2-i2v-{TINY_VERSION}",
-                          lambda: WithDefaults(tiny_i2v_pipeline(), TINY_DEFAULTS))
+tiny_i2v_pipeline_dir = tiny_dir(f"tiny-ltx2-i2v-{TINY_VERSION}", tiny_i2v_pipeline, TINY_DEFAULTS)
 
 
 def ltx2_pipeline(base_dir: str):

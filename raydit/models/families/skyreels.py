@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
+from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.families.wan import (
     TINY_IMAGE_DIM,
     TINY_TEXT_DIM,
@@ -42,7 +42,8 @@ from raydit.models.families.wan import (
     _tiny_image_encoder,
     _tiny_vae,
 )
-from raydit.models.family import Prepared, png_to_image
+from raydit.models.family import Prepared
+from raydit.models.requests import png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
 
 
@@ -62,7 +63,6 @@ class SkyReelsSPAttnProcessor(WanSPAttnProcessor):
             return super().__call__(attn, hidden_states, encoder_hidden_states, None, rotary_emb)
         import torch.nn.functional as F
 
-        from raydit.models.families.wan import rotate_pairs, shard_rotary
         from raydit.parallel.mesh import gather_sequence
 
         if encoder_hidden_states is not None:
@@ -72,12 +72,7 @@ class SkyReelsSPAttnProcessor(WanSPAttnProcessor):
         L = layout.part_lengths[VIDEO]
         if tuple(attention_mask.shape[-2:]) != (L, L):
             raise ValueError(f"attention mask {tuple(attention_mask.shape)} does not cover the {L} video tokens")
-        q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))  # [B, L_local, H, D]
-        k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
-        v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
-        if rotary_emb is not None:
-            cos, sin = shard_rotary(rotary_emb, layout, mesh.sp_index)
-            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        q, k, v = self.qkv(attn, hidden_states, rotary_emb)  # [B, L_local, H, D]
         k_full = gather_sequence(k, mesh, layout, VIDEO, dim=1)  # [B, L, H, D]
         v_full = gather_sequence(v, mesh, layout, VIDEO, dim=1)
         rows = layout.shard(attention_mask, VIDEO, mesh.sp_index, dim=-2)  # [1, 1, L_local, L]
@@ -102,9 +97,8 @@ class SkyReelsAdapter(ModelAdapter):
         gather_outputs=(GatherOutput(0, VIDEO),),
         attention="attn1",
     )
+    processor = SkyReelsSPAttnProcessor
 
-    def make_processor(self, context: ForwardContext) -> SkyReelsSPAttnProcessor:
-        return SkyReelsSPAttnProcessor(context)
 
 
 # -- diffusion forcing: the schedule -----------------------------------------------------------
@@ -197,6 +191,37 @@ def _to_device(value, device, key=None):
     return value
 
 
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import CLIP_VIT_H_PARAMS, UMT5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="skyreels", head_dim=128, patch_size=2, patch_size_t=1, text_tokens=512,
+                  text_in_sequence=False, positional="rotary", vae_params=0.13e9)
+    b14 = dict(heads=40, layers=40, ffn_hidden=13824)
+    b1_3 = dict(heads=12, layers=30, ffn_hidden=8960)
+    p540 = dict(default_frames=97, default_height=544, default_width=960)
+    p720 = dict(default_frames=121, default_height=720, default_width=1280)
+    t2v = dict(in_channels=16, text_encoder_params=UMT5_XXL_PARAMS)
+    i2v = dict(in_channels=36, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS)
+    return [
+        # SkyReels-V2 (Skywork/SkyReels-V2-*-Diffusers): Wan 2.1's transformer layout (1.3B: 12
+        # heads x 128, 30 layers; 14B: 40 x 128, 40 layers) as diffusers' conversion script
+        # configures it; parameters counted on the meta device (1.3B DF 1.436e9 with its fps
+        # embedding, I2V 1.3B 1.564e9, 14B 14.29e9, I2V 14B 16.39e9). Defaults: 540P 97 x 544 x
+        # 960 (the pipelines'), 720P 121 x 720 x 1280 (base_num_frames 121 for diffusion forcing).
+        # DF: a timestep per latent frame, long videos in windows of base_num_frames.
+        ModelSpec(name="skyreels-v2-t2v-14b-540p", params=14.29e9, **b14, **t2v, **p540, **common),
+        ModelSpec(name="skyreels-v2-t2v-14b-720p", params=14.29e9, **b14, **t2v, **p720, **common),
+        ModelSpec(name="skyreels-v2-i2v-1.3b-540p", params=1.564e9, **b1_3, **i2v, **p540, **common),
+        ModelSpec(name="skyreels-v2-i2v-14b-540p", params=16.39e9, **b14, **i2v, **p540, **common),
+        ModelSpec(name="skyreels-v2-i2v-14b-720p", params=16.39e9, **b14, **i2v, **p720, **common),
+        ModelSpec(name="skyreels-v2-df-1.3b-540p", params=1.436e9, **b1_3, **t2v, **p540, **common),
+        ModelSpec(name="skyreels-v2-df-14b-540p", params=14.29e9, **b14, **t2v, **p540, **common),
+        ModelSpec(name="skyreels-v2-df-14b-720p", params=14.29e9, **b14, **t2v, **p720, **common),
+    ]
+
+
 # -- the family --------------------------------------------------------------------------------
 class SkyReelsFamily(WanFamily):
     """SkyReels-V2's steps, as diffusers' SkyReelsV2Pipeline, SkyReelsV2ImageToVideoPipeline
@@ -222,6 +247,8 @@ class SkyReelsFamily(WanFamily):
     adapter = SkyReelsAdapter
     batch_branches = False
     option_names = tuple(DF_OPTIONS)
+
+    models = staticmethod(builtin_models)
 
     def tiny(self):
         return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
@@ -442,18 +469,7 @@ class SkyReelsFamily(WanFamily):
         pipe.set_progress_bar_config(disable=True)
         block = pipe.transformer.config.get("num_frame_per_block", 1)
         try:
-            return pipe(
-                prompt=request.prompt,
-                negative_prompt=request.negative_prompt,
-                num_frames=request.num_frames,
-                height=request.height,
-                width=request.width,
-                num_inference_steps=request.num_inference_steps,
-                guidance_scale=request.guidance_scale,
-                generator=torch.Generator("cpu").manual_seed(request.seed),
-                output_type="latent",
-                **kwargs,
-            ).frames
+            return pipe(**reference_call(request, **kwargs)).frames
         finally:
             pipe.transformer.register_to_config(num_frame_per_block=block)  # the pipeline rewrites it
 
@@ -463,11 +479,9 @@ class SkyReelsFamily(WanFamily):
         otherwise (DEFAULTS_FILE)."""
         import dataclasses
 
-        cfg = dict(configs.get("transformer", {}))
-        where = str(path / "transformer" / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "SkyReelsV2Transformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a SkyReels-V2 pipeline")
+        from raydit.planner.model import transformer_config
+
+        cfg, _ = transformer_config(path, configs, "SkyReelsV2Transformer3DModel", "a SkyReels-V2 pipeline")
         as_wan = dict(configs, transformer=dict(cfg, _class_name="WanTransformer3DModel"))
         spec = WanFamily.spec_from_dir(self, path, as_wan)
         if not (path / DEFAULTS_FILE).is_file():

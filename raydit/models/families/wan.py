@@ -25,29 +25,16 @@ from __future__ import annotations
 
 import functools
 
-from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared, png_to_image
+from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
+from raydit.models.family import Family, Prepared
+from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
 
 
 # -- adapter -----------------------------------------------------------------------------------
-def shard_rotary(rotary_emb, layout, sp_index: int):
-    """Cut Wan's rotary table of all video tokens down to this rank's video chunk.
-
-    cos, sin: [1, L_video, 1, D] -> [1, chunk, 1, D]; pad rows are zero (pad queries are
-    dropped at gather and pad keys are masked, so their rotation is irrelevant).
-    """
-    cos, sin = rotary_emb
-    if cos.shape[1] != layout.part_lengths[VIDEO]:
-        raise ValueError(
-            f"rotary table has {cos.shape[1]} rows but the video has {layout.part_lengths[VIDEO]} tokens; "
-            "the table must come from the same latents the blocks see"
-        )
-    return layout.shard(cos, VIDEO, sp_index, dim=1), layout.shard(sin, VIDEO, sp_index, dim=1)
-
-
 def rotate_pairs(x_BLHD, cos, sin):
     """Wan's rotary: each channel pair (x[2i], x[2i+1]) is rotated by the angle whose cosine
     and sine the tables hold (repeated for both channels of the pair):
@@ -72,28 +59,22 @@ class WanSPAttnProcessor:
         self.context = context
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        from raydit.parallel.attention import sp_attention
+        mesh, layout = self.context.self_attention(type(self).__name__, hidden_states, encoder_hidden_states,
+                                                   attention_mask, "; Wan does not use one")
+        out_BLC = attend(*self.qkv(attn, hidden_states, rotary_emb), mesh, layout)
+        return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
 
-        if encoder_hidden_states is not None:
-            raise ValueError("WanSPAttnProcessor serves self-attention (attn1) only; cross-attention keeps its own")
-        if attention_mask is not None:
-            raise ValueError("attention_mask is not supported under sequence parallelism; Wan does not use one")
-        mesh, layout = self.context.mesh, self.context.layout
-        assert layout is not None, "split hook did not run before attention"
-        B, L, _ = hidden_states.shape
-        assert L == layout.local_len, (L, layout.local_len)
+    def qkv(self, attn, hidden_states, rotary_emb):
+        """q, k (normed, rotated by this rank's rows of the table), v: [B, L, H, D] each."""
+        from raydit.parallel.sharding import shard_rotary
 
         q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))  # [B, L, H, D]
         k = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
         v = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
         if rotary_emb is not None:
-            cos, sin = shard_rotary(rotary_emb, layout, mesh.sp_index)
+            cos, sin = shard_rotary(rotary_emb, self.context.layout, self.context.mesh.sp_index, VIDEO, dim=1)
             q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
-
-        # [B, L, H, D] -> [B, H, L, D] and back
-        out_BHLD = sp_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mesh, layout)
-        out_BLC = out_BHLD.transpose(1, 2).flatten(2, 3).type_as(q)
-        return attn.to_out[1](attn.to_out[0](out_BLC))  # linear, dropout
+        return q, k, v
 
 
 class WanAdapter(ModelAdapter):
@@ -110,9 +91,8 @@ class WanAdapter(ModelAdapter):
         gather_outputs=(GatherOutput(0, VIDEO),),  # the block returns hidden_states alone
         attention="attn1",
     )
+    processor = WanSPAttnProcessor
 
-    def make_processor(self, context: ForwardContext) -> WanSPAttnProcessor:
-        return WanSPAttnProcessor(context)
 
 
 # -- the family --------------------------------------------------------------------------------
@@ -125,6 +105,46 @@ def _boundary_timestep(pipe):
 def _low_noise(pipe, t) -> bool:
     boundary = _boundary_timestep(pipe)
     return boundary is not None and bool(t < boundary)
+
+
+# -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
+# Wan 2.1 (AutoencoderKLWan, base 96, 21 -> 81 frames): 4.24e6 MAC per output pixel-frame, 6320
+# halo values per output frame and column, 33 exchanges per latent frame, no group norm (RMS norm
+# over channels).
+DECODER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4)
+# Wan 2.2's 16x VAE (TI2V-5B: decoder base 256 at half resolution, patch 2; 5 -> 17 frames):
+# 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
+# channels at half resolution hold as much as 64 at full resolution.
+DECODER_16X = DecoderShape(2 * 9.33e6, 8934, 33.0, 0.0, 64, 4)
+
+
+def builtin_models() -> list:
+    """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
+    from raydit.planner.model import CLIP_VIT_H_PARAMS, UMT5_XXL_PARAMS, ModelSpec
+
+    common = dict(family="wan", head_dim=128, patch_size=2, patch_size_t=1, text_tokens=512,
+                  text_in_sequence=False, positional="rotary")
+    return [
+        ModelSpec(name="wan2.1-t2v-1.3b", heads=12, layers=30, ffn_hidden=8960, in_channels=16, params=1.42e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
+                  default_height=480, default_width=832, **common),
+        ModelSpec(name="wan2.1-t2v-14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.0e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
+                  default_height=720, default_width=1280, **common),
+        # I2V: 16 noise + 4 mask + 16 image-latent channels; 257 CLIP image tokens join the
+        # text in cross-attention (the CLIP ViT-H image encoder counts with the text encoder).
+        ModelSpec(name="wan2.1-i2v-14b-480p", heads=40, layers=40, ffn_hidden=13824, in_channels=36,
+                  params=14.0e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, vae_params=0.13e9,
+                  default_frames=81, default_height=480, default_width=832, **common),
+        # Two 14B experts: `transformer` above the boundary timestep, `transformer_2` below.
+        ModelSpec(name="wan2.2-t2v-a14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.0e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
+                  default_height=720, default_width=1280, experts=2, **common),
+        # TI2V-5B: 48 latent channels, the 16x spatial VAE; 121 frames at 704 x 1280.
+        ModelSpec(name="wan2.2-ti2v-5b", heads=24, layers=30, ffn_hidden=14336, in_channels=48, params=5.0e9,
+                  text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.7e9, default_frames=121,
+                  default_height=704, default_width=1280, vae_spatial=16, **common),
+    ]
 
 
 class WanFamily(Family):
@@ -147,11 +167,21 @@ class WanFamily(Family):
     adapter = WanAdapter
     batch_branches = False
     max_sequence_length = 512  # the pipelines' default (2.1 I2V's processor assumes 512)
+    decoder = DECODER
+    # WanTransformerBlock at 1536 wide (modulation, norms and rotary in float32): 658.8 MB over
+    # 1024 tokens x 1536 channels (Family.elementwise_bytes says how it is counted).
+    elementwise_bytes = 419.0
 
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
         # WanPipeline / WanImageToVideoPipeline: num_frames // t * t + 1 ("Rounding to the nearest number").
         return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+
+    models = staticmethod(builtin_models)
+
+    def decoder_for(self, spec):
+        """Wan 2.2's 16x VAE (TI2V-5B) is another decoder than Wan 2.1's 8x."""
+        return DECODER_16X if spec.vae_spatial == 16 else self.decoder
 
     def tiny(self):
         return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
@@ -162,16 +192,12 @@ class WanFamily(Family):
         (DEFAULTS_FILE); sizes from the weights' headers."""
         import json
 
-        from raydit.planner.model import ModelSpec, component_params, require, t5_params
+        from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
 
         index = configs[""]
         name = "transformer" if "transformer" in configs else "transformer_2"
-        cfg = configs[name]
-        where = str(path / name / "config.json")
-        cls = str(cfg.get("_class_name", ""))
-        if cls != "WanTransformer3DModel":
-            raise ValueError(f"{where}: transformer class {cls or '(none)'!r} is not supported by a Wan pipeline")
-        heads, head_dim = int(require(cfg, "num_attention_heads", where)), int(require(cfg, "attention_head_dim", where))
+        cfg, where = transformer_config(path, configs, "WanTransformer3DModel", "a Wan pipeline", name)
+        heads, head_dim = attention_shape(cfg, where)
         layers, ffn = int(require(cfg, "num_layers", where)), int(require(cfg, "ffn_dim", where))
         patch_t, patch_h, patch_w = (int(p) for p in cfg.get("patch_size", (1, 2, 2)))
         if patch_h != patch_w:
@@ -227,22 +253,10 @@ class WanFamily(Family):
                 f"guidance_scale_2 {request.guidance_scale_2} needs a two-expert pipeline (Wan 2.2 A14B, "
                 "boundary_ratio set); this one has one transformer: drop guidance_scale_2"
             )
-        if (request.num_frames - 1) % pipe.vae_scale_factor_temporal:
-            lower = request.num_frames - (request.num_frames - 1) % pipe.vae_scale_factor_temporal
-            raise ValueError(
-                f"num_frames {request.num_frames} must be {pipe.vae_scale_factor_temporal}k + 1; "
-                f"nearest: {lower} or {lower + pipe.vae_scale_factor_temporal}"
-            )
+        check_frames(request.num_frames, pipe.vae_scale_factor_temporal)
         patch = self.transformers(pipe)[0].config.patch_size
         multiple = max(16, pipe.vae_scale_factor_spatial * max(patch[1], patch[2]))
-        for label, value in (("height", request.height), ("width", request.width)):
-            if value % multiple:
-                lower = value - value % multiple
-                nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
-                raise ValueError(
-                    f"{label} {value} must be a multiple of {multiple} (VAE scale {pipe.vae_scale_factor_spatial} "
-                    f"x patch {patch[1]}); nearest: {nearest}"
-                )
+        check_size(request, multiple, pipe.vae_scale_factor_spatial, patch[1])
 
     def encode(self, pipe, request, device, dtype):
         positive, negative = pipe.encode_prompt(
@@ -358,8 +372,6 @@ class WanFamily(Family):
 
     def reference_latents(self, pipe, request):
         """diffusers' own pipeline, called with its defaults, the request and the seed."""
-        import torch
-
         kwargs = {}
         if request.image is not None:
             kwargs["image"] = png_to_image(request.image)
@@ -371,18 +383,7 @@ class WanFamily(Family):
         if request.guidance_scale_2 is not None:
             kwargs["guidance_scale_2"] = request.guidance_scale_2
         pipe.set_progress_bar_config(disable=True)
-        return pipe(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            num_frames=request.num_frames,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            generator=torch.Generator("cpu").manual_seed(request.seed),
-            output_type="latent",
-            **kwargs,
-        ).frames
+        return pipe(**reference_call(request, **kwargs)).frames
 
     def conformance_cases(self, base_dirs):
         return {"forward": forward_cases(), "runner": runner_cases(base_dirs)}

@@ -79,7 +79,6 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
 
     def _construct(self, c) -> None:
         from raydit.models.loading import resolve_model_dir, takes_image
-        from raydit.models.registry import load_families
         from raydit.planner import model_spec
 
         self.config = c
@@ -109,7 +108,6 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model
-        load_families()
         self.model_dir = str(resolve_model_dir(c.model))
         self.takes_image = takes_image(self.model_dir)
         self.spec = model_spec(self.model_dir)

@@ -118,13 +118,13 @@ class ReplicasPart:
         choice, the allocator's growth, a compiled Engine's compilation and the decode are
         paid here (`timings["warmup_seconds"]`), not by the first video. Two steps, guidance
         on: the step a request runs, and a scheduler past its first step."""
-        from raydit.models.conformance import test_image
+        from raydit.models.requests import checker_image
         from raydit.models.family import GenerationRequest, image_to_png
 
         frames, height, width = self._planned_geometry()
         request = GenerationRequest(
             prompt="warm-up", num_frames=frames, height=height, width=width, num_inference_steps=2,
-            guidance_scale=6.0, seed=0, image=image_to_png(test_image(height, width)) if self.takes_image else None,
+            guidance_scale=6.0, seed=0, image=image_to_png(checker_image(height, width)) if self.takes_image else None,
             cache=self.cache, cache_threshold=self.cache_threshold, lora=self._fused_default(None))
         t0 = time.perf_counter()
         for replica in list(self.replicas if replicas is None else replicas):

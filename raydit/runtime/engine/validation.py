@@ -10,10 +10,10 @@ from pathlib import Path
 
 def family_of(model_dir: str):
     """The Family of the pipeline in `model_dir` (raydit.models.registry)."""
-    from raydit.models.loading import _pipeline_class
+    from raydit.models.loading import pipeline_class
     from raydit.models.registry import family_for_class
 
-    return family_for_class(_pipeline_class(Path(model_dir)))
+    return family_for_class(pipeline_class(Path(model_dir)))
 
 
 def check_steps(limit: int | str | None, steps: int) -> None:
@@ -34,9 +34,9 @@ def round_frames(model_dir: str, vae_temporal: int, frames):
     Wan rounds 12 to 13, CogVideoX 10 to 9), said in one logged line; others unchanged."""
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1 or (frames - 1) % vae_temporal == 0:
         return frames
-    from raydit.models.loading import _pipeline_class
+    from raydit.models.loading import pipeline_class
 
-    pipeline = _pipeline_class(Path(model_dir))
+    pipeline = pipeline_class(Path(model_dir))
     rounded = family_of(model_dir).round_frames(frames, vae_temporal)
     logging.getLogger("raydit").warning(
         "raydit: frames %d -> %d: the VAE takes %d k + 1 frames; rounded as diffusers' %s does",

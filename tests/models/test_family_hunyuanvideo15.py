@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from raydit.models.conformance import test_image as checker_image
+from raydit.models.family import checker_image
 from raydit.models.family import GenerationRequest, image_to_png
 from raydit.models.families import hunyuanvideo15 as hy15
 from raydit.models.runner import Runner

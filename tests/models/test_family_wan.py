@@ -15,11 +15,11 @@ import torch
 from raydit.models import conformance as harness
 from raydit.models.adapter import GatherOutput, SequenceParallelPlan, SplitInput
 from raydit.models.families import wan
-from raydit.models.family import GenerationRequest, image_to_png
+from raydit.models.family import GenerationRequest, checker_image, image_to_png
 from raydit.models.registry import get_adapter, supported_transformers
 from raydit.models.runner import Runner
 from raydit.parallel.mesh import build_mesh
-from raydit.parallel.sharding import SeqLayout
+from raydit.parallel.sharding import SeqLayout, shard_rotary
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def _request(**kw):
 
 
 def _image(height=48, width=80):
-    return image_to_png(harness.test_image(height, width))
+    return image_to_png(checker_image(height, width))
 
 
 # -- adapter -----------------------------------------------------------------------------------
@@ -81,10 +81,10 @@ def test_our_rotation_is_the_models():
 def test_shard_rotary_pads_and_checks_length():
     cos = torch.arange(7.0).view(1, 7, 1, 1).expand(1, 7, 1, 4)
     layout = SeqLayout(part_lengths=(7,), sp=3)  # chunks of 3: the last holds 1 real row
-    c, s = wan.shard_rotary((cos, cos), layout, 2)
+    c, s = shard_rotary((cos, cos), layout, 2, wan.VIDEO, dim=1)
     assert c.shape == (1, 3, 1, 4) and c[0, :, 0, 0].tolist() == [6.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="rotary table has 7 rows but the video has 8 tokens"):
-        wan.shard_rotary((cos, cos), SeqLayout(part_lengths=(8,), sp=2), 0)
+        shard_rotary((cos, cos), SeqLayout(part_lengths=(8,), sp=2), 0, wan.VIDEO, dim=1)
 
 
 def test_validate_names_feasible_ulysses_degrees():

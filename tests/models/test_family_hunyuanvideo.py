@@ -1,6 +1,6 @@
-"""HunyuanVideo and LTX-Video families: what the shared conformance suite does not cover.
+"""The HunyuanVideo family: what the shared conformance suite does not cover.
 
-The suite (tests/models/test_conformance.py) runs both families' cases on every plan and
+The suite (tests/models/test_conformance.py) runs the family's cases on every plan and
 checks one process against diffusers' own pipelines. Here: HunyuanVideo's embedded
 guidance (one branch per step; a pair only for true CFG with a negative prompt), the joint
 mask the processor accepts, and the one-line errors for requests the pipelines cannot take.
@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-from raydit.models.conformance import test_image as checker_image
+from raydit.models.family import checker_image
 from raydit.models.family import GenerationRequest, image_to_png
-from raydit.models.families import hunyuanvideo, ltx
+from raydit.models.families import hunyuanvideo
 from raydit.models.runner import Runner
 
 
@@ -27,11 +27,6 @@ def hunyuan_pipe():
 @pytest.fixture(scope="module")
 def hunyuan_i2v_pipe():
     return hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_i2v_pipeline_dir()))
-
-
-@pytest.fixture(scope="module")
-def ltx_pipe():
-    return ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir()))
 
 
 REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=32, width=32,
@@ -79,25 +74,6 @@ def test_hunyuan_bad_requests_get_one_line(hunyuan_pipe, change, message):
     with pytest.raises(ValueError, match=message) as err:
         Runner(hunyuan_pipe).prepare(dataclasses.replace(REQUEST, **change))
     assert "\n" not in str(err.value)
-
-
-@pytest.mark.parametrize("change, message", [
-    (dict(num_frames=5), "num_frames 5 must be 8k \\+ 1; nearest: 1 or 9"),
-    (dict(width=48), "width 48 must be a multiple of 32 .* nearest: 32 or 64"),
-    (dict(true_cfg_scale=2.0), "true_cfg_scale 2.0 is for pipelines with embedded guidance"),
-])
-def test_ltx_bad_requests_get_one_line(ltx_pipe, change, message):
-    request = dataclasses.replace(REQUEST, **{**dict(num_frames=9, height=32, width=64), **change})
-    with pytest.raises(ValueError, match=message) as err:
-        Runner(ltx_pipe).prepare(request)
-    assert "\n" not in str(err.value)
-
-
-def test_ltx_latents_stay_packed_as_tokens(ltx_pipe):
-    """What output_type="latent" returns: [1, frames x height x width, channels]."""
-    state = Runner(ltx_pipe).prepare(dataclasses.replace(REQUEST, num_frames=17, height=32, width=64))
-    assert tuple(state.latents.shape) == (1, 3 * 1 * 2, ltx.TINY_LATENT_CHANNELS)
-    assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 2  # [neg, pos]
 
 
 # -- image-to-video ------------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""What the families share around a request and their diffusers pipelines (pure helpers).
+
+- its image: PNG bytes as a request carries them (`image_to_png`, `png_to_image`), a
+  deterministic `checker_image` (warm-ups, calibrations, conformance cases), the decoded
+  frames as uint8 (`to_uint8_frames`);
+- its geometry checked against the pipeline's VAE, one line per refusal (`check_frames`,
+  `check_size`);
+- the diffusers reference run of it (`reference_call`: the arguments every family's pipeline
+  takes) and the linear-sigma flow-matching schedule two families' pipelines default to.
+
+Imports stay light (no torch, no diffusers at the top): families import this at theirs.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+
+def image_to_png(image) -> bytes:
+    """A PIL image, an array or a path -> PNG bytes (what a request carries: hashable,
+    comparable, picklable). Raises ValueError with one line for anything else."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, (bytes, bytearray)):
+        data = bytes(image)
+        try:
+            Image.open(io.BytesIO(data)).verify()
+        except (UnidentifiedImageError, OSError):
+            raise ValueError("image bytes are not a readable image (PNG, JPEG, WebP ...)") from None
+        return data
+    if isinstance(image, (str, Path)):
+        path = Path(image).expanduser()
+        if not path.is_file():
+            raise ValueError(f"image {str(image)!r} does not exist; give the path of a PNG or JPEG file")
+        try:
+            img = Image.open(path)
+            img.load()
+        except (UnidentifiedImageError, OSError):
+            raise ValueError(f"image {str(image)!r} is not an image file PIL can read (PNG, JPEG, WebP ...)") from None
+    elif isinstance(image, Image.Image):
+        img = image
+    else:
+        try:
+            import numpy as np
+
+            arr = np.asarray(image)
+            if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (3, 4):
+                raise TypeError
+            img = Image.fromarray(arr)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"image of type {type(image).__name__} is not supported; give a PIL.Image, a path, "
+                "or a uint8 array [height, width, 3]"
+            ) from None
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def checker_image(height: int, width: int):
+    """A deterministic RGB image with structure in both directions (uint8 [height, width, 3]):
+    what a warm-up, a calibration or a conformance case hands an image-to-video pipeline."""
+    import numpy as np
+
+    y, x = np.mgrid[0:height, 0:width]
+    return np.stack([(x * 7) % 256, (y * 5) % 256, ((x // 4 + y // 4) % 2) * 255], axis=-1).astype(np.uint8)
+
+
+def to_uint8_frames(frames):
+    """Frames in [0, 1] (the video processor's "np" output) -> uint8, as every family returns."""
+    import numpy as np
+
+    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
+def png_to_image(data: bytes):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def check_frames(num_frames: int, temporal: int) -> None:
+    """Refuse (one line) a frame count the VAE cannot take: it must be temporal k + 1."""
+    if (num_frames - 1) % temporal:
+        lower = num_frames - (num_frames - 1) % temporal
+        raise ValueError(f"num_frames {num_frames} must be {temporal}k + 1; nearest: {lower} or {lower + temporal}")
+
+
+def check_size(request, multiple: int, vae_scale: int | None = None, patch: int | None = None):
+    """Refuse (one line) a height or width that is not a multiple of `multiple` (the VAE's scale
+    x the patch, where both are given they are named)."""
+    for label, value in (("height", request.height), ("width", request.width)):
+        if value % multiple:
+            lower = value - value % multiple
+            nearest = f"{lower} or {lower + multiple}" if lower else f"{multiple}"
+            why = f" (VAE scale {vae_scale} x patch {patch})" if vae_scale is not None else ""
+            raise ValueError(f"{label} {value} must be a multiple of {multiple}{why}; nearest: {nearest}")
+
+
+def linear_sigma_timesteps(pipe, steps: int, device, retrieve_timesteps):
+    """The timesteps of the flow-matching pipelines whose default sigmas fall linearly from 1
+    (np.linspace(1, 0, steps + 1)[:-1]), set on the pipeline's scheduler from its first step;
+    `retrieve_timesteps`: the pipeline module's own."""
+    import numpy as np
+
+    sigmas = np.linspace(1.0, 0.0, steps + 1)[:-1]  # as the pipeline's default
+    timesteps, _ = retrieve_timesteps(pipe.scheduler, steps, device, sigmas=sigmas)
+    pipe.scheduler.set_begin_index(0)
+    return timesteps
+
+
+def reference_call(request, *, negative_none: bool = False, **extra) -> dict:
+    """The request as a diffusers video pipeline's __call__ takes it for a reference run (the
+    runner's results are held to it): prompt, negative prompt (None for an empty one where the
+    pipeline expects that), frames, size, steps, guidance, a CPU generator seeded with the
+    request's seed and output_type="latent"; `extra`: the family's own arguments."""
+    import torch
+
+    return dict(prompt=request.prompt, negative_prompt=(request.negative_prompt or None) if negative_none
+                else request.negative_prompt, num_frames=request.num_frames, height=request.height,
+                width=request.width, num_inference_steps=request.num_inference_steps,
+                guidance_scale=request.guidance_scale,
+                generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent", **extra)
