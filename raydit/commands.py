@@ -105,7 +105,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.models.quantize_options import check_precision_options
 
     check_precision_options(opts)
-    check_shard_weights(opts)
+    _options.check_shard_weights(opts)
     return opts
 
 
@@ -116,20 +116,6 @@ def check_compile(opts: dict) -> None:
     if opts.get("compile") and opts.get("lora_table") and not opts.get("fuse_lora"):
         raise ValueError("--compile cannot switch LoRA adapters per request (each switch would recompile the blocks); "
                          "add --fuse-lora to merge the one --lora into the weights, or drop --compile")
-
-
-def check_shard_weights(opts: dict) -> None:
-    """--shard-weights' own checks (generate and serve), before Ray starts."""
-    if opts.get("shard_weights") not in (None, True, False):  # a --config file can give anything
-        raise ValueError(f"shard_weights {opts['shard_weights']!r} must be true or false")
-    if not opts.get("shard_weights"):
-        return
-    if opts.get("fuse_lora"):
-        raise ValueError("--shard-weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
-                         "from the checkpoint files, without it); drop --fuse-lora or --shard-weights")
-    if opts.get("workers") == 1:
-        raise ValueError("--shard-weights needs 2 or more ranks per replica to share the weights, --workers is 1 "
-                         "(every weight is resident on one rank anyway); drop --shard-weights or raise --workers")
 
 
 def engine_kwargs(o: dict) -> dict:

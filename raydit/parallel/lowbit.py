@@ -109,8 +109,6 @@ def fp8_torch(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Te
 
 
 # -- the Triton implementation -----------------------------------------------------------------
-# Tiles tried once per (head dim, mode) by Triton's autotuner on the first call of a process.
-TILES = ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 128, 4, 3))  # BLOCK_M, BLOCK_N, warps, stages
 QUANT_ROWS = 32
 
 
@@ -145,6 +143,8 @@ def attention_triton(q: Tensor, k: Tensor, v: Tensor, scale: float, mode: str) -
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     args = (p["q8"], p["k8"], p["v"], p["sq"], p["sk"], vs, out, lse, p["correction"], Sq, Sk)
     if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter cannot autotune: one tile
+        from raydit.parallel.lowbit_triton import TILES
+
         m, n, _, _ = TILES[0]
         attn.fn[(triton_cdiv(Sq, m), B * H)](*args, D=D, FP8=fp8, BLOCK_M=m, BLOCK_N=n)
     else:

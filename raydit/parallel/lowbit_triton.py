@@ -9,7 +9,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from raydit.parallel.lowbit import TILES
+# Tiles tried once per (head dim, mode) by Triton's autotuner on the first call of a process:
+# BLOCK_M, BLOCK_N, warps, stages.
+TILES = ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 128, 4, 3))
 
 
 @triton.jit

@@ -443,3 +443,17 @@ def submit_signature(progress: bool = False, tag: bool = True) -> inspect.Signat
             default = progress
         params.append(P(o.request, P.POSITIONAL_OR_KEYWORD, default=default))
     return inspect.Signature(params)
+
+
+def check_shard_weights(opts: dict) -> None:
+    """--shard-weights' own checks (generate and serve), before Ray starts."""
+    if opts.get("shard_weights") not in (None, True, False):  # a --config file can give anything
+        raise ValueError(f"shard_weights {opts['shard_weights']!r} must be true or false")
+    if not opts.get("shard_weights"):
+        return
+    if opts.get("fuse_lora"):
+        raise ValueError("--shard-weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
+                         "from the checkpoint files, without it); drop --fuse-lora or --shard-weights")
+    if opts.get("workers") == 1:
+        raise ValueError("--shard-weights needs 2 or more ranks per replica to share the weights, --workers is 1 "
+                         "(every weight is resident on one rank anyway); drop --shard-weights or raise --workers")

@@ -101,7 +101,7 @@ def check_lora_options(opts: dict) -> None:
     for flag in ("compile", "warmup"):
         if opts.get(flag) not in (None, True, False):  # a builder's args dict is not typed by argparse
             raise ValueError(f"{flag} {opts[flag]!r} must be true or false")
-    from raydit.commands import check_shard_weights
+    from raydit.runtime.options import check_shard_weights
 
     check_shard_weights(opts)
     if opts.get("compile"):

@@ -336,6 +336,8 @@ class VideoService:
         them; cache only where the body set it, else the engine's) and the service's hooks."""
         p = run.job.params
         args = {k: p[k] for k in _SUBMIT_KEYWORDS if k in p}
+        if "guidance_options" in args and not args["guidance_options"]:
+            args["guidance_options"] = None  # no knob given: the family's defaults
         args.update(progress=False, tag=run.job.id, on_start=lambda: self._on_start(run),
                     callback_on_step_end=lambda engine, step, timestep, kwargs: self._on_step(
                         run, step, kwargs.get("num_steps")))

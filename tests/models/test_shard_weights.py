@@ -61,8 +61,9 @@ def test_one_case_per_family_is_covered(results):
     from raydit.models.registry import families
 
     cases, _ = results
-    covered = {c.build.split(":")[0].rsplit(".", 1)[-1] for c in cases if c.build.startswith("raydit.models.families")}
-    assert covered == {name for name in {f.adapter.__module__.rsplit(".", 1)[-1] for f in families().values()}}
+    # raydit.models.families.<family>[.<module of its package>]: the family's module or package.
+    covered = {c.build.split(":")[0].split(".")[3] for c in cases if c.build.startswith("raydit.models.families")}
+    assert covered == {f.adapter.__module__.split(".")[3] for f in families().values()}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
