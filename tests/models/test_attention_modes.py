@@ -46,6 +46,7 @@ def modes_worker(rank: int, world_size: int, cases) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time)
 def test_every_plan_under_an_8bit_attention_mode_equals_one_rank_within_its_noise():
     from raydit.parallel.testing import run_distributed
 

@@ -127,6 +127,7 @@ def fp8_sim_plans_worker(rank: int, world_size: int, cases) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time)
 def test_every_plan_under_fp8_sim_equals_one_rank_within_the_modes_noise():
     from raydit.parallel.testing import run_distributed
 
@@ -291,6 +292,7 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time)
 def test_step_batching_and_step_caching_run_under_fp8_sim():
     """bfloat16, one process, the tiny CogVideoX. Step batching: two requests sharing steps
     (the second joins at the first's step 1) against each alone; where the unquantized run

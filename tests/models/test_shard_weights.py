@@ -57,6 +57,7 @@ def results(tmp_path_factory):
     return cases, outputs
 
 
+@pytest.mark.long
 def test_one_case_per_family_is_covered(results):
     from raydit.models.registry import families
 
@@ -66,6 +67,7 @@ def test_one_case_per_family_is_covered(results):
     assert covered == {f.adapter.__module__.split(".")[3] for f in families().values()}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sharded_plans_equal_unsharded_bit_for_bit(results, dtype):
     cases, outputs = results
@@ -78,6 +80,7 @@ def test_sharded_plans_equal_unsharded_bit_for_bit(results, dtype):
             assert torch.equal(plain, sharded), (key, (plain.float() - sharded.float()).abs().max().item())
 
 
+@pytest.mark.long
 def test_each_rank_holds_half_of_the_block_weights(results):
     _, outputs = results
     for rank_out in outputs:
