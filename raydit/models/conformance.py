@@ -163,6 +163,33 @@ def run_steps(runner, request, steps: int | None, checkpoint: dict | None = None
     return state
 
 
+def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict) -> dict:
+    """Per case, in bfloat16: one rank and every plan of `plans` under each mode (name -> the
+    Runner's keyword arguments; one pipeline per mode, every Runner on it), and one rank in
+    float64 under no mode from the bf16 run's noise. Keys (case, "float64") and (case, mode,
+    str(plan or None)); a worker for raydit.parallel.testing.run_distributed."""
+    from raydit.models.runner import Runner
+
+    bf16 = torch.bfloat16
+    out = {}
+    for case in cases:
+        request = case.make_request()
+        runner = Runner(case.make(torch.float64), dtype=torch.float64, init_dtype=bf16)
+        try:
+            out[(case.name, "float64")] = run_steps(runner, request, case.steps).latents
+        finally:
+            runner.close()
+        for mode, kwargs in modes.items():
+            pipe = case.make(bf16)
+            for plan in (None, *plans):
+                runner = Runner(pipe, None if plan is None else prefix_mesh(plan), dtype=bf16, **kwargs)
+                try:
+                    out[(case.name, mode, str(plan))] = run_steps(runner, request, case.steps).latents
+                finally:
+                    runner.close()
+    return out
+
+
 def run_batched(runner, requests: list, joins: list[int]) -> list:
     """Step-level batching as a replica runs it: request i is prepared at tick joins[i] and
     joins the batch from then on; every tick steps the batch's unfinished requests as one

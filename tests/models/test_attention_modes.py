@@ -24,27 +24,6 @@ CASES = ("wan-t2v", "cogvideox-2b-h30-rows30")
 MODES = ("bf16", "int8", "fp8")
 
 
-def modes_worker(rank: int, world_size: int, cases) -> dict:
-    from raydit.models.runner import Runner
-
-    bf16 = torch.bfloat16
-    out = {}
-    for case in cases:
-        request = case.make_request()
-        runner = Runner(case.make(torch.float64), dtype=torch.float64, init_dtype=bf16)
-        out[(case.name, "float64")] = harness.run_steps(runner, request, case.steps).latents
-        runner.close()
-        for mode in MODES:
-            pipe = case.make(bf16)
-            for plan in (None, *PLANS):
-                runner = Runner(pipe, None if plan is None else harness.prefix_mesh(plan), dtype=bf16, attention=mode)
-                try:
-                    out[(case.name, mode, str(plan))] = harness.run_steps(runner, request, case.steps).latents
-                finally:
-                    runner.close()
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
 def test_every_plan_under_an_8bit_attention_mode_equals_one_rank_within_its_noise():
@@ -52,7 +31,8 @@ def test_every_plan_under_an_8bit_attention_mode_equals_one_rank_within_its_nois
 
     cases = [c for c in harness.family_cases(build=True)["runner"] if c.name in CASES]
     assert len(cases) == len(CASES)
-    results = run_distributed(modes_worker, 2, cases, timeout=900)
+    results = run_distributed(harness.mode_plan_runs, 2, cases, PLANS, {m: {"attention": m} for m in MODES},
+                              timeout=900)
     for rank, out in enumerate(results):
         for case in cases:
             truth = out[(case.name, "float64")]

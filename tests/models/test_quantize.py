@@ -103,29 +103,6 @@ PLANS = (harness.MeshPlan(2, 1), harness.MeshPlan(1, 2), harness.MeshPlan(1, 1, 
 PLAN_CASES = ("cogvideox-2b-h30-rows30", "ltx2-t2v", "mochi-t2v")
 
 
-def fp8_sim_plans_worker(rank: int, world_size: int, cases) -> dict:
-    """Per case, in bfloat16: one rank and every plan of PLANS, unquantized and under fp8-sim
-    (one pipeline per mode, every Runner on it: later ones find it quantized), and one rank in
-    float64 unquantized from the bf16 run's noise."""
-    from raydit.models.runner import Runner
-
-    bf16 = torch.bfloat16
-    out = {}
-    for case in cases:
-        request = case.make_request()
-        runner = Runner(case.make(torch.float64), dtype=torch.float64, init_dtype=bf16)
-        out[(case.name, "float64")] = harness.run_steps(runner, request, case.steps).latents
-        for mode in (None, "fp8-sim"):
-            pipe = case.make(bf16)
-            for plan in (None, *PLANS):
-                runner = Runner(pipe, None if plan is None else harness.prefix_mesh(plan), dtype=bf16, quantize=mode)
-                try:
-                    out[(case.name, mode, str(plan))] = harness.run_steps(runner, request, case.steps).latents
-                finally:
-                    runner.close()
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
 def test_every_plan_under_fp8_sim_equals_one_rank_within_the_modes_noise():
@@ -133,7 +110,8 @@ def test_every_plan_under_fp8_sim_equals_one_rank_within_the_modes_noise():
 
     cases = [c for c in harness.family_cases(build=True)["runner"] if c.name in PLAN_CASES]
     assert len(cases) == len(PLAN_CASES)
-    results = run_distributed(fp8_sim_plans_worker, 2, cases, timeout=900)
+    results = run_distributed(harness.mode_plan_runs, 2, cases, PLANS, {None: {}, "fp8-sim": {"quantize": "fp8-sim"}},
+                              timeout=900)
     exact = 0
     for rank, out in enumerate(results):
         for case in cases:
