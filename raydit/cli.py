@@ -3,11 +3,14 @@
 To add a subcommand: write `add_<name>_arguments(parser)` and `cmd_<name>(args) -> int`, and
 add one line to SUBCOMMANDS. User errors (ValueError from raydit, missing files, bad YAML,
 bad arguments) print one line `raydit: error: ...` to stderr and exit 2, never a traceback.
+With `--json`, stdout carries the one JSON object alone: anything else the command or a library
+writes to stdout while it runs goes to stderr; the command prints its object to `args.json_stdout`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Callable, NamedTuple
@@ -95,7 +98,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     top = args.top or None
     if args.json:
-        print(json.dumps(result.to_dict(top=top), indent=1))
+        print(json.dumps(result.to_dict(top=top), indent=1), file=getattr(args, "json_stdout", sys.stdout))
     else:
         print(format_plan_table(result, limit=top))
     return 0
@@ -163,6 +166,17 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+def _run(args: argparse.Namespace) -> int:
+    if not getattr(args, "json", False):
+        return int(args._run(args) or 0)
+    # The JSON alone on stdout, for `| jq` and for programs: Ray's driver prints the messages the
+    # raylet pushes to a job (a worker slow to start on a busy node, a pending task) to stdout
+    # whether or not log_to_driver is set, and a library may print too. They go to stderr.
+    args.json_stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return int(args._run(args) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -170,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "_run", None) is None:
             parser.print_help(sys.stderr)
             return USER_ERROR
-        return int(args._run(args) or 0)
+        return _run(args)
     except UsageError as exc:
         print(f"raydit: error: {_one_line(exc)}", file=sys.stderr)
         return USER_ERROR

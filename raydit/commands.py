@@ -262,7 +262,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.calibrate:
         _calibrate(args.address, args.device, model, geometry)
     info = collect(args.address)
-    print(json.dumps(info, indent=2) if args.json else format_report(info))
+    if args.json:
+        print(json.dumps(info, indent=2), file=getattr(args, "json_stdout", sys.stdout))
+    else:
+        print(format_report(info))
     return 0
 
 
@@ -325,7 +328,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(rows), file=getattr(args, "json_stdout", sys.stdout))
     else:
         print(format_verify_table(rows, rtol=args.rtol, atol=args.atol))
     bad = [r for r in rows if not r["ok"]]

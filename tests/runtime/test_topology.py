@@ -248,12 +248,38 @@ def test_plan_cli_on_the_live_cluster_via_ray_address(fake_cluster):
                           "--address", "auto", "--json", "--top", "1"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
+    assert out.stdout.lstrip().startswith("{"), (out.stdout, out.stderr)
     got = json.loads(out.stdout)
     expected = plan(MODEL, cluster=live_cluster_spec("cuda", probe=False)).to_dict(top=1)
     assert got["cluster"] == expected["cluster"]
     assert got["best"] == expected["best"]
     # Fake GPUs: the memory probe says why it could not read them (or that it timed out).
     assert "raydit: note: GPU memory" in out.stderr, out.stderr
+
+
+def test_plan_json_is_alone_on_stdout_when_ray_prints_to_the_driver(fake_cluster, capsys, monkeypatch):
+    """Ray's driver prints the messages the raylet pushes to a job (a worker slow to start on a
+    busy node) to stdout, log_to_driver or not (ray._private.worker.listen_error_messages). Under
+    load one landed in `raydit plan --json`'s stdout. Here Ray's own printer fires while the live
+    cluster is read, as its listener thread does: the JSON stays alone on stdout."""
+    from ray._private.worker import print_to_stdstream
+
+    from raydit import cli
+    from raydit.runtime import topology
+
+    read = topology.read_live_cluster
+
+    def read_while_ray_prints(*a, **k):
+        print_to_stdstream({"lines": ["WARNING: worker slow to start"], "pid": "raylet", "is_err": False},
+                           ignore_prefix=False)
+        return read(*a, **k)
+
+    monkeypatch.setattr(topology, "read_live_cluster", read_while_ray_prints)
+    assert cli.main(["plan", "--model", MODEL, "--address", "auto", "--json", "--top", "1"]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert got["best"] == plan(MODEL, cluster=live_cluster_spec("cuda", probe=False)).to_dict(top=1)["best"]
+    assert "WARNING: worker slow to start" in err
 
 
 # -- calibration ------------------------------------------------------------------------------
