@@ -1,4 +1,6 @@
-"""Every CUDA attention kernel against float64, and the choice against a realistic timing (GPU only).
+"""Every CUDA attention kernel against float64 (GPU only). Whether the probe's choice is the
+fastest kernel at a DiT's size is a timing, so `bench/bench_gpu.py` measures it (part
+"kernels": each kernel's TFLOP/s at real shapes beside the probe's choice), not this file.
 
 About 10-20 s on one H100. Skipped without CUDA.
 """
@@ -17,7 +19,6 @@ from raydit.parallel.kernels import (
     candidate_kernels,
     kernel_choice,
     plain_kernel,
-    time_kernels,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -81,19 +82,6 @@ def test_check_keeps_the_kernels_that_must_run(dtype, head_dim):
     for name in candidate_kernels("cuda", dtype):
         if _must_run(name):
             assert name not in choice.dropped, (name, choice.dropped[name])
-
-
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_probe_choice_is_the_fastest_at_a_realistic_size(head_dim):
-    """The probe's small problem picks a kernel within 15% of the fastest at a DiT's size
-    (16k tokens, 2048 hidden), where the rates were measured apart from the probe."""
-    choice = kernel_choice("cuda", torch.bfloat16, head_dim)
-    assert choice.why in ("probe", "only candidate")
-    verified = [n for n in candidate_kernels("cuda", torch.bfloat16) if n not in choice.dropped]
-    rates = time_kernels(verified, "cuda", torch.bfloat16, head_dim, tokens=16384, warmup=2, iters=5)
-    best = max(rates, key=rates.get)
-    print(f"head dim {head_dim}: probe {dict(choice.rates)} chose {choice.name}; at 16k tokens {rates}")
-    assert rates[choice.name] >= 0.85 * rates[best], (choice.name, rates)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
