@@ -8,7 +8,7 @@ CALIBRATION_SIZES (the median size's rate), then one forward of the bench_scalin
 transformer (2 layers, 1 and 3 latent frames). efficiency = the planner's prediction at
 efficiency 1 on the measured rate / the step's CPU time. It is the table's `cpu` entry, used
 where nothing was calibrated; a calibrated CPU slot measures its DiT block's rates instead
-(raydit.runtime.calibrate.measure_dit), and bench_scaling.py's predictions use those.
+(raydit.runtime.measure.measure_dit), and bench_scaling.py's predictions use those.
 
     python bench/bench_cpufit.py [--repeats 2] [--out docs/benchmarks]
 """

@@ -22,7 +22,7 @@ CUDA device) says so in one line and the others still run:
    diffusers after a 2-step call in this process, the Runner after diffusers, each Engine on
    its workers' second request (the first request's steps are reported too).
    model: `raydit doctor --calibrate --model`'s figures of that pipeline (its own step timed
-   through the Runner and its attention kernels at its shape, raydit.runtime.calibrate.
+   through the Runner and its attention kernels at its shape, raydit.runtime.measure.
    measure_model) at a SHORTER request, 41 x 480 x 832 (17160 tokens against 32760), so
    the prediction below carries them to another request through the cost model's formulas.
 4. prediction: the planner's step, decode and peak GB for that request on one device of
@@ -201,7 +201,7 @@ def part_kernels(ctx: dict) -> dict:
 # -- 2. calibration --------------------------------------------------------------------------
 
 def part_calibration(ctx: dict) -> dict:
-    from raydit.runtime.calibrate import measure_compute, measure_dit, measure_matmul
+    from raydit.runtime.measure import measure_compute, measure_dit, measure_matmul
 
     if ctx["smoke"]:  # the same measurements at sizes a CPU runs in a second or two
         measured = {**measure_matmul("cpu", (128,)), **measure_dit("cpu", block=(128, 256, 512), repeats=2)}
@@ -279,7 +279,8 @@ def part_diffusers(ctx: dict) -> dict:
 
 
 def part_model(ctx: dict) -> dict:
-    from raydit.runtime.calibrate import describe_model, measure_model
+    from raydit.runtime.calibration_cache import describe_model
+    from raydit.runtime.measure import measure_model
 
     need("diffusers", "the model's own step")
     if "model_dir" not in ctx:
@@ -401,7 +402,7 @@ def _device_type_name(device) -> str:
 def part_prediction(ctx: dict, results: dict) -> dict:
     from raydit.planner import ClusterSpec, NodeSpec, device_type, plan
     from raydit.planner import model_spec as planner_spec
-    from raydit.runtime.calibrate import apply_entry
+    from raydit.runtime.calibration_cache import apply_entry
 
     if "model_dir" not in ctx:
         raise Missing("needs the saved pipeline of part 3")

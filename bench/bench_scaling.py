@@ -20,10 +20,10 @@ compute-only ceiling of the 2-rank speedup in this round (it includes what two b
 cost each other: shared caches, memory bandwidth, clock).
 
 Calibration at plan time: at the start of every round the ranks run what `raydit doctor
---calibrate` measures (raydit.runtime.calibrate): on rank 0, one thread, the matmul rate
+--calibrate` measures (raydit.runtime.measure): on rank 0, one thread, the matmul rate
 (matrices of CALIBRATION_SIZES) and a DiT block's linear part and attention kernel timed
 apart; between the two ranks, gloo's all-to-all bandwidth and latency. The planner predicts
-each plan on a `cpu` device calibrated with them (calibrate.apply_entry: each part of the
+each plan on a `cpu` device calibrated with them (calibration_cache.apply_entry: each part of the
 step at its measured rate, the Ulysses and ring exchanges over the measured link in float32);
 the prediction error is paired by
 round. The table's fixed `cpu` entry is reported beside it. Before each measurement rank 0
@@ -120,7 +120,7 @@ def round_calibration(rank: int, world: int) -> dict:
     between them (the doctor measures a pair). Collective; rank 0's figures, {} elsewhere."""
     import torch.distributed as dist
 
-    from raydit.runtime.calibrate import CPU_LINK_BYTES, measure_compute, measure_links
+    from raydit.runtime.measure import CPU_LINK_BYTES, measure_compute, measure_links
 
     calibration = measure_compute("cpu", CALIBRATION_SIZES) if rank == 0 else {}
     if world == 2:
@@ -236,9 +236,9 @@ def predictions(frames: int, layers: int, device=None) -> dict:
 
 
 def calibrated_cpu(calibration: dict):
-    """The table's `cpu` entry with the round's measured matmul rate (calibrate.apply_entry)."""
+    """The table's `cpu` entry with the round's measured matmul rate (calibration_cache.apply_entry)."""
     from raydit.planner import device_type
-    from raydit.runtime.calibrate import apply_entry
+    from raydit.runtime.calibration_cache import apply_entry
 
     return apply_entry(device_type("cpu"), {"measured": calibration})
 

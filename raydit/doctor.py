@@ -15,7 +15,7 @@ def collect(address: str | None = None) -> dict:
     import torch.distributed as dist
 
     from raydit.parallel.kernel_report import describe_kernels
-    from raydit.runtime.calibrate import seed_kernel_choices
+    from raydit.runtime.calibration_cache import seed_kernel_choices
 
     # A calibration of this GPU's type decides its kernels (as in a worker); else doctor
     # probes them, as a worker would.
@@ -43,7 +43,7 @@ def collect(address: str | None = None) -> dict:
 
 def _calibration() -> dict:
     """The cached per-device-type measurements the planner uses instead of the table."""
-    from raydit.runtime.calibrate import cache_path, describe_calibration
+    from raydit.runtime.calibration_cache import cache_path, describe_calibration
 
     return {"path": str(cache_path()), "lines": describe_calibration()}
 

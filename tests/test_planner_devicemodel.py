@@ -143,7 +143,7 @@ def test_kandinsky5_decodes_by_rows_and_ltx2_whole():
 
 
 def test_a_calibration_from_elsewhere_is_reported_not_used():
-    from raydit.runtime.calibrate import entry_problem
+    from raydit.runtime.calibration_cache import entry_problem
 
     ok = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0",
           "measured": {"matmul_tflops": 700.0, "attention_plain_tflops_by_head_dim": {"128": 640.0}}}
@@ -237,7 +237,7 @@ def test_collectives_are_latency_plus_bytes_at_the_nearest_message_size():
 
 
 def test_a_calibration_within_2x_keeps_the_table_pricing_the_step():
-    from raydit.runtime.calibrate import apply_entry
+    from raydit.runtime.calibration_cache import apply_entry
 
     spec = model_spec("wan2.1-t2v-1.3b")
     h200 = device_type("H200")
@@ -249,13 +249,13 @@ def test_a_calibration_within_2x_keeps_the_table_pricing_the_step():
 
 
 def test_doctor_says_why_a_cached_entry_is_not_used(tmp_path):
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibration_cache
 
     path = tmp_path / "calibration.json"
-    calibrate.save_calibration({"H200": {"name": "H200", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB",
+    calibration_cache.save_calibration({"H200": {"name": "H200", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB",
                                          "measured": {"matmul_tflops": 250.0}, "host": "a", "when": "now"}}, path)
-    lines = calibrate.describe_calibration(path)
+    lines = calibration_cache.describe_calibration(path)
     assert any("measured on 'NVIDIA A100-SXM4-80GB', another GPU: not used" in line for line in lines)
     notes = []
-    assert calibrate.calibrated_device_type("H200", path, notes) == device_type("H200")
-    assert calibrate.calibrated_device_types(path, notes) == {} and len(notes) == 2
+    assert calibration_cache.calibrated_device_type("H200", path, notes) == device_type("H200")
+    assert calibration_cache.calibrated_device_types(path, notes) == {} and len(notes) == 2

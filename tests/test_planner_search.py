@@ -12,7 +12,7 @@ import pytest
 
 from raydit.planner import BUILTIN_MODELS, ClusterSpec, NodeSpec, PlanError, model_spec, plan
 from raydit.planner import cost as costmod
-from raydit.planner.search import _rank
+from raydit.planner.ranking import rank_plans
 
 
 def check_invariants(result, p):
@@ -165,14 +165,14 @@ def test_aligned_split_wins_a_tie():
     aligned = dataclasses.replace(best, split="frames", pad_tokens=0)
     rows = dataclasses.replace(best, split="rows", pad_tokens=0)
     tokens = dataclasses.replace(best, split="tokens", pad_tokens=0)
-    assert _rank([tokens, rows, aligned]) == [aligned, rows, tokens]
+    assert rank_plans([tokens, rows, aligned]) == [aligned, rows, tokens]
     more_pad, fewer_pad = dataclasses.replace(best, pad_tokens=5), dataclasses.replace(best, pad_tokens=1)
-    assert _rank([more_pad, fewer_pad]) == [fewer_pad, more_pad]
+    assert rank_plans([more_pad, fewer_pad]) == [fewer_pad, more_pad]
     # Throughput comes before padding; step time before both.
     busier = dataclasses.replace(more_pad, throughput_steps_per_second=2 * best.throughput_steps_per_second)
-    assert _rank([fewer_pad, busier]) == [busier, fewer_pad]
+    assert rank_plans([fewer_pad, busier]) == [busier, fewer_pad]
     faster = dataclasses.replace(tokens, predicted_step_seconds=best.predicted_step_seconds * 0.9)
-    assert _rank([aligned, faster]) == [faster, aligned]
+    assert rank_plans([aligned, faster]) == [faster, aligned]
 
 
 def test_ranked_by_step_time_then_throughput():
@@ -503,10 +503,10 @@ def test_ties_follow_published_practice_cfg_then_ulysses_then_ring():
     cfg_first = dataclasses.replace(best, cfg=2, ulysses=1, ring=2, **same)
     ulysses = dataclasses.replace(best, cfg=1, ulysses=2, ring=2, **same)
     ring = dataclasses.replace(best, cfg=1, ulysses=1, ring=4, **same)
-    assert _rank([ring, ulysses, cfg_first]) == [cfg_first, ulysses, ring]
+    assert rank_plans([ring, ulysses, cfg_first]) == [cfg_first, ulysses, ring]
     # The cost model decides first: a faster ring plan beats the practice.
     faster_ring = dataclasses.replace(ring, predicted_step_seconds=best.predicted_step_seconds * 0.9)
-    assert _rank([cfg_first, faster_ring])[0] is faster_ring
+    assert rank_plans([cfg_first, faster_ring])[0] is faster_ring
 
 
 def test_ulysses_exchange_is_pipelined_by_head_chunks():
@@ -729,10 +729,10 @@ def test_plans_within_the_tolerance_always_tie():
         t = 1.0 + i * 0.0007
         ring = dataclasses.replace(best, cfg=1, ulysses=1, ring=4, predicted_step_seconds=t, **same)
         cfg_first = dataclasses.replace(best, cfg=2, ulysses=1, ring=2, predicted_step_seconds=t * 1.004, **same)
-        assert _rank([ring, cfg_first]) == [cfg_first, ring], t
+        assert rank_plans([ring, cfg_first]) == [cfg_first, ring], t
     # Beyond the tolerance, time decides.
     slower = dataclasses.replace(cfg_first, predicted_step_seconds=t * 1.006)
-    assert _rank([slower, ring]) == [ring, slower]
+    assert rank_plans([slower, ring]) == [ring, slower]
 
 
 def test_one_replica_plans_tied_on_time_are_tied_on_throughput_too():
@@ -748,9 +748,9 @@ def test_one_replica_plans_tied_on_time_are_tied_on_throughput_too():
 
     ring = at(0.9418, cfg=2, ulysses=1, ring=2)
     ulysses = at(0.9421, cfg=2, ulysses=2, ring=1)
-    assert _rank([ring, ulysses]) == [ulysses, ring]
+    assert rank_plans([ring, ulysses]) == [ulysses, ring]
     two_replicas = at(0.9425, replicas=2, cfg=1, ulysses=1, ring=2)
-    assert _rank([ring, ulysses, two_replicas])[0] is two_replicas
+    assert rank_plans([ring, ulysses, two_replicas])[0] is two_replicas
 
 
 # -- a model's own rates (raydit doctor --calibrate --model) ------------------------------------

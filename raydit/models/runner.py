@@ -65,7 +65,7 @@ class Runner:
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
         draw their noise in the run's dtype, and bf16 and float64 draws differ).
         parallel_options: the plan's further choices for the model (its adapter's `options`,
-        e.g. audio_split_tokens: raydit.planner.search.Plan), given to `parallelize`.
+        e.g. audio_split_tokens: raydit.planner.plans.Plan), given to `parallelize`.
         quantize: None / "none", "fp8" or "fp8-sim" (raydit.models.quantize_options): the
         transformer blocks' linear layers quantized once, here, after the cast to `dtype`
         (fp8_granularity: their scales per "row" or per "tensor"). attention: the attention

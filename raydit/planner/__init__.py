@@ -7,14 +7,16 @@
 Layers: `model` (ModelSpec, geometry of a request; the built-in models and pipeline readers
 the model families register), `hardware` (device table), `cluster` (ClusterSpec), `cost` (step
 time and memory model, with the formulas), `decode` (the VAE decode each spec's decoder
-costs), `layouts` (the mesh layouts every layer walks), `search` (enumerate, judge, rank),
-`report` (the readable table). It names no model family.
+costs), `layouts` (the mesh layouts every layer walks), `plans` (Plan, PlanResult: a plan as
+data), `judge` (one layout: feasible, placed, priced), `ranking` (best first), `search`
+(`plan`: enumerate, judge, rank), `report` (the readable table). It names no model family.
 """
 
 from raydit.planner.cluster import ClusterSpec, NodeSpec
 from raydit.planner.hardware import DEVICE_TYPES, DeviceType, device_type
 from raydit.planner.model import BUILTIN_MODELS, ModelSpec, VideoGeometry, model_spec
-from raydit.planner.search import Plan, PlanError, PlanResult, Rank, Rejection, plan
+from raydit.planner.plans import Plan, PlanError, PlanResult, Rank, Rejection
+from raydit.planner.search import plan
 
 __all__ = [
     "BUILTIN_MODELS",

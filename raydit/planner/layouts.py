@@ -14,6 +14,11 @@ def cfg_degrees(branches: int) -> list[int]:
     return [d for d in range(1, max(branches, 1) + 1) if branches % d == 0]
 
 
+def cfg_degrees_text(branches: int) -> str:
+    """The cfg degrees that share `branches` evenly, as words."""
+    return " or ".join(f"cfg {d}" for d in cfg_degrees(branches))
+
+
 def mesh_layouts(heads: int, world_size: int, cfgs=(1,), exact: bool = True) -> list[tuple[int, int, int]]:
     """Every (ulysses, ring, cfg) with cfg one of `cfgs`, ulysses dividing the `heads` and
     ulysses x ring x cfg equal to `world_size` (`exact`) or at most it; in the order of `cfgs`,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raydit.planner.search import Plan, PlanResult
+from raydit.planner.plans import Plan, PlanResult
 
 
 def _degrees(p) -> str:

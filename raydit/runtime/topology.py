@@ -10,7 +10,7 @@ What the table says is replaced by what was measured, where something was:
   - GPU memory: one probe task per GPU type reads `total_memory` of its device (skipped,
     with a note, when no GPU of the type is free or CUDA is not usable in the task, as with
     the fake GPUs of `ray.cluster_utils.Cluster`);
-  - rate and links: the cached calibration (`raydit.runtime.calibrate`), measured once per
+  - rate and links: the cached calibration (`raydit.runtime.calibration_cache`), measured once per
     device type.
 Links: inside a node the type's link (calibrated when measured); between nodes the
 planner's default network figures.
@@ -203,12 +203,12 @@ def read_live_cluster(device: str = "cuda", counts: Mapping[str, int] | None = N
     if calibration is False:
         calibrated = {}
     elif calibration is None or calibration == "measure":
-        from raydit.runtime import calibrate
+        from raydit.runtime import calibrate, calibration_cache
 
         if calibration == "measure":
             notes += calibrate.calibrate_cluster(device)
         try:
-            calibrated = calibrate.calibrated_device_types(notes=notes)
+            calibrated = calibration_cache.calibrated_device_types(notes=notes)
         except ValueError as exc:  # a broken cache must not stop a run: plan with the table
             notes.append(f"{exc}; table figures used")
             calibrated = {}

@@ -231,7 +231,7 @@ class RankWorker:
         from raydit.parallel.kernels import kernel_choice, plain_kernel
 
         if self._device_kind == "cuda" and not self._kernels_seeded:
-            from raydit.runtime.calibrate import seed_kernel_choices
+            from raydit.runtime.calibration_cache import seed_kernel_choices
 
             seed_kernel_choices()
             self._kernels_seeded = True

@@ -24,10 +24,10 @@ MEASURED = {
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibration_cache
 
     monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
-    calibrate.save_calibration({"H100": {"name": "H100", "device": "cuda", "device_name": H100_NAME,
+    calibration_cache.save_calibration({"H100": {"name": "H100", "device": "cuda", "device_name": H100_NAME,
                                          "measured": MEASURED, "host": "gpu-1", "when": "2026-11-26"}})
     kernels.forget_choices()
     yield tmp_path / "calibration.json"
@@ -35,19 +35,19 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_cache_round_trip_of_the_chosen_kernel_and_every_rate(cache):
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibration_cache
 
-    assert json.loads(cache.read_text())["version"] == calibrate.CACHE_VERSION == 1  # keys added, none changed
-    m = calibrate.load_calibration()["H100"]["measured"]
+    assert json.loads(cache.read_text())["version"] == calibration_cache.CACHE_VERSION == 1  # keys added, none changed
+    m = calibration_cache.load_calibration()["H100"]["measured"]
     assert m["attention_kernel_by_head_dim"] == MEASURED["attention_kernel_by_head_dim"]
     assert m["attention_rates_by_head_dim"] == MEASURED["attention_rates_by_head_dim"]
     # A worker on a GPU of that name gets the per-kernel rates; another GPU gets none (it probes).
-    entries = calibrate.load_calibration()
-    assert calibrate.kernel_rates_for(entries, H100_NAME) == {
+    entries = calibration_cache.load_calibration()
+    assert calibration_cache.kernel_rates_for(entries, H100_NAME) == {
         int(d): r for d, r in MEASURED["attention_rates_by_head_dim"].items()}
-    assert calibrate.kernel_rates_for(entries, "NVIDIA A100-SXM4-80GB") == {}
+    assert calibration_cache.kernel_rates_for(entries, "NVIDIA A100-SXM4-80GB") == {}
     # The planner: the chosen kernel's rate for rings, SDPA's for ring 1, the linear part apart.
-    dev = calibrate.calibrated_device_type("H100")
+    dev = calibration_cache.calibrated_device_type("H100")
     assert dev.tflops == 700.0 and dev.flops_per_second == pytest.approx(500e12)
     assert dev.attention_flops_per_second(64) == pytest.approx(427e12)
     assert dev.attention_flops_per_second(128) == pytest.approx(593e12)
@@ -55,17 +55,17 @@ def test_cache_round_trip_of_the_chosen_kernel_and_every_rate(cache):
 
 
 def test_an_entry_from_before_the_kernel_split_still_reads(tmp_path):
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibration_cache
 
     path = tmp_path / "c.json"
     old = {"matmul_tflops": 700.0, "dit_linear_tflops": 500.0, "attention_kernel": "torch-cuda",
            "attention_tflops_by_head_dim": {"64": 300.0, "128": 350.0}}
-    calibrate.save_calibration({"H100": {"name": "H100", "device": "cuda", "device_name": H100_NAME,
+    calibration_cache.save_calibration({"H100": {"name": "H100", "device": "cuda", "device_name": H100_NAME,
                                          "measured": old}}, path)
-    dev = calibrate.calibrated_device_type("H100", path)
+    dev = calibration_cache.calibrated_device_type("H100", path)
     assert dev.attention_flops_per_second(64, lse=False) == pytest.approx(300e12)  # no plain figure
-    assert calibrate.kernel_rates_for(calibrate.load_calibration(path), H100_NAME) == {}
-    [line] = calibrate.describe_calibration(path)
+    assert calibration_cache.kernel_rates_for(calibration_cache.load_calibration(path), H100_NAME) == {}
+    [line] = calibration_cache.describe_calibration(path)
     assert "attention (torch-cuda) d64 300, d128 350" in line
 
 

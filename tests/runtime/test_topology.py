@@ -209,7 +209,7 @@ def test_ulysses_groups_land_on_one_node_each(fake_cluster):
     import ray
     from ray.util.placement_group import placement_group_table, remove_placement_group
 
-    from raydit.runtime.cluster import _reserve
+    from raydit.runtime.pool import reserve_devices
 
     result = plan(MODEL, cluster=live_cluster_spec("cuda", probe=False), cfg=1)
     # Show every shape the planner ranks on this cluster that has a Ulysses group > 1.
@@ -217,7 +217,7 @@ def test_ulysses_groups_land_on_one_node_each(fake_cluster):
     assert plans, [p.explanation for p in result.candidates]
     for p in plans:
         ranks = p.placement
-        pgs = _reserve(len(ranks), [r.node for r in ranks], "cuda", 60)
+        pgs = reserve_devices(len(ranks), [r.node for r in ranks], "cuda", 60)
         try:
             landed = []
             for pg in pgs:
@@ -287,11 +287,11 @@ def test_plan_json_is_alone_on_stdout_when_ray_prints_to_the_driver(fake_cluster
 
 def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_path, monkeypatch):
     from raydit.doctor import format_report
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibrate, calibration_cache
 
     _, ids = fake_cluster
     monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
-    assert calibrate.calibrated_device_type("cpu") == device_type("cpu")  # nothing cached yet
+    assert calibration_cache.calibrated_device_type("cpu") == device_type("cpu")  # nothing cached yet
     assert calibrate.calibrate_cluster("cpu") == []
     entries = json.loads((tmp_path / "calibration.json").read_text())["devices"]
     m = entries["cpu"]["measured"]
@@ -304,9 +304,9 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     assert entries["cpu"]["node_id"] == ids["A100"]  # the node with the most CPU slots
     # Cached: a second call measures nothing (the entry is the same, time stamp included).
     assert calibrate.calibrate_cluster("cpu") == []
-    assert calibrate.load_calibration() == entries
+    assert calibration_cache.load_calibration() == entries
 
-    cal = calibrate.calibrated_device_type("cpu")
+    cal = calibration_cache.calibrated_device_type("cpu")
     table = device_type("cpu")
     # Each part of the step at its measured rate: the linear part, the attention kernel.
     top = max(m["matmul_tflops"], m["dit_linear_tflops"], *m["attention_tflops_by_head_dim"].values(),
@@ -320,7 +320,7 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     assert all(n.source == "calibrated" and n.device == cal for n in live.nodes)
     # "measure" measures only what the cache lacks (nothing here); False ignores the cache.
     assert read_live_cluster("cpu", calibration="measure").spec == live.spec
-    assert calibrate.load_calibration() == entries
+    assert calibration_cache.load_calibration() == entries
     assert live_cluster_spec("cpu", calibration=False).nodes[0].device == table
     with pytest.raises(ValueError, match="calibration 'yes' must be None"):
         read_live_cluster("cpu", calibration="yes")
@@ -353,7 +353,7 @@ def test_model_calibration_files_the_models_own_rates_and_the_planner_uses_them(
     from raydit.doctor import format_report
     from raydit.models.loading import resolve_model_dir
     from raydit.planner import model_spec
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibrate, calibration_cache, measure
 
     _, ids = fake_cluster
     monkeypatch.setenv("RAYDIT_CACHE", str(tmp_path))
@@ -364,15 +364,15 @@ def test_model_calibration_files_the_models_own_rates_and_the_planner_uses_them(
     got = entry["models"][spec.calibration_key]
     assert got["request"] == {"frames": 5, "height": 48, "width": 64, "guidance_scale": 5.0,
                               "batch": spec.cfg_branches, "tokens": spec.geometry(5, 48, 64).sequence_tokens}
-    assert len(got["step_seconds_all"]) == calibrate.MODEL_STEPS and got["dtype"] == "float32"
+    assert len(got["step_seconds_all"]) == measure.MODEL_STEPS and got["dtype"] == "float32"
     for key in ("step_seconds", "linear_tflops", "lse_attention_tflops", "plain_attention_tflops"):
         assert math.isfinite(got[key]) and got[key] > 0, (key, got)
-    calibrate.save_calibration({"cpu": entry})
+    calibration_cache.save_calibration({"cpu": entry})
     # Measuring the device again (without --model) keeps the model's figures.
-    calibrate.save_calibration({"cpu": dict(entry, models={}, when="later")})
-    assert calibrate.load_calibration()["cpu"]["models"] == entry["models"]
+    calibration_cache.save_calibration({"cpu": dict(entry, models={}, when="later")})
+    assert calibration_cache.load_calibration()["cpu"]["models"] == entry["models"]
 
-    cal = calibrate.calibrated_device_type("cpu")
+    cal = calibration_cache.calibrated_device_type("cpu")
     assert cal.model_rates == ((spec.calibration_key, got["linear_tflops"], got["lse_attention_tflops"],
                                 got["plain_attention_tflops"]),)
     one = ClusterSpec((NodeSpec("n", cal, 1),))
@@ -411,7 +411,7 @@ def test_dit_block_measure_times_its_two_parts_apart():
     part's FLOP count, as the cost model counts it, over one second."""
     import torch
 
-    from raydit.runtime.calibrate import measure_dit
+    from raydit.runtime.measure import measure_dit
 
     now = [0.0]
 
@@ -438,28 +438,28 @@ def test_dit_block_measure_times_its_two_parts_apart():
 
 
 def test_cache_round_trip_and_bad_cache(tmp_path):
-    from raydit.runtime import calibrate
+    from raydit.runtime import calibration_cache
 
     path = tmp_path / "c.json"
     entry = {"name": "L40S", "measured": {"matmul_tflops": 200.0, "all_to_all_gb_s": 20.0,
                                           "latency_us": 12.0, "memory_gb": 47.7}}
-    calibrate.save_calibration({"L40S": entry}, path)
-    calibrate.save_calibration({"T4": {"name": "T4", "measured": {"matmul_tflops": 40.0}}}, path)
-    assert set(calibrate.load_calibration(path)) == {"L40S", "T4"}
-    dev = calibrate.calibrated_device_type("L40S", path)
+    calibration_cache.save_calibration({"L40S": entry}, path)
+    calibration_cache.save_calibration({"T4": {"name": "T4", "measured": {"matmul_tflops": 40.0}}}, path)
+    assert set(calibration_cache.load_calibration(path)) == {"L40S", "T4"}
+    dev = calibration_cache.calibrated_device_type("L40S", path)
     assert (dev.tflops, dev.link_gb_s, dev.link_latency_us, dev.memory_gb) == (200.0, 20.0, 12.0, 47.7)
-    t4 = calibrate.calibrated_device_type("t4", path)
+    t4 = calibration_cache.calibrated_device_type("t4", path)
     assert t4.tflops == 40.0 and t4.link_gb_s == 8  # only what was measured is replaced
     assert t4.efficiency == device_type("T4").efficiency and t4.attention_efficiency == ()
     # With the DiT block's figures: each part's rate is the measured one, over the fastest.
     dit = {"matmul_tflops": 40.0, "dit_linear_tflops": 30.0,
            "attention_tflops_by_head_dim": {"64": 20.0, "128": 50.0}}
-    calibrate.save_calibration({"T4": {"name": "T4", "measured": dit}}, path)
-    t4 = calibrate.calibrated_device_type("T4", path)
+    calibration_cache.save_calibration({"T4": {"name": "T4", "measured": dit}}, path)
+    t4 = calibration_cache.calibrated_device_type("T4", path)
     assert t4.tflops == 50.0 and t4.flops_per_second == pytest.approx(30e12)
     assert t4.attention_efficiency == ((64, 0.4), (128, 1.0))
     assert t4.attention_flops_per_second(64) == pytest.approx(20e12)
     path.write_text("{not json")
     with pytest.raises(ValueError, match="calibration cache .* is unreadable.*delete it"):
-        calibrate.load_calibration(path)
-    assert calibrate.describe_calibration(path)[0].startswith("calibration cache")
+        calibration_cache.load_calibration(path)
+    assert calibration_cache.describe_calibration(path)[0].startswith("calibration cache")

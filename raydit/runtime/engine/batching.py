@@ -23,7 +23,7 @@ class BatchingPart:
 
     def _batch_limit(self, replica: Any) -> int:
         """The most requests `replica` carries per step: max_batch, within its plan's memory."""
-        from raydit.planner.search import batch_capacity
+        from raydit.planner.judge import batch_capacity
 
         return min(self.max_batch, batch_capacity(self.plan_result, replica.plan))
 

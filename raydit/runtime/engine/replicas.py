@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from raydit.runtime.cluster import WorkerPool
+from raydit.runtime.pool import WorkerPool
 from raydit.runtime.controller import Controller, ElasticPolicy
 from raydit.runtime.engine.planning import plan_brief
 from raydit.runtime.queue import Item
