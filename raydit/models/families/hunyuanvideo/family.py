@@ -133,8 +133,6 @@ class HunyuanVideoAdapter(ModelAdapter):
     processor = HunyuanVideoSPAttnProcessor
     block_count = "num_layers + num_single_layers"
 
-
-
     def parallelize(self, transformer, mesh, options=None):
         handle = super().parallelize(transformer, mesh, options)
         if transformer.config.image_condition_type == "token_replace":

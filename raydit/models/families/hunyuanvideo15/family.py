@@ -95,8 +95,6 @@ class HunyuanVideo15Adapter(ModelAdapter):
     block_count = "num_layers"
 
 
-
-
 # -- the family --------------------------------------------------------------------------------
 def _image_size(pipe, image) -> tuple[int, int]:
     """(height, width) the I2V pipeline generates for `image`: the bucket of its aspect ratio
