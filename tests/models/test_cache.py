@@ -50,7 +50,8 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, hunyuanvideo, kandinsky5, ltx, ltx2, skyreels, wan
+    from raydit.models.families import cogvideox, kandinsky5, ltx, ltx2, skyreels, wan
+    from raydit.models.families.hunyuanvideo import tiny as hunyuan_tiny
     from raydit.models.families.mochi import tiny as mochi_tiny
 
     ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
@@ -73,8 +74,8 @@ def _cases() -> list[CacheCase]:
                   dict(wan_request, cache="fbcache", cache_threshold=1.1)),
         # HunyuanVideo (issue 18): dual- and single-stream blocks, the masked text whole on every
         # rank, true CFG (two calls per step); 3 latent frames x 2 x 3 = 18 video tokens.
-        CacheCase("hunyuanvideo-teacache", "raydit.models.families.hunyuanvideo:hunyuan_pipeline",
-                  dict(base_dir=str(hunyuanvideo.tiny_pipeline_dir())), 6,
+        CacheCase("hunyuanvideo-teacache", "raydit.models.families.hunyuanvideo.cases:hunyuan_pipeline",
+                  dict(base_dir=str(hunyuan_tiny.tiny_pipeline_dir())), 6,
                   dict(prompt="a red fox", negative_prompt="blur", true_cfg_scale=4.0, num_frames=9, height=32,
                        width=48, num_inference_steps=STEPS, seed=4, cache="teacache", cache_threshold=1.5)),
         # LTX-Video: latents packed as tokens, 2 latent frames x 2 x 3 = 12 tokens (padded on 4 ranks).

@@ -15,18 +15,19 @@ import torch
 
 from raydit.models.family import checker_image
 from raydit.models.family import GenerationRequest, image_to_png
-from raydit.models.families import hunyuanvideo
+from raydit.models.families.hunyuanvideo import cases, family, tiny
+from raydit.models.requests import png_to_image
 from raydit.models.runner import Runner
 
 
 @pytest.fixture(scope="module")
 def hunyuan_pipe():
-    return hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_pipeline_dir()))
+    return cases.hunyuan_pipeline(str(tiny.tiny_pipeline_dir()))
 
 
 @pytest.fixture(scope="module")
 def hunyuan_i2v_pipe():
-    return hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_i2v_pipeline_dir()))
+    return cases.hunyuan_pipeline(str(tiny.tiny_i2v_pipeline_dir()))
 
 
 REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=32, width=32,
@@ -48,7 +49,7 @@ def test_the_prompt_survives_the_template_crop(hunyuan_pipe):
     prompt (distinct prompts, distinct embeddings; the mask counts the prompt's tokens)."""
     a, _, mask_a = hunyuan_pipe.encode_prompt("a cat", device="cpu")
     b, _, mask_b = hunyuan_pipe.encode_prompt("a dog", device="cpu")
-    assert a.shape == (1, hunyuanvideo.MAX_SEQUENCE_LENGTH, hunyuanvideo.TINY_TEXT_DIM)
+    assert a.shape == (1, family.MAX_SEQUENCE_LENGTH, tiny.TINY_TEXT_DIM)
     assert not torch.equal(a, b)
     # "a", "c", "##a", "##t", <|eot_id|> (the tokenizer splits unknown words into characters)
     assert int(mask_a.sum()) == int(mask_b.sum()) == 5
@@ -57,11 +58,11 @@ def test_the_prompt_survives_the_template_crop(hunyuan_pipe):
 def test_valid_text_counts_reads_prefix_masks_and_refuses_others():
     video, text = 4, 3
     mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool).view(2, 1, 1, 7)
-    assert hunyuanvideo.valid_text_counts(mask, video, text, 2) == [2, 1]
-    assert hunyuanvideo.valid_text_counts(None, video, text, 2) == [3, 3]
+    assert family.valid_text_counts(mask, video, text, 2) == [2, 1]
+    assert family.valid_text_counts(None, video, text, 2) == [3, 3]
     holes = torch.tensor([[1, 1, 1, 1, 1, 0, 1]], dtype=torch.bool).view(1, 1, 1, 7)
     with pytest.raises(ValueError, match="prefix of the text tokens"):
-        hunyuanvideo.valid_text_counts(holes, video, text, 1)
+        family.valid_text_counts(holes, video, text, 1)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -94,12 +95,12 @@ def test_image_for_text_to_video_and_none_for_image_to_video_get_one_line(hunyua
 def test_i2v_text_holds_the_image_and_the_cropped_prompt(hunyuan_i2v_pipe):
     """The tiny Llava tokenizer's template is 103 tokens with <image> 6th, as Llama-3's: the
     pipeline's crop leaves 576 / 4 image features, then the prompt; the image reaches the text."""
-    image = hunyuanvideo.png_to_image(I2V_REQUEST.image)
-    black = hunyuanvideo.png_to_image(image_to_png(checker_image(48, 80) * 0))
+    image = png_to_image(I2V_REQUEST.image)
+    black = png_to_image(image_to_png(checker_image(48, 80) * 0))
     a, _, mask_a = hunyuan_i2v_pipe.encode_prompt(image=image, prompt="a cat", device="cpu", image_embed_interleave=4)
     b, _, _ = hunyuan_i2v_pipe.encode_prompt(image=image, prompt="a dog", device="cpu", image_embed_interleave=4)
     c, _, _ = hunyuan_i2v_pipe.encode_prompt(image=black, prompt="a cat", device="cpu", image_embed_interleave=4)
-    assert a.shape == (1, 144 + hunyuanvideo.MAX_SEQUENCE_LENGTH - 4, hunyuanvideo.TINY_TEXT_DIM)
+    assert a.shape == (1, 144 + family.MAX_SEQUENCE_LENGTH - 4, tiny.TINY_TEXT_DIM)
     assert int(mask_a[0, :144].sum()) == 144 and int(mask_a.sum()) == 144 + 5  # "a", "c", "##a", "##t", <|eot_id|>
     assert torch.equal(a[:, :144], b[:, :144]) and not torch.equal(a[:, 144:149], b[:, 144:149])
     assert not torch.equal(a[:, :144], c[:, :144])
@@ -124,7 +125,7 @@ def test_first_frame_tokens_are_split_with_the_video(sp, first, expected):
     from raydit.parallel.sharding import SeqLayout
 
     layout = SeqLayout((45,), sp)
-    assert [hunyuanvideo.local_first_frame_tokens(layout, first, i) for i in range(sp)] == expected
+    assert [family.local_first_frame_tokens(layout, first, i) for i in range(sp)] == expected
 
 
 def test_latent_concat_matches_diffusers_pipeline(hunyuan_i2v_pipe):
@@ -135,13 +136,13 @@ def test_latent_concat_matches_diffusers_pipeline(hunyuan_i2v_pipe):
 
     from raydit.models.conformance import run_steps
 
-    channels = hunyuanvideo.TINY_LATENT_CHANNELS
-    transformer = hunyuanvideo.tiny_transformer(41, in_channels=2 * channels + 1, out_channels=channels,
-                                                image_condition_type="latent_concat")
+    channels = tiny.TINY_LATENT_CHANNELS
+    transformer = tiny.tiny_transformer(41, in_channels=2 * channels + 1, out_channels=channels,
+                                        image_condition_type="latent_concat")
     pipe = HunyuanVideoImageToVideoPipeline(**{**hunyuan_i2v_pipe.components, "transformer": transformer})
     pipe.set_progress_bar_config(disable=True)
     request = dataclasses.replace(I2V_REQUEST, true_cfg_scale=3.0)
-    expected = hunyuanvideo.FAMILY.reference_latents(pipe, request)
+    expected = family.FAMILY.reference_latents(pipe, request)
     runner = Runner(pipe)
     state = run_steps(runner, request, request.num_inference_steps)
     assert [b["encoder_hidden_states"].shape[1] for b in state.branches] == [288 + 252, 288 + 252]

@@ -16,18 +16,18 @@ import torch
 
 from raydit.models.family import checker_image
 from raydit.models.family import GenerationRequest, image_to_png
-from raydit.models.families import hunyuanvideo15 as hy15
+from raydit.models.families.hunyuanvideo15 import cases, family, tiny
 from raydit.models.runner import Runner
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    return hy15.hunyuan15_pipeline(str(hy15.tiny_pipeline_dir()))
+    return cases.hunyuan15_pipeline(str(tiny.tiny_pipeline_dir()))
 
 
 @pytest.fixture(scope="module")
 def i2v_pipe():
-    return hy15.hunyuan15_pipeline(str(hy15.tiny_i2v_pipeline_dir()))
+    return cases.hunyuan15_pipeline(str(tiny.tiny_i2v_pipeline_dir()))
 
 
 REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=48, width=80,
@@ -62,21 +62,21 @@ def test_the_prompt_survives_the_template_crop_and_glyphs_reach_byt5(pipe):
     prompt; quoted text goes to the ByT5 encoder, a prompt without quotes gives it nothing."""
     a, mask_a, glyph_a, glyph_mask_a = pipe.encode_prompt("a cat", device="cpu")
     b, _, _, _ = pipe.encode_prompt("a dog", device="cpu")
-    assert a.shape == (1, hy15.QWEN_TOKENS, hy15.TINY_TEXT_DIM)
+    assert a.shape == (1, family.QWEN_TOKENS, tiny.TINY_TEXT_DIM)
     assert not torch.equal(a, b)
     # "a", "c", "##a", "##t", then <|im_end|> <|im_start|> "assistant"
     assert int(mask_a.sum()) == 7
     assert int(glyph_mask_a.sum()) == 0 and not glyph_a.any()
     _, _, glyph, glyph_mask = pipe.encode_prompt('a sign saying "stop"', device="cpu")
-    assert glyph.shape == (1, hy15.BYT5_TOKENS, hy15.TINY_BYT5_DIM) and int(glyph_mask.sum()) > 0
+    assert glyph.shape == (1, family.BYT5_TOKENS, tiny.TINY_BYT5_DIM) and int(glyph_mask.sum()) > 0
 
 
 def test_valid_text_counts_reads_prefix_masks_and_refuses_others():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
-    assert hy15.valid_text_counts(mask, 4, 2) == [2, 3]
-    assert hy15.valid_text_counts(None, 4, 2) == [4, 4]
+    assert family.valid_text_counts(mask, 4, 2) == [2, 3]
+    assert family.valid_text_counts(None, 4, 2) == [4, 4]
     with pytest.raises(ValueError, match="prefix of the text tokens"):
-        hy15.valid_text_counts(torch.tensor([[1, 0, 1, 0]]), 4, 1)
+        family.valid_text_counts(torch.tensor([[1, 0, 1, 0]]), 4, 1)
 
 
 @pytest.mark.parametrize("target", [64, 640, 960])
@@ -84,7 +84,7 @@ def test_default_size_is_the_pipelines(target):
     from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
 
     expected = HunyuanVideo15ImageProcessor(vae_scale_factor=16).calculate_default_height_width(9, 16, target)
-    assert hy15.default_size(target) == tuple(expected)
+    assert family.default_size(target) == tuple(expected)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -64,7 +64,7 @@ from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, Se
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir
-from raydit.models.families.hunyuanvideo import DECODER as HUNYUAN_DECODER
+from raydit.models.families.hunyuanvideo.family import DECODER as HUNYUAN_DECODER
 
 VIDEO = 0  # the only part split across the visual blocks
 
@@ -481,7 +481,7 @@ def tiny_pipeline(image: bool = False):
     """The tiny Kandinsky5T2VPipeline (or, `image`, Kandinsky5I2VPipeline), built in memory."""
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
 
-    from raydit.models.families.hunyuanvideo import tiny_vae  # Kandinsky 5 decodes with HunyuanVideo's VAE
+    from raydit.models.families.hunyuanvideo.tiny import tiny_vae  # Kandinsky 5 decodes with HunyuanVideo's VAE
     from raydit.models.tiny import SEED, tokenizer
 
     tok, tok_2 = qwen_tokenizer(), tokenizer(77)

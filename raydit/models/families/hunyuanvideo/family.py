@@ -1,6 +1,8 @@
 """The HunyuanVideo family: HunyuanVideo text-to-video (`HunyuanVideoPipeline`) and
 image-to-video (`HunyuanVideoImageToVideoPipeline`).
 
+Its tiny pipelines are in `tiny.py`, its conformance cases in `cases.py`.
+
 Adapter. The model runs dual-stream blocks (`transformer_blocks`: video and text with their
 own weights, one joint attention) and then single-stream blocks
 (`single_transformer_blocks`: one set of weights over [video ; text]). Every block receives
@@ -50,14 +52,6 @@ with a negative prompt) runs the pair as two calls, the pipeline's order and num
 then cfg = 2 runs them on two rank groups. FlowMatchEulerDiscreteScheduler on the
 pipeline's sigmas (linspace(1, 0)).
 
-Tiny. `tiny-hunyuan-i2v`: the same transformer with token_replace blocks, a Llava of the
-tiny Llama and a 2-layer CLIP vision tower (48 x 48 images in 2-pixel patches: 576 features,
-as CLIP-L/336's) and a tokenizer whose I2V template is 103 tokens with `<image>` 6th, as
-Llama-3's (the pipeline's crop positions are fixed numbers). `tiny-hunyuan`: 6 heads x 16, one dual- and one single-stream block, a small Llama
-and CLIP text encoder with tokenizers built in code (the Llama one takes the pipeline's
-default prompt template: 95 tokens before the prompt, which the pipeline crops), the
-HunyuanVideo VAE (8x spatial, 4x temporal) with 8 channels; random weights.
-
 Module-level imports stay light (no torch, no diffusers): the planner reads this family
 through the registry without importing torch.
 
@@ -74,7 +68,7 @@ from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
-from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir
+from raydit.models.tiny import DEFAULTS_FILE
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
@@ -138,8 +132,6 @@ class HunyuanVideoAdapter(ModelAdapter):
     plan = joint_text_plan(("transformer_blocks", "single_transformer_blocks"), video_part=VIDEO)
     processor = HunyuanVideoSPAttnProcessor
     block_count = "num_layers + num_single_layers"
-
-
 
     def parallelize(self, transformer, mesh, options=None):
         handle = super().parallelize(transformer, mesh, options)
@@ -257,9 +249,6 @@ class HunyuanVideoFamily(Family):
     elementwise_bytes = 238.0
     models = staticmethod(builtin_models)
 
-    def tiny(self):
-        return {"tiny-hunyuan": tiny_pipeline_dir, "tiny-hunyuan-i2v": tiny_i2v_pipeline_dir}
-
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (129 frames, 720 x 1280) unless the directory says otherwise
@@ -319,10 +308,6 @@ class HunyuanVideoFamily(Family):
             assert torch.equal(seen["latents"][:, :, 1:], frames)
             return seen["latents"]
         return frames
-
-    def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(),
-                "runner": runner_cases(base_dirs["tiny-hunyuan"], base_dirs["tiny-hunyuan-i2v"])}
 
     # -- hooks ---------------------------------------------------------------------------------
     def do_cfg(self, pipe, request) -> bool:
@@ -453,279 +438,3 @@ class HunyuanVideoFamily(Family):
 
 
 FAMILY = HunyuanVideoFamily()
-
-
-# -- the tiny pipeline -------------------------------------------------------------------------
-TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
-TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
-TINY_HEAD_DIM = 16
-TINY_ROPE_AXES = (4, 6, 6)  # frames, rows, columns: sums to the head dim
-TINY_TEXT_DIM = 32  # Llama hidden size == transformer text_embed_dim
-TINY_POOLED_DIM = 16  # CLIP hidden size == transformer pooled_projection_dim
-TINY_LATENT_CHANNELS = 4
-TINY_DEFAULTS = {"num_frames": 9, "height": 64, "width": 64}
-
-# The pipeline's default prompt template puts 95 Llama-3 tokens before the prompt and crops
-# them; this tokenizer keeps the template's words whole (and "of" in characters) so that its
-# template is 95 tokens too and the crop leaves exactly the prompt.
-_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-_TEMPLATE_WORDS = (
-    "actions and angles aspects atmosphere background behaviors by camera changes color content describe detailing "
-    "environment events following in light main movement movements objects physical quantity relationships shape "
-    "size spatial style system temporal text texture the theme transitions used user video"
-).split()
-
-
-def llama_tokenizer(max_length: int = 512):
-    """A Llama-3-like fast tokenizer (BOS first, header tokens) built in code: the template's
-    words are single tokens, any other word is split into characters."""
-    import string
-
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    chars = string.ascii_lowercase + string.digits + string.punctuation
-    vocab = {"<pad>": 0, "<unk>": 1}
-    for word in (*_SPECIAL, *_TEMPLATE_WORDS, *chars, *("##" + c for c in chars)):
-        vocab[word] = len(vocab)
-    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in _SPECIAL])
-    core.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", vocab["<|begin_of_text|>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<|begin_of_text|>", model_max_length=max_length)
-
-
-def _llama_encoder(vocab_size: int, seed: int):
-    import torch
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=TINY_TEXT_DIM, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
-                         bos_token_id=2)
-    return LlamaModel(config).eval()
-
-
-def tiny_transformer(seed: int, **overrides):
-    """A HunyuanVideoTransformer3DModel of the tiny geometry (or `overrides`), every parameter
-    drawn from `seed` (zero-initialised gates would make parallel tests trivial)."""
-    import torch
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    from raydit.models.tiny import randomize
-
-    config = dict(
-        in_channels=TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_attention_heads=TINY_HEADS,
-        attention_head_dim=TINY_HEAD_DIM, num_layers=1, num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0,
-        patch_size=2, patch_size_t=1, text_embed_dim=TINY_TEXT_DIM, pooled_projection_dim=TINY_POOLED_DIM,
-        rope_axes_dim=TINY_ROPE_AXES, guidance_embeds=True,
-    )
-    config.update(overrides)
-    torch.manual_seed(seed)
-    return randomize(HunyuanVideoTransformer3DModel(**config), seed)
-
-
-def tiny_vae(seed: int, latent_channels: int = TINY_LATENT_CHANNELS):
-    """A tiny AutoencoderKLHunyuanVideo (Kandinsky 5 decodes with this VAE too)."""
-    import torch
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    torch.manual_seed(seed)
-    return AutoencoderKLHunyuanVideo(
-        latent_channels=latent_channels, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
-        spatial_compression_ratio=8, temporal_compression_ratio=4,
-    ).eval()
-
-
-def tiny_pipeline():
-    """The tiny HunyuanVideoPipeline, built in memory."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
-
-    from raydit.models.tiny import SEED, tokenizer
-
-    tok, tok_2 = llama_tokenizer(), tokenizer(77)
-    return HunyuanVideoPipeline(
-        text_encoder=_llama_encoder(len(tok), SEED + 1),
-        tokenizer=tok,
-        transformer=tiny_transformer(SEED + 10),
-        vae=tiny_vae(SEED + 2),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),  # HunyuanVideo's
-        text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
-        tokenizer_2=tok_2,
-    )
-
-
-tiny_pipeline_dir = tiny_dir(f"tiny-hunyuan-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
-
-
-# -- the tiny image-to-video pipeline -----------------------------------------------------------
-TINY_I2V_VERSION = "1"
-TINY_VISION_SIZE = 48  # CLIP vision input; 2-pixel patches: 24 x 24 = 576 features, as CLIP-L/336's
-_IMAGE_TOKEN = "<image>"
-_NEWLINES = "\n\n"  # a token, as in Llama-3: it puts <image> 6th, where the pipeline expects it
-
-# The I2V template's words, each one token except "to" and "by" (in characters): with the
-# special tokens, the template before the prompt is 103 tokens, the pipeline's crop_start.
-_I2V_TEMPLATE_WORDS = (
-    "according actions and angles aspects assistant atmosphere background behaviors camera changes color content "
-    "describe detailing environment events following image in light main movement movements objects of physical "
-    "quantity reference relationships shape size spatial style system temporal text texture the theme transitions "
-    "used user video"
-).split()
-
-
-def llava_tokenizer(max_length: int = 1024):
-    """A Llama-3-like tokenizer for the I2V template (BOS first; header, <image> and blank-line
-    tokens) built in code: its template is 103 tokens with <image> at position 5 and the
-    assistant header 4 tokens, the numbers the pipeline's crop is written for."""
-    import string
-
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    special = (*_SPECIAL, _IMAGE_TOKEN, _NEWLINES)
-    chars = string.ascii_lowercase + string.digits + string.punctuation
-    vocab = {"<pad>": 0, "<unk>": 1}
-    for word in (*special, *_I2V_TEMPLATE_WORDS, *chars, *("##" + c for c in chars)):
-        vocab.setdefault(word, len(vocab))
-    core = Tokenizer(models.WordPiece(vocab=vocab, unk_token="<unk>", max_input_chars_per_word=100))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    core.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in special])
-    core.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", vocab["<|begin_of_text|>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<|begin_of_text|>", model_max_length=max_length)
-
-
-def _llava_encoder(tok, seed: int):
-    """LlavaForConditionalGeneration: the tiny Llama and a 2-layer CLIP vision tower (the
-    feature layer is the second to last, CLS dropped: 576 features), random weights."""
-    import torch
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
-
-    torch.manual_seed(seed)
-    text = LlamaConfig(vocab_size=len(tok), hidden_size=TINY_TEXT_DIM, intermediate_size=64, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0,
-                       bos_token_id=tok.bos_token_id)
-    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=TINY_VISION_SIZE, patch_size=2, projection_dim=16)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids(_IMAGE_TOKEN),
-                         pad_token_id=0, image_seq_length=_IMAGE_EMB_LEN)
-    return LlavaForConditionalGeneration(config).eval()
-
-
-def tiny_i2v_pipeline():
-    """The tiny HunyuanVideoImageToVideoPipeline (token_replace, as HunyuanVideo-I2V), in memory."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoImageToVideoPipeline
-    from transformers import CLIPImageProcessor
-
-    from raydit.models.tiny import SEED, tokenizer, quiet_hub
-
-    tok, tok_2 = llava_tokenizer(), tokenizer(77)
-    with quiet_hub():  # CLIPImageProcessor warns that it falls back to PIL without torchvision
-        processor = CLIPImageProcessor(size={"shortest_edge": TINY_VISION_SIZE},
-                                       crop_size={"height": TINY_VISION_SIZE, "width": TINY_VISION_SIZE})
-    return HunyuanVideoImageToVideoPipeline(
-        text_encoder=_llava_encoder(tok, SEED + 4),
-        tokenizer=tok,
-        transformer=tiny_transformer(SEED + 11, image_condition_type="token_replace"),
-        vae=tiny_vae(SEED + 2),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
-        tokenizer_2=tok_2,
-        image_processor=processor,
-    )
-
-
-tiny_i2v_pipeline_dir = tiny_dir(f"tiny-hunyuan-i2v-{TINY_I2V_VERSION}", tiny_i2v_pipeline, TINY_DEFAULTS)
-
-
-# -- conformance -------------------------------------------------------------------------------
-_BUILD_FORWARD = "raydit.models.families.hunyuanvideo:hunyuan_forward"
-_BUILD_PIPELINE = "raydit.models.families.hunyuanvideo:hunyuan_pipeline"
-
-
-def hunyuan_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
-                    rope_axes: tuple, valid: tuple, text_len: int = 13, layers: int = 1, single_layers: int = 1,
-                    seed: int = 31, image_condition_type: str | None = None):
-    """A tiny-weight HunyuanVideoTransformer3DModel and the kwargs of one forward call: one
-    sample per entry of `valid` (its count of unmasked text tokens out of `text_len`)."""
-    import torch
-
-    # latent_concat: [noise ; image latents ; mask] channels in, noise channels out
-    channels = 2 * TINY_LATENT_CHANNELS + 1 if image_condition_type == "latent_concat" else TINY_LATENT_CHANNELS
-    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim,
-                                   rope_axes_dim=tuple(rope_axes), num_layers=layers, num_single_layers=single_layers,
-                                   image_condition_type=image_condition_type, in_channels=channels)
-    g = torch.Generator().manual_seed(7)
-    batch = len(valid)
-    mask = (torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1)).float()
-    kwargs = dict(
-        hidden_states=torch.randn(batch, channels, latent_frames, latent_height, latent_width, generator=g),
-        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
-        encoder_attention_mask=mask,
-        pooled_projections=torch.randn(batch, TINY_POOLED_DIM, generator=g),
-        guidance=torch.tensor([6000.0, 3500.0, 1000.0, 8000.0][:batch]),
-    )
-    return transformer, kwargs
-
-
-def hunyuan_pipeline(base_dir: str):
-    """The tiny HunyuanVideo pipeline loaded from its directory (as a real checkpoint is)."""
-    return load_pipeline_dir(base_dir)
-
-
-def forward_cases() -> list:
-    """Token counts no world size 2..6 divides, masks that differ per sample, fewer valid text
-    tokens than ranks, and 6 and 5 heads (Ulysses 1, 2, 3, 6 / 1, 5; the rest ring or hybrid)."""
-    from raydit.models.conformance import ForwardCase
-
-    return [
-        # 3 x 3 x 5 = 45 video tokens; two samples with 5 and 11 valid of 13 text tokens.
-        ForwardCase("hunyuanvideo-h6-masks", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
-                         rope_axes=(4, 6, 6), valid=(5, 11))),
-        # 1 x 1 x 7 = 7 video tokens, 2 valid text tokens of 9: on 3..8 ranks some ranks hold
-        # no valid text and, from 4 ranks, only padding of the video.
-        ForwardCase("hunyuanvideo-h5-7tokens", _BUILD_FORWARD, 5,
-                    dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, head_dim=8,
-                         rope_axes=(2, 2, 4), valid=(2,), text_len=9, layers=2, single_layers=1),
-                    worlds=(5, 6, 8)),  # more ranks than video tokens: the last hold only padding
-        # token_replace (HunyuanVideo-I2V's blocks): the first frame's 15 of 45 tokens get their
-        # own modulation; on 2 ranks rank 0 holds them all, on 3 exactly them, on 4, 5 and 6
-        # they span ranks 0 and 1, on 8 ranks 0..2 (chunks of 6).
-        ForwardCase("hunyuanvideo-token-replace", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
-                         rope_axes=(4, 6, 6), valid=(5, 11), image_condition_type="token_replace")),
-        # latent_concat (HunyuanVideo-I2V-33ch): 2 x 4 + 1 input channels, then T2V's blocks.
-        ForwardCase("hunyuanvideo-latent-concat", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, head_dim=16,
-                         rope_axes=(4, 6, 6), valid=(7,), image_condition_type="latent_concat"),
-                    worlds=(2, 3)),
-    ]
-
-
-def runner_cases(base_dir: str, i2v_dir: str) -> list:
-    """Denoising on the tiny pipeline: 3 x 3 x 5 = 45 video tokens (3 and 5 divide it, 2, 4, 6
-    and 8 do not); embedded guidance (one call per step, cfg plans run it on both groups) and
-    true classifier-free guidance (two calls; cfg = 2 runs one on each group)."""
-    from raydit.models.conformance import RunnerCase
-
-    request = dict(prompt="a red fox runs", num_frames=9, height=48, width=80, num_inference_steps=2,
-                   guidance_scale=6.0, seed=11)
-    return [
-        RunnerCase("hunyuanvideo-embedded", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir), cfg=False),
-        RunnerCase("hunyuanvideo-true-cfg", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=5), dict(base_dir=base_dir),
-                   worlds=(2, 3, 4)),  # the embedded case covers every world; cfg 2 runs on 2 and 4
-        # Image-to-video (token_replace) with true CFG: the branches' texts differ in length
-        # (396 / 540 tokens); Ulysses 2 and 3, ring 2 and 3, hybrid and cfg 2 on 2..4 ranks.
-        RunnerCase("hunyuanvideo-i2v", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(request, negative_prompt="blur", true_cfg_scale=3.0, seed=7), dict(base_dir=i2v_dir),
-                   image="checker", worlds=(2, 3, 4)),
-    ]

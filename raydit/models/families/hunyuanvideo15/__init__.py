@@ -1,0 +1,6 @@
+"""HunyuanVideo 1.5 (T2V and I2V): `family` (the adapter and the Family), `tiny` (the tiny
+pipelines), `cases` (the conformance cases)."""
+
+from raydit.models.families.hunyuanvideo15.family import FAMILY
+
+__all__ = ["FAMILY"]
