@@ -89,7 +89,6 @@ class SkyReelsAdapter(ModelAdapter):
     processor = SkyReelsSPAttnProcessor
 
 
-
 # -- diffusion forcing: the schedule -----------------------------------------------------------
 DF_PIPELINE = "SkyReelsV2DiffusionForcingPipeline"
 # SkyReelsV2DiffusionForcingPipeline's own knobs (GenerationRequest.guidance_options), with

@@ -94,5 +94,4 @@ def tiny_pipeline_dir(name: str = "tiny-skyreels"):
                           lambda: WithDefaults(tiny_pipeline(name), TINY_DEFAULTS))
 
 
-
 TINY_PIPELINES = {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}  # Family.tiny

@@ -92,7 +92,6 @@ class WanAdapter(ModelAdapter):
     processor = WanSPAttnProcessor
 
 
-
 # -- the family --------------------------------------------------------------------------------
 def _boundary_timestep(pipe):
     """Wan 2.2 A14B: `transformer` runs at t >= boundary, `transformer_2` below; None: one expert."""
@@ -143,6 +142,7 @@ def builtin_models() -> list:
                   text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.7e9, default_frames=121,
                   default_height=704, default_width=1280, vae_spatial=16, **common),
     ]
+
 
 # The pipelines' request defaults (81 x 480 x 832); a directory may carry its own in
 # DEFAULTS_FILE (the tiny built-ins do: 32760 video tokens are far too many for them).

@@ -160,5 +160,4 @@ def tiny_pipeline_dir(name: str = "tiny-wan"):
                           lambda: WithDefaults(tiny_pipeline(name), defaults))
 
 
-
 TINY_PIPELINES = {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}  # Family.tiny
