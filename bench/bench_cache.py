@@ -43,7 +43,9 @@ PERCENTILES = (25, 50, 75)
 
 
 def models(layers: int, steps: int) -> dict:
-    from raydit.models.families import cogvideox, wan
+    from raydit.models.families import cogvideox
+    from raydit.models.families.wan import cases as wan_cases
+    from raydit.models.families.wan import tiny as wan_tiny
 
     base = str(cogvideox.tiny_pipeline_dir())
     return {
@@ -53,7 +55,7 @@ def models(layers: int, steps: int) -> dict:
                  height=cogvideox.TINY_HEIGHT, width=cogvideox.TINY_WIDTH, num_inference_steps=steps,
                  guidance_scale=6.0, seed=1)),
         "tiny-wan": (
-            lambda: wan.wan_pipeline(str(wan.tiny_pipeline_dir("tiny-wan"))),
+            lambda: wan_cases.wan_pipeline(str(wan_tiny.tiny_pipeline_dir("tiny-wan"))),
             dict(prompt="a red fox runs", negative_prompt="blur", num_frames=9, height=48, width=80,
                  num_inference_steps=steps, guidance_scale=5.0, seed=1)),
         "2b": (

@@ -35,7 +35,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 def measure(rank: int, world_size: int, layers: int, heads: int, head_dim: int, dtype_name: str) -> dict:
     import torch
 
-    from raydit.models.families.wan import tiny_transformer
+    from raydit.models.families.wan.tiny import tiny_transformer
     from raydit.models.registry import load_families, parallelize
     from raydit.models.sharded import shard_transformer
     from raydit.parallel.mesh import build_mesh

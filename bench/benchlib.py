@@ -230,8 +230,8 @@ def wan_bench_dir(layers: int = 30, dtype: str = "bfloat16", defaults: dict | No
     import torch
     from diffusers import WanTransformer3DModel
 
-    from raydit.models.families.wan import DEFAULTS_FILE, TINY_TEXT_DIM, tiny_pipeline
-    from raydit.models.tiny import cache_root, write_pipeline
+    from raydit.models.families.wan.tiny import TINY_TEXT_DIM, tiny_pipeline
+    from raydit.models.tiny import DEFAULTS_FILE, cache_root, write_pipeline
 
     defaults = defaults or {"num_frames": 81, "height": 480, "width": 832}
     name = (f"bench-wan-1.3b-{layers}l-{dtype}-{defaults['num_frames']}x{defaults['height']}x{defaults['width']}"

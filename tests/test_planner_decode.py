@@ -21,7 +21,7 @@ def test_decode_ranks(model, ranks, split):
 
 
 def test_wan_16x_vae_has_its_own_shape():
-    from raydit.models.families.wan import DECODER_16X
+    from raydit.models.families.wan.family import DECODER_16X
     from raydit.planner.decode import decoder_shape
 
     assert decoder_shape(BUILTIN_MODELS["wan2.2-ti2v-5b"]) is DECODER_16X

@@ -13,17 +13,21 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx, skyreels, wan
+from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx
+from raydit.models.families.skyreels import cases as skyreels_cases
+from raydit.models.families.skyreels import tiny as skyreels_tiny
+from raydit.models.families.wan import cases as wan_cases
+from raydit.models.families.wan import tiny as wan_tiny
 
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
-BUILD = "raydit.models.families.wan:wan_pipeline"
+BUILD = "raydit.models.families.wan.cases:wan_pipeline"
 # Wan 2.1 T2V (UniPC: its multistep history per request; two guidance calls per step) and
 # CogVideoX 5B-like (rotary table, DPM with its previous x0 carried per request, the guidance
 # pair as one batch of 2, so a shared call holds 2 x the requests).
 MODELS = {
-    "tiny-wan": (lambda: wan.wan_pipeline(str(wan.tiny_pipeline_dir("tiny-wan"))),
+    "tiny-wan": (lambda: wan_cases.wan_pipeline(str(wan_tiny.tiny_pipeline_dir("tiny-wan"))),
                  dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
     "cogvideox-rotary-dpm": (lambda: cogvideox.cogvideox_pipeline(
         str(cogvideox.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
@@ -39,7 +43,7 @@ MODELS = {
     "tiny-hunyuan15": (lambda: hunyuanvideo15.hunyuan15_pipeline(str(hunyuanvideo15.tiny_pipeline_dir())),
                        dict(prompt="a paper boat drifts", num_frames=9, height=48, width=80)),
     # SkyReels-V2 T2V (its diffusion-forcing requests run alone: a timestep per frame, windows).
-    "tiny-skyreels": (lambda: skyreels.skyreels_pipeline(str(skyreels.tiny_pipeline_dir("tiny-skyreels"))),
+    "tiny-skyreels": (lambda: skyreels_cases.skyreels_pipeline(str(skyreels_tiny.tiny_pipeline_dir("tiny-skyreels"))),
                       dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
 }
 
@@ -59,12 +63,12 @@ FLOAT32 = dict(rtol=1e-5, atol=1e-5)
 
 @pytest.fixture(scope="module")
 def base_dir():
-    return str(wan.tiny_pipeline_dir("tiny-wan"))
+    return str(wan_tiny.tiny_pipeline_dir("tiny-wan"))
 
 
 @pytest.fixture(scope="module")
 def alone(base_dir):
-    runner = Runner(wan.wan_pipeline(base_dir))
+    runner = Runner(wan_cases.wan_pipeline(base_dir))
     return [harness.run_steps(runner, GenerationRequest(**q), q["num_inference_steps"]).latents for q in REQUESTS]
 
 
@@ -135,7 +139,7 @@ def test_two_rank_plans_batch_as_one_process(base_dir, alone):
 
 
 def test_requests_that_differ_do_not_share_a_step(base_dir):
-    runner = Runner(wan.wan_pipeline(base_dir))
+    runner = Runner(wan_cases.wan_pipeline(base_dir))
     family, pipe = runner.family, runner.pipe
     one = GenerationRequest(**REQUESTS[0])
     assert family.batch_key(pipe, one) == family.batch_key(pipe, GenerationRequest(**REQUESTS[2]))

@@ -50,9 +50,11 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, kandinsky5, ltx, ltx2, skyreels, wan
+    from raydit.models.families import cogvideox, kandinsky5, ltx, ltx2
     from raydit.models.families.hunyuanvideo import tiny as hunyuan_tiny
     from raydit.models.families.mochi import tiny as mochi_tiny
+    from raydit.models.families.skyreels import tiny as skyreels_tiny
+    from raydit.models.families.wan import tiny as wan_tiny
 
     ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
     ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
@@ -61,7 +63,7 @@ def _cases() -> list[CacheCase]:
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
     cog_request = dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=48, width=32,
                        num_inference_steps=STEPS, guidance_scale=6.0, seed=3)
-    wan_dir = str(wan.tiny_pipeline_dir("tiny-wan"))
+    wan_dir = str(wan_tiny.tiny_pipeline_dir("tiny-wan"))
     # 3 latent frames x 2 x 3 = 18 video tokens: padded on 4 ranks.
     wan_request = dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=32, width=48,
                        num_inference_steps=STEPS, guidance_scale=5.0, seed=4)
@@ -70,7 +72,7 @@ def _cases() -> list[CacheCase]:
                   dict(cog_request, cache="fbcache", cache_threshold=1.0)),
         CacheCase("cogvideox-teacache", "raydit.models.families.cogvideox:cogvideox_pipeline", cog, 2,
                   dict(cog_request, cache="teacache", cache_threshold=1.5)),
-        CacheCase("wan-fbcache", "raydit.models.families.wan:wan_pipeline", dict(base_dir=wan_dir), 6,
+        CacheCase("wan-fbcache", "raydit.models.families.wan.cases:wan_pipeline", dict(base_dir=wan_dir), 6,
                   dict(wan_request, cache="fbcache", cache_threshold=1.1)),
         # HunyuanVideo (issue 18): dual- and single-stream blocks, the masked text whole on every
         # rank, true CFG (two calls per step); 3 latent frames x 2 x 3 = 18 video tokens.
@@ -103,8 +105,8 @@ def _cases() -> list[CacheCase]:
                        num_inference_steps=STEPS, guidance_scale=4.5, seed=4, cache="teacache", cache_threshold=1.0)),
         # SkyReels-V2 diffusion forcing: a timestep per frame, so teacache's temb is [B, 6, L, C],
         # split with the video; 3 latent frames x 2 x 3 = 18 video tokens.
-        CacheCase("skyreels-df-teacache", "raydit.models.families.skyreels:skyreels_pipeline",
-                  dict(base_dir=str(skyreels.tiny_pipeline_dir("tiny-skyreels-df"))), 6,
+        CacheCase("skyreels-df-teacache", "raydit.models.families.skyreels.cases:skyreels_pipeline",
+                  dict(base_dir=str(skyreels_tiny.tiny_pipeline_dir("tiny-skyreels-df"))), 6,
                   dict(wan_request, cache="teacache", cache_threshold=1.4)),
     ]
 

@@ -178,7 +178,7 @@ def test_bad_audio_split_options_get_one_line():
         with pytest.raises(ValueError, match="audio_split_tokens .* must be an integer >= 1"):
             parallelize(transformer, mesh, {"audio_split_tokens": bad})
     # a model without an audio stream takes no such option (None, a plan's "never", is no option)
-    from raydit.models.families.wan import tiny_transformer as wan_tiny
+    from raydit.models.families.wan.tiny import tiny_transformer as wan_tiny
 
     other = wan_tiny(0)
     with pytest.raises(ValueError, match="takes no parallel option audio_split_tokens"):

@@ -18,18 +18,18 @@ import torch
 
 from raydit.models import conformance as harness
 from raydit.models.family import GenerationRequest, checker_image, image_to_png
-from raydit.models.families import skyreels
+from raydit.models.families.skyreels import cases, family, tiny
 from raydit.models.runner import Runner
 
 
 @pytest.fixture(scope="module")
 def df_dir():
-    return str(skyreels.tiny_pipeline_dir("tiny-skyreels-df"))
+    return str(tiny.tiny_pipeline_dir("tiny-skyreels-df"))
 
 
 @pytest.fixture(scope="module")
 def df_pipe(df_dir):
-    return skyreels.skyreels_pipeline(df_dir)
+    return cases.skyreels_pipeline(df_dir)
 
 
 def test_causal_block_size_reaches_the_transformer_and_is_not_left_behind(df_pipe):
@@ -38,13 +38,13 @@ def test_causal_block_size_reaches_the_transformer_and_is_not_left_behind(df_pip
     transformer's num_frame_per_block) nor raydit's leaves it set for the next request."""
     request = GenerationRequest(prompt="a lighthouse", num_frames=13, height=48, width=80, num_inference_steps=2,
                                 guidance_scale=5.0, seed=5, guidance_options=dict(causal_block_size=2))
-    expected = skyreels.FAMILY.reference_latents(df_pipe, request)
+    expected = family.FAMILY.reference_latents(df_pipe, request)
     assert df_pipe.transformer.config.num_frame_per_block == 1  # restored after diffusers' call
     torch.testing.assert_close(harness.run_steps(Runner(df_pipe), request, None).latents, expected,
                                rtol=1e-5, atol=1e-5)
     plain = harness.run_steps(Runner(df_pipe), dataclasses.replace(request, guidance_options=()), None)
     assert not torch.allclose(plain.latents, expected, rtol=1e-3, atol=1e-3)
-    assert torch.equal(plain.latents, skyreels.FAMILY.reference_latents(df_pipe, plain.request))
+    assert torch.equal(plain.latents, family.FAMILY.reference_latents(df_pipe, plain.request))
 
 
 def test_long_video_checkpoint_across_a_window_change(df_pipe):
@@ -60,7 +60,7 @@ def test_long_video_checkpoint_across_a_window_change(df_pipe):
     assert state.carry["window"].shape[2] == 3 and len(state.carry["frames"]) == 3
     checkpoint = runner.checkpoint(state)
     whole = harness.run_steps(runner, request, None).latents
-    resumed = harness.run_steps(Runner(skyreels.skyreels_pipeline(skyreels.tiny_pipeline_dir("tiny-skyreels-df"))),
+    resumed = harness.run_steps(Runner(cases.skyreels_pipeline(tiny.tiny_pipeline_dir("tiny-skyreels-df"))),
                                 request, None, checkpoint=checkpoint).latents
     assert torch.equal(resumed, whole)
     # The window's frames [0, 2) hold the first window's last two frames: its overlap.
@@ -69,14 +69,14 @@ def test_long_video_checkpoint_across_a_window_change(df_pipe):
 
 def test_diffusion_forcing_requests_run_alone(df_pipe):
     request = GenerationRequest(prompt="x", num_frames=9, height=48, width=80, num_inference_steps=2)
-    assert skyreels.FAMILY.batch_key(df_pipe, request) is None
+    assert family.FAMILY.batch_key(df_pipe, request) is None
 
 
 def test_spec_of_the_tiny_directories():
     import raydit
 
     for name, frames in (("tiny-skyreels", 9), ("tiny-skyreels-i2v", 9), ("tiny-skyreels-df", 9)):
-        spec = raydit.model_spec(str(skyreels.tiny_pipeline_dir(name)))
+        spec = raydit.model_spec(str(tiny.tiny_pipeline_dir(name)))
         assert (spec.family, spec.heads, spec.head_dim, spec.layers) == ("skyreels", 6, 12, 2)
         assert (spec.default_frames, spec.default_height, spec.default_width) == (frames, 48, 80)
         assert spec.in_channels == (12 if name.endswith("i2v") else 4)
@@ -104,16 +104,16 @@ def test_bad_diffusion_forcing_requests_are_one_line(df_pipe, fields, message, o
 
 
 def test_other_requests_are_refused_in_one_line(df_pipe):
-    t2v = skyreels.skyreels_pipeline(str(skyreels.tiny_pipeline_dir("tiny-skyreels")))
+    t2v = cases.skyreels_pipeline(str(tiny.tiny_pipeline_dir("tiny-skyreels")))
     base = dict(prompt="x", num_frames=9, height=48, width=80, num_inference_steps=2)
-    cases = [
+    refusals = [
         (t2v, GenerationRequest(**base, guidance_options=dict(ar_step=2)), "are diffusion forcing's"),
         (df_pipe, GenerationRequest(**base, image=image_to_png(checker_image(48, 80))), "takes no image"),
         (t2v, GenerationRequest(**base, guidance_scale_2=3.0), "has one transformer"),
         (t2v, GenerationRequest(**{**base, "num_frames": 10}), "must be 4k + 1"),
         (df_pipe, GenerationRequest(**base, guidance_options=dict(stg_scale=1.0)), "are not taken by"),
     ]
-    for pipe, request, message in cases:
+    for pipe, request, message in refusals:
         with pytest.raises(ValueError) as info:
             Runner(pipe).prepare(request)
         assert message in str(info.value) and "\n" not in str(info.value), str(info.value)

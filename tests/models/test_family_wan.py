@@ -1,7 +1,7 @@
 """The Wan family on one process: adapter, request checks, spec from a directory, resume.
 
 Every parallel plan against one process is in tests/models/test_conformance.py (the Wan
-cases come from raydit/models/families/wan.py); the runner against diffusers' own pipelines
+cases come from raydit/models/families/wan/cases.py); the runner against diffusers' own pipelines
 too, for the cases listed there. Here: what needs no process group.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from raydit.models import conformance as harness
 from raydit.models.adapter import GatherOutput, SequenceParallelPlan, SplitInput
-from raydit.models.families import wan
+from raydit.models.families.wan import cases, family, tiny
 from raydit.models.family import GenerationRequest, checker_image, image_to_png
 from raydit.models.registry import get_adapter, supported_transformers
 from raydit.models.runner import Runner
@@ -25,7 +25,7 @@ from raydit.parallel.sharding import SeqLayout, shard_rotary
 @pytest.fixture(scope="module")
 def pipelines():
     """Loaders of the tiny pipelines (built once into the session's cache)."""
-    return {name: (lambda d=str(make()): wan.wan_pipeline(d)) for name, make in wan.FAMILY.tiny().items()}
+    return {name: (lambda d=str(make()): cases.wan_pipeline(d)) for name, make in family.FAMILY.tiny().items()}
 
 
 def _request(**kw):
@@ -41,8 +41,8 @@ def _image(height=48, width=80):
 
 # -- adapter -----------------------------------------------------------------------------------
 def test_registry_finds_the_wan_adapter():
-    transformer, _ = wan.wan_forward("t2v", 1, 2, 2, heads=2, head_dim=12)
-    assert isinstance(get_adapter(transformer), wan.WanAdapter)
+    transformer, _ = cases.wan_forward("t2v", 1, 2, 2, heads=2, head_dim=12)
+    assert isinstance(get_adapter(transformer), family.WanAdapter)
     assert "WanTransformer3DModel" in supported_transformers()
 
 
@@ -50,11 +50,11 @@ def test_registry_finds_the_wan_adapter():
 def test_one_rank_is_exact_and_reversible(kind):
     """sp = 1 runs the split hooks (every block's for a per-token temb), our processor with
     the cut rotary table, sp_attention and the gather hook: the same numbers as diffusers."""
-    transformer, kwargs = wan.wan_forward(kind, 3, 4, 6, heads=6, head_dim=12)
+    transformer, kwargs = cases.wan_forward(kind, 3, 4, 6, heads=6, head_dim=12)
     originals = [(b.attn1.processor, b.attn2.processor) for b in transformer.blocks]
     ref = harness.forward_once(transformer, kwargs)
-    handle = wan.WanAdapter().parallelize(transformer, build_mesh(1))
-    assert all(isinstance(b.attn1.processor, wan.WanSPAttnProcessor) for b in transformer.blocks)
+    handle = family.WanAdapter().parallelize(transformer, build_mesh(1))
+    assert all(isinstance(b.attn1.processor, family.WanSPAttnProcessor) for b in transformer.blocks)
     assert all(b.attn2.processor is o[1] for b, o in zip(transformer.blocks, originals))  # cross-attention kept
     # temb may be per token: every block gets a split hook.
     assert all(len(b._forward_pre_hooks) == 1 for b in transformer.blocks)
@@ -67,36 +67,36 @@ def test_one_rank_is_exact_and_reversible(kind):
 
 def test_our_rotation_is_the_models():
     """The processor's rotary, dropped, changes the output: the table really is applied."""
-    transformer, kwargs = wan.wan_forward("t2v", 3, 4, 6, heads=6, head_dim=12)
+    transformer, kwargs = cases.wan_forward("t2v", 3, 4, 6, heads=6, head_dim=12)
     ref = harness.forward_once(transformer, kwargs)
-    with wan.WanAdapter().parallelize(transformer, build_mesh(1)):
-        original, wan.rotate_pairs = wan.rotate_pairs, (lambda x, c, s: x)
+    with family.WanAdapter().parallelize(transformer, build_mesh(1)):
+        original, family.rotate_pairs = family.rotate_pairs, (lambda x, c, s: x)
         try:
             unrotated = harness.forward_once(transformer, kwargs)
         finally:
-            wan.rotate_pairs = original
+            family.rotate_pairs = original
     assert (unrotated - ref).abs().max() > 1e-3
 
 
 def test_shard_rotary_pads_and_checks_length():
     cos = torch.arange(7.0).view(1, 7, 1, 1).expand(1, 7, 1, 4)
     layout = SeqLayout(part_lengths=(7,), sp=3)  # chunks of 3: the last holds 1 real row
-    c, s = shard_rotary((cos, cos), layout, 2, wan.VIDEO, dim=1)
+    c, s = shard_rotary((cos, cos), layout, 2, family.VIDEO, dim=1)
     assert c.shape == (1, 3, 1, 4) and c[0, :, 0, 0].tolist() == [6.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="rotary table has 7 rows but the video has 8 tokens"):
-        shard_rotary((cos, cos), SeqLayout(part_lengths=(8,), sp=2), 0, wan.VIDEO, dim=1)
+        shard_rotary((cos, cos), SeqLayout(part_lengths=(8,), sp=2), 0, family.VIDEO, dim=1)
 
 
 def test_validate_names_feasible_ulysses_degrees():
-    transformer, _ = wan.wan_forward("t2v", 1, 2, 2, heads=40, head_dim=6)
+    transformer, _ = cases.wan_forward("t2v", 1, 2, 2, heads=40, head_dim=6)
     with pytest.raises(ValueError, match=r"ulysses_degree 3 does not divide the 40 attention heads; feasible: 1, 2, 4, 5"):
-        wan.WanAdapter().validate(transformer, SimpleNamespace(ulysses=3))
+        family.WanAdapter().validate(transformer, SimpleNamespace(ulysses=3))
 
 
 def test_plan_needs_an_input_that_fixes_each_part():
     with pytest.raises(ValueError, match="part 0 needs a split input without `ndim`"):
         SequenceParallelPlan("blocks", (SplitInput("temb", 0, ndim=4),), (GatherOutput(0, 0),), "attn1")
-    plan = wan.WanAdapter.plan
+    plan = family.WanAdapter.plan
     assert plan.num_parts == 1
     assert [s.applies_to(torch.zeros(2, 6, 8)) for s in plan.split_inputs] == [True, False]
     assert [s.applies_to(torch.zeros(2, 5, 6, 8)) for s in plan.split_inputs] == [True, True]
@@ -130,13 +130,13 @@ def test_ti2v_takes_an_image_or_none(pipelines):
 def test_spec_from_the_tiny_directories():
     from raydit.planner import model_spec
 
-    specs = {name: model_spec(str(make())) for name, make in wan.FAMILY.tiny().items()}
+    specs = {name: model_spec(str(make())) for name, make in family.FAMILY.tiny().items()}
     for spec in specs.values():
         assert (spec.family, spec.heads, spec.head_dim, spec.layers, spec.ffn_hidden) == ("wan", 6, 12, 2, 96)
         assert (spec.patch_size, spec.patch_size_t, spec.text_tokens, spec.text_in_sequence) == (2, 1, 512, False)
-    assert [specs[n].experts for n in wan.TINY_VARIANTS] == [1, 2, 1, 1, 2]
-    assert [specs[n].in_channels for n in wan.TINY_VARIANTS] == [4, 4, 8, 12, 12]
-    assert [specs[n].vae_spatial for n in wan.TINY_VARIANTS] == [8, 8, 16, 8, 8]
+    assert [specs[n].experts for n in tiny.TINY_VARIANTS] == [1, 2, 1, 1, 2]
+    assert [specs[n].in_channels for n in tiny.TINY_VARIANTS] == [4, 4, 8, 12, 12]
+    assert [specs[n].vae_spatial for n in tiny.TINY_VARIANTS] == [8, 8, 16, 8, 8]
     # the image encoder counts with the text encoder
     assert specs["tiny-wan-i2v"].text_encoder_params > specs["tiny-wan"].text_encoder_params
     # request defaults small enough for a CPU demo, from the directory's raydit_defaults.json
@@ -151,7 +151,7 @@ def test_wan22_i2v_two_experts_match_diffusers(pipelines):
     guidance_scale): one process == WanImageToVideoPipeline(output_type="latent")."""
     pipe = pipelines["tiny-wan-a14b-i2v"]()
     request = _request(prompt="a kite", num_frames=5, height=48, width=64, seed=4, image=_image(48, 64))
-    expected = wan.FAMILY.reference_latents(pipe, request)
+    expected = family.FAMILY.reference_latents(pipe, request)
     state = harness.run_steps(Runner(pipe), request, request.num_inference_steps)
     assert float((state.latents - expected).abs().max() / expected.abs().max()) <= 1e-5
 
@@ -159,7 +159,7 @@ def test_wan22_i2v_two_experts_match_diffusers(pipelines):
 def test_without_guidance_one_branch_matches_diffusers(pipelines):
     pipe = pipelines["tiny-wan"]()
     request = _request(guidance_scale=1.0, num_inference_steps=2)
-    expected = wan.FAMILY.reference_latents(pipe, request)
+    expected = family.FAMILY.reference_latents(pipe, request)
     state = harness.run_steps(Runner(pipe), request, 2)
     assert len(state.branches) == 1
     torch.testing.assert_close(state.latents, expected, rtol=1e-6, atol=1e-6)

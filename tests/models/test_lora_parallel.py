@@ -28,7 +28,7 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
     "tiny": ("raydit.models.families.cogvideox:cogvideox_pipeline", 2, dict(num_attention_heads=2),
              dict(prompt="a red fox", num_frames=5, height=32, width=48, num_inference_steps=2, seed=3), None),
     # Wan 2.1: 6 heads (Ulysses 1, 2, 3), 2 x 3 x 5 = 30 video tokens (4 ranks pad).
-    "tiny-wan": ("raydit.models.families.wan:wan_pipeline", 6, dict(),
+    "tiny-wan": ("raydit.models.families.wan.cases:wan_pipeline", 6, dict(),
                  dict(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=2,
                       guidance_scale=5.0, seed=3), None),
     # LTX-2: 6 heads, 39 video tokens and 18 audio tokens; cfg, STG and modality passes, so cfg 2

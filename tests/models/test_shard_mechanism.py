@@ -57,7 +57,7 @@ def test_batched_steps_sharded_equal_unsharded(plan):
     requests = [dict(base, num_inference_steps=3, guidance_scale=5.0, seed=1),
                 dict(base, num_inference_steps=4, guidance_scale=3.0, seed=2, negative_prompt="blur"),
                 dict(base, num_inference_steps=3, guidance_scale=4.0, seed=3)]
-    out = run_distributed(batching_shard_worker, 2, "raydit.models.families.wan:wan_pipeline",
+    out = run_distributed(batching_shard_worker, 2, "raydit.models.families.wan.cases:wan_pipeline",
                           dict(base_dir=str(resolve_model_dir("tiny-wan"))), requests, [0, 0, 1], plan, timeout=600)
     for rank_out in out:
         for plain, sharded in zip(rank_out[False], rank_out[True], strict=True):

@@ -45,11 +45,11 @@ def results(tmp_path_factory):
         "lora-wan", "raydit.models.lora:conformance_pipeline", 6,
         dict(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=2, guidance_scale=5.0,
              seed=3, lora={"a": 0.7, "b": 1.3}),
-        dict(build="raydit.models.families.wan:wan_pipeline", build_kwargs=dict(base_dir=str(resolve_model_dir("tiny-wan"))),
+        dict(build="raydit.models.families.wan.cases:wan_pipeline", build_kwargs=dict(base_dir=str(resolve_model_dir("tiny-wan"))),
              loras=loras)))
     # Step caching: blocks skipped on cached steps (their gathers still run, in every rank's order).
     cases.append(harness.RunnerCase(
-        "wan-fbcache", "raydit.models.families.wan:wan_pipeline", 6,
+        "wan-fbcache", "raydit.models.families.wan.cases:wan_pipeline", 6,
         dict(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=4, guidance_scale=5.0,
              seed=3, cache="fbcache", cache_threshold=1.1),
         dict(base_dir=str(resolve_model_dir("tiny-wan"))), steps=4))

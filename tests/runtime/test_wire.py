@@ -35,7 +35,7 @@ def test_a_received_tensor_is_writable_and_its_own():
 
 
 def _wan_runner():
-    from raydit.models.families.wan import TINY_DEFAULTS, tiny_pipeline_dir
+    from raydit.models.families.wan.tiny import TINY_DEFAULTS, tiny_pipeline_dir
     from raydit.models.loading import load_pipeline
 
     runner = Runner(load_pipeline(tiny_pipeline_dir("tiny-wan")))

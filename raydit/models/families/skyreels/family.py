@@ -29,22 +29,11 @@ Legend: B batch, L local video tokens, F latent frames, H heads, D head dim, C =
 
 from __future__ import annotations
 
-import functools
-
 from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.families.wan import (
-    TINY_IMAGE_DIM,
-    TINY_TEXT_DIM,
-    TINY_TEXT_TOKENS,
-    VIDEO,
-    WanFamily,
-    WanSPAttnProcessor,
-    _tiny_image_encoder,
-    _tiny_vae,
-)
+from raydit.models.families.wan.family import VIDEO, WanFamily, WanSPAttnProcessor
 from raydit.models.family import Prepared
 from raydit.models.requests import png_to_image, reference_call
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.tiny import DEFAULTS_FILE
 
 
 # -- adapter -----------------------------------------------------------------------------------
@@ -98,7 +87,6 @@ class SkyReelsAdapter(ModelAdapter):
         attention="attn1",
     )
     processor = SkyReelsSPAttnProcessor
-
 
 
 # -- diffusion forcing: the schedule -----------------------------------------------------------
@@ -222,6 +210,9 @@ def builtin_models() -> list:
     ]
 
 
+PIPELINE_DEFAULTS = {"num_frames": 97, "height": 544, "width": 960}  # the pipelines' (540P)
+
+
 # -- the family --------------------------------------------------------------------------------
 class SkyReelsFamily(WanFamily):
     """SkyReels-V2's steps, as diffusers' SkyReelsV2Pipeline, SkyReelsV2ImageToVideoPipeline
@@ -249,9 +240,6 @@ class SkyReelsFamily(WanFamily):
     option_names = tuple(DF_OPTIONS)
 
     models = staticmethod(builtin_models)
-
-    def tiny(self):
-        return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
 
     def transformers(self, pipe) -> list:
         return [pipe.transformer]
@@ -490,184 +478,5 @@ class SkyReelsFamily(WanFamily):
                                        default_width=PIPELINE_DEFAULTS["width"])
         return dataclasses.replace(spec, family=self.name)
 
-    def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs)}
-
 
 FAMILY = SkyReelsFamily()
-
-
-# -- tiny pipelines ----------------------------------------------------------------------------
-# Bump when anything below changes the saved files, so stale caches are not reused.
-SKYREELS_TINY_VERSION = "1"
-
-PIPELINE_DEFAULTS = {"num_frames": 97, "height": 544, "width": 960}
-TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
-
-# name -> how the tiny pipeline differs from SkyReels-V2 T2V (`tiny-skyreels`).
-TINY_VARIANTS: dict[str, dict] = {
-    "tiny-skyreels": dict(),
-    # I2V: CLIP image tokens by cross-attention, a mask and the image's latents in the channels.
-    "tiny-skyreels-i2v": dict(image=True),
-    # Diffusion forcing: a timestep per frame, the fps embedding.
-    "tiny-skyreels-df": dict(forcing=True),
-}
-
-
-def tiny_transformer(seed: int, **overrides):
-    """A SkyReelsV2Transformer3DModel of the tiny geometry (or `overrides`), every parameter
-    drawn from `seed`."""
-    import torch
-    from diffusers import SkyReelsV2Transformer3DModel
-
-    from raydit.models.tiny import randomize
-
-    config = dict(patch_size=(1, 2, 2), num_attention_heads=6, attention_head_dim=12, in_channels=4,
-                  out_channels=4, text_dim=TINY_TEXT_DIM, freq_dim=32, ffn_dim=96, num_layers=2,
-                  cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
-    config.update(overrides)
-    torch.manual_seed(seed)
-    return randomize(SkyReelsV2Transformer3DModel(**config), seed)
-
-
-def tiny_pipeline(name: str):
-    """The tiny pipeline `name` (a key of TINY_VARIANTS), built in memory."""
-    from diffusers import (
-        SkyReelsV2DiffusionForcingPipeline,
-        SkyReelsV2ImageToVideoPipeline,
-        SkyReelsV2Pipeline,
-        UniPCMultistepScheduler,
-    )
-
-    from raydit.models.tiny import SEED, t5_encoder, tokenizer
-
-    if name not in TINY_VARIANTS:
-        raise ValueError(f"no tiny SkyReels-V2 pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
-    v = TINY_VARIANTS[name]
-    vae = _tiny_vae("wan2.1", SEED + 2)
-    z = vae.config.z_dim
-    transformer_kwargs = dict(in_channels=z, out_channels=z)
-    if v.get("image"):
-        transformer_kwargs.update(in_channels=z + 4 + z, image_dim=TINY_IMAGE_DIM, added_kv_proj_dim=6 * 12)
-    if v.get("forcing"):
-        transformer_kwargs.update(inject_sample_info=True)
-    tok = tokenizer(TINY_TEXT_TOKENS)
-    components = dict(
-        tokenizer=tok,
-        text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM, umt5=True),
-        vae=vae,
-        # SkyReels-V2's scheduler: UniPC on flow-matching sigmas (shift 8 at 540P).
-        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=8.0),
-        transformer=tiny_transformer(SEED + 20, **transformer_kwargs),
-    )
-    if v.get("image"):
-        image_encoder, image_processor = _tiny_image_encoder(SEED + 3)
-        return SkyReelsV2ImageToVideoPipeline(image_encoder=image_encoder, image_processor=image_processor,
-                                              **components)
-    if v.get("forcing"):
-        return SkyReelsV2DiffusionForcingPipeline(**components)
-    return SkyReelsV2Pipeline(**components)
-
-
-def tiny_pipeline_dir(name: str = "tiny-skyreels"):
-    """The directory of the tiny pipeline `name`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    if name not in TINY_VARIANTS:
-        raise ValueError(f"no tiny SkyReels-V2 pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
-    return write_pipeline(cache_root() / f"{name}-{SKYREELS_TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(name), TINY_DEFAULTS))
-
-
-# -- conformance -------------------------------------------------------------------------------
-_BUILD_FORWARD = "raydit.models.families.skyreels:skyreels_forward"
-
-
-def skyreels_forward(kind: str, latent_frames: int, latent_height: int, latent_width: int, heads: int,
-                     head_dim: int, batch: int = 2, text_len: int = 13, block: int = 1, seed: int = 37):
-    """A tiny-weight SkyReelsV2Transformer3DModel and the kwargs of one forward call.
-
-    kind "t2v": one timestep per sample. kind "df": diffusion forcing, a timestep per latent
-    frame (all different) and the fps embedding; `block` > 1: the block-causal mask over
-    groups of `block` frames.
-    """
-    import torch
-
-    overrides = dict(num_attention_heads=heads, attention_head_dim=head_dim, ffn_dim=2 * heads * head_dim,
-                     inject_sample_info=kind == "df", num_frame_per_block=block)
-    transformer = tiny_transformer(seed, **overrides)
-    g = torch.Generator().manual_seed(11)
-    kwargs = dict(
-        hidden_states=torch.randn(batch, 4, latent_frames, latent_height, latent_width, generator=g),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
-        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
-    )
-    if kind == "df":
-        # Batch 1, as the pipeline calls it (its fps embedding broadcasts over one sample only).
-        kwargs = {k: v[:1] for k, v in kwargs.items()}
-        kwargs.update(timestep=(torch.rand(1, latent_frames, generator=g) * 1000).long(),
-                      enable_diffusion_forcing=True, fps=[1])
-    return transformer, kwargs
-
-
-def forward_cases() -> list:
-    """Token counts no world size 2..6 divides; 12 heads (1.3B-like: 4 and 5 ranks run ring
-    or hybrid layouts)."""
-    from raydit.models.conformance import ForwardCase
-
-    return [
-        # DF 1.3B-like: a timestep per frame (temb [B, 6, L, C] split with the video); 7 x 1 x 7 = 49 tokens.
-        ForwardCase("skyreels-df-h12", _BUILD_FORWARD, 12,
-                    dict(kind="df", latent_frames=7, latent_height=2, latent_width=14, heads=12, head_dim=8)),
-        # T2V: one timestep per sample; 5 x 1 x 11 = 55 tokens.
-        ForwardCase("skyreels-t2v-h12", _BUILD_FORWARD, 12,
-                    dict(kind="t2v", latent_frames=5, latent_height=2, latent_width=22, heads=12, head_dim=8),
-                    worlds=(3,)),
-        # Block-causal attention (causal_block_size 2): 6 x 1 x 7 = 42 tokens, mask rows split.
-        ForwardCase("skyreels-df-causal", _BUILD_FORWARD, 6,
-                    dict(kind="df", latent_frames=6, latent_height=2, latent_width=14, heads=6, head_dim=12,
-                         block=2), worlds=(2, 5)),
-    ]
-
-
-_BUILD_PIPELINE = "raydit.models.families.skyreels:skyreels_pipeline"
-
-
-def skyreels_pipeline(base_dir: str):
-    """A tiny SkyReels-V2 pipeline loaded from its directory (as a real checkpoint is)."""
-    return load_pipeline_dir(base_dir)
-
-
-def runner_cases(base_dirs) -> list:
-    """Denoising cases on the tiny pipelines (6 heads: Ulysses 1, 2, 3, 6; 4, 5 and 8 ranks
-    run ring / hybrid layouts); 45 video tokens (3 x 3 x 5), or 18 (3 x 2 x 3) in the long
-    video's windows and I2V."""
-    from raydit.models.conformance import RunnerCase
-
-    def case(name, tiny, request, **kw):
-        return RunnerCase(name, _BUILD_PIPELINE, 6, request, dict(base_dir=base_dirs[tiny]), **kw)
-
-    return [
-        # T2V: UniPC's history travels in the checkpoint; two guidance calls.
-        case("skyreels-t2v", "tiny-skyreels", dict(prompt="a red fox runs", num_frames=9, height=48, width=80,
-                                                   num_inference_steps=3, guidance_scale=5.0, seed=11),
-             worlds=(2, 3, 4)),
-        # Diffusion forcing, asynchronous: 13 frames = 4 latent frames in 2 causal blocks
-        # (block-causal attention), the second a step behind the first (4 steps); 60 tokens.
-        case("skyreels-df-causal", "tiny-skyreels-df",
-             dict(prompt="a lighthouse", num_frames=13, height=48, width=80, num_inference_steps=3,
-                  guidance_scale=5.0, seed=5, guidance_options=dict(ar_step=1, causal_block_size=2)),
-             steps=3, checkpoint_step=1, worlds=(2, 4)),
-        # A long video: 13 frames (4 latent) in two windows of 9 (3 latent) overlapping by 5 (2),
-        # the overlap re-noised (4 steps; 18 tokens a window); resumed from a checkpoint in the
-        # first window, run into the second.
-        case("skyreels-df-long", "tiny-skyreels-df",
-             dict(prompt="a river", num_frames=13, height=32, width=48, num_inference_steps=2,
-                  guidance_scale=5.0, seed=8,
-                  guidance_options=dict(base_num_frames=9, overlap_history=5, addnoise_condition=20)),
-             steps=3, checkpoint_step=1, cfg=False, worlds=(3,)),
-        # I2V: CLIP image tokens in front of the text, image latents and mask in the channels.
-        case("skyreels-i2v", "tiny-skyreels-i2v", dict(prompt="a kite", num_frames=9, height=32, width=48,
-                                                       num_inference_steps=3, guidance_scale=5.0, seed=4),
-             image="checker", cfg=False, worlds=(2,)),
-    ]

@@ -23,12 +23,10 @@ Legend: B batch, L local video tokens, H heads, D head dim, C = H*D.
 
 from __future__ import annotations
 
-import functools
-
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
-from raydit.models.tiny import DEFAULTS_FILE, WithDefaults, load_pipeline_dir
+from raydit.models.tiny import DEFAULTS_FILE
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
@@ -94,7 +92,6 @@ class WanAdapter(ModelAdapter):
     processor = WanSPAttnProcessor
 
 
-
 # -- the family --------------------------------------------------------------------------------
 def _boundary_timestep(pipe):
     """Wan 2.2 A14B: `transformer` runs at t >= boundary, `transformer_2` below; None: one expert."""
@@ -147,6 +144,11 @@ def builtin_models() -> list:
     ]
 
 
+# The pipelines' request defaults (81 x 480 x 832); a directory may carry its own in
+# DEFAULTS_FILE (the tiny built-ins do: 32760 video tokens are far too many for them).
+PIPELINE_DEFAULTS = {"num_frames": 81, "height": 480, "width": 832}
+
+
 class WanFamily(Family):
     """Wan's steps, as diffusers' WanPipeline / WanImageToVideoPipeline take them.
 
@@ -182,9 +184,6 @@ class WanFamily(Family):
     def decoder_for(self, spec):
         """Wan 2.2's 16x VAE (TI2V-5B) is another decoder than Wan 2.1's 8x."""
         return DECODER_16X if spec.vae_spatial == 16 else self.decoder
-
-    def tiny(self):
-        return {name: functools.partial(tiny_pipeline_dir, name) for name in TINY_VARIANTS}
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
@@ -385,263 +384,5 @@ class WanFamily(Family):
         pipe.set_progress_bar_config(disable=True)
         return pipe(**reference_call(request, **kwargs)).frames
 
-    def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs)}
-
 
 FAMILY = WanFamily()
-
-
-# -- tiny pipelines ----------------------------------------------------------------------------
-# Bump when anything below changes the saved files, so stale caches are not reused.
-WAN_TINY_VERSION = "2"
-
-TINY_TEXT_DIM = 32  # umT5 d_model == transformer text_dim
-TINY_TEXT_TOKENS = 512  # Wan's max_sequence_length (2.1 I2V's processor assumes 512 text tokens)
-TINY_IMAGE_DIM = 16  # CLIP hidden size == transformer image_dim
-TINY_IMAGE_SIZE = 32  # CLIP input; patches of 8 -> 16 + 1 image tokens
-
-# The pipelines' request defaults (81 x 480 x 832); a directory may carry its own in
-# DEFAULTS_FILE (the tiny built-ins do: 32760 video tokens are far too many for them).
-PIPELINE_DEFAULTS = {"num_frames": 81, "height": 480, "width": 832}
-TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
-TINY_TI2V_DEFAULTS = {"num_frames": 9, "height": 64, "width": 96}  # 16x VAE: 3 x 2 x 3 = 18
-
-# name -> how the tiny pipeline differs from Wan 2.1 T2V (`tiny-wan`).
-TINY_VARIANTS: dict[str, dict] = {
-    # Wan 2.1 T2V: one transformer, 8x VAE, UniPC with flow_shift 3.
-    "tiny-wan": dict(),
-    # Wan 2.2 A14B: two experts, `transformer` for t >= 875, `transformer_2` below.
-    "tiny-wan-a14b": dict(experts=2, boundary_ratio=0.875),
-    # Wan 2.2 TI2V-5B: per-token timesteps, 16x VAE (residual, 2x2 pixel patches).
-    "tiny-wan-ti2v": dict(vae="wan2.2", expand_timesteps=True, flow_shift=5.0),
-    # Wan 2.1 I2V: CLIP image tokens by cross-attention, image latents + mask in the channels.
-    "tiny-wan-i2v": dict(image=True, image_encoder=True),
-    # Wan 2.2 I2V A14B: two experts, image latents + mask in the channels, no image encoder.
-    "tiny-wan-a14b-i2v": dict(image=True, experts=2, boundary_ratio=0.9),
-}
-
-
-def tiny_transformer(seed: int, **overrides):
-    """A WanTransformer3DModel of the tiny geometry (or `overrides`), every parameter drawn
-    from `seed` (diffusers' zero-initialised gates would make parallel tests trivial)."""
-    import torch
-    from diffusers import WanTransformer3DModel
-
-    from raydit.models.tiny import randomize
-
-    config = dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=6,  # Ulysses 1, 2, 3, 6: 4 and 5 ranks run ring / hybrid
-        attention_head_dim=12,  # rotary: 4 channels each for frames, rows, columns
-        in_channels=4,
-        out_channels=4,
-        text_dim=TINY_TEXT_DIM,
-        freq_dim=32,
-        ffn_dim=96,
-        num_layers=2,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        eps=1e-6,
-        rope_max_seq_len=1024,
-    )
-    config.update(overrides)
-    torch.manual_seed(seed)
-    return randomize(WanTransformer3DModel(**config), seed)
-
-
-def _tiny_vae(kind: str, seed: int):
-    import torch
-    from diffusers import AutoencoderKLWan
-
-    torch.manual_seed(seed)
-    if kind == "wan2.1":  # 8x spatial, 4x temporal, like Wan 2.1's (16 latent channels there)
-        z = 4
-        extra = dict()
-    else:  # Wan 2.2's 16x VAE: residual, 2x2 pixel patches in the channels (48 latent channels there)
-        z = 8
-        extra = dict(in_channels=12, out_channels=12, is_residual=True, patch_size=2, scale_factor_spatial=16)
-    return AutoencoderKLWan(
-        base_dim=8,
-        z_dim=z,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        latents_mean=[round(0.1 * i - 0.2, 3) for i in range(z)],
-        latents_std=[round(0.5 + 0.25 * i, 3) for i in range(z)],
-        scale_factor_temporal=4,
-        **extra,
-    ).eval()
-
-
-def _tiny_image_encoder(seed: int):
-    import torch
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
-    try:  # transformers >= 5: the PIL backend by name (the plain name warns without torchvision)
-        from transformers import CLIPImageProcessorPil as CLIPImageProcessor
-    except ImportError:
-        from transformers import CLIPImageProcessor
-
-    torch.manual_seed(seed)
-    config = CLIPVisionConfig(
-        hidden_size=TINY_IMAGE_DIM,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=TINY_IMAGE_SIZE,
-        patch_size=8,
-    )
-    processor = CLIPImageProcessor(
-        size={"shortest_edge": TINY_IMAGE_SIZE}, crop_size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
-    )
-    return CLIPVisionModel(config).eval(), processor
-
-
-def tiny_pipeline(name: str):
-    """The tiny pipeline `name` (a key of TINY_VARIANTS), built in memory."""
-    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
-
-    from raydit.models.tiny import SEED, t5_encoder, tokenizer
-
-    if name not in TINY_VARIANTS:
-        raise ValueError(f"no tiny Wan pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
-    v = TINY_VARIANTS[name]
-    vae = _tiny_vae(v.get("vae", "wan2.1"), SEED + 2)
-    z = vae.config.z_dim
-    # I2V (not TI2V) joins a 4-frame mask and the image latents to the noise in the channels.
-    in_channels = z + 4 + z if v.get("image") and not v.get("expand_timesteps") else z
-    transformer_kwargs = dict(in_channels=in_channels, out_channels=z)
-    if v.get("image_encoder"):
-        inner = 6 * 12
-        transformer_kwargs.update(image_dim=TINY_IMAGE_DIM, added_kv_proj_dim=inner)
-    tok = tokenizer(TINY_TEXT_TOKENS)
-    components = dict(
-        tokenizer=tok,
-        text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM, umt5=True),
-        vae=vae,
-        # Wan's diffusers scheduler: UniPC on flow-matching sigmas.
-        scheduler=UniPCMultistepScheduler(
-            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=v.get("flow_shift", 3.0)
-        ),
-        transformer=tiny_transformer(SEED + 10, **transformer_kwargs),
-        transformer_2=tiny_transformer(SEED + 11, **transformer_kwargs) if v.get("experts", 1) == 2 else None,
-        boundary_ratio=v.get("boundary_ratio"),
-        expand_timesteps=v.get("expand_timesteps", False),
-    )
-    if not v.get("image"):
-        return WanPipeline(**components)
-    image_encoder = image_processor = None
-    if v.get("image_encoder"):
-        image_encoder, image_processor = _tiny_image_encoder(SEED + 3)
-    return WanImageToVideoPipeline(image_encoder=image_encoder, image_processor=image_processor, **components)
-
-
-def tiny_pipeline_dir(name: str = "tiny-wan"):
-    """The directory of the tiny pipeline `name`, written once to the cache."""
-    from raydit.models.tiny import cache_root, write_pipeline
-
-    if name not in TINY_VARIANTS:
-        raise ValueError(f"no tiny Wan pipeline {name!r}; built-in: {', '.join(TINY_VARIANTS)}")
-    defaults = TINY_TI2V_DEFAULTS if TINY_VARIANTS[name].get("vae") == "wan2.2" else TINY_DEFAULTS
-    return write_pipeline(cache_root() / f"{name}-{WAN_TINY_VERSION}",
-                          lambda: WithDefaults(tiny_pipeline(name), defaults))
-
-
-# -- conformance -------------------------------------------------------------------------------
-_BUILD_FORWARD = "raydit.models.families.wan:wan_forward"
-
-
-def wan_forward(kind: str, latent_frames: int, latent_height: int, latent_width: int, heads: int,
-                head_dim: int, batch: int = 2, text_len: int = 13, seed: int = 31):
-    """A tiny-weight WanTransformer3DModel and the kwargs of one forward call.
-
-    kind "t2v": latents [batch, 4, F, H, W], text [batch, text_len, 32], one timestep per sample.
-    kind "i2v": Wan 2.1 I2V: 12 input channels (noise, mask, image latents), 17 CLIP tokens
-        in front of 512 text tokens (the model's processor assumes 512).
-    kind "ti2v": a timestep per token ([batch, L], all different), so temb is [B, L, 6, C].
-    """
-    import torch
-
-    overrides = dict(num_attention_heads=heads, attention_head_dim=head_dim, ffn_dim=2 * heads * head_dim)
-    if kind == "i2v":
-        overrides.update(in_channels=12, image_dim=TINY_IMAGE_DIM, added_kv_proj_dim=heads * head_dim)
-        text_len = TINY_TEXT_TOKENS
-    transformer = tiny_transformer(seed, **overrides)
-    g = torch.Generator().manual_seed(7)
-    channels = transformer.config.in_channels
-    kwargs = dict(
-        hidden_states=torch.randn(batch, channels, latent_frames, latent_height, latent_width, generator=g),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
-        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
-    )
-    if kind == "i2v":
-        kwargs["encoder_hidden_states_image"] = torch.randn(batch, 17, TINY_IMAGE_DIM, generator=g)
-    if kind == "ti2v":
-        p_t, p_h, p_w = transformer.config.patch_size
-        tokens = (latent_frames // p_t) * (latent_height // p_h) * (latent_width // p_w)
-        kwargs["timestep"] = torch.rand(batch, tokens, generator=g) * 1000
-    return transformer, kwargs
-
-
-def forward_cases() -> list:
-    """Transformer forward cases: heads and token counts chosen so that no world size 2..6
-    divides the video, and 40 heads (Wan 14B) run ring / hybrid layouts on 3 and 6 ranks."""
-    from raydit.models.conformance import ForwardCase
-
-    return [
-        # 2.1 T2V 1.3B-like: 12 heads; 7 latent frames x 1 x 7 = 49 tokens.
-        ForwardCase("wan-t2v-h12", _BUILD_FORWARD, 12,
-                    dict(kind="t2v", latent_frames=7, latent_height=2, latent_width=14, heads=12, head_dim=8)),
-        # 2.1 I2V 14B-like: 40 heads, CLIP image tokens; 1 x 7 x 11 = 77 tokens.
-        ForwardCase("wan-i2v-h40", _BUILD_FORWARD, 40,
-                    dict(kind="i2v", latent_frames=1, latent_height=14, latent_width=22, heads=40, head_dim=6), worlds=(3, 4, 5)),
-        # 2.2 TI2V-5B-like: 24 heads, per-token timestep; 7 x 1 x 13 = 91 tokens.
-        ForwardCase("wan-ti2v-h24", _BUILD_FORWARD, 24,
-                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=26, heads=24, head_dim=6), worlds=(2, 3, 4)),
-        # 7 tokens: on 4..6 ranks the last ranks hold only padding.
-        ForwardCase("wan-ti2v-7tokens", _BUILD_FORWARD, 6,
-                    dict(kind="ti2v", latent_frames=7, latent_height=2, latent_width=2, heads=6, head_dim=12), worlds=(6, 8)),
-    ]
-
-
-_BUILD_PIPELINE = "raydit.models.families.wan:wan_pipeline"
-
-
-def wan_pipeline(base_dir: str):
-    """A tiny Wan pipeline loaded from its directory (as a real checkpoint is)."""
-    return load_pipeline_dir(base_dir)
-
-
-def runner_cases(base_dirs) -> list:
-    """Denoising cases on the tiny pipelines (6 heads: Ulysses 1, 2, 3, 6; 4, 5 and 8 ranks
-    run ring / hybrid layouts). T2V runs on every world size of the suite, the variants on a
-    few (the suite's one spawned group pays for every plan). Video token counts: 49 (7 x 1 x 7) and 45 (3 x 3 x 5): no
-    world size 2..8 divides 49, and only 3 and 5 divide 45."""
-    from raydit.models.conformance import RunnerCase
-
-    def case(name, tiny, request, **kw):
-        return RunnerCase(name, _BUILD_PIPELINE, 6, request, dict(base_dir=base_dirs[tiny]), **kw)
-
-    a14b = dict(prompt="waves at dusk", negative_prompt="blur", num_frames=9, height=48, width=80,
-                num_inference_steps=5, guidance_scale=5.0, guidance_scale_2=3.0, seed=5)
-    return [
-        # 2.1 T2V: UniPC (its multistep history travels in the checkpoint), two guidance calls.
-        case("wan-t2v", "tiny-wan", dict(prompt="a red fox runs", num_frames=25, height=16, width=112,
-                                         num_inference_steps=3, guidance_scale=5.0, seed=11)),
-        # 2.2 A14B: timesteps 999, 923, 818, 667, 429 with the switch at 875: steps 0 and 1 run
-        # `transformer`, steps 2.. `transformer_2` with guidance_scale_2. Resumed from a
-        # checkpoint taken before the switch (after step 1) and after it (after step 2); the
-        # resumed steps are not the schedule's last, whose update ignores UniPC's history.
-        case("wan-a14b-resume-before-switch", "tiny-wan-a14b", a14b, steps=3, checkpoint_step=1, cfg=False, worlds=(3, 4)),
-        case("wan-a14b-resume-after-switch", "tiny-wan-a14b", a14b, steps=4, checkpoint_step=3, worlds=(2, 4, 6)),
-        # 2.2 TI2V-5B with an image: 16x VAE, a timestep per token (0 on the image's frame).
-        case("wan-ti2v-image", "tiny-wan-ti2v", dict(prompt="a paper boat", num_frames=25, height=32, width=224,
-                                                     num_inference_steps=3, guidance_scale=5.0, seed=2),
-             image="checker", cfg=False, worlds=(2, 3)),
-        # 2.1 I2V: CLIP image tokens in front of the text (cross-attention), image latents and
-        # mask in the channels.
-        case("wan-i2v", "tiny-wan-i2v", dict(prompt="a kite", num_frames=9, height=48, width=80,
-                                             num_inference_steps=3, guidance_scale=5.0, seed=4),
-             image="checker", cfg=False, worlds=(2, 5)),
-    ]
