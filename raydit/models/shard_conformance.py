@@ -133,9 +133,9 @@ def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) 
 
 
 def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, requests: list[dict],
-                          joins: list[int], plan: tuple[int, int, int]) -> dict:
-    """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded:
-    {False | True: [final latents per request]}."""
+                          joins: list[int], plan: tuple[int, int, int], runner_kwargs: dict | None = None) -> dict:
+    """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded (both with
+    `runner_kwargs`, e.g. a quantize mode): {False | True: [final latents per request]}."""
     from raydit.models.conformance import MeshPlan, run_batched
     from raydit.models.family import GenerationRequest
     from raydit.models.runner import Runner
@@ -145,7 +145,7 @@ def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, 
     mesh = prefix_mesh(MeshPlan(*plan))
     out = {}
     for sharded in (False, True):
-        runner = Runner(pipe, mesh, shard_weights=sharded)
+        runner = Runner(pipe, mesh, shard_weights=sharded, **(runner_kwargs or {}))
         try:
             out[sharded] = [s.latents for s in run_batched(runner, [GenerationRequest(**q) for q in requests], joins)]
         finally:
@@ -162,7 +162,8 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
     - "plain" / "sharded": the final latents; "resumed": the sharded run's pipeline after its
       close (its weights rebuilt from the files, quantized again) sharded once more and resumed
       from the checkpoint after step 1: what the survivors of a lost rank do;
-    - "weights" (unsharded) / "rebuilt" (sharded, after close): {name: tensor} of the
+    - "weights" (unsharded) / "rebuilt" (sharded, after close) / "gathered" (sharded, closed
+      with the files ignored: gathered back over the group): {name: tensor} of the
       transformer's parameters; "marked": (quantized, skipped) linears the transformer's
       quantized marker names after the close (None: no marker);
     - "from files": the sharded run rebuilds from the checkpoint files;
@@ -201,6 +202,15 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
                         n: p.detach().cpu().clone() for n, p in pipe.transformer.named_parameters()}
                     if not sharded:
                         continue
+                    # The gather-back path (a model built in memory has no files): the quantized
+                    # weights come back as they are, not rounded again.
+                    gathered = load_pipeline(model_dir)
+                    runner = Runner(gathered, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)
+                    for s in runner.sharded:
+                        s.source = None
+                    runner.close()
+                    out[key + ("gathered",)] = {n: p.detach().cpu().clone()
+                                                for n, p in gathered.transformer.named_parameters()}
                     done = quantized(pipe.transformer)
                     out[key + ("marked",)] = None if done is None else (len(done.names), len(done.skipped))
                     runner = Runner(pipe, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)

@@ -10,7 +10,8 @@ quantized run holds (the same rounding of the same cast weights, all-gathered ra
 same kernels, batch and threads. The recovery case (what the survivors of a lost rank do):
 close() rebuilds the weights from the checkpoint files, unquantized, and must round them again
 exactly as at load (every parameter equal to the unsharded quantized run's, the quantized
-marker kept); the pipeline sharded again resumes from step 1's checkpoint to the fault-free
+marker kept), while gathered back over the group (a model built in memory) they are the
+quantized bytes as they were; the pipeline sharded again resumes from step 1's checkpoint to the fault-free
 latents.
 """
 
@@ -68,6 +69,8 @@ def test_weights_rebuilt_from_the_files_are_quantized_again_as_at_load(results):
             differ = [n for n in fresh if not torch.equal(fresh[n], rebuilt[n])]
             assert not differ, (run, differ[:3])
             assert out[run + ("marked",)] == expected[run[0]], run
+            gathered = out[run + ("gathered",)]  # gathered back: the quantized bytes as they were
+            assert [n for n in fresh if not torch.equal(fresh[n], gathered[n])] == [], run
 
 
 def test_resumed_after_the_rebuild_equals_the_fault_free_run(results):
@@ -75,3 +78,23 @@ def test_resumed_after_the_rebuild_equals_the_fault_free_run(results):
         for run in _runs(out):
             resumed, clean = out[run + ("resumed",)], out[run + ("plain",)]
             assert torch.equal(resumed, clean), (run, (resumed.float() - clean.float()).abs().max().item())
+
+
+def test_batched_steps_sharded_under_fp8_sim_equal_unsharded():
+    """Step-level batching under fp8-sim on cfg 2, the tiny CogVideoX: three requests sharing
+    steps (one joins at the second), sharded against unsharded, bit for bit. One pipeline
+    serves both runs: the sharded Runner finds it quantized by the first and shards it as it is."""
+    from raydit.models.loading import resolve_model_dir
+    from raydit.models.shard_conformance import batching_shard_worker
+    from raydit.parallel.testing import run_distributed
+
+    base = dict(prompt="a red fox runs", num_frames=5, height=32, width=32)
+    requests = [dict(base, num_inference_steps=3, guidance_scale=5.0, seed=1),
+                dict(base, num_inference_steps=4, guidance_scale=3.0, seed=2, negative_prompt="blur"),
+                dict(base, num_inference_steps=3, guidance_scale=4.0, seed=3)]
+    out = run_distributed(batching_shard_worker, WORLD, "raydit.models.loading:load_pipeline",
+                          dict(model=str(resolve_model_dir("tiny"))), requests, [0, 0, 1], (1, 1, 2),
+                          dict(quantize="fp8-sim"), timeout=600)
+    for rank_out in out:
+        for plain, sharded in zip(rank_out[False], rank_out[True], strict=True):
+            assert torch.isfinite(plain).all() and torch.equal(plain, sharded)
