@@ -18,7 +18,8 @@ Quantized weights (raydit.models.quantize, "fp8-sim"): the Runner quantizes the 
 first and shards the quantized ones (plain tensors in the run's dtype: their bytes shard
 exactly, and every rank quantizes the same numbers). Gathered back, they are the quantized
 weights again; rebuilt from the files they come back unquantized and are rounded again as
-at load (`requantize_rebuilt`), so the transformer's quantized marker stays true.
+at load (`requantize_rebuilt`), so the transformer's quantized marker stays true. "fp8"
+(torchao's Float8Tensor weights) is refused sharded: raydit.models.quantize_options says why.
 """
 
 from __future__ import annotations
