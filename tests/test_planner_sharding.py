@@ -94,3 +94,17 @@ def test_mixed_cluster_small_devices_join_only_sharded():
     # a uniform layout on the H100s alone leaves the T4s out rather than shard for nothing
     uniform = [p for p in result.candidates if p.kind == "uniform"]
     assert uniform and not any(p.shard_weights for p in uniform if all(r.gpu_type == "H100" for r in p.placement))
+
+
+def test_fp8_layouts_are_never_sharded():
+    """The runtime runs quantize fp8 (torchao) unsharded: the planner neither forces nor picks
+    sharding under it (14B on 4 L4 fits only sharded: refused with the numbers instead)."""
+    from raydit.planner.devicemodel import Mode
+
+    fp8 = Mode(quantize="fp8")
+    with pytest.raises(PlanError, match="sharded weights are not run with quantize fp8") as info:
+        plan(WAN14, gpus=4, gpu_type="L4", shard_weights=True, mode=fp8)
+    assert "\n" not in str(info.value)
+    with pytest.raises(PlanError, match=r"needs \d+\.\d GB per device .*\(L4\) has 24 GB"):
+        plan(WAN14, gpus=4, gpu_type="L4", mode=fp8)
+    assert plan(WAN14, gpus=4, gpu_type="L4").best.shard_weights  # bf16: sharded

@@ -159,6 +159,24 @@ def _quantize_torchao(transformer, modules: list, granularity: str) -> None:
     quantize_(transformer, config, filter_fn=lambda module, fqn: id(module) in ids)
 
 
+def requantize_rebuilt(modules) -> int:
+    """fp8-sim linears among `modules` whose weights were rebuilt unquantized (sharded weights
+    re-read from the checkpoint files, raydit.models.sharded): rounded again as at load, so the
+    weights stay what their QUANTIZED_ATTR says. Returns how many were rounded."""
+    count = 0
+    with torch.no_grad():
+        for module in modules:
+            mode_granularity = getattr(module, QUANTIZED_ATTR, None)
+            if not isinstance(module, torch.nn.Linear) or mode_granularity is None:
+                continue
+            mode, granularity = mode_granularity
+            if mode != "fp8-sim":
+                raise ValueError(f"a {mode} linear cannot be quantized again after a rebuild; load the pipeline again")
+            module.weight.copy_(fake_fp8(module.weight, granularity))
+            count += 1
+    return count
+
+
 def quantized(transformer) -> QuantizedLinears | None:
     """What quantize_transformer did to `transformer`, or None."""
     return getattr(transformer, QUANTIZED_ATTR, None)

@@ -36,6 +36,7 @@ from raydit.models.lora import activate as activate_lora
 from raydit.models.lora import fused as fused_loras
 from raydit.models.quantize_options import (
     DEFAULT_FP8_GRANULARITY,
+    SHARD_FP8_REFUSAL,
     check_attention,
     check_granularity,
     check_quantize,
@@ -106,9 +107,8 @@ class Runner:
             restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
         self.sharded = []
         self._model_calls: dict = {}  # id(state.branches) -> idle passes per step (sharded weights)
-        if shard_weights and self.quantize is not None:
-            raise ValueError(f"shard_weights with quantize {self.quantize!r} is not supported yet (the FP8 layers "
-                             "replace the parameters the shards are views of); drop one of them")
+        if shard_weights and self.quantize == "fp8":
+            raise ValueError(SHARD_FP8_REFUSAL)
         if shard_weights:
             self._shard(pipe, mesh, dtype)
         self.pipe = pipe.to(device)
@@ -185,8 +185,8 @@ class Runner:
         return self.family.transformers(self.pipe)[0]
 
     def _shard(self, pipe, mesh, dtype: torch.dtype) -> None:
-        """Every transformer's blocks sharded over the replica, in the run's dtype, where the
-        pipeline is now (host memory on a worker)."""
+        """Every transformer's blocks sharded over the replica, in the run's dtype (quantized
+        first where the run quantizes), where the pipeline is now (host memory on a worker)."""
         from raydit.models.lora import fused
         from raydit.models.sharded import check_shardable, shard_transformer
 
@@ -197,6 +197,14 @@ class Runner:
                              "(the adapter then runs unfused) or shard_weights")
         if any(t.dtype != dtype for t in self.family.transformers(pipe)):
             pipe.to(dtype=dtype)  # what the unsharded path does after moving it
+        if self.quantize is not None:
+            # Quantized before sharding, from the cast weights, as the unsharded path quantizes
+            # them: every rank rounds the same numbers, and the shards hold the rounded bytes
+            # (fp8-sim: plain tensors in the run's dtype). The quantize step below finds them done.
+            from raydit.models.quantize import quantize_transformer
+
+            for transformer in self.family.transformers(pipe):
+                quantize_transformer(transformer, self.quantize, self.fp8_granularity, keep=self.family.quantize_keep)
         try:
             for transformer in self.family.transformers(pipe):
                 self.sharded.append(shard_transformer(transformer, mesh))

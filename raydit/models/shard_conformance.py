@@ -133,9 +133,9 @@ def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) 
 
 
 def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, requests: list[dict],
-                          joins: list[int], plan: tuple[int, int, int]) -> dict:
-    """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded:
-    {False | True: [final latents per request]}."""
+                          joins: list[int], plan: tuple[int, int, int], runner_kwargs: dict | None = None) -> dict:
+    """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded (both with
+    `runner_kwargs`, e.g. a quantize mode): {False | True: [final latents per request]}."""
     from raydit.models.conformance import MeshPlan, run_batched
     from raydit.models.family import GenerationRequest
     from raydit.models.runner import Runner
@@ -145,9 +145,77 @@ def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, 
     mesh = prefix_mesh(MeshPlan(*plan))
     out = {}
     for sharded in (False, True):
-        runner = Runner(pipe, mesh, shard_weights=sharded)
+        runner = Runner(pipe, mesh, shard_weights=sharded, **(runner_kwargs or {}))
         try:
             out[sharded] = [s.latents for s in run_batched(runner, [GenerationRequest(**q) for q in requests], joins)]
         finally:
             runner.close()
+    return out
+
+
+def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: str = "fp8-sim",
+                           device: str = "cpu") -> dict:
+    """Sharded weights under a quantize mode against the same plan unsharded under it, on every
+    plan of the world. models: [(model folder, request keywords, dtype names)], each loaded
+    from its files (a fresh pipeline per run: quantization is in place). Keys (folder, plan,
+    dtype, ...):
+    - "plain" / "sharded": the final latents; "resumed": the sharded run's pipeline after its
+      close (its weights rebuilt from the files, quantized again) sharded once more and resumed
+      from the checkpoint after step 1: what the survivors of a lost rank do;
+    - "weights" (unsharded) / "rebuilt" (sharded, after close) / "gathered" (sharded, closed
+      with the files ignored: gathered back over the group): {name: tensor} of the
+      transformer's parameters; "marked": (quantized, skipped) linears the transformer's
+      quantized marker names after the close (None: no marker);
+    - "from files": the sharded run rebuilds from the checkpoint files;
+    - "held": (the block bytes this rank's shards hold, the blocks' full bytes)."""
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.quantize import quantized
+    from raydit.models.runner import Runner
+    from raydit.parallel.shard_weights import SHARD_BUFFER
+
+    out = {}
+    for model_dir, request_kwargs, dtypes in models:
+        request = GenerationRequest(**request_kwargs)
+        heads = load_pipeline(model_dir).transformer.config.num_attention_heads
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            for plan in feasible_plans(world_size, heads, cfg_degrees=(1, 2)):
+                if plan.world_size != world_size:
+                    continue
+                mesh = prefix_mesh(plan)
+                key = (model_dir, str(plan), dtype_name)
+                for sharded in (False, True):
+                    pipe = load_pipeline(model_dir)
+                    runner = Runner(pipe, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=sharded)
+                    try:
+                        if sharded:
+                            out[key + ("from files",)] = all(s.source is not None for s in runner.sharded)
+                            out[key + ("held",)] = (
+                                sum(getattr(b, SHARD_BUFFER).numel() for s in runner.sharded for b in s.handle.blocks),
+                                sum(layout.total for s in runner.sharded for layout in s.handle.layouts))
+                        checkpoint = runner.checkpoint(run_steps(runner, request, 1))
+                        out[key + ("sharded" if sharded else "plain",)] = run_steps(runner, request, None).latents.cpu()
+                    finally:
+                        runner.close()
+                    out[key + ("rebuilt" if sharded else "weights",)] = {
+                        n: p.detach().cpu().clone() for n, p in pipe.transformer.named_parameters()}
+                    if not sharded:
+                        continue
+                    # The gather-back path (a model built in memory has no files): the quantized
+                    # weights come back as they are, not rounded again.
+                    gathered = load_pipeline(model_dir)
+                    runner = Runner(gathered, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)
+                    for s in runner.sharded:
+                        s.source = None
+                    runner.close()
+                    out[key + ("gathered",)] = {n: p.detach().cpu().clone()
+                                                for n, p in gathered.transformer.named_parameters()}
+                    done = quantized(pipe.transformer)
+                    out[key + ("marked",)] = None if done is None else (len(done.names), len(done.skipped))
+                    runner = Runner(pipe, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)
+                    try:
+                        out[key + ("resumed",)] = run_steps(runner, request, None, checkpoint=checkpoint).latents.cpu()
+                    finally:
+                        runner.close()
     return out

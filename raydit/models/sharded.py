@@ -13,6 +13,13 @@ loaded ones) is rebuilt from those files, on this rank alone: after a rank is lo
 no peer to gather its shard from, and the next mesh (another size, other members) shards
 the rebuilt weights again. A transformer built in memory is gathered back over the group
 (collective: every rank closes together).
+
+Quantized weights (raydit.models.quantize, "fp8-sim"): the Runner quantizes the cast weights
+first and shards the quantized ones (plain tensors in the run's dtype: their bytes shard
+exactly, and every rank quantizes the same numbers). Gathered back, they are the quantized
+weights again; rebuilt from the files they come back unquantized and are rounded again as
+at load (`requantize_rebuilt`), so the transformer's quantized marker stays true. "fp8"
+(torchao's Float8Tensor weights) is refused sharded: raydit.models.quantize_options says why.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ class CheckpointSource:
 def _checkpoint_source(transformer, handle: ShardedWeights, prefixes: list[str], first: list) -> object | None:
     """The transformer's checkpoint files as a source for `remove`, or None where it was not
     loaded from files or they do not hold its weights (checked: every key and shape, and the
-    values of the first block's first tensor, read before sharding: `first`)."""
+    values of the first block's first tensor that is not a quantized weight, read before
+    sharding: `first`, (its index among the block's managed tensors, its value))."""
     folder = Path(str(getattr(transformer.config, "_name_or_path", "") or ""))
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return None
@@ -79,8 +87,9 @@ def _checkpoint_source(transformer, handle: ShardedWeights, prefixes: list[str],
     if any(k not in source.where for block in keys for k in block):
         return None
     if first:
-        (probe,) = source.read(keys[0][:1])
-        if probe.to(first[0].dtype).shape != first[0].shape or not torch.equal(probe.to(first[0].dtype), first[0]):
+        index, value = first[0]
+        (probe,) = source.read(keys[0][index:index + 1])
+        if probe.shape != value.shape or not torch.equal(probe.to(value.dtype), value):
             return None
     return lambda i: source.read(keys[i])
 
@@ -92,7 +101,11 @@ class ShardedTransformer:
         self.transformer, self.handle, self.source = transformer, handle, source
 
     def remove(self) -> None:
+        from raydit.models.quantize import requantize_rebuilt
+
         self.handle.remove(self.source)
+        if self.source is not None:  # the files' unquantized weights: quantized again as at load
+            requantize_rebuilt(m for block in self.handle.blocks for m in block.modules())
 
     @property
     def peak_bytes(self) -> int:
@@ -112,6 +125,7 @@ def check_shardable(mesh) -> None:
 
 def shard_transformer(transformer, mesh, prefetch: bool = True) -> ShardedTransformer:
     """Shard the blocks of `transformer`'s adapter plan over `mesh`'s replica."""
+    from raydit.models.quantize import QUANTIZED_ATTR
     from raydit.models.registry import get_adapter
 
     check_shardable(mesh)
@@ -122,7 +136,10 @@ def shard_transformer(transformer, mesh, prefetch: bool = True) -> ShardedTransf
         for j, block in enumerate(getattr(transformer, name)):
             blocks.append(block)
             prefixes.append(f"{name}.{j}.")
-    first = [p.detach().clone() for n, p in blocks[0].named_parameters() if _manage(n)][:1]
+    # The probe of the files: a tensor the files hold as the model does (not a quantized weight).
+    rounded = {id(m.weight) for m in blocks[0].modules() if getattr(m, QUANTIZED_ATTR, None) is not None}
+    first = [(i, p.detach().clone()) for i, (n, p) in enumerate((n, p) for n, p in blocks[0].named_parameters()
+                                                              if _manage(n)) if id(p) not in rounded][:1]
     handle = shard_blocks(blocks, mesh.replica_group, root=transformer, prefetch=prefetch, manage=_manage)
     try:
         source = _checkpoint_source(transformer, handle, prefixes, first)

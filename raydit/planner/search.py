@@ -207,6 +207,13 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     mode = Mode() if mode is None else mode
     if not isinstance(mode, Mode):
         raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
+    if mode.quantize == "fp8":
+        # The runtime shards fp8-sim's weights (plain tensors) but not torchao's FP8 weights
+        # (raydit.models.quantize_options.SHARD_FP8_REFUSAL): no fp8 layout may rely on sharding.
+        if shard_weights:
+            raise PlanError("sharded weights are not run with quantize fp8 (torchao's FP8 weights stay whole on every "
+                            "rank); drop shard_weights or quantize fp8")
+        shard_weights = False
     feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode,
                                     shard_weights)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))

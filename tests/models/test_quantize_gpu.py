@@ -121,3 +121,16 @@ def test_runner_names_the_install_when_torchao_is_missing():
 
     with pytest.raises(ValueError, match="needs torchao, which is not installed: pip install torchao"):
         Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
+
+
+@pytest.mark.skipif(not FP8, reason="needs a CUDA GPU of compute capability 8.9+")
+def test_runner_refuses_sharded_fp8_in_one_line():
+    """torchao's FP8 weights are not sharded (raydit.models.quantize_options.SHARD_FP8_REFUSAL):
+    refused before anything is quantized or sharded; fp8-sim is sharded (test_shard_quantize)."""
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+
+    with pytest.raises(ValueError, match="shard_weights with quantize 'fp8' is not supported") as info:
+        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8",
+               shard_weights=True)
+    assert "\n" not in str(info.value)

@@ -85,7 +85,12 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         self.compile = c.compile
         # FP8 linear layers on every rank (raydit.models.quantize) and the attention mode,
         # checked before Ray: fp8 on an explicit CPU run is refused here, on a resolved device below.
-        from raydit.models.quantize_options import check_attention, check_quantize, check_quantize_device
+        from raydit.models.quantize_options import (
+            SHARD_FP8_REFUSAL,
+            check_attention,
+            check_quantize,
+            check_quantize_device,
+        )
 
         self.quantize = check_quantize(c.quantize)
         self.attention = check_attention(c.attention)
@@ -101,10 +106,10 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         if c.shard_weights and c.workers == 1:
             raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
                              "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
-        if c.shard_weights and self.quantize is not None:
-            raise ValueError(f"shard_weights with quantize {self.quantize!r} is not supported yet (the FP8 layers "
-                             "replace the parameters the shards are views of); drop one of them")
-        self.shard_weights = c.shard_weights
+        if c.shard_weights and self.quantize == "fp8":
+            raise ValueError(SHARD_FP8_REFUSAL)
+        # quantize fp8 runs unsharded: the planner must not choose sharding for it either.
+        self.shard_weights = False if self.quantize == "fp8" and c.shard_weights is None else c.shard_weights
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model
