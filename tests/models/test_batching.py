@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx, skyreels, wan
+from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, skyreels, wan
+from raydit.models.families.ltx import cases as ltx_cases
+from raydit.models.families.ltx import tiny as ltx_tiny
 
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
@@ -30,7 +32,7 @@ MODELS = {
         max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
         dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
     # LTX-Video (FlowMatchEuler, the guidance pair as one batch of 2, packed tokens)
-    "tiny-ltx": (lambda: ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir())),
+    "tiny-ltx": (lambda: ltx_cases.ltx_pipeline(str(ltx_tiny.tiny_pipeline_dir())),
                  dict(prompt="a kite climbs", num_frames=9, height=64, width=96)),
     # HunyuanVideo (embedded guidance per request, prompts of different valid lengths in one
     # call) and HunyuanVideo 1.5 (the guidance pair, two text encoders' masks)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raydit.models import lora
-from raydit.models.families import ltx2
+from raydit.models.families.ltx2 import cases as ltx2_cases
 from raydit.models.family import GenerationRequest
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.registry import family_for_pipeline
@@ -30,7 +30,7 @@ REQUESTS = {
     # LTX-2 (LTX2LoraLoaderMixin): every guidance pass (cfg, STG in block 1, modality) runs the
     # LoRA's layers; write_random_lora's targets hit all six attentions of a block (video and
     # audio self-attention and prompt cross-attention, audio-to-video, video-to-audio).
-    "tiny-ltx2": dict(ltx2.TINY_REQUEST),
+    "tiny-ltx2": dict(ltx2_cases.TINY_REQUEST),
     # Mochi 1 (Mochi1LoraLoaderMixin): the LoRA's layers are the joint attention's video projections.
     "tiny-mochi": dict(prompt="a red fox", negative_prompt="blur", num_frames=7, height=32, width=48,
                        num_inference_steps=2, guidance_scale=4.5, seed=3),
@@ -40,7 +40,7 @@ REQUESTS = {
 }
 # Tests of adapter switching and resuming run many requests: LTX-2's without the perturbed
 # passes (one transformer call a step instead of three; the LoRA still runs in every call).
-SWITCHING = {**REQUESTS, "tiny-ltx2": dict(ltx2.TINY_REQUEST, guidance_options=ltx2.NO_STG_NO_MODALITY)}
+SWITCHING = {**REQUESTS, "tiny-ltx2": dict(ltx2_cases.TINY_REQUEST, guidance_options=ltx2_cases.NO_STG_NO_MODALITY)}
 
 
 def rel(actual, expected) -> float:

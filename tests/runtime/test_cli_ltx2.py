@@ -35,13 +35,13 @@ def _generate(address, tmp_path, workers: int):
 
 @pytest.mark.parametrize("workers", [2])  # 1 rank passed too; the suite keeps the parallel run
 def test_generate_tiny_ltx2_writes_video_and_audio(address, tmp_path, workers):
-    from raydit.models.families import ltx2
+    from raydit.models.families.ltx2 import tiny
     from raydit.runtime.video import read_mp4, read_mp4_audio
 
     out, summary = _generate(address, tmp_path, workers)
     assert summary["plan"]["world_size"] == workers
     frames = read_mp4(str(out))
-    defaults = ltx2.TINY_DEFAULTS
+    defaults = tiny.TINY_DEFAULTS
     assert frames.shape == (defaults["num_frames"], defaults["height"], defaults["width"], 3)
     audio = read_mp4_audio(str(out))
     assert audio is not None, "the mp4 has no audio stream"
