@@ -35,8 +35,10 @@ the first call of a one-process step (the [negative, positive] pass, or the posi
 State. The runner's latents are one tensor [1, Lv*Cv + La*Ca] (float32): the packed video then
 the packed audio latents, flattened. FlowMatchEuler's step is elementwise, so one scheduler
 stepping both streams gives the numbers of the pipeline's two (its audio scheduler is a copy with
-the same sigmas and step index). `output_latents` unpacks and denormalizes both, as
-output_type="latent" returns them, flattened the same way.
+the same sigmas and step index). `output_latents` unpacks and denormalizes both and returns
+them apart, (video [1, Cv, F, H, W], audio [1, Ca, L, M]), what LTX2Pipeline(output_type="latent",
+return_dict=False) returns (GenerationResult.latents and .audio_latents). The prompt is padded
+to the pipeline's default max_sequence_length (1024), as the pipeline pads it.
 
 Image-to-video: the first latent frame holds the image's latents (conditioning mask 1), its
 tokens get timestep 0 (per-token video timestep, so temb is [B, Lv, 6C]) and keep their values
@@ -116,9 +118,9 @@ class LTX2Family(Family):
     models = staticmethod(builtin_models)
 
     def spec_from_dir(self, path, configs):
-        """Geometry from transformer/, vae/, audio_vae/ and tokenizer/ configs; parameters from the
-        weights' headers. The planner sees the video stream as the split sequence, the prompt as
-        cross-attended text (max_sequence_length tokens) and the audio stream apart, whole on every
+        """Geometry from transformer/, vae/ and audio_vae/ configs; parameters from the weights'
+        headers. The planner sees the video stream as the split sequence, the prompt as
+        cross-attended text (the pipeline's default max_sequence_length, 1024 tokens) and the audio stream apart, whole on every
         rank: its heads and width (transformer/ audio_*; FFN 4 x, diffusers' FeedForward) and its
         tokens per second as `init` makes them (audio_vae/ sample_rate / mel_hop_length /
         AUDIO_VAE_TEMPORAL_COMPRESSION, read at FRAME_RATE; without audio_vae/, the pipeline's
@@ -145,7 +147,6 @@ class LTX2Family(Family):
         defaults = dict(PIPELINE_DEFAULTS)
         if (path / DEFAULTS_FILE).is_file():
             defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
-        text = int(configs.get("tokenizer", {}).get("model_max_length", MAX_SEQUENCE_LENGTH))
 
         def params(*folders):
             counts = [component_params(path / f) for f in folders if (path / f).is_dir()]
@@ -156,7 +157,7 @@ class LTX2Family(Family):
         return ModelSpec(
             name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers, ffn_hidden=4 * hidden,
             patch_size=int(cfg.get("patch_size", 1)), patch_size_t=int(cfg.get("patch_size_t", 1)),
-            text_tokens=min(text, MAX_SEQUENCE_LENGTH), text_in_sequence=False, positional="rotary",
+            text_tokens=MAX_SEQUENCE_LENGTH, text_in_sequence=False, positional="rotary",
             in_channels=int(cfg.get("in_channels", 128)),
             params=component_params(path / "transformer") or estimate,
             text_encoder_params=params("text_encoder", "connectors"),
@@ -426,16 +427,16 @@ class LTX2Family(Family):
         return video, audio
 
     def output_latents(self, pipe, state, latents=None):
-        import torch
-
+        """(video [1, Cv, F, H, W], audio [1, Ca, L, M]): the pipeline's two latent outputs, both
+        denormalized (module docstring, State)."""
         video, audio = self._streams(pipe, state, latents)
         vae = pipe.vae
         video = pipe._denormalize_latents(video, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
-        return torch.cat([video.flatten(1), audio.flatten(1)], dim=1)
+        return video, audio
 
     def reference_latents(self, pipe, request):
-        import torch
-
+        """LTX2Pipeline's (frames, audio) with output_type="latent" and its own defaults (the
+        request's guidance options where it sets them)."""
         from raydit.models.requests import png_to_image
 
         g = guidance(pipe, request)
@@ -449,8 +450,8 @@ class LTX2Family(Family):
             guidance_rescale=g["guidance_rescale"], audio_guidance_scale=g["audio_guidance_scale"],
             audio_stg_scale=g["audio_stg_scale"], audio_modality_scale=g["audio_modality_scale"],
             audio_guidance_rescale=g["audio_guidance_rescale"], spatio_temporal_guidance_blocks=list(g["stg_blocks"]),
-            use_cross_timestep=g["use_cross_timestep"], max_sequence_length=max_sequence_length(pipe)))
-        return torch.cat([out.frames.flatten(1), out.audio.flatten(1)], dim=1)
+            use_cross_timestep=g["use_cross_timestep"]))
+        return out.frames, out.audio
 
     def decode_video(self, pipe, state, latents):
         import torch

@@ -4,12 +4,14 @@ says which passes run)."""
 
 from __future__ import annotations
 
-MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default (a tokenizer with a smaller limit: its own)
+# LTX2Pipeline.__call__'s default prompt length, what the planner counts (it reads no pipeline);
+# a loaded pipeline's own default is read from its signature (max_sequence_length(pipe)).
+MAX_SEQUENCE_LENGTH = 1024
 STG_BLOCK = 28  # the pipeline's default spatio_temporal_guidance_blocks = [28]
 
 # GenerationRequest.guidance_options this family takes, with LTX2Pipeline's defaults. None: the
-# pipeline's fallback (audio_x or x; stg_blocks: [28], or the last block of a transformer with
-# fewer, where [28] would name none; image_crf: 33 for Gemma 3 checkpoints, 18 for Gemma 4).
+# pipeline's fallback (audio_x or x; stg_blocks: [28], which names no block of a transformer with
+# fewer, as in the pipeline; image_crf: 33 for Gemma 3 checkpoints, 18 for Gemma 4).
 OPTION_DEFAULTS = {
     "stg_scale": 1.0,
     "modality_scale": 3.0,
@@ -25,9 +27,12 @@ OPTION_DEFAULTS = {
 
 
 def max_sequence_length(pipe) -> int:
-    """The prompt length the pipeline pads to: its default, or the tokenizer's limit if smaller."""
-    limit = getattr(getattr(pipe, "tokenizer", None), "model_max_length", MAX_SEQUENCE_LENGTH)
-    return min(MAX_SEQUENCE_LENGTH, int(limit))
+    """The prompt length the pipeline pads to when called with its defaults: its __call__'s
+    max_sequence_length default (1024 for LTX2Pipeline and LTX2ImageToVideoPipeline), whatever
+    the tokenizer's model_max_length says (the pipeline pads and truncates to it regardless)."""
+    import inspect
+
+    return int(inspect.signature(type(pipe).__call__).parameters["max_sequence_length"].default)
 
 
 def default_crf(pipe) -> int:
@@ -54,9 +59,8 @@ def guidance(pipe, request) -> dict:
     g["audio_stg_scale"] = o["audio_stg_scale"] or o["stg_scale"]
     g["audio_modality_scale"] = o["audio_modality_scale"] or o["modality_scale"]
     g["audio_guidance_rescale"] = o["audio_guidance_rescale"] or o["guidance_rescale"]
-    layers = len(pipe.transformer.transformer_blocks)
-    if o["stg_blocks"] is None:
-        g["stg_blocks"] = (STG_BLOCK,) if layers > STG_BLOCK else (layers - 1,)
+    if o["stg_blocks"] is None:  # the pipeline's default, even where it names no block (a small model)
+        g["stg_blocks"] = (STG_BLOCK,)
     g["cfg"] = g["guidance_scale"] > 1.0 or g["audio_guidance_scale"] > 1.0
     g["stg"] = g["stg_scale"] > 0.0 or g["audio_stg_scale"] > 0.0
     g["modality"] = g["modality_scale"] > 1.0 or g["audio_modality_scale"] > 1.0

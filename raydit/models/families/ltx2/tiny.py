@@ -18,7 +18,7 @@ TINY_AUDIO_HEAD_DIM = 4
 TINY_TEXT_DIM = 16  # Gemma 3 hidden size == connectors' caption_channels == transformer's
 TINY_TEXT_LAYERS = 2
 TINY_LATENT_CHANNELS = 8
-TINY_MAX_TEXT = 32  # the tiny tokenizer's limit: the prompt length the pipeline pads to
+TINY_MAX_TEXT = 32  # the tiny tokenizer's model_max_length (the pipeline pads to its own 1024 regardless)
 TINY_DEFAULTS = {"num_frames": 17, "height": 32, "width": 416}
 
 
