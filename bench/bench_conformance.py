@@ -42,9 +42,13 @@ def diffusers_row(case, pipe, request) -> dict:
     from raydit.models.registry import family_for_pipeline
     from raydit.models.runner import Runner
 
+    import torch
+
     family = family_for_pipeline(pipe)
-    expected = family.reference_latents(pipe, request)
+    # every stream the pipeline returns (LTX-2: video and audio), in one flat tensor
+    expected = torch.cat([t.flatten() for t in harness.latent_streams(family.reference_latents(pipe, request))])
     mine = family.output_latents(pipe, harness.run_steps(Runner(pipe), request, request.num_inference_steps))
+    mine = torch.cat([t.flatten() for t in harness.latent_streams(mine)])
     return {"case": case.name, "steps": request.num_inference_steps, **_diff(mine, expected)}
 
 

@@ -20,7 +20,7 @@ configs, cut to `--layers` blocks):
                 VAE: 16 x 24 tokens a latent frame), 4 latent frames = 1,536 video tokens (25
                 pixel frames at 24 fps) and their 26 audio tokens (25 a second), 1024 Gemma 3
                 tokens cross-attended by both streams; the guidance batch of one sample. Video
-                split over the ranks, audio whole on each (raydit/models/families/ltx2.py).
+                split over the ranks, audio whole on each (raydit/models/families/ltx2/adapter.py).
 Every round runs 1 rank (rank 1 waits in a barrier), Ulysses 2, ring 2 and "both alone" (each
 rank runs the whole 1-rank step at once, no communication: 2 x baseline / both-alone is the
 compute-only ceiling of a 2-rank speedup in that round), in an order that rotates by round.

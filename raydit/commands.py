@@ -78,12 +78,12 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
     if opts.get("fps") is not None and opts["fps"] < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
-    from raydit.runtime.video import check_output_path
+    from raydit.runtime.video import check_latents_path, check_output_path
 
     # Where the results go is checked before the run, not found unwritable after it.
     check_output_path(opts["out"], "--out")
     if opts.get("save_latents"):
-        check_output_path(opts["save_latents"], "--save-latents", ".npy")
+        check_latents_path(opts["save_latents"])
     from raydit.models.cache_options import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
@@ -125,8 +125,6 @@ def engine_kwargs(o: dict) -> dict:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from raydit.runtime.engine import Engine
 
     o = resolve_generate_options(args)
@@ -164,11 +162,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             **_options.request_kwargs(o, "generate", image=image, lora=o["lora_choice"], progress=not o["json"],
                                       guidance_options=o.get("guidance_options") or ()))
         result.save(o["out"], fps=o["fps"])
-        if o.get("save_latents"):
-            np.save(o["save_latents"], result.latents)
+        saved = result.save_latents(o["save_latents"]) if o.get("save_latents") else {}
         summary = {
             "out": o["out"],
-            "latents": o.get("save_latents"),
+            "latents": saved.get("latents"),
+            "audio_latents": saved.get("audio_latents"),
             "frames": list(result.frames.shape),
             "plan": result.plan.to_dict(),
             "kernel": engine.kernel,

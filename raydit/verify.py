@@ -75,10 +75,10 @@ def verify(
         run_dtype = engine.dtype
         engine.regroup(ulysses=1, ring=1, cfg=1)
         first = engine.generate(prompt, **kw)
-        reference, request, model_dir = first.latents, first.request, engine.model_dir
+        reference, request, model_dir = all_latents(first), first.request, engine.model_dir
         for ulysses, ring, cfg in feasible_layouts(engine.spec.heads, workers, max(2, engine.spec.cfg_branches)):
             engine.regroup(ulysses=ulysses, ring=ring, cfg=cfg)
-            latents = engine.generate(prompt, **kw).latents
+            latents = all_latents(engine.generate(prompt, **kw))
             diff = np.abs(latents.astype(np.float64) - reference.astype(np.float64))
             bound = atol + rtol * np.abs(reference.astype(np.float64))
             rows.append(
@@ -111,10 +111,18 @@ def verify(
     return rows
 
 
+def all_latents(result) -> np.ndarray:
+    """A GenerationResult's latents as one flat array: the video's, then the audio's where the
+    model makes sound (a plan must reproduce both)."""
+    arrays = [result.latents] + ([] if result.audio_latents is None else [result.audio_latents])
+    return np.concatenate([np.asarray(a).ravel() for a in arrays])
+
+
 def float64_reference(model_dir: str, request, steps: int, run_dtype: str) -> np.ndarray:
     """The request's final latents after `steps` steps of one float64 process here, on the
-    CPU, from the very initial state a `run_dtype` run draws (Runner's init_dtype). The CPU
-    holds float64 weights of the whole pipeline: fine for the small models verify is for."""
+    CPU, from the very initial state a `run_dtype` run draws (Runner's init_dtype), in the
+    layout all_latents gives a result (Family.output_latents, flattened). The CPU holds
+    float64 weights of the whole pipeline: fine for the small models verify is for."""
     import torch
 
     from raydit.models.conformance import run_steps
@@ -124,7 +132,9 @@ def float64_reference(model_dir: str, request, steps: int, run_dtype: str) -> np
     pipe = load_pipeline(model_dir, device="cpu", dtype=torch.float64)
     runner = Runner(pipe, device="cpu", dtype=torch.float64, init_dtype=getattr(torch, run_dtype))
     try:
-        return run_steps(runner, request, steps).latents.to(torch.float64).numpy()
+        out = runner.family.output_latents(pipe, run_steps(runner, request, steps))
+        streams = out if isinstance(out, tuple) else (out,)
+        return np.concatenate([t.to(torch.float64).reshape(-1).numpy() for t in streams])
     finally:
         runner.close()
 

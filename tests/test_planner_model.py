@@ -337,7 +337,7 @@ def test_ltx2_audio_rate_is_the_pipelines():
     from diffusers import AutoencoderKLLTX2Audio, LTX2Pipeline
     from diffusers.models.autoencoders import autoencoder_kl_ltx2_audio
 
-    from raydit.models.families import ltx2
+    from raydit.models.families.ltx2 import family as ltx2
 
     vae = inspect.signature(AutoencoderKLLTX2Audio.__init__).parameters
     assert autoencoder_kl_ltx2_audio.LATENT_DOWNSAMPLE_FACTOR == ltx2.AUDIO_VAE_TEMPORAL_COMPRESSION
@@ -352,7 +352,7 @@ def test_spec_from_ltx2_dir_reads_the_audio_stream(tmp_path):
     rate of the built-in (its audio VAE has LTX-2's 16000 Hz and hop 160); 17 frames give the 18
     audio tokens its conformance request runs. A directory whose audio VAE hops 320 samples has
     half the tokens."""
-    from raydit.models.families import ltx2
+    from raydit.models.families.ltx2 import tiny as ltx2
 
     spec = model_spec(str(ltx2.tiny_pipeline_dir()))
     builtin = model_spec("ltx-2")

@@ -41,7 +41,7 @@ class SplitInput:
     min_len: int | None = None
     # split only in forwards where ForwardContext.flags[when] is true (None: always); in the
     # others the part is whole on every rank and has length 0 in the layout (LTX-2's audio
-    # stream, split or whole by its length: raydit/models/families/ltx2.py)
+    # stream, split or whole by its length: raydit/models/families/ltx2/adapter.py)
     when: str | None = None
 
     def applies_to(self, x, flags=None) -> bool:

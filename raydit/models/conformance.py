@@ -154,6 +154,12 @@ def at_dtype(transformer, forward_kwargs: dict, dtype: torch.dtype, cast_model: 
     return model, cast
 
 
+def latent_streams(latents) -> tuple:
+    """Family.output_latents' / reference_latents' answer as a tuple of tensors: (latents,), or
+    (video, audio) for a pipeline that makes sound too (LTX-2); comparisons check each."""
+    return latents if isinstance(latents, tuple) else (latents,)
+
+
 def run_steps(runner, request, steps: int | None, checkpoint: dict | None = None):
     """prepare (or resume) and step until `steps` steps are done (None: all of them; a
     diffusion-forcing request runs more steps than num_inference_steps); returns the state."""

@@ -309,13 +309,13 @@ class Family:
 
     def reference_latents(self, pipe, request: GenerationRequest):
         """What diffusers' own pipeline returns for `request` with its defaults, the same seed
-        (a CPU generator) and output_type="latent": the single-process reference."""
+        (a CPU generator) and output_type="latent" (the same structure as output_latents)."""
         raise NotImplementedError
 
     def output_latents(self, pipe, state: "DenoiseState", latents=None):
-        """The runner's latents (default: the state's) in the layout `reference_latents` returns
-        them (the pipeline's output_type="latent"). Most families keep that layout between
-        steps; one whose pipeline unpacks or denormalizes at the end does the same here."""
+        """The runner's latents (default: the state's) as `reference_latents` returns them (output_type="latent"):
+        GenerationResult.latents, or (video, audio) where the pipeline makes sound too (LTX-2). Most families
+        keep that layout between steps; one whose pipeline unpacks or denormalizes at the end does it here."""
         return state.latents if latents is None else latents
 
     def conformance_cases(self, base_dirs: Mapping[str, str]) -> dict[str, list]:

@@ -60,6 +60,7 @@ class Job:
     prepared: bool = False
     frames: Any = None
     audio: Any = None  # raydit.models.family.Audio decoded with the frames, or None
+    output_latents: Any = None  # (video, audio or None) arrays in the pipeline's latent layout
     done: bool = False
     recoveries: int = 0
     step_seconds: list = field(default_factory=list)
@@ -357,6 +358,7 @@ class Controller:
         job.timings["decode_seconds"] = seconds
         job.timings["decode_ranks"] = getattr(self.group, "decode_ranks", 1)
         job.audio = getattr(self.group, "decoded_audio", None)
+        job.output_latents = getattr(self.group, "decoded_latents", None)
         job.done = True
 
     def ensure_group(self, job: Job) -> None:

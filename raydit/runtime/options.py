@@ -258,7 +258,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(None, engine="checkpoint_dir"),  # a directory per request under it (Engine(checkpoint_dir=))
     # -- the command only --------------------------------------------------------------------------
     Option("out", commands=_GEN, defaults={"generate": "video.mp4"}, help="mp4 to write (default video.mp4)"),
-    Option("save_latents", commands=_GEN, help="write the final latents as .npy"),
+    Option("save_latents", commands=_GEN, help="write the final latents (the pipeline's output_type='latent'): "
+           ".npy (video; with sound also NAME.audio.npy) or .npz (latents, audio_latents)"),
     Option("fps", int, commands=_BOTH, defaults={"generate": None, "serve": 8},
            help={"generate": "mp4 frame rate (default 8, or the rate a model's sound was made for)",
                  "serve": "frames per second of the mp4 and of `seconds` (default 8)"}),

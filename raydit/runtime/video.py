@@ -50,6 +50,26 @@ def check_output_path(path, flag: str = "--out", suffix: str = ".mp4") -> None:
                          "choose another path")
 
 
+def audio_latents_path(path: str) -> str:
+    """Where a .npy `--save-latents PATH` puts the audio latents: beside it, NAME.audio.npy."""
+    return os.fspath(path)[:-len(".npy")] + ".audio.npy"
+
+
+def check_latents_path(path) -> None:
+    """Refuse, before any work, a latents path that could never be filled (one line, ValueError):
+    it must end in .npy (video; with sound, the audio beside it as NAME.audio.npy) or .npz."""
+    text = os.fspath(path)
+    if text.lower().endswith(".npz"):
+        check_output_path(text, "--save-latents", ".npz")
+        return
+    if not text.lower().endswith(".npy"):
+        raise ValueError(f"--save-latents {text!r} must end in .npy (the video latents; a model with sound adds "
+                         f"NAME.audio.npy beside it) or .npz (keys latents, audio_latents); e.g. "
+                         f"{os.path.splitext(text)[0] or 'latents'}.npy")
+    check_output_path(text, "--save-latents", ".npy")
+    check_output_path(audio_latents_path(text), "--save-latents (its audio beside it)", ".npy")
+
+
 def write_mp4(path: str, frames: np.ndarray, fps: int = 8, audio=None) -> None:
     """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16).
     H.264 (libx264, preset X264_PRESET, CRF X264_CRF), yuv420p.

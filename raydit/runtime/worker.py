@@ -318,8 +318,9 @@ class RankWorker:
     def decode(self, all_ranks: bool = False, slot: int = 0):
         """Frames of the request in `slot`, which then leaves it. all_ranks: every rank of the
         group is called and the decode is split over them; rank 0 returns (frames, ranks that
-        decoded, audio), the others None. audio: the sound the family made with the video
-        (raydit.models.family.Audio) or None."""
+        decoded, audio, latents), the others None. audio: the sound the family made with the
+        video (raydit.models.family.Audio) or None; latents: (video, audio or None) float32
+        arrays in the pipeline's output_type="latent" layout (Family.output_latents)."""
         import torch
         import torch.distributed as dist
 
@@ -328,6 +329,9 @@ class RankWorker:
             if not all_ranks:
                 return self._runner.decode(state)
             frames = self._runner.decode(state, on_ranks=True)
-        if dist.is_initialized() and dist.get_rank() != 0:
-            return None
-        return frames, self._runner.decode_ranks, self._runner.decoded_audio
+            if dist.is_initialized() and dist.get_rank() != 0:
+                return None
+            out = self._runner.family.output_latents(self._runner.pipe, state)
+        video, audio = out if isinstance(out, tuple) else (out, None)
+        arrays = tuple(None if t is None else t.detach().to(torch.float32).cpu().numpy() for t in (video, audio))
+        return frames, self._runner.decode_ranks, self._runner.decoded_audio, arrays

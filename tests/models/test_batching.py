@@ -13,11 +13,17 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx
+from raydit.models.families import cogvideox
+from raydit.models.families.hunyuanvideo import cases as hunyuan_cases
+from raydit.models.families.hunyuanvideo import tiny as hunyuan_tiny
+from raydit.models.families.hunyuanvideo15 import cases as hunyuan15_cases
+from raydit.models.families.hunyuanvideo15 import tiny as hunyuan15_tiny
 from raydit.models.families.skyreels import cases as skyreels_cases
 from raydit.models.families.skyreels import tiny as skyreels_tiny
 from raydit.models.families.wan import cases as wan_cases
 from raydit.models.families.wan import tiny as wan_tiny
+from raydit.models.families.ltx import cases as ltx_cases
+from raydit.models.families.ltx import tiny as ltx_tiny
 
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
@@ -34,13 +40,13 @@ MODELS = {
         max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
         dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
     # LTX-Video (FlowMatchEuler, the guidance pair as one batch of 2, packed tokens)
-    "tiny-ltx": (lambda: ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir())),
+    "tiny-ltx": (lambda: ltx_cases.ltx_pipeline(str(ltx_tiny.tiny_pipeline_dir())),
                  dict(prompt="a kite climbs", num_frames=9, height=64, width=96)),
     # HunyuanVideo (embedded guidance per request, prompts of different valid lengths in one
     # call) and HunyuanVideo 1.5 (the guidance pair, two text encoders' masks)
-    "tiny-hunyuan": (lambda: hunyuanvideo.hunyuan_pipeline(str(hunyuanvideo.tiny_pipeline_dir())),
+    "tiny-hunyuan": (lambda: hunyuan_cases.hunyuan_pipeline(str(hunyuan_tiny.tiny_pipeline_dir())),
                      dict(prompt="a paper boat drifts", num_frames=9, height=32, width=48)),
-    "tiny-hunyuan15": (lambda: hunyuanvideo15.hunyuan15_pipeline(str(hunyuanvideo15.tiny_pipeline_dir())),
+    "tiny-hunyuan15": (lambda: hunyuan15_cases.hunyuan15_pipeline(str(hunyuan15_tiny.tiny_pipeline_dir())),
                        dict(prompt="a paper boat drifts", num_frames=9, height=48, width=80)),
     # SkyReels-V2 T2V (its diffusion-forcing requests run alone: a timestep per frame, windows).
     "tiny-skyreels": (lambda: skyreels_cases.skyreels_pipeline(str(skyreels_tiny.tiny_pipeline_dir("tiny-skyreels"))),

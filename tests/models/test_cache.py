@@ -50,14 +50,17 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, kandinsky5, ltx, ltx2
+    from raydit.models.families import cogvideox, kandinsky5
     from raydit.models.families.hunyuanvideo import tiny as hunyuan_tiny
+    from raydit.models.families.ltx import tiny as ltx_tiny
+    from raydit.models.families.ltx2 import cases as ltx2_cases
+    from raydit.models.families.ltx2 import tiny as ltx2_tiny
     from raydit.models.families.mochi import tiny as mochi_tiny
     from raydit.models.families.skyreels import tiny as skyreels_tiny
     from raydit.models.families.wan import tiny as wan_tiny
 
-    ltx2_dir = dict(base_dir=str(ltx2.tiny_pipeline_dir()))
-    ltx2_request = dict(ltx2.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
+    ltx2_dir = dict(base_dir=str(ltx2_tiny.tiny_pipeline_dir()))
+    ltx2_request = dict(ltx2_cases.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
 
     cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
@@ -81,15 +84,16 @@ def _cases() -> list[CacheCase]:
                   dict(prompt="a red fox", negative_prompt="blur", true_cfg_scale=4.0, num_frames=9, height=32,
                        width=48, num_inference_steps=STEPS, seed=4, cache="teacache", cache_threshold=1.5)),
         # LTX-Video: latents packed as tokens, 2 latent frames x 2 x 3 = 12 tokens (padded on 4 ranks).
-        CacheCase("ltx-fbcache", "raydit.models.families.ltx:ltx_pipeline", dict(base_dir=str(ltx.tiny_pipeline_dir())),
+        CacheCase("ltx-fbcache", "raydit.models.families.ltx.cases:ltx_pipeline",
+                  dict(base_dir=str(ltx_tiny.tiny_pipeline_dir())),
                   6, dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=64, width=96,
                           num_inference_steps=STEPS, guidance_scale=3.0, seed=4, cache="fbcache", cache_threshold=1.0)),
         # LTX-2 (issue 32): four guidance branches a step (the negative and positive pass as one
         # call, STG, modality), shared out on cfg 2 and cfg 4, video and audio output streams;
         # fbcache with the audio tokens split over the sp ranks too (18 audio, 39 video tokens).
-        CacheCase("ltx2-fbcache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
+        CacheCase("ltx2-fbcache", "raydit.models.families.ltx2.cases:ltx2_pipeline", ltx2_dir, 6,
                   dict(ltx2_request, cache="fbcache", cache_threshold=1.0), (2, 4), {"audio_split_tokens": 1}),
-        CacheCase("ltx2-teacache", "raydit.models.families.ltx2:ltx2_pipeline", ltx2_dir, 6,
+        CacheCase("ltx2-teacache", "raydit.models.families.ltx2.cases:ltx2_pipeline", ltx2_dir, 6,
                   dict(ltx2_request, cache="teacache", cache_threshold=1.3), (4,)),
         # Kandinsky 5: the visual blocks only (the text blocks run before them), channels-last
         # latents; 3 latent frames x 2 x 3 = 18 video tokens (padded on 4 ranks).

@@ -177,12 +177,15 @@ def test_runner_matches_diffusers_pipeline(runner_cases, case_name):
     pipe = case.make()
     request = case.make_request()
     family = family_for_pipeline(pipe)
-    expected = family.reference_latents(pipe, request)
+    expected = harness.latent_streams(family.reference_latents(pipe, request))
     state = harness.run_steps(Runner(pipe), request, None)
-    latents = family.output_latents(pipe, state)  # the pipeline's output layout
-    assert latents.shape == expected.shape
-    assert max_relative_difference(latents, expected) <= 1e-5
-    torch.testing.assert_close(latents, expected, rtol=1e-5, atol=1e-5)
+    # the pipeline's output layout; every stream it returns (LTX-2: video and audio)
+    streams = harness.latent_streams(family.output_latents(pipe, state))
+    assert len(streams) == len(expected)
+    for latents, reference in zip(streams, expected):
+        assert latents.shape == reference.shape
+        assert max_relative_difference(latents, reference) <= 1e-5
+        torch.testing.assert_close(latents, reference, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -202,16 +205,18 @@ def test_runner_matches_diffusers_pipeline_bit_for_bit_in_bf16(runner_cases, cas
     pipe = case.make(dtype=dtype)
     request = case.make_request()
     family = family_for_pipeline(pipe)
-    expected = family.reference_latents(pipe, request)
-    assert torch.isfinite(expected.float()).all()
+    expected = harness.latent_streams(family.reference_latents(pipe, request))
+    assert all(torch.isfinite(e.float()).all() for e in expected)
     runner = Runner(pipe, dtype=dtype)
-    latents = family.output_latents(pipe, harness.run_steps(runner, request, None))
-    assert latents.dtype == expected.dtype, (latents.dtype, expected.dtype)
-    assert torch.equal(latents, expected), max_relative_difference(latents.float(), expected.float())
+    streams = harness.latent_streams(family.output_latents(pipe, harness.run_steps(runner, request, None)))
     checkpoint = runner.checkpoint(harness.run_steps(runner, request, 1))
-    resumed = family.output_latents(pipe, harness.run_steps(runner, request, None,
-                                                            checkpoint=checkpoint))
-    assert resumed.dtype == expected.dtype and torch.equal(resumed, expected)
+    resumed = harness.latent_streams(family.output_latents(pipe, harness.run_steps(runner, request, None,
+                                                                                   checkpoint=checkpoint)))
+    assert len(streams) == len(resumed) == len(expected)
+    for latents, again, reference in zip(streams, resumed, expected):  # every stream (LTX-2: video, audio)
+        assert latents.dtype == reference.dtype, (latents.dtype, reference.dtype)
+        assert torch.equal(latents, reference), max_relative_difference(latents.float(), reference.float())
+        assert again.dtype == reference.dtype and torch.equal(again, reference)
 
 
 def test_runner_without_guidance_matches_diffusers_pipeline(base_dir):

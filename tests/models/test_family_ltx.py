@@ -11,14 +11,14 @@ import dataclasses
 
 import pytest
 
-from raydit.models.families import ltx
+from raydit.models.families.ltx import cases, tiny
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
 
 @pytest.fixture(scope="module")
 def ltx_pipe():
-    return ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir()))
+    return cases.ltx_pipeline(str(tiny.tiny_pipeline_dir()))
 
 
 REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=32, width=32,
@@ -40,5 +40,5 @@ def test_ltx_bad_requests_get_one_line(ltx_pipe, change, message):
 def test_ltx_latents_stay_packed_as_tokens(ltx_pipe):
     """What output_type="latent" returns: [1, frames x height x width, channels]."""
     state = Runner(ltx_pipe).prepare(dataclasses.replace(REQUEST, num_frames=17, height=32, width=64))
-    assert tuple(state.latents.shape) == (1, 3 * 1 * 2, ltx.TINY_LATENT_CHANNELS)
+    assert tuple(state.latents.shape) == (1, 3 * 1 * 2, tiny.TINY_LATENT_CHANNELS)
     assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 2  # [neg, pos]

@@ -13,17 +13,17 @@ import json
 
 import pytest
 
-from raydit.models.families import ltx2
+from raydit.models.families.ltx2 import cases, tiny
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    return ltx2.ltx2_pipeline(str(ltx2.tiny_pipeline_dir()))
+    return cases.ltx2_pipeline(str(tiny.tiny_pipeline_dir()))
 
 
-REQUEST = GenerationRequest(**ltx2.TINY_REQUEST)
+REQUEST = GenerationRequest(**cases.TINY_REQUEST)
 
 
 def test_guidance_options_normal_form_survives_a_checkpoint():
@@ -65,9 +65,10 @@ def test_bad_ltx2_options_get_one_line(pipe, options, message):
 
 
 def test_other_families_refuse_guidance_options():
-    from raydit.models.families import ltx
+    from raydit.models.families.ltx import cases as ltx_cases
+    from raydit.models.families.ltx import tiny as ltx_tiny
 
-    pipe = ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir()))
+    pipe = ltx_cases.ltx_pipeline(str(ltx_tiny.tiny_pipeline_dir()))
     request = GenerationRequest(prompt="x", num_frames=9, height=32, width=32, guidance_options={"stg_scale": 1.0})
     with pytest.raises(ValueError, match="stg_scale are not taken by LTXPipeline .it takes: none."):
         Runner(pipe).prepare(request)
@@ -95,7 +96,7 @@ def test_the_image_crf_needs_pyav_or_zero():
     from raydit.models.family import checker_image
     from raydit.models.family import image_to_png
 
-    pipe = ltx2.ltx2_pipeline(str(ltx2.tiny_i2v_pipeline_dir()))
+    pipe = cases.ltx2_pipeline(str(tiny.tiny_i2v_pipeline_dir()))
     request = dataclasses.replace(REQUEST, image=image_to_png(checker_image(32, 416)), guidance_options={})
     with pytest.raises(ValueError, match="CRF 33 .* needs PyAV .* image_crf=0"):
         Runner(pipe).prepare(request)
@@ -120,7 +121,7 @@ def test_the_planner_counts_the_audio_tokens_init_makes(pipe, frames):
     """The planner's La for a request is the audio latent length `init` prepares for it."""
     import raydit
 
-    spec = raydit.model_spec(str(ltx2.tiny_pipeline_dir()))
+    spec = raydit.model_spec(str(tiny.tiny_pipeline_dir()))
     request = dataclasses.replace(REQUEST, num_frames=frames, guidance_options={"stg_blocks": (1,)})
     state = Runner(pipe).prepare(request)
     assert state.context["audio_frames"] == spec.geometry(frames, 32, 416).audio_tokens
@@ -136,7 +137,7 @@ def _audio_lengths_worker(rank, world_size, thresholds):
     mesh = build_mesh(2, world_size // 2)  # Ulysses 2 x ring 2
     out = {}
     for threshold in thresholds:
-        transformer, kwargs = ltx2.ltx2_forward(3, 1, 13, 18, (4, 11))
+        transformer, kwargs = cases.ltx2_forward(3, 1, 13, 18, (4, 11))
         seen = {"self": [], "a2v keys": []}
         hooks = []
         for block in transformer.transformer_blocks:
@@ -147,7 +148,7 @@ def _audio_lengths_worker(rank, world_size, thresholds):
         with parallelize(transformer, mesh, {"audio_split_tokens": threshold}):
             video, audio = transformer(**kwargs, return_dict=False)[:2]
         out[threshold] = (seen, video, audio)
-    reference = ltx2.ltx2_forward(3, 1, 13, 18, (4, 11))
+    reference = cases.ltx2_forward(3, 1, 13, 18, (4, 11))
     return out, reference[0](**reference[1], return_dict=False)[:2]
 
 
@@ -172,7 +173,7 @@ def test_bad_audio_split_options_get_one_line():
     from raydit.models.registry import parallelize
     from raydit.parallel.mesh import build_mesh
 
-    transformer, _ = ltx2.ltx2_forward(3, 1, 13, 18, (4,))
+    transformer, _ = cases.ltx2_forward(3, 1, 13, 18, (4,))
     mesh = build_mesh(1, 1)
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="audio_split_tokens .* must be an integer >= 1"):

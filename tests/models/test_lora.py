@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from raydit.models import conformance as harness
 from raydit.models import lora
-from raydit.models.families import ltx2
+from raydit.models.families.ltx2 import cases as ltx2_cases
 from raydit.models.family import GenerationRequest
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.registry import family_for_pipeline
@@ -30,7 +31,7 @@ REQUESTS = {
     # LTX-2 (LTX2LoraLoaderMixin): every guidance pass (cfg, STG in block 1, modality) runs the
     # LoRA's layers; write_random_lora's targets hit all six attentions of a block (video and
     # audio self-attention and prompt cross-attention, audio-to-video, video-to-audio).
-    "tiny-ltx2": dict(ltx2.TINY_REQUEST),
+    "tiny-ltx2": dict(ltx2_cases.TINY_REQUEST),
     # Mochi 1 (Mochi1LoraLoaderMixin): the LoRA's layers are the joint attention's video projections.
     "tiny-mochi": dict(prompt="a red fox", negative_prompt="blur", num_frames=7, height=32, width=48,
                        num_inference_steps=2, guidance_scale=4.5, seed=3),
@@ -40,7 +41,7 @@ REQUESTS = {
 }
 # Tests of adapter switching and resuming run many requests: LTX-2's without the perturbed
 # passes (one transformer call a step instead of three; the LoRA still runs in every call).
-SWITCHING = {**REQUESTS, "tiny-ltx2": dict(ltx2.TINY_REQUEST, guidance_options=ltx2.NO_STG_NO_MODALITY)}
+SWITCHING = {**REQUESTS, "tiny-ltx2": dict(ltx2_cases.TINY_REQUEST, guidance_options=ltx2_cases.NO_STG_NO_MODALITY)}
 
 
 def rel(actual, expected) -> float:
@@ -54,7 +55,12 @@ def run(pipe, request: GenerationRequest, runner: Runner | None = None):
     state = runner.prepare(request)
     while not state.done:
         state = runner.step(state)
-    return runner.family.output_latents(pipe, state)
+    return flat(runner.family.output_latents(pipe, state))
+
+
+def flat(latents):
+    """Every stream of the pipeline's latent output in one flat tensor (LTX-2: video, then audio)."""
+    return torch.cat([t.flatten() for t in harness.latent_streams(latents)])
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +96,12 @@ def test_runner_with_two_loras_equals_diffusers(loras, model):
     pipe = _raydit(model, [("a", loras[model]["a"], "transformer"), ("b", loras[model]["b"], "transformer")])
     ref = load_pipeline(model)
     family = family_for_pipeline(ref)
-    base = family.reference_latents(ref, GenerationRequest(**request))
+    base = flat(family.reference_latents(ref, GenerationRequest(**request)))
     ref.load_lora_weights(loras[model]["a"], adapter_name="a")
     ref.load_lora_weights(loras[model]["b"], adapter_name="b")
     for choice in ({"a": 0.8}, {"a": 0.5, "b": 1.5}):
         ref.set_adapters(list(choice), list(choice.values()))
-        expected = family.reference_latents(ref, GenerationRequest(**request))
+        expected = flat(family.reference_latents(ref, GenerationRequest(**request)))
         got = run(pipe, GenerationRequest(**request, lora=choice))
         assert rel(got, expected) <= 1e-5, choice
         assert rel(expected, base) > 1e-3, f"LoRA {choice} changed nothing"
@@ -133,11 +139,11 @@ def test_a14b_loras_per_expert_equal_diffusers(loras):
     ref.load_lora_weights(loras[model]["a"], adapter_name="a", load_into_transformer_2=True)
     ref.load_lora_weights(loras[model]["low"], adapter_name="low", load_into_transformer_2=True)
     ref.set_adapters(["a", "low"], [0.7, 1.2])
-    expected = family_for_pipeline(ref).reference_latents(ref, GenerationRequest(**request))
+    expected = flat(family_for_pipeline(ref).reference_latents(ref, GenerationRequest(**request)))
     got = run(pipe, GenerationRequest(**request, lora={"a": 0.7, "low": 1.2}))
     assert rel(got, expected) <= 1e-5
     ref.disable_lora()
-    base = family_for_pipeline(ref).reference_latents(ref, GenerationRequest(**request))
+    base = flat(family_for_pipeline(ref).reference_latents(ref, GenerationRequest(**request)))
     assert rel(got, base) > 1e-3
     assert torch.equal(run(pipe, GenerationRequest(**request)), run(load_pipeline(model), GenerationRequest(**request)))
 

@@ -16,7 +16,7 @@ import torch
 
 from raydit.models import conformance as harness
 from raydit.models import lora
-from raydit.models.families import ltx2
+from raydit.models.families.ltx2 import cases as ltx2_cases
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.runner import Runner
 
@@ -33,7 +33,8 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
                       guidance_scale=5.0, seed=3), None),
     # LTX-2: 6 heads, 39 video tokens and 18 audio tokens; cfg, STG and modality passes, so cfg 2
     # puts the main pass on one group and the perturbed passes on the other, each with the LoRAs.
-    "tiny-ltx2": ("raydit.models.families.ltx2:ltx2_pipeline", ltx2.TINY_HEADS, dict(), dict(ltx2.TINY_REQUEST), (2,)),
+    "tiny-ltx2": ("raydit.models.families.ltx2.cases:ltx2_pipeline", ltx2_cases.TINY_HEADS, dict(),
+                  dict(ltx2_cases.TINY_REQUEST), (2,)),
     # Kandinsky 5: 6 heads, 3 x 2 x 3 = 18 video tokens; the LoRA on every attention's
     # to_query / to_key / to_value (the sequence-parallel processor calls the adapted layers).
     "tiny-kandinsky5": ("raydit.models.families.kandinsky5:kandinsky5_pipeline", 6, dict(),

@@ -332,6 +332,8 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(tmp_pat
         (["--out", "taken/v.mp4"], "is not a writable directory"),
         (["--save-latents", "taken/lat.npy"], "--save-latents 'taken/lat.npy' cannot be written"),
         (["--save-latents", "lat"], "--save-latents 'lat' must end in .npy"),
+        (["--save-latents", "lat.pt"], "--save-latents 'lat.pt' must end in .npy (the video latents; a model with "
+                                       "sound adds NAME.audio.npy beside it) or .npz"),
     ]
     for args, needle in cases:
         # No Ray listens at that address: an answer naming the path came before any connection.

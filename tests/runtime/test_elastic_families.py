@@ -20,7 +20,7 @@ CASES = {
     # model: (Engine options, generate options)
     "tiny-hunyuan": (dict(workers=2, cfg=2), dict(negative_prompt="blur", true_cfg_scale=4.0)),
     "tiny-ltx": (dict(workers=2, ring=2), dict()),
-    # LTX-2: its two guidance branches on two groups, video and audio latents in one tensor.
+    # LTX-2: its guidance branches on two groups; its video and its audio latents.
     "tiny-ltx2": (dict(workers=2, cfg=2), dict()),
     # Kandinsky 5: cond and uncond on two groups, the visual-conditioning channels in the context.
     "tiny-kandinsky5": (dict(workers=2, cfg=2), dict(negative_prompt="blur")),
@@ -68,6 +68,10 @@ def test_rank_killed_mid_generation_resumes_with_the_same_latents(ray_local, mod
     kinds = [e["event"] for e in result.events]
     assert "regrouped" in kinds, result.events
     torch.testing.assert_close(torch.from_numpy(result.latents), torch.from_numpy(reference.latents), **TOL)
+    assert (result.audio_latents is None) == (reference.audio_latents is None) == (model != "tiny-ltx2")
+    if reference.audio_latents is not None:
+        torch.testing.assert_close(torch.from_numpy(result.audio_latents), torch.from_numpy(reference.audio_latents),
+                                   **TOL)
     assert result.frames.shape == reference.frames.shape
     if reference.audio is not None:  # the sound decoded from the recovered latents too
         assert result.audio is not None and result.audio.sample_rate == reference.audio.sample_rate

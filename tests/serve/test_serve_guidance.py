@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raydit.models.families.ltx2 import OPTION_DEFAULTS
+from raydit.models.families.ltx2.guidance import OPTION_DEFAULTS
 from raydit.planner import model_spec
 from raydit.serve.schema import Limits, RequestError, parse_body, resolve
 

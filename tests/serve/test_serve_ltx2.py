@@ -21,7 +21,7 @@ from serving import Server, running  # noqa: E402
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from raydit.models.families.ltx2 import TINY_DEFAULTS
+    from raydit.models.families.ltx2.tiny import TINY_DEFAULTS
 
     d = TINY_DEFAULTS
     yield from running(Server(tmp_path_factory.mktemp("serve-ltx2"), model="tiny-ltx2",

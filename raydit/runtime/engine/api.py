@@ -36,7 +36,9 @@ class GenerationResult:
     """What one `generate` call returns."""
 
     frames: np.ndarray  # uint8, frames x height x width x 3
-    latents: np.ndarray  # float32, the final latents as the transformer sees them
+    # float32, the final video latents as the model's pipeline returns them with
+    # output_type="latent" (Family.output_latents: e.g. LTX-2's [1, C, F, H, W], denormalized)
+    latents: np.ndarray
     plan: Any
     timings: dict[str, float]
     request: Any
@@ -47,6 +49,9 @@ class GenerationResult:
     # order they joined; empty when it ran alone. tag: this request's (submit's, else request-N).
     batched_with: list = field(default_factory=list)
     tag: str = ""
+    # float32, the final audio latents as the pipeline returns them (LTX-2: [1, C, L, mel bins]);
+    # None for a model without sound
+    audio_latents: np.ndarray | None = None
 
     def save(self, path: str, fps: int | None = None) -> str:
         """Write the frames as an H.264 mp4 with imageio-ffmpeg, with the sound as an AAC stream
@@ -58,6 +63,28 @@ class GenerationResult:
             fps = int(rate) if float(rate).is_integer() else rate
         write_mp4(path, self.frames, fps=fps, audio=self.audio)
         return path
+
+    def save_latents(self, path: str) -> dict:
+        """Write the latents (check_latents_path says where): PATH.npy holds the video latents,
+        and a model with sound adds PATH-less-.npy + .audio.npy beside it; PATH.npz holds both
+        (keys latents, audio_latents; the second only with sound). Returns {"latents": path,
+        "audio_latents": its path or None}."""
+        from raydit.runtime.video import audio_latents_path, check_latents_path
+
+        check_latents_path(path)
+        text = os.fspath(path)
+        sound = self.audio_latents is not None
+        if text.lower().endswith(".npz"):
+            arrays = {"latents": self.latents, **({"audio_latents": self.audio_latents} if sound else {})}
+            with open(text, "wb") as f:  # a file object: numpy adds no suffix of its own
+                np.savez(f, **arrays)
+            return {"latents": text, "audio_latents": text if sound else None}
+        written = {"latents": text, "audio_latents": audio_latents_path(text) if sound else None}
+        for key, array in (("latents", self.latents), ("audio_latents", self.audio_latents)):
+            if written[key] is not None:
+                with open(written[key], "wb") as f:
+                    np.save(f, array)
+        return written
 
 
 class ApiPart:
@@ -297,7 +324,8 @@ class ApiPart:
             # store for as long as the user keeps the result (raydit.runtime.raygc).
             frames=np.array(job.frames) if isinstance(job.frames, np.ndarray) else job.frames,
             audio=getattr(job, "audio", None),
-            latents=_to_numpy(from_wire(job.checkpoint["latents"])),
+            latents=job.output_latents[0],
+            audio_latents=job.output_latents[1],
             plan=replica.plan,
             timings=timings,
             request=request,
@@ -337,14 +365,6 @@ def _cached_steps(job: Job) -> int:
 
     carry = (job.checkpoint or {}).get("carry") or {}
     return int(from_wire(carry.get(CACHED_STEPS, 0)))
-
-
-def _to_numpy(t) -> np.ndarray:
-    import torch
-
-    if isinstance(t, torch.Tensor):
-        return t.detach().to(torch.float32).cpu().numpy()
-    return np.asarray(t, dtype=np.float32)
 
 
 def _progress(total: int, enabled: bool, initial: int = 0):

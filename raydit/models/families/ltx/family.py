@@ -21,8 +21,7 @@ first latent frame holds the image's latents (conditioning mask 1), the timestep
 t * (1 - mask), and the scheduler steps the other frames only; FlowMatchEuler's update is
 elementwise, so stepping every token and putting the first frame back gives the same numbers.
 
-Tiny. `tiny-ltx`: 6 heads x 12, 2 blocks, 8 latent channels, a 2-layer T5 and the LTX VAE
-with 32x spatial and 8x temporal compression (8 channels); random weights.
+Its tiny pipelines are in `tiny.py`, its conformance cases in `cases.py`.
 
 Legend: B batch, L local video tokens, H heads, D head dim, C = H*D.
 """
@@ -34,7 +33,7 @@ import json
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, reference_call
-from raydit.models.tiny import DEFAULTS_FILE, load_pipeline_dir, tiny_dir
+from raydit.models.tiny import DEFAULTS_FILE
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
@@ -138,9 +137,6 @@ class LTXFamily(Family):
     decoder = DECODER
     models = staticmethod(builtin_models)
 
-    def tiny(self):
-        return {"tiny-ltx": tiny_pipeline_dir, "tiny-ltx-i2v": tiny_i2v_pipeline_dir}
-
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (161 frames, 512 x 704) unless the directory says otherwise."""
@@ -179,9 +175,6 @@ class LTXFamily(Family):
         pipe.set_progress_bar_config(disable=True)
         image = {} if request.image is None else {"image": png_to_image(request.image)}
         return pipe(**reference_call(request, **image)).frames
-
-    def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny-ltx"], base_dirs["tiny-ltx-i2v"])}
 
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
@@ -297,127 +290,3 @@ class LTXFamily(Family):
 
 
 FAMILY = LTXFamily()
-
-
-# -- the tiny pipeline -------------------------------------------------------------------------
-TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
-TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
-TINY_HEAD_DIM = 12  # rotary: the hidden size (72) is 3 axes x 12 frequencies x (cos, sin)
-TINY_TEXT_DIM = 32  # T5 d_model == transformer caption_channels
-TINY_LATENT_CHANNELS = 8
-TINY_DEFAULTS = {"num_frames": 9, "height": 64, "width": 96}
-
-
-def tiny_transformer(seed: int, **overrides):
-    """An LTXVideoTransformer3DModel of the tiny geometry (or `overrides`), every parameter
-    drawn from `seed`."""
-    import torch
-    from diffusers import LTXVideoTransformer3DModel
-
-    from raydit.models.tiny import randomize
-
-    config = dict(in_channels=TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_attention_heads=TINY_HEADS,
-                  attention_head_dim=TINY_HEAD_DIM, num_layers=2, caption_channels=TINY_TEXT_DIM)
-    config.update(overrides)
-    config.setdefault("cross_attention_dim", config["num_attention_heads"] * config["attention_head_dim"])
-    torch.manual_seed(seed)
-    return randomize(LTXVideoTransformer3DModel(**config), seed)
-
-
-def _tiny_vae(seed: int):
-    import torch
-    from diffusers import AutoencoderKLLTXVideo
-
-    torch.manual_seed(seed)
-    return AutoencoderKLLTXVideo(
-        latent_channels=TINY_LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
-        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
-    ).eval()  # patch 4 x 2^3 = 32x spatial, 2^3 = 8x temporal
-
-
-def tiny_pipeline():
-    """The tiny LTXPipeline, built in memory."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTXPipeline
-
-    from raydit.models.tiny import SEED, t5_encoder, tokenizer
-
-    tok = tokenizer(MAX_SEQUENCE_LENGTH)
-    # LTX-Video's scheduler: dynamic shift by the token count.
-    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=1024,
-                                                max_image_seq_len=4096, base_shift=0.95, max_shift=2.05,
-                                                shift_terminal=0.1)
-    return LTXPipeline(scheduler=scheduler, vae=_tiny_vae(SEED + 2), text_encoder=t5_encoder(len(tok), TINY_TEXT_DIM),
-                       tokenizer=tok, transformer=tiny_transformer(SEED + 10))
-
-
-def tiny_i2v_pipeline():
-    """The tiny LTXImageToVideoPipeline: the text-to-video one's components."""
-    from diffusers import LTXImageToVideoPipeline
-
-    return LTXImageToVideoPipeline(**tiny_pipeline().components)
-
-
-tiny_pipeline_dir = tiny_dir(f"tiny-ltx-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
-
-
-tiny_i2v_pipeline_dir = tiny_dir(f"tiny-ltx-i2v-{TINY_VERSION}", tiny_i2v_pipeline, TINY_DEFAULTS)
-
-
-# -- conformance -------------------------------------------------------------------------------
-_BUILD_FORWARD = "raydit.models.families.ltx:ltx_forward"
-_BUILD_PIPELINE = "raydit.models.families.ltx:ltx_pipeline"
-
-
-def ltx_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, head_dim: int,
-                valid: tuple, text_len: int = 13, seed: int = 31):
-    """A tiny-weight LTXVideoTransformer3DModel and the kwargs of one forward call (packed
-    latents [B, F*H*W, C]); one sample per entry of `valid` (its unmasked text tokens)."""
-    import torch
-
-    transformer = tiny_transformer(seed, num_attention_heads=heads, attention_head_dim=head_dim)
-    g = torch.Generator().manual_seed(7)
-    batch = len(valid)
-    tokens = latent_frames * latent_height * latent_width
-    kwargs = dict(
-        hidden_states=torch.randn(batch, tokens, TINY_LATENT_CHANNELS, generator=g),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
-        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
-        encoder_attention_mask=(torch.arange(text_len).unsqueeze(0) < torch.tensor(valid).unsqueeze(1)).long(),
-        num_frames=latent_frames, height=latent_height, width=latent_width,
-        rope_interpolation_scale=(8 / 25, 32, 32),
-    )
-    return transformer, kwargs
-
-
-def ltx_pipeline(base_dir: str):
-    """The tiny LTX pipeline loaded from its directory (as a real checkpoint is)."""
-    return load_pipeline_dir(base_dir)
-
-
-def forward_cases() -> list:
-    from raydit.models.conformance import ForwardCase
-
-    return [
-        # 3 x 1 x 13 = 39 tokens (only 3 of 2..8 divides it), 6 heads, text masks that differ.
-        ForwardCase("ltx-h6-39tokens", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=1, latent_width=13, heads=6, head_dim=12, valid=(4, 13))),
-    ]
-
-
-def runner_cases(base_dir: str, i2v_dir: str | None = None) -> list:
-    """Denoising on the tiny pipelines: 17 frames at 32 x 416 -> 3 x 1 x 13 = 39 tokens."""
-    from raydit.models.conformance import RunnerCase
-
-    i2v = [] if i2v_dir is None else [
-        # the image's 13 tokens at timestep 0, the other 26 at t: per-token timesteps split with the tokens
-        RunnerCase("ltx-i2v", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(prompt="a kite climbs", negative_prompt="blur", num_frames=17, height=32, width=416,
-                        num_inference_steps=3, guidance_scale=3.0, seed=12),
-                   dict(base_dir=i2v_dir), image="checker", worlds=(2, 3)),
-    ]
-    return [
-        RunnerCase("ltx-t2v", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(prompt="a red fox runs", negative_prompt="blur", num_frames=17, height=32, width=416,
-                        num_inference_steps=3, guidance_scale=3.0, seed=11),
-                   dict(base_dir=base_dir)),
-    ] + i2v

@@ -1,0 +1,6 @@
+"""LTX-Video: `family` (the adapter and the Family), `tiny` (the tiny pipelines), `cases` (the
+conformance cases)."""
+
+from raydit.models.families.ltx.family import FAMILY
+
+__all__ = ["FAMILY"]
