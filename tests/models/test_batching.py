@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox, hunyuanvideo, hunyuanvideo15, ltx, skyreels, wan
+from raydit.models.families import hunyuanvideo, hunyuanvideo15, ltx, skyreels, wan
+from raydit.models.families.cogvideox import cases as cogvideox_cases
+from raydit.models.families.cogvideox import tiny as cogvideox_tiny
 
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
@@ -25,9 +27,9 @@ BUILD = "raydit.models.families.wan:wan_pipeline"
 MODELS = {
     "tiny-wan": (lambda: wan.wan_pipeline(str(wan.tiny_pipeline_dir("tiny-wan"))),
                  dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
-    "cogvideox-rotary-dpm": (lambda: cogvideox.cogvideox_pipeline(
-        str(cogvideox.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
-        max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
+    "cogvideox-rotary-dpm": (lambda: cogvideox_cases.cogvideox_pipeline(
+        str(cogvideox_tiny.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
+        max_text_seq_length=cogvideox_cases.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
         dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
     # LTX-Video (FlowMatchEuler, the guidance pair as one batch of 2, packed tokens)
     "tiny-ltx": (lambda: ltx.ltx_pipeline(str(ltx.tiny_pipeline_dir())),
