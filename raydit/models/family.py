@@ -184,7 +184,7 @@ class DenoiseState:
     """
 
     request: GenerationRequest
-    latents: Any  # torch.Tensor, in the layout the pipeline's output_type="latent" returns
+    latents: Any  # torch.Tensor, as the pipeline's loop keeps them (Family.output_latents: as it returns them)
     step_index: int
     timesteps: Any  # torch.Tensor [num_steps]
     branches: tuple  # of dicts of model inputs, one per transformer call this rank makes (group_calls)

@@ -529,6 +529,17 @@ class Runner:
         }
 
     @torch.no_grad()
+    def output_latents(self, state: DenoiseState | None = None) -> torch.Tensor:
+        """The final latents of `state` (default: the last state this runner prepared or stepped)
+        as the family's pipeline returns them with output_type="latent" (Family.output_latents:
+        LTX-2 unpacks and denormalizes, Kandinsky 5 I2V renormalizes its first frames), a CPU
+        copy: what GenerationResult.latents and `raydit generate --save-latents` hold."""
+        state = state if state is not None else self._last_state
+        if state is None:
+            raise ValueError("no latents yet: prepare a request first")
+        return self.family.output_latents(self.pipe, state).detach().to("cpu", copy=True)
+
+    @torch.no_grad()
     def decode(self, state: DenoiseState | None = None, latents: torch.Tensor | None = None,
                on_ranks: bool = False) -> np.ndarray | None:
         """uint8 frames [frames, height, width, 3] of `state` (default: the last state this

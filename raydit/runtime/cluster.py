@@ -523,10 +523,12 @@ class WorkerPool:
     def decode(self, timeout_s: float | None = None, slot: int = 0):
         # Every rank decodes its band of latent rows (raydit.models.vae_parallel); rank 0's
         # frames are the answer. decode_ranks: how many ranks the last decode ran on;
-        # decoded_audio: the sound rank 0 decoded with them (None for a silent family).
+        # decoded_audio: the sound rank 0 decoded with them (None for a silent family);
+        # decoded_latents: the final latents in the pipeline's output_type="latent" layout.
         refs = [m.actor.decode.remote(all_ranks=True, slot=slot) for m in self.active]
         answers = self._call_all(refs, timeout_s, self.active, where="decode")
-        frames, self.decode_ranks, self.decoded_audio = next(a for a in answers if a is not None)  # rank 0's
+        frames, self.decode_ranks, self.decoded_audio, self.decoded_latents = next(
+            a for a in answers if a is not None)  # rank 0's
         return frames
 
     # -- failures ----------------------------------------------------------------------------

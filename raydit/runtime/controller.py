@@ -60,6 +60,9 @@ class Job:
     prepared: bool = False
     frames: Any = None
     audio: Any = None  # raydit.models.family.Audio decoded with the frames, or None
+    # The final latents as the family's pipeline returns them (output_type="latent"), from the
+    # decode; None where the group gives none (then the checkpoint's are the result's).
+    latents: Any = None
     done: bool = False
     recoveries: int = 0
     step_seconds: list = field(default_factory=list)
@@ -357,6 +360,7 @@ class Controller:
         job.timings["decode_seconds"] = seconds
         job.timings["decode_ranks"] = getattr(self.group, "decode_ranks", 1)
         job.audio = getattr(self.group, "decoded_audio", None)
+        job.latents = getattr(self.group, "decoded_latents", None)
         job.done = True
 
     def ensure_group(self, job: Job) -> None:

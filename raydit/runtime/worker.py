@@ -318,8 +318,9 @@ class RankWorker:
     def decode(self, all_ranks: bool = False, slot: int = 0):
         """Frames of the request in `slot`, which then leaves it. all_ranks: every rank of the
         group is called and the decode is split over them; rank 0 returns (frames, ranks that
-        decoded, audio), the others None. audio: the sound the family made with the video
-        (raydit.models.family.Audio) or None."""
+        decoded, audio, latents), the others None. audio: the sound the family made with the video
+        (raydit.models.family.Audio) or None; latents: the final latents in the layout the
+        family's pipeline returns with output_type="latent" (Runner.output_latents)."""
         import torch
         import torch.distributed as dist
 
@@ -330,4 +331,4 @@ class RankWorker:
             frames = self._runner.decode(state, on_ranks=True)
         if dist.is_initialized() and dist.get_rank() != 0:
             return None
-        return frames, self._runner.decode_ranks, self._runner.decoded_audio
+        return frames, self._runner.decode_ranks, self._runner.decoded_audio, self._runner.output_latents(state)

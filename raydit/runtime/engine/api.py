@@ -36,7 +36,9 @@ class GenerationResult:
     """What one `generate` call returns."""
 
     frames: np.ndarray  # uint8, frames x height x width x 3
-    latents: np.ndarray  # float32, the final latents as the transformer sees them
+    # float32: the final latents as the family's pipeline returns them with output_type="latent"
+    # (what `raydit generate --save-latents` writes)
+    latents: np.ndarray
     plan: Any
     timings: dict[str, float]
     request: Any
@@ -297,7 +299,7 @@ class ApiPart:
             # store for as long as the user keeps the result (raydit.runtime.raygc).
             frames=np.array(job.frames) if isinstance(job.frames, np.ndarray) else job.frames,
             audio=getattr(job, "audio", None),
-            latents=_to_numpy(from_wire(job.checkpoint["latents"])),
+            latents=_to_numpy(job.latents if job.latents is not None else from_wire(job.checkpoint["latents"])),
             plan=replica.plan,
             timings=timings,
             request=request,
