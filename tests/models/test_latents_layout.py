@@ -17,10 +17,15 @@ defaults (its guidance_scale / true_cfg_scale, or its guider's scale).
   Kandinsky 5 (its pipeline renormalizes the first latent frames before it returns them) and
   LTX-2.
 
-Rule: float32, one process or one worker, the same kernels on the same inputs in the same
-order: bit for bit (assert_close with rtol=0, atol=0). Measured on every tiny pipeline of the
-nine families (2026-11-27): all equal bit for bit, except LTX-2, whose latents are not yet in
-its pipeline's layout (xfail, strict: it passes when they are).
+Rules, float32: on one process, the same kernels on the same inputs in the same order, bit for
+bit (assert_close with rtol=0, atol=0). Through the Engine the steps run in a Ray worker, another
+process: not bit for bit there (tiny-kandinsky5-i2v: 346 of 480 values differ, by 8.1e-6 at
+most), so held to the runtime tests' rtol=1e-4, atol=1e-4, far below a wrong layout (the same
+latents without the pipeline's first-frame renormalization differ by 0.88). Measured by script
+(2026-11-27) on both tiny pipelines of CogVideoX, HunyuanVideo, HunyuanVideo 1.5, Kandinsky 5
+and LTX-Video: all bit for bit on one process (Kandinsky 5 I2V's only through output_latents:
+its runner state is not the pipeline's output). LTX-2's latents are not yet in its pipeline's
+layout: xfail, strict (it passes when they are).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ PROMPT = "a red fox runs through snow"
 STEPS = 2
 SEED = 3
 BIT_FOR_BIT = dict(rtol=0, atol=0)
+WORKER = dict(rtol=1e-4, atol=1e-4)  # a Ray worker against this process: the runtime tests' tolerance
 LTX2_XFAIL = pytest.mark.xfail(strict=True, reason="LTX-2 writes its packed state (issue 41 item 8, branch pk-ltx)")
 
 
@@ -84,9 +90,9 @@ def _calls(tiny: str):
     return out, request
 
 
-def _expect_same(mine: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+def _expect_same(mine: torch.Tensor, expected: torch.Tensor, what: str, tolerance: dict) -> None:
     assert tuple(mine.shape) == tuple(expected.shape), f"{what}: {tuple(mine.shape)} != {tuple(expected.shape)}"
-    torch.testing.assert_close(mine, expected.to(mine.dtype), **BIT_FOR_BIT)
+    torch.testing.assert_close(mine, expected.to(mine.dtype), **tolerance)
 
 
 @pytest.mark.parametrize("family, tiny", _first_tinies())
@@ -102,7 +108,7 @@ def test_runner_output_latents_are_the_pipelines(family, tiny):
     runner = Runner(load_pipeline(tiny))  # a pipeline of its own: diffusers' call may leave state behind
     try:
         state = run_steps(runner, GenerationRequest(**request), None)
-        _expect_same(runner.output_latents(state), out.frames, f"{tiny} latents")
+        _expect_same(runner.output_latents(state), out.frames, f"{tiny} latents", BIT_FOR_BIT)
     finally:
         runner.close()
 
@@ -111,7 +117,7 @@ def test_runner_output_latents_are_the_pipelines(family, tiny):
 @pytest.mark.parametrize("tiny", ["tiny-kandinsky5-i2v", pytest.param("tiny-ltx2", marks=LTX2_XFAIL)])
 def test_generation_result_latents_are_the_pipelines(ray_local, tiny):
     """GenerationResult.latents (and audio_latents where the pipeline makes sound) from an Engine
-    with one worker, against diffusers' pipeline called directly; float32."""
+    with one worker, against diffusers' pipeline called directly; float32, to WORKER."""
     import numpy as np
 
     from raydit.models.requests import png_to_image
@@ -122,6 +128,6 @@ def test_generation_result_latents_are_the_pipelines(ray_local, tiny):
     with Engine(model=tiny, device="cpu", workers=1, grow="never", show_plan=False) as engine:
         result = engine.generate(**request, image=None if image is None else png_to_image(image), progress=False)
     assert result.latents.dtype == np.float32
-    _expect_same(torch.from_numpy(result.latents), out.frames, f"{tiny} latents")
+    _expect_same(torch.from_numpy(result.latents), out.frames, f"{tiny} latents", WORKER)
     if getattr(out, "audio", None) is not None:
-        _expect_same(torch.from_numpy(np.asarray(result.audio_latents)), out.audio, f"{tiny} audio latents")
+        _expect_same(torch.from_numpy(np.asarray(result.audio_latents)), out.audio, f"{tiny} audio latents", WORKER)
