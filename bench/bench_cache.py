@@ -43,7 +43,8 @@ PERCENTILES = (25, 50, 75)
 
 
 def models(layers: int, steps: int) -> dict:
-    from raydit.models.families import cogvideox
+    from raydit.models.families.cogvideox import cases as cogvideox_cases
+    from raydit.models.families.cogvideox import tiny as cogvideox
     from raydit.models.families.wan import cases as wan_cases
     from raydit.models.families.wan import tiny as wan_tiny
 
@@ -59,7 +60,7 @@ def models(layers: int, steps: int) -> dict:
             dict(prompt="a red fox runs", negative_prompt="blur", num_frames=9, height=48, width=80,
                  num_inference_steps=steps, guidance_scale=5.0, seed=1)),
         "2b": (
-            lambda: cogvideox.cogvideox_pipeline(
+            lambda: cogvideox_cases.cogvideox_pipeline(
                 base, num_attention_heads=30, attention_head_dim=64, time_embed_dim=512, num_layers=layers,
                 max_text_seq_length=226, sample_height=30, sample_width=46, sample_frames=1),
             dict(prompt="a red fox runs", negative_prompt="blur", num_frames=1, height=240, width=368,

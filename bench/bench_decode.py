@@ -179,7 +179,7 @@ E2E_LAYERS, E2E_STEPS = 2, 2
 def e2e_pipeline_dir(layers: int) -> str:
     """A CogVideoXPipeline: CogVideoX's VAE (diffusers' defaults), a 2b-shaped transformer with
     `layers` layers, a small random T5; written once to the cache."""
-    from raydit.models.families.cogvideox import TINY_VERSION
+    from raydit.models.families.cogvideox.tiny import TINY_VERSION
     from raydit.models.tiny import cache_root, t5_encoder, tokenizer, write_pipeline
 
     def make():

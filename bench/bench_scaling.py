@@ -95,7 +95,7 @@ def bench_transformer(layers: int, text_dim: int, seed: int = 1):
     model), so the step would not be CogVideoX-2b's."""
     import torch
 
-    from raydit.models.families.cogvideox import tiny_transformer
+    from raydit.models.families.cogvideox.tiny import tiny_transformer
 
     model = tiny_transformer(**transformer_kwargs(layers, text_dim))
     g = torch.Generator().manual_seed(seed)

@@ -208,7 +208,7 @@ BENCH_MODEL_VERSION = "1"
 
 def bench_model_dir() -> str:
     """Build (once, cached) and return the bench pipeline directory."""
-    from raydit.models.families.cogvideox import TINY_VERSION, build_tiny_pipeline
+    from raydit.models.families.cogvideox.tiny import TINY_VERSION, build_tiny_pipeline
     from raydit.models.tiny import cache_root
 
     name = f"bench-cogvideox-30x64-2l-128px-t{TINY_VERSION}-b{BENCH_MODEL_VERSION}"

@@ -226,7 +226,7 @@ def test_bad_model_dir(tmp_path, mutate, message):
 
 def test_tiny_matches_the_tiny_pipeline(tmp_path):
     """The planner's `tiny` has the geometry of the CogVideoX family's tiny pipeline."""
-    tiny = pytest.importorskip("raydit.models.families.cogvideox")
+    tiny = pytest.importorskip("raydit.models.families.cogvideox.tiny")
     spec = model_spec("tiny")
     assert (spec.heads, spec.head_dim, spec.layers) == (tiny.TINY_HEADS, tiny.TINY_HEAD_DIM, tiny.TINY_LAYERS)
     assert (spec.text_tokens, spec.in_channels, spec.patch_size) == (

@@ -25,13 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from raydit.models.family import (
-    DenoiseState,
-    GenerationRequest,
-    live_scheduler_state,
-    load_scheduler_state,
-    pack_scheduler_state,
-)
+from raydit.models.family import DenoiseState, GenerationRequest
+from raydit.models.scheduler_state import live_scheduler_state, load_scheduler_state, pack_scheduler_state
 from raydit.models.lora import activate as activate_lora
 from raydit.models.lora import fused as fused_loras
 from raydit.models.quantize_options import (
@@ -540,6 +535,21 @@ class Runner:
                       for k, v in state.carry.items()},
             "generator_state": state.generator_state.clone(),
         }
+
+    @torch.no_grad()
+    def output_latents(self, state: DenoiseState | None = None):
+        """The final latents of `state` (default: the last state this runner prepared or stepped)
+        as the family's pipeline returns them with output_type="latent" (Family.output_latents:
+        LTX-2 unpacks and denormalizes its video and audio, a (video, audio) pair; Kandinsky 5
+        I2V renormalizes its first frames), CPU copies: what GenerationResult.latents (and
+        .audio_latents) and `raydit generate --save-latents` hold."""
+        state = state if state is not None else self._last_state
+        if state is None:
+            raise ValueError("no latents yet: prepare a request first")
+        out = self.family.output_latents(self.pipe, state)
+        if isinstance(out, tuple):
+            return tuple(t.detach().to("cpu", copy=True) for t in out)
+        return out.detach().to("cpu", copy=True)
 
     @torch.no_grad()
     def decode(self, state: DenoiseState | None = None, latents: torch.Tensor | None = None,

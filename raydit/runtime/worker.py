@@ -320,7 +320,7 @@ class RankWorker:
         group is called and the decode is split over them; rank 0 returns (frames, ranks that
         decoded, audio, latents), the others None. audio: the sound the family made with the
         video (raydit.models.family.Audio) or None; latents: (video, audio or None) float32
-        arrays in the pipeline's output_type="latent" layout (Family.output_latents)."""
+        arrays in the pipeline's output_type="latent" layout (Runner.output_latents)."""
         import torch
         import torch.distributed as dist
 
@@ -331,7 +331,7 @@ class RankWorker:
             frames = self._runner.decode(state, on_ranks=True)
             if dist.is_initialized() and dist.get_rank() != 0:
                 return None
-            out = self._runner.family.output_latents(self._runner.pipe, state)
+            out = self._runner.output_latents(state)
         video, audio = out if isinstance(out, tuple) else (out, None)
-        arrays = tuple(None if t is None else t.detach().to(torch.float32).cpu().numpy() for t in (video, audio))
+        arrays = tuple(None if t is None else t.to(torch.float32).numpy() for t in (video, audio))
         return frames, self._runner.decode_ranks, self._runner.decoded_audio, arrays

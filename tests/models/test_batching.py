@@ -13,17 +13,18 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox
+from raydit.models.families.cogvideox import cases as cogvideox_cases
+from raydit.models.families.cogvideox import tiny as cogvideox_tiny
 from raydit.models.families.hunyuanvideo import cases as hunyuan_cases
 from raydit.models.families.hunyuanvideo import tiny as hunyuan_tiny
 from raydit.models.families.hunyuanvideo15 import cases as hunyuan15_cases
 from raydit.models.families.hunyuanvideo15 import tiny as hunyuan15_tiny
+from raydit.models.families.ltx import cases as ltx_cases
+from raydit.models.families.ltx import tiny as ltx_tiny
 from raydit.models.families.skyreels import cases as skyreels_cases
 from raydit.models.families.skyreels import tiny as skyreels_tiny
 from raydit.models.families.wan import cases as wan_cases
 from raydit.models.families.wan import tiny as wan_tiny
-from raydit.models.families.ltx import cases as ltx_cases
-from raydit.models.families.ltx import tiny as ltx_tiny
 
 from raydit.models.family import GenerationRequest
 from raydit.models.runner import Runner
@@ -35,9 +36,9 @@ BUILD = "raydit.models.families.wan.cases:wan_pipeline"
 MODELS = {
     "tiny-wan": (lambda: wan_cases.wan_pipeline(str(wan_tiny.tiny_pipeline_dir("tiny-wan"))),
                  dict(prompt="a red fox runs", num_frames=9, height=16, width=112)),
-    "cogvideox-rotary-dpm": (lambda: cogvideox.cogvideox_pipeline(
-        str(cogvideox.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
-        max_text_seq_length=cogvideox.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
+    "cogvideox-rotary-dpm": (lambda: cogvideox_cases.cogvideox_pipeline(
+        str(cogvideox_tiny.tiny_pipeline_dir()), scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
+        max_text_seq_length=cogvideox_cases.TEXT_LEN, sample_height=6, sample_width=6, use_rotary_positional_embeddings=True),
         dict(prompt="waves at dusk", num_frames=9, height=48, width=48)),
     # LTX-Video (FlowMatchEuler, the guidance pair as one batch of 2, packed tokens)
     "tiny-ltx": (lambda: ltx_cases.ltx_pipeline(str(ltx_tiny.tiny_pipeline_dir())),

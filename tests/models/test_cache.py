@@ -50,8 +50,9 @@ class CacheCase:
 
 
 def _cases() -> list[CacheCase]:
-    from raydit.models.families import cogvideox, kandinsky5
+    from raydit.models.families.cogvideox import tiny as cogvideox_tiny
     from raydit.models.families.hunyuanvideo import tiny as hunyuan_tiny
+    from raydit.models.families.kandinsky5 import tiny as kandinsky5_tiny
     from raydit.models.families.ltx import tiny as ltx_tiny
     from raydit.models.families.ltx2 import cases as ltx2_cases
     from raydit.models.families.ltx2 import tiny as ltx2_tiny
@@ -62,7 +63,7 @@ def _cases() -> list[CacheCase]:
     ltx2_dir = dict(base_dir=str(ltx2_tiny.tiny_pipeline_dir()))
     ltx2_request = dict(ltx2_cases.TINY_REQUEST, num_inference_steps=STEPS, seed=4)
 
-    cog = dict(base_dir=str(cogvideox.tiny_pipeline_dir()), max_text_seq_length=13)
+    cog = dict(base_dir=str(cogvideox_tiny.tiny_pipeline_dir()), max_text_seq_length=13)
     # 3 latent frames x 3 x 2 patches = 18 video tokens, 13 text tokens: padded on 4 and 3 ranks.
     cog_request = dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=48, width=32,
                        num_inference_steps=STEPS, guidance_scale=6.0, seed=3)
@@ -71,9 +72,9 @@ def _cases() -> list[CacheCase]:
     wan_request = dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=32, width=48,
                        num_inference_steps=STEPS, guidance_scale=5.0, seed=4)
     return [
-        CacheCase("cogvideox-fbcache", "raydit.models.families.cogvideox:cogvideox_pipeline", cog, 2,
+        CacheCase("cogvideox-fbcache", "raydit.models.families.cogvideox.cases:cogvideox_pipeline", cog, 2,
                   dict(cog_request, cache="fbcache", cache_threshold=1.0)),
-        CacheCase("cogvideox-teacache", "raydit.models.families.cogvideox:cogvideox_pipeline", cog, 2,
+        CacheCase("cogvideox-teacache", "raydit.models.families.cogvideox.cases:cogvideox_pipeline", cog, 2,
                   dict(cog_request, cache="teacache", cache_threshold=1.5)),
         CacheCase("wan-fbcache", "raydit.models.families.wan.cases:wan_pipeline", dict(base_dir=wan_dir), 6,
                   dict(wan_request, cache="fbcache", cache_threshold=1.1)),
@@ -97,8 +98,8 @@ def _cases() -> list[CacheCase]:
                   dict(ltx2_request, cache="teacache", cache_threshold=1.3), (4,)),
         # Kandinsky 5: the visual blocks only (the text blocks run before them), channels-last
         # latents; 3 latent frames x 2 x 3 = 18 video tokens (padded on 4 ranks).
-        CacheCase("kandinsky5-fbcache", "raydit.models.families.kandinsky5:kandinsky5_pipeline",
-                  dict(base_dir=str(kandinsky5.tiny_pipeline_dir())), 6,
+        CacheCase("kandinsky5-fbcache", "raydit.models.families.kandinsky5.cases:kandinsky5_pipeline",
+                  dict(base_dir=str(kandinsky5_tiny.tiny_pipeline_dir())), 6,
                   dict(prompt="a kite", negative_prompt="blur", num_frames=9, height=32, width=48,
                        num_inference_steps=STEPS, guidance_scale=5.0, seed=4, cache="fbcache", cache_threshold=1.0)),
         # Mochi 1: the video and the whole text stream are both residual streams of its blocks;

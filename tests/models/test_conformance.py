@@ -24,7 +24,9 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.families import cogvideox
+from raydit.models.families.cogvideox import cases as cogvideox_cases
+from raydit.models.families.cogvideox import tiny as cogvideox_tiny
+from raydit.models.families.cogvideox.family import FAMILY as COGVIDEOX
 from raydit.models.runner import Runner
 
 WORLDS = (1, 2, 3, 4, 5, 6, 8)  # 8: the 480p case xDiT refuses
@@ -44,7 +46,7 @@ MAIN_CASES = LISTED["main"]  # each family's first forward case: run in bfloat16
 
 @pytest.fixture(scope="module")
 def base_dir() -> str:
-    return str(cogvideox.tiny_pipeline_dir())
+    return str(cogvideox_tiny.tiny_pipeline_dir())
 
 
 @pytest.fixture(scope="module")
@@ -223,10 +225,10 @@ def test_runner_without_guidance_matches_diffusers_pipeline(base_dir):
     """guidance_scale 1: one branch, no negative prompt (the pipeline's other path)."""
     from raydit.models.family import GenerationRequest
 
-    pipe = cogvideox.cogvideox_pipeline(base_dir)
+    pipe = cogvideox_cases.cogvideox_pipeline(base_dir)
     request = GenerationRequest(prompt="still water", num_frames=9, height=64, width=64,
                                 num_inference_steps=2, guidance_scale=1.0, seed=9)
-    expected = cogvideox.FAMILY.reference_latents(pipe, request)
+    expected = COGVIDEOX.reference_latents(pipe, request)
     state = harness.run_steps(Runner(pipe), request, 2)
     assert len(state.branches) == 1 and state.branches[0]["encoder_hidden_states"].shape[0] == 1
     torch.testing.assert_close(state.latents, expected, rtol=1e-6, atol=1e-6)

@@ -131,7 +131,7 @@ def test_first_frame_tokens_are_split_with_the_video(sp, first, expected):
 def test_latent_concat_matches_diffusers_pipeline(hunyuan_i2v_pipe):
     """HunyuanVideo-I2V-33ch's conditioning (image latents on frame 0 and a frame mask as
     channels; the pipeline returns its latents less frame 0 and decodes 4 frames fewer): one
-    process equals diffusers' own pipeline, whose full latents its step callback reads."""
+    process equals diffusers' own pipeline, its output_type="latent" layout included."""
     from diffusers import HunyuanVideoImageToVideoPipeline
 
     from raydit.models.conformance import run_steps
@@ -146,5 +146,6 @@ def test_latent_concat_matches_diffusers_pipeline(hunyuan_i2v_pipe):
     runner = Runner(pipe)
     state = run_steps(runner, request, request.num_inference_steps)
     assert [b["encoder_hidden_states"].shape[1] for b in state.branches] == [288 + 252, 288 + 252]
-    torch.testing.assert_close(state.latents, expected, rtol=1e-5, atol=1e-5)
+    assert state.latents.shape[2] == expected.shape[2] + 1  # the runner keeps frame 0, as the pipeline's loop
+    torch.testing.assert_close(hunyuanvideo.FAMILY.output_latents(pipe, state), expected, rtol=1e-5, atol=1e-5)
     assert runner.decode(state).shape == (request.num_frames - 4, request.height, request.width, 3)

@@ -16,19 +16,21 @@ import torch
 
 from raydit.models.family import checker_image
 from raydit.models.family import GenerationRequest, image_to_png
-from raydit.models.families import kandinsky5 as k5
+from raydit.models.families.kandinsky5 import cases as k5_cases
+from raydit.models.families.kandinsky5 import family as k5
+from raydit.models.families.kandinsky5 import tiny as k5_tiny
 from raydit.models.runner import Runner
 from raydit.parallel.mesh import build_mesh
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    return k5.kandinsky5_pipeline(str(k5.tiny_pipeline_dir()))
+    return k5_cases.kandinsky5_pipeline(str(k5_tiny.tiny_pipeline_dir()))
 
 
 @pytest.fixture(scope="module")
 def i2v_pipe():
-    return k5.kandinsky5_pipeline(str(k5.tiny_i2v_pipeline_dir()))
+    return k5_cases.kandinsky5_pipeline(str(k5_tiny.tiny_i2v_pipeline_dir()))
 
 
 REQUEST = GenerationRequest(prompt="a red fox runs", negative_prompt="blur", num_frames=5, height=32, width=48,
@@ -40,8 +42,8 @@ def test_the_prompt_survives_the_template_crop(pipe):
     transformer sees is the prompt's own tokens ("a", "c", "##a", "##t") and <|im_end|>."""
     a, pooled_a, cu_a = pipe.encode_prompt("a cat", device="cpu")
     b, pooled_b, _ = pipe.encode_prompt("a dog", device="cpu")
-    assert a.shape == (1, 5, k5.TINY_TEXT_DIM) and cu_a.tolist() == [0, 5]
-    assert pooled_a.shape == (1, k5.TINY_POOLED_DIM)
+    assert a.shape == (1, 5, k5_tiny.TINY_TEXT_DIM) and cu_a.tolist() == [0, 5]
+    assert pooled_a.shape == (1, k5_tiny.TINY_POOLED_DIM)
     assert not torch.equal(a, b) and not torch.equal(pooled_a, pooled_b)
 
 
@@ -100,7 +102,7 @@ def test_a_time_embedding_cast_off_float32_is_refused_in_one_line():
     """diffusers' model breaks (a dtype mismatch deep in the forward) when its time embedding is
     cast with .to(bfloat16) or to float64: the runner refuses such a pipeline up front."""
     for dtype in (torch.bfloat16, torch.float64):
-        cast = k5.kandinsky5_pipeline(str(k5.tiny_pipeline_dir())).to(dtype=dtype)
+        cast = k5_cases.kandinsky5_pipeline(str(k5_tiny.tiny_pipeline_dir())).to(dtype=dtype)
         with pytest.raises(ValueError, match="time embedding is .* needs it float32: load the pipeline with") as err:
             Runner(cast, dtype=dtype).prepare(REQUEST)
         assert "\n" not in str(err.value)
@@ -120,7 +122,7 @@ def test_i2v_needs_an_image_and_five_latent_frames(i2v_pipe):
 def test_nabla_attention_is_refused_under_sequence_parallelism():
     """NABLA's block mask needs the whole sequence: parallelizing such a transformer is refused
     in one line, and the processor refuses sparse parameters should they reach it."""
-    transformer = k5.tiny_transformer(1, attention_type="nabla", attention_P=0.9, attention_wT=11,
+    transformer = k5_tiny.tiny_transformer(1, attention_type="nabla", attention_P=0.9, attention_wT=11,
                                       attention_wH=3, attention_wW=3, attention_add_sta=True,
                                       attention_method="topcdf")
     mesh = dataclasses.replace(build_mesh(1), ulysses=2)
@@ -136,7 +138,7 @@ def test_nabla_attention_is_refused_under_sequence_parallelism():
 
 
 def test_ulysses_must_divide_the_heads():
-    transformer = k5.tiny_transformer(1)  # 6 heads: model_dim 48 / head dim 8
+    transformer = k5_tiny.tiny_transformer(1)  # 6 heads: model_dim 48 / head dim 8
     mesh = dataclasses.replace(build_mesh(1), ulysses=4)
     with pytest.raises(ValueError, match=r"^ulysses_degree 4 does not divide the 6 attention heads; feasible: 1, 2, 3, 6$"):
         k5.Kandinsky5Adapter().validate(transformer, mesh)
@@ -229,7 +231,7 @@ def test_a_qwen2vl_processor_checkpoint_loads_without_torchvision(tmp_path):
 
     from raydit.models.loading import load_pipeline
 
-    source = k5.tiny_pipeline_dir()
+    source = k5_tiny.tiny_pipeline_dir()
     target = tmp_path / "released-layout"
     shutil.copytree(source, target)
     index = json.loads((target / "model_index.json").read_text())

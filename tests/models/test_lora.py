@@ -207,7 +207,7 @@ def test_bad_loras_are_refused_in_one_line_and_nothing_stays(loras, tmp_path):
     save_file({"transformer.proj_out.weight": torch.zeros(4, 4)}, tmp_path / "weights.safetensors")
     (tmp_path / "empty").mkdir()
     # A CogVideoX LoRA of another size: 4 heads x 16 instead of 2 x 16.
-    from raydit.models.families.cogvideox import cogvideox_pipeline
+    from raydit.models.families.cogvideox.cases import cogvideox_pipeline
 
     other = lora.write_random_lora(cogvideox_pipeline(str(resolve_model_dir("tiny")), num_attention_heads=4),
                                    tmp_path / "other-size")

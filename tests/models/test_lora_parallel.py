@@ -25,7 +25,7 @@ CFG_WORLDS = (2, 4)
 TOL = dict(rtol=1e-4, atol=1e-4)
 MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: every one))
     # CogVideoX: 2 heads (Ulysses 1, 2), text and video in one sequence.
-    "tiny": ("raydit.models.families.cogvideox:cogvideox_pipeline", 2, dict(num_attention_heads=2),
+    "tiny": ("raydit.models.families.cogvideox.cases:cogvideox_pipeline", 2, dict(num_attention_heads=2),
              dict(prompt="a red fox", num_frames=5, height=32, width=48, num_inference_steps=2, seed=3), None),
     # Wan 2.1: 6 heads (Ulysses 1, 2, 3), 2 x 3 x 5 = 30 video tokens (4 ranks pad).
     "tiny-wan": ("raydit.models.families.wan.cases:wan_pipeline", 6, dict(),
@@ -37,7 +37,7 @@ MODELS = {  # model: (builder, heads, builder overrides, request, worlds (None: 
                   dict(ltx2_cases.TINY_REQUEST), (2,)),
     # Kandinsky 5: 6 heads, 3 x 2 x 3 = 18 video tokens; the LoRA on every attention's
     # to_query / to_key / to_value (the sequence-parallel processor calls the adapted layers).
-    "tiny-kandinsky5": ("raydit.models.families.kandinsky5:kandinsky5_pipeline", 6, dict(),
+    "tiny-kandinsky5": ("raydit.models.families.kandinsky5.cases:kandinsky5_pipeline", 6, dict(),
                         dict(prompt="a red fox", negative_prompt="blur", num_frames=9, height=32, width=48,
                              num_inference_steps=2, guidance_scale=5.0, seed=3), (2,)),
     # Mochi 1: 6 heads, 2 x 2 x 3 = 12 video tokens with the valid text laid out across the ranks.

@@ -10,9 +10,9 @@ from torch import nn
 
 from raydit.models import get_adapter, parallelize, register_adapter, supported_transformers, unparallelize
 from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.families.cogvideox import VIDEO, CogVideoXAdapter, CogVideoXSPAttnProcessor
+from raydit.models.families.cogvideox.family import VIDEO, CogVideoXAdapter, CogVideoXSPAttnProcessor
 from raydit.models.conformance import forward_once
-from raydit.models.families.cogvideox import cogvideox_forward
+from raydit.models.families.cogvideox.cases import cogvideox_forward
 from raydit.parallel.mesh import build_mesh
 from raydit.parallel.sharding import SeqLayout, shard_rotary
 

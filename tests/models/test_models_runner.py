@@ -10,8 +10,8 @@ import torch
 
 from raydit.models import GenerationRequest, Runner
 from raydit.models.conformance import run_steps
-from raydit.models.families.cogvideox import (TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, cogvideox_pipeline,
-                                              load_tiny_pipeline, tiny_pipeline_dir)
+from raydit.models.families.cogvideox.cases import cogvideox_pipeline
+from raydit.models.families.cogvideox.tiny import TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH, load_tiny_pipeline, tiny_pipeline_dir
 
 REQUEST = dict(prompt="a cat", num_frames=TINY_FRAMES, height=TINY_HEIGHT, width=TINY_WIDTH, num_inference_steps=3)
 

@@ -12,7 +12,7 @@ import torch
 from raydit.models import tiny as shared
 from raydit.models.registry import tiny_models
 from raydit.planner import BUILTIN_MODELS
-from raydit.models.families import cogvideox as tiny
+from raydit.models.families.cogvideox import tiny
 
 
 def _digest(directory: Path) -> dict[str, str]:

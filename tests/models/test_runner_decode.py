@@ -15,7 +15,7 @@ REQUEST = dict(prompt="a cat", num_inference_steps=2, seed=3)
 
 def _request():
     from raydit.models import GenerationRequest
-    from raydit.models.families.cogvideox import TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH
+    from raydit.models.families.cogvideox.tiny import TINY_FRAMES, TINY_HEIGHT, TINY_WIDTH
 
     return GenerationRequest(num_frames=TINY_FRAMES, height=TINY_HEIGHT, width=TINY_WIDTH, **REQUEST)
 
@@ -29,7 +29,7 @@ def _run(runner):
 
 def decode_worker(rank, world, pipe_dir):
     from raydit.models import Runner
-    from raydit.models.families.cogvideox import cogvideox_pipeline
+    from raydit.models.families.cogvideox.cases import cogvideox_pipeline
     from raydit.parallel import build_mesh
 
     runner = Runner(cogvideox_pipeline(pipe_dir), mesh=build_mesh(ulysses=1, ring=world, cfg=1, replicas=1))
@@ -41,7 +41,8 @@ def decode_worker(rank, world, pipe_dir):
 
 def test_runner_decode_on_ranks_equals_one_process():
     from raydit.models import Runner
-    from raydit.models.families.cogvideox import cogvideox_pipeline, tiny_pipeline_dir
+    from raydit.models.families.cogvideox.cases import cogvideox_pipeline
+    from raydit.models.families.cogvideox.tiny import tiny_pipeline_dir
 
     pipe_dir = str(tiny_pipeline_dir())
     single = Runner(cogvideox_pipeline(pipe_dir))

@@ -289,25 +289,20 @@ class HunyuanVideoFamily(Family):
         )
 
     def reference_latents(self, pipe, request):
-        """For latent_concat the pipeline returns its latents less the first frame: the full
-        latents of its last step are read with its own step callback (the runner keeps them)."""
-        import torch
-
         pipe.set_progress_bar_config(disable=True)
-        kwargs, seen = {}, {}
+        kwargs = {}
         if _image_condition(pipe) is not None:
             kwargs["image"] = png_to_image(request.image)
-        if _image_condition(pipe) == "latent_concat":
-            def last_latents(pipe_, i, t, tensors):
-                seen["latents"] = tensors["latents"]
-                return tensors
-            kwargs["callback_on_step_end"] = last_latents
-        frames = pipe(**reference_call(request, negative_none=True, true_cfg_scale=request.true_cfg_scale,
-                                       **kwargs)).frames
-        if "latents" in seen:
-            assert torch.equal(seen["latents"][:, :, 1:], frames)
-            return seen["latents"]
-        return frames
+        return pipe(**reference_call(request, negative_none=True, true_cfg_scale=request.true_cfg_scale,
+                                     **kwargs)).frames
+
+    def output_latents(self, pipe, state, latents=None):
+        """latent_concat: the latents less frame 0 (the image's frame), as the I2V pipeline's
+        output_type="latent" returns them; the runner keeps all frames, as its loop does."""
+        latents = state.latents if latents is None else latents
+        if state.context.get("condition") == "latent_concat":
+            return latents[:, :, 1:]
+        return latents
 
     # -- hooks ---------------------------------------------------------------------------------
     def do_cfg(self, pipe, request) -> bool:

@@ -299,7 +299,7 @@ class SkyReelsFamily(WanFamily):
     def _init_forcing(self, pipe, request, generator, device, state_dtype):
         import torch
 
-        from raydit.models.family import live_scheduler_state
+        from raydit.models.scheduler_state import live_scheduler_state
 
         s = df_settings(pipe, request)
         template = pipe.scheduler.timesteps
@@ -394,7 +394,7 @@ class SkyReelsFamily(WanFamily):
 
         import torch
 
-        from raydit.models.family import live_scheduler_state, load_scheduler_state
+        from raydit.models.scheduler_state import live_scheduler_state, load_scheduler_state
 
         s, ctx = state.context["forcing"], state.context
         w, i, sched, win = self._where(state, t)

@@ -1,4 +1,6 @@
-"""The CogVideoX family: CogVideoX-2b / 5b / 1.5, text- and image-to-video.
+"""The CogVideoX family: CogVideoX-2b / 5b / 1.5, text- and image-to-video: its adapter and steps.
+
+Its tiny pipelines are in `tiny.py`, its conformance cases in `cases.py`.
 
 Adapter. CogVideoX-2b has sinusoidal positions (added in the patch embedding, before the
 split), 5b rotary positions (applied per rank in the processor), 1.5 a temporal patch of 2,
@@ -12,40 +14,19 @@ Steps. The pipeline runs both guidance branches as one batch [negative, positive
 the CogVideoX DPM scheduler, whose previous x0 prediction is passed explicitly (`carry`);
 CogVideoX1.5 prepends latent frames to fill its temporal patch and cuts them at decode.
 
-Tiny. `tiny` is the CogVideoX-2b architecture (sinusoidal, DDIM) with seeded random weights.
-
 Legend: B batch, H heads, L local sequence (text chunk + video chunk), D head dim, C = H*D.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import png_to_image, reference_call
-from raydit.models.tiny import SEED, cache_root, randomize, t5_encoder, tokenizer, write_pipeline, quiet_hub
 from raydit.planner.model import DecoderShape
 
 TEXT, VIDEO = 0, 1  # part indices of the layout: text first, then video (docs/design.md)
-
-# -- the built-in tiny pipeline's geometry (the planner's `tiny` entry repeats it; a test
-# checks the two against each other through the directory this module writes) ----------
-TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
-TINY_HEADS = 2
-TINY_HEAD_DIM = 16
-TINY_LAYERS = 2
-TINY_TEXT_TOKENS = 16  # transformer max_text_seq_length == pipeline max_sequence_length
-TINY_TEXT_EMBED_DIM = 32  # T5 d_model == transformer text_embed_dim
-TINY_TIME_EMBED_DIM = 16
-TINY_LATENT_CHANNELS = 4
-TINY_PATCH_SIZE = 2
-TINY_VAE_SPATIAL = 8  # pixels per latent pixel (4 VAE blocks: 2**3)
-TINY_VAE_TEMPORAL = 4  # latent frames = (frames - 1) // 4 + 1
-TINY_FRAMES = 9
-TINY_HEIGHT = 64
-TINY_WIDTH = 64
 
 
 # -- adapter -------------------------------------------------------------------------------
@@ -132,7 +113,9 @@ def builtin_models() -> list:
     """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
     from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
 
-    tiny_hidden = TINY_HEADS * TINY_HEAD_DIM
+    # `tiny` / `tiny-i2v`: the geometry of tiny.py's pipelines (2 heads x 16, 2 layers, 16 text
+    # tokens, 4 latent channels, 9 x 64 x 64; tests/test_planner_model.py holds the two equal).
+    tiny_hidden = 2 * 16
     common = dict(family="cogvideox", patch_size=2, text_in_sequence=True)
     return [
         ModelSpec(name="cogvideox-2b", heads=30, head_dim=64, layers=30, ffn_hidden=7680, patch_size_t=None,
@@ -168,9 +151,6 @@ class CogVideoXFamily(Family):
     # CogVideoXBlock at 1920 wide, 1024 + 226 tokens: 202.3 MB (Family.elementwise_bytes).
     elementwise_bytes = 84.0
     models = staticmethod(builtin_models)
-
-    def tiny(self):
-        return {"tiny": tiny_pipeline_dir, "tiny-i2v": tiny_i2v_pipeline_dir}
 
     def spec_from_dir(self, path: Path, configs):
         from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
@@ -211,9 +191,6 @@ class CogVideoXFamily(Family):
         kwargs = {} if request.image is None else {"image": png_to_image(request.image)}
         return pipe(**reference_call(request, max_sequence_length=pipe.transformer.config.max_text_seq_length,
                                      **kwargs)).frames
-
-    def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(), "runner": runner_cases(base_dirs["tiny"])}
 
     # -- hooks ----------------------------------------------------------------------------
     def encode(self, pipe, request, device, dtype):
@@ -317,230 +294,3 @@ class CogVideoXFamily(Family):
 
 
 FAMILY = CogVideoXFamily()
-
-
-# -- the tiny pipeline ---------------------------------------------------------------------
-def _transformer_config(**overrides) -> dict:
-    config = dict(
-        num_attention_heads=TINY_HEADS,
-        attention_head_dim=TINY_HEAD_DIM,
-        in_channels=TINY_LATENT_CHANNELS,
-        out_channels=TINY_LATENT_CHANNELS,
-        time_embed_dim=TINY_TIME_EMBED_DIM,
-        text_embed_dim=TINY_TEXT_EMBED_DIM,
-        num_layers=TINY_LAYERS,
-        sample_width=TINY_WIDTH // TINY_VAE_SPATIAL,
-        sample_height=TINY_HEIGHT // TINY_VAE_SPATIAL,
-        sample_frames=TINY_FRAMES,
-        patch_size=TINY_PATCH_SIZE,
-        temporal_compression_ratio=TINY_VAE_TEMPORAL,
-        max_text_seq_length=TINY_TEXT_TOKENS,
-        use_rotary_positional_embeddings=False,
-    )
-    config.update(overrides)
-    return config
-
-
-def tiny_transformer(seed: int = SEED, **overrides):
-    """A CogVideoXTransformer3DModel with the tiny geometry (or `overrides`), seeded weights."""
-    import torch
-    from diffusers import CogVideoXTransformer3DModel
-
-    torch.manual_seed(seed)
-    return randomize(CogVideoXTransformer3DModel(**_transformer_config(**overrides)), seed)
-
-
-def tiny_vae():
-    import torch
-    from diffusers import AutoencoderKLCogVideoX
-
-    torch.manual_seed(SEED + 2)
-    return AutoencoderKLCogVideoX(
-        block_out_channels=(8, 8, 8, 8),
-        latent_channels=TINY_LATENT_CHANNELS,
-        layers_per_block=1,
-        norm_num_groups=4,
-        temporal_compression_ratio=TINY_VAE_TEMPORAL,
-        sample_height=TINY_HEIGHT,
-        sample_width=TINY_WIDTH,
-    ).eval()
-
-
-def build_tiny_pipeline(directory, scheduler: str = "ddim", image: bool = False, **transformer_overrides) -> Path:
-    """Write the tiny pipeline (optionally with a variant transformer / the DPM scheduler;
-    `image=True`: the image-to-video pipeline, image latents joined in the channels)."""
-
-    def make():
-        from diffusers import (CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXImageToVideoPipeline,
-                               CogVideoXPipeline)
-
-        scheduler_cls = CogVideoXDPMScheduler if scheduler == "dpm" else CogVideoXDDIMScheduler
-        tok = tokenizer(TINY_TEXT_TOKENS)
-        if image:
-            # CogVideoX-5b-I2V's layout: doubled input channels, learned + rotary positions.
-            transformer_overrides.setdefault("in_channels", 2 * TINY_LATENT_CHANNELS)
-            transformer_overrides.setdefault("use_learned_positional_embeddings", True)
-            transformer_overrides.setdefault("use_rotary_positional_embeddings", True)
-        pipeline_cls = CogVideoXImageToVideoPipeline if image else CogVideoXPipeline
-        return pipeline_cls(
-            tokenizer=tok,
-            text_encoder=t5_encoder(len(tok), TINY_TEXT_EMBED_DIM),
-            vae=tiny_vae(),
-            transformer=tiny_transformer(**transformer_overrides),
-            scheduler=scheduler_cls(),
-        )
-
-    return write_pipeline(directory, make)
-
-
-def tiny_pipeline_dir() -> Path:
-    """The directory of the built-in `tiny` pipeline, building it on first use."""
-    return build_tiny_pipeline(cache_root() / f"tiny-{TINY_VERSION}")
-
-
-def tiny_i2v_pipeline_dir() -> Path:
-    """The built-in `tiny-i2v` (CogVideoXImageToVideoPipeline, 64 x 64, 9 frames)."""
-    return build_tiny_pipeline(cache_root() / f"tiny-i2v-{TINY_VERSION}", image=True)
-
-
-def load_tiny_pipeline(dtype=None):
-    """`CogVideoXPipeline.from_pretrained(tiny_pipeline_dir())`."""
-    import torch
-    from diffusers import CogVideoXPipeline
-
-    with quiet_hub():
-        return CogVideoXPipeline.from_pretrained(tiny_pipeline_dir(), dtype=dtype or torch.float32)
-
-
-# -- conformance cases ---------------------------------------------------------------------
-# Builders are module-level so spawned ranks rebuild identical models: weights from
-# tiny_transformer's fixed seed, inputs from a fixed generator. The geometry hits the hard
-# cases: 30 heads at 30 patch rows (the 480p height, where xDiT refuses 4 and 8 ranks), a
-# 13-token text that no world size > 1 divides, rotary tables cut per rank (5b), a temporal
-# patch of 2 (1.5), image latents in the channels (I2V, learned positions or the ofs embedding).
-TEXT_LEN = 13  # divides no world size in 2..6
-_BUILD_FORWARD = "raydit.models.families.cogvideox:cogvideox_forward"
-_BUILD_PIPELINE = "raydit.models.families.cogvideox:cogvideox_pipeline"
-
-
-def rotary_table(transformer, latent_frames: int, latent_height: int, latent_width: int, vae_scale: int = 1):
-    """The rotary table diffusers' pipeline builds, from its own helper (no copy of its logic)."""
-    import torch
-    from diffusers import CogVideoXPipeline
-
-    fake_pipe = SimpleNamespace(vae_scale_factor_spatial=vae_scale, transformer=transformer)
-    return CogVideoXPipeline._prepare_rotary_positional_embeddings(
-        fake_pipe, latent_height * vae_scale, latent_width * vae_scale, latent_frames, torch.device("cpu")
-    )
-
-
-def cogvideox_forward(latent_frames: int, latent_height: int, latent_width: int, text_len: int = TEXT_LEN,
-                      batch: int = 2, **overrides):
-    """A tiny-weight CogVideoXTransformer3DModel and the kwargs of one forward call.
-
-    hidden_states [batch, F, C_in, H, W], encoder_hidden_states [batch, text_len, text_dim].
-    """
-    import torch
-
-    config = dict(
-        sample_frames=(latent_frames - 1) * 4 + 1,
-        sample_height=latent_height,
-        sample_width=latent_width,
-        max_text_seq_length=text_len,
-    )
-    config.update(overrides)
-    transformer = tiny_transformer(**config)
-    g = torch.Generator().manual_seed(7)
-    kwargs = dict(
-        hidden_states=torch.randn(batch, latent_frames, transformer.config.in_channels, latent_height, latent_width, generator=g),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_EMBED_DIM, generator=g),
-        timestep=torch.tensor([999, 421][:batch] + [1] * max(0, batch - 2)),
-        image_rotary_emb=None,
-    )
-    if transformer.config.use_rotary_positional_embeddings:
-        kwargs["image_rotary_emb"] = rotary_table(transformer, latent_frames, latent_height, latent_width)
-    if transformer.config.ofs_embed_dim:
-        kwargs["ofs"] = torch.full((batch,), 2.0)
-    return transformer, kwargs
-
-
-def cogvideox_pipeline(base_dir: str, scheduler: str = "ddim", image: bool = False, **overrides):
-    """The tiny pipeline (from disk, as a real checkpoint) with a variant transformer and
-    scheduler; `image=True` makes it the image-to-video pipeline (channels doubled)."""
-    from diffusers import (CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXImageToVideoPipeline,
-                           CogVideoXPipeline)
-
-    with quiet_hub():
-        pipe = CogVideoXPipeline.from_pretrained(base_dir)
-    scheduler_cls = {"ddim": CogVideoXDDIMScheduler, "dpm": CogVideoXDPMScheduler}[scheduler]
-    if image:
-        overrides.setdefault("in_channels", 2 * TINY_LATENT_CHANNELS)
-        overrides.setdefault("use_learned_positional_embeddings", True)
-        overrides.setdefault("use_rotary_positional_embeddings", True)
-    pipeline_cls = CogVideoXImageToVideoPipeline if image else CogVideoXPipeline
-    return pipeline_cls(
-        tokenizer=pipe.tokenizer,
-        text_encoder=pipe.text_encoder,
-        vae=pipe.vae,
-        transformer=tiny_transformer(**overrides),
-        scheduler=scheduler_cls.from_config(pipe.scheduler.config),
-    )
-
-
-def forward_cases() -> list:
-    from raydit.models.conformance import ForwardCase
-
-    # The 2b case runs on every world size; the variants on a few (the suite's time).
-    rotary = dict(use_rotary_positional_embeddings=True)
-    return [
-        # 2b style: sinusoidal positions; 30 heads, 30 patch rows (480p), 13 text tokens.
-        ForwardCase("cogvideox-2b-h30-rows30", _BUILD_FORWARD, 30,
-                    dict(latent_frames=2, latent_height=60, latent_width=4,
-                         num_attention_heads=30, attention_head_dim=8)),
-        # 5b style: rotary on video tokens only; 27 video tokens (odd).
-        ForwardCase("cogvideox-5b-rotary", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=6, latent_width=6,
-                         num_attention_heads=6, attention_head_dim=16, **rotary), worlds=(2, 3, 4)),
-        # 1.5 style: temporal patch 2 (4 latent frames -> 2 patch frames), rotary "slice" grid.
-        ForwardCase("cogvideox-1.5-patch_t2", _BUILD_FORWARD, 4,
-                    dict(latent_frames=4, latent_height=6, latent_width=8, patch_size_t=2,
-                         num_attention_heads=4, attention_head_dim=16, **rotary), worlds=(2, 4)),
-        # 5b-I2V style: image latents joined in the channels, learned + rotary positions.
-        ForwardCase("cogvideox-5b-i2v", _BUILD_FORWARD, 2,
-                    dict(latent_frames=3, latent_height=4, latent_width=6, in_channels=8,
-                         use_learned_positional_embeddings=True, **rotary), worlds=(2, 3)),
-        # 1.5-I2V style: channels doubled, temporal patch 2, ofs embedding.
-        ForwardCase("cogvideox-1.5-i2v-ofs", _BUILD_FORWARD, 2,
-                    dict(latent_frames=2, latent_height=4, latent_width=4, in_channels=8, patch_size_t=2,
-                         ofs_embed_dim=16, **rotary), worlds=(2, 4)),
-    ]
-
-
-def runner_cases(base_dir: str) -> list:
-    from raydit.models.conformance import RunnerCase
-
-    rotary = dict(use_rotary_positional_embeddings=True)
-    return [
-        # 2b: DDIM; 480 x 16 pixels -> 60 x 2 latents -> 30 patch rows; 30 heads.
-        RunnerCase("cogvideox-2b-h30-rows30", _BUILD_PIPELINE, 30,
-                   dict(prompt="a red fox runs", num_frames=5, height=480, width=16, num_inference_steps=3, seed=11),
-                   dict(base_dir=base_dir, num_attention_heads=30, attention_head_dim=8, max_text_seq_length=TEXT_LEN,
-                        sample_height=60, sample_width=2, sample_frames=5)),
-        # 5b: rotary, DPM (stochastic: the generator state travels in the checkpoint).
-        RunnerCase("cogvideox-5b-rotary-dpm", _BUILD_PIPELINE, 6,
-                   dict(prompt="waves at dusk", num_frames=9, height=48, width=48, num_inference_steps=3, seed=5),
-                   dict(base_dir=base_dir, scheduler="dpm", num_attention_heads=6, attention_head_dim=16,
-                        max_text_seq_length=TEXT_LEN, sample_height=6, sample_width=6, **rotary), worlds=(2, 3, 5)),
-        # 1.5: temporal patch 2; 3 latent frames padded to 4 as the pipeline does.
-        RunnerCase("cogvideox-1.5-patch_t2-dpm", _BUILD_PIPELINE, 4,
-                   dict(prompt="a paper boat", num_frames=9, height=48, width=64, num_inference_steps=3, seed=2),
-                   dict(base_dir=base_dir, scheduler="dpm", patch_size_t=2, num_attention_heads=4,
-                        attention_head_dim=16, max_text_seq_length=TEXT_LEN, sample_height=6, sample_width=8,
-                        **rotary), worlds=(2, 4)),
-        # I2V: image latents joined in the channels, learned positions; an image in the request.
-        RunnerCase("cogvideox-i2v", _BUILD_PIPELINE, 2,
-                   dict(prompt="a kite", num_frames=5, height=32, width=48, num_inference_steps=3, seed=4),
-                   dict(base_dir=base_dir, image=True, max_text_seq_length=TEXT_LEN, sample_height=4,
-                        sample_width=6, sample_frames=5),
-                   image="checker", worlds=(2, 3)),
-    ]

@@ -1,5 +1,7 @@
 """The Kandinsky 5 family: `Kandinsky5T2VPipeline` (text-to-video) and `Kandinsky5I2VPipeline`
-(image-to-video).
+(image-to-video): its adapter and steps.
+
+Its tiny pipelines are in `tiny.py`, its conformance cases in `cases.py`.
 
 Adapter. `Kandinsky5Transformer3DModel` runs two lists of blocks: `text_transformer_blocks`
 (self-attention over the Qwen2.5-VL text alone, 1-D rotary) and then
@@ -43,12 +45,6 @@ tiny built-ins save a text-only Qwen-like tokenizer as the pipeline's `tokenizer
 pipeline calls the same way; and where torchvision is missing, raydit's loader hands a released
 checkpoint's pipeline the processor's own text tokenizer (`load_components`).
 
-Tiny. `tiny-kandinsky5` / `tiny-kandinsky5-i2v`: 6 heads x 8 (Ulysses 1, 2, 3, 6; 4 and 5
-ranks run ring or hybrid), one text block and two visual blocks, patch (1, 2, 2), a small
-Qwen2.5-VL with a tokenizer built in code whose chat template is 128 tokens before the prompt
-(as the pipeline crops), a small CLIP text model, and HunyuanVideo's VAE (8x spatial, 4x
-temporal) with 4 channels; random weights.
-
 Module-level imports stay light (no torch, no diffusers): the planner reads this family
 through the registry without importing torch.
 
@@ -63,7 +59,7 @@ import json
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
-from raydit.models.tiny import DEFAULTS_FILE, clip_text_encoder, load_pipeline_dir, tiny_dir
+from raydit.models.tiny import DEFAULTS_FILE
 from raydit.models.families.hunyuanvideo.family import DECODER as HUNYUAN_DECODER
 
 VIDEO = 0  # the only part split across the visual blocks
@@ -226,9 +222,6 @@ class Kandinsky5Family(Family):
 
     models = staticmethod(builtin_models)
 
-    def tiny(self):
-        return {"tiny-kandinsky5": tiny_pipeline_dir, "tiny-kandinsky5-i2v": tiny_i2v_pipeline_dir}
-
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
         absent keys); request defaults: the pipeline's 121 frames at 512 x 768 unless the
@@ -290,10 +283,6 @@ class Kandinsky5Family(Family):
         if type(pipe).__name__ == I2V:
             kwargs["image"] = png_to_image(request.image)
         return pipe(**kwargs).frames
-
-    def conformance_cases(self, base_dirs):
-        return {"forward": forward_cases(),
-                "runner": runner_cases(base_dirs["tiny-kandinsky5"], base_dirs["tiny-kandinsky5-i2v"])}
 
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
@@ -405,199 +394,3 @@ class Kandinsky5Family(Family):
 
 
 FAMILY = Kandinsky5Family()
-
-
-# -- the tiny pipelines ------------------------------------------------------------------------
-TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
-TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
-TINY_AXES = (2, 2, 4)  # frames, rows, columns: the head dim is their sum, 8
-TINY_TEXT_DIM = 16  # Qwen hidden size == transformer in_text_dim
-TINY_POOLED_DIM = 16  # CLIP hidden size == transformer in_text_dim2
-TINY_LATENT_CHANNELS = 4
-TINY_DEFAULTS = {"num_frames": 9, "height": 48, "width": 80}  # 3 x 3 x 5 = 45 video tokens
-TINY_I2V_DEFAULTS = {"num_frames": 17, "height": 32, "width": 48}  # 5 x 2 x 3 = 30 video tokens
-TEMPLATE_TOKENS = 128  # the pipelines' prompt_template_encode_start_idx
-
-# The words of the pipelines' system message kept whole; "scren" and "pay" are spelled out in
-# characters so that the template is exactly TEMPLATE_TOKENS tokens before the prompt.
-_WHOLE_WORDS = (
-    "a action actions and angle animation are attention camera characters content describe detail dynamism effects "
-    "engineer follows footage game generated how if in is it key kind location main moves name objects of or order "
-    "postprocessing presented professional prompt scene shakes shown some style system the their they to "
-    "transitions user video view visual whether you zoom"
-).split()
-
-
-def qwen_tokenizer(max_length: int = 2048):
-    """The tiny Qwen-like tokenizer (text only): the template's words are single tokens."""
-    from raydit.models.tiny import qwen_tokenizer as qwen_like
-
-    return qwen_like(_WHOLE_WORDS, max_length)
-
-
-def _template_prefix(pipe_template: str, tok) -> int:
-    """How many tokens `tok` gives the pipeline's template before the prompt."""
-    with_prompt = tok(pipe_template.format("x"))["input_ids"]
-    return len(with_prompt) - 2  # after the prompt "x": <|im_end|>
-
-
-def _qwen_encoder(vocab_size: int, seed: int):
-    import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    torch.manual_seed(seed)
-    config = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=vocab_size, hidden_size=TINY_TEXT_DIM, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
-                         rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
-                         rope_theta=1e6, pad_token_id=0, bos_token_id=0, eos_token_id=2),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=TINY_TEXT_DIM,
-                           patch_size=2, spatial_merge_size=1, temporal_patch_size=1, fullatt_block_indexes=[0],
-                           window_size=4),
-        image_token_id=vocab_size + 1, video_token_id=vocab_size + 2, vision_start_token_id=vocab_size + 3,
-    )
-    return Qwen2_5_VLForConditionalGeneration(config).eval()
-
-
-def tiny_transformer(seed: int, **overrides):
-    """A Kandinsky5Transformer3DModel of the tiny geometry (or `overrides`), every parameter
-    drawn from `seed` (diffusers zero-initialises the modulations: the blocks would be identities)."""
-    import torch
-    from diffusers import Kandinsky5Transformer3DModel
-
-    from raydit.models.tiny import randomize
-
-    config = dict(
-        in_visual_dim=TINY_LATENT_CHANNELS, out_visual_dim=TINY_LATENT_CHANNELS, in_text_dim=TINY_TEXT_DIM,
-        in_text_dim2=TINY_POOLED_DIM, time_dim=16, patch_size=(1, 2, 2), model_dim=TINY_HEADS * sum(TINY_AXES),
-        ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=TINY_AXES, visual_cond=True,
-    )
-    config.update(overrides)
-    torch.manual_seed(seed)
-    return randomize(Kandinsky5Transformer3DModel(**config), seed)
-
-
-def tiny_pipeline(image: bool = False):
-    """The tiny Kandinsky5T2VPipeline (or, `image`, Kandinsky5I2VPipeline), built in memory."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
-
-    from raydit.models.families.hunyuanvideo.tiny import tiny_vae  # Kandinsky 5 decodes with HunyuanVideo's VAE
-    from raydit.models.tiny import SEED, tokenizer
-
-    tok, tok_2 = qwen_tokenizer(), tokenizer(77)
-    cls = Kandinsky5I2VPipeline if image else Kandinsky5T2VPipeline
-    pipe = cls(
-        transformer=tiny_transformer(SEED + 10),
-        vae=tiny_vae(SEED + 2, TINY_LATENT_CHANNELS),
-        text_encoder=_qwen_encoder(len(tok), SEED + 1),
-        tokenizer=tok,
-        text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
-        tokenizer_2=tok_2,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-    )
-    prefix = _template_prefix(pipe.prompt_template, tok)
-    if prefix != pipe.prompt_template_encode_start_idx or prefix != TEMPLATE_TOKENS:
-        raise RuntimeError(f"the tiny Qwen template is {prefix} tokens; the pipeline crops "
-                           f"{pipe.prompt_template_encode_start_idx}")
-    return pipe
-
-
-tiny_pipeline_dir = tiny_dir(f"tiny-kandinsky5-{TINY_VERSION}", tiny_pipeline, TINY_DEFAULTS)
-
-
-tiny_i2v_pipeline_dir = tiny_dir(f"tiny-kandinsky5-i2v-{TINY_VERSION}", lambda: tiny_pipeline(image=True), TINY_I2V_DEFAULTS)
-
-
-# -- conformance -------------------------------------------------------------------------------
-_BUILD_FORWARD = "raydit.models.families.kandinsky5:kandinsky5_forward"
-_BUILD_PIPELINE = "raydit.models.families.kandinsky5:kandinsky5_pipeline"
-_CAST = "raydit.models.families.kandinsky5:cast_transformer"
-
-
-def kandinsky5_forward(latent_frames: int, latent_height: int, latent_width: int, heads: int, axes: tuple,
-                       text_len: int = 11, batch: int = 2, visual_blocks: int = 2, seed: int = 41):
-    """A tiny-weight Kandinsky5Transformer3DModel and the kwargs of one forward call (patch
-    (1, 2, 2): latent height and width are twice the token rows and columns)."""
-    import torch
-
-    transformer = tiny_transformer(seed, model_dim=heads * sum(axes), axes_dims=tuple(axes),
-                                   num_visual_blocks=visual_blocks)
-    g = torch.Generator().manual_seed(7)
-    channels = 2 * TINY_LATENT_CHANNELS + 1
-    kwargs = dict(
-        hidden_states=torch.randn(batch, latent_frames, latent_height, latent_width, channels, generator=g),
-        encoder_hidden_states=torch.randn(batch, text_len, TINY_TEXT_DIM, generator=g),
-        timestep=torch.tensor([999.0, 421.0, 1.0, 700.0][:batch]),
-        pooled_projections=torch.randn(batch, TINY_POOLED_DIM, generator=g),
-        visual_rope_pos=[torch.arange(latent_frames), torch.arange(latent_height // 2), torch.arange(latent_width // 2)],
-        text_rope_pos=torch.arange(text_len),
-        scale_factor=(1.0, 2.0, 2.0),
-    )
-    return transformer, kwargs
-
-
-def cast_transformer(transformer, dtype):
-    """The transformer in `dtype` as from_pretrained(dtype=...) loads it: in half precision its
-    `_keep_in_fp32_modules` (time embedding, modulations) stay float32; in float64 everything
-    but the time embedding, whose input is float32 by construction (the model casts it)."""
-    import torch
-
-    transformer.to(dtype)
-    keep = transformer._keep_in_fp32_modules if dtype in (torch.float16, torch.bfloat16) else ["time_embeddings"]
-    for name, module in transformer.named_modules():
-        if name and any(k in name.split(".") for k in keep):
-            module.to(torch.float32)
-    return transformer
-
-
-def kandinsky5_pipeline(base_dir: str, dtype=None):
-    """A tiny Kandinsky 5 pipeline loaded from its directory (as a real checkpoint is); in
-    `dtype` as from_pretrained(dtype=...) loads it: the transformer's time embedding and
-    modulations stay float32 (`_keep_in_fp32_modules`; the model breaks when they are cast)."""
-    if dtype is None:
-        return load_pipeline_dir(base_dir)
-    from diffusers import DiffusionPipeline
-
-    from raydit.models.tiny import quiet_hub
-
-    with quiet_hub():
-        pipe = DiffusionPipeline.from_pretrained(base_dir, dtype=dtype)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def forward_cases() -> list:
-    """Token counts no world size 2..6 divides; 6 and 5 heads (Ulysses 1, 2, 3, 6 / 1, 5; the
-    rest ring or hybrid)."""
-    from raydit.models.conformance import ForwardCase
-
-    return [
-        # 3 x 3 x 5 = 45 video tokens (latents 3 x 6 x 10, patch 2), a batch of two samples.
-        ForwardCase("kandinsky5-h6", _BUILD_FORWARD, 6,
-                    dict(latent_frames=3, latent_height=6, latent_width=10, heads=6, axes=(2, 2, 4)), cast=_CAST),
-        # 1 x 1 x 7 = 7 video tokens on 5 and 6 ranks (pad rows on most of them), one block.
-        ForwardCase("kandinsky5-h5-7tokens", _BUILD_FORWARD, 5,
-                    dict(latent_frames=1, latent_height=2, latent_width=14, heads=5, axes=(2, 2, 4), batch=1,
-                         visual_blocks=1),
-                    worlds=(5, 6), cast=_CAST),
-    ]
-
-
-def runner_cases(base_dir: str, i2v_dir: str) -> list:
-    """Denoising on the tiny pipelines: 3 x 3 x 5 = 45 video tokens (3 and 5 divide it, 2, 4,
-    6 and 8 do not), classifier-free guidance (cfg = 2 runs one branch on each group);
-    image-to-video (17 frames: the pipeline needs 5 latent frames) on 3 and 4 ranks."""
-    from raydit.models.conformance import RunnerCase
-
-    request = dict(prompt="a red fox runs through snow", negative_prompt="blur", num_frames=9, height=48, width=80,
-                   num_inference_steps=2, guidance_scale=5.0, seed=11)
-    return [
-        # Every plan on 2..4 ranks (one rank is the reference itself), cfg 2 on 2 and 4 (the
-        # suite's time); the forward cases cover 5, 6 and 8 ranks.
-        RunnerCase("kandinsky5-t2v", _BUILD_PIPELINE, TINY_HEADS, request, dict(base_dir=base_dir),
-                   worlds=(2, 3, 4)),
-        # 5 x 2 x 3 = 30 video tokens (4 ranks pad); an empty negative prompt: the pipeline's default.
-        RunnerCase("kandinsky5-i2v", _BUILD_PIPELINE, TINY_HEADS,
-                   dict(request, seed=5, negative_prompt="", **TINY_I2V_DEFAULTS),
-                   dict(base_dir=i2v_dir), image="checker", worlds=(3, 4), cfg=False),
-    ]
