@@ -113,7 +113,7 @@ def test_runner_output_latents_are_the_pipelines(family, tiny):
         runner.close()
 
 
-@pytest.mark.slow
+@pytest.mark.long  # the second stage; stage one: the Runner cases above and test_cli_ltx2's saved latents
 @pytest.mark.parametrize("tiny", ["tiny-kandinsky5-i2v", "tiny-ltx2"])
 def test_generation_result_latents_are_the_pipelines(ray_local, tiny):
     """GenerationResult.latents (and audio_latents where the pipeline makes sound) from an Engine

@@ -73,7 +73,7 @@ def test_killed_rank_of_a_sharded_replica_resumes_with_the_same_latents(ray_loca
     torch.testing.assert_close(torch.from_numpy(result.latents), torch.from_numpy(reference.latents), **TOL)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # the second stage: tests/models/test_shard_quantize.py holds the same rebuild in stage one
 def test_sharded_fp8_sim_replica_loses_a_rank_and_resumes_quantized(ray_local):
     """Engine(shard_weights=True, quantize="fp8-sim") on the tiny CogVideoX (12 block linears
     quantized): every rank quantizes, then shards the quantized bytes. A rank is killed after
