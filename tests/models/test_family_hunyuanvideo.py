@@ -147,5 +147,5 @@ def test_latent_concat_matches_diffusers_pipeline(hunyuan_i2v_pipe):
     state = run_steps(runner, request, request.num_inference_steps)
     assert [b["encoder_hidden_states"].shape[1] for b in state.branches] == [288 + 252, 288 + 252]
     assert state.latents.shape[2] == expected.shape[2] + 1  # the runner keeps frame 0, as the pipeline's loop
-    torch.testing.assert_close(hunyuanvideo.FAMILY.output_latents(pipe, state), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(family.FAMILY.output_latents(pipe, state), expected, rtol=1e-5, atol=1e-5)
     assert runner.decode(state).shape == (request.num_frames - 4, request.height, request.width, 3)
