@@ -174,7 +174,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "startup": engine.timings,
         }
     if o["json"]:
-        print(json.dumps(summary))
+        print(json.dumps(summary), file=getattr(args, "json_stdout", sys.stdout))
     else:
         t = result.timings
         print(
