@@ -256,7 +256,19 @@ _SKYREELS_COMMON = dict(attention_head_dim=128, cross_attn_norm=True, eps=1e-6, 
                         patch_size=(1, 2, 2), qk_norm="rms_norm_across_heads", text_dim=4096)
 _SKYREELS_1_3B = dict(num_attention_heads=12, num_layers=30, ffn_dim=8960)
 _SKYREELS_14B = dict(num_attention_heads=40, num_layers=40, ffn_dim=13824)
+_WAN_COMMON = dict(attention_head_dim=128, patch_size=(1, 2, 2), text_dim=4096, out_channels=16)
+_WAN_14B = dict(_WAN_COMMON, num_attention_heads=40, num_layers=40, ffn_dim=13824)
 PUBLISHED_CONFIGS = [
+    # Wan 2.1 / 2.2 (scripts/convert_wan_to_diffusers.py: 1.3B, 14B, I2V 14B with the image's
+    # k / v, TI2V-5B with 48 channels; each A14B expert is the 14B T2V transformer)
+    ("wan2.1-t2v-1.3b", "WanTransformer3DModel",
+     dict(_WAN_COMMON, num_attention_heads=12, num_layers=30, ffn_dim=8960, in_channels=16)),
+    ("wan2.1-t2v-14b", "WanTransformer3DModel", dict(_WAN_14B, in_channels=16)),
+    ("wan2.1-i2v-14b-480p", "WanTransformer3DModel",
+     dict(_WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)),
+    ("wan2.2-t2v-a14b", "WanTransformer3DModel", dict(_WAN_14B, in_channels=16)),
+    ("wan2.2-ti2v-5b", "WanTransformer3DModel",
+     dict(_WAN_COMMON, num_attention_heads=24, num_layers=30, ffn_dim=14336, in_channels=48, out_channels=48)),
     ("ltx-video-2b", "LTXVideoTransformer3DModel",
      dict(_LTX_COMMON, num_attention_heads=32, attention_head_dim=64, cross_attention_dim=2048, num_layers=28)),
     ("ltx-video-13b", "LTXVideoTransformer3DModel",

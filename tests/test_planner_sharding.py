@@ -98,13 +98,18 @@ def test_mixed_cluster_small_devices_join_only_sharded():
 
 def test_fp8_layouts_are_never_sharded():
     """The runtime runs quantize fp8 (torchao) unsharded: the planner neither forces nor picks
-    sharding under it (14B on 4 L4 fits only sharded: refused with the numbers instead)."""
+    sharding under it. Wan 14B on 4 L4 fits only sharded in bf16, unsharded with its block
+    weights in FP8; HunyuanVideo on 2 L4 fits only sharded in bf16 and not at all under fp8:
+    refused with the numbers instead."""
     from raydit.planner.devicemodel import Mode
 
     fp8 = Mode(quantize="fp8")
     with pytest.raises(PlanError, match="sharded weights are not run with quantize fp8") as info:
         plan(WAN14, gpus=4, gpu_type="L4", shard_weights=True, mode=fp8)
     assert "\n" not in str(info.value)
-    with pytest.raises(PlanError, match=r"needs \d+\.\d GB per device .*\(L4\) has 24 GB"):
-        plan(WAN14, gpus=4, gpu_type="L4", mode=fp8)
     assert plan(WAN14, gpus=4, gpu_type="L4").best.shard_weights  # bf16: sharded
+    result = plan(WAN14, gpus=4, gpu_type="L4", mode=fp8)
+    assert not any(p.shard_weights for p in result.candidates) and result.best.memory_gb_per_gpu < 24
+    assert plan("hunyuanvideo", gpus=2, gpu_type="L4").best.shard_weights
+    with pytest.raises(PlanError, match=r"needs \d+\.\d GB per device .*\(L4\) has 24 GB"):
+        plan("hunyuanvideo", gpus=2, gpu_type="L4", mode=fp8)

@@ -253,6 +253,13 @@ class Family:
     # counted (raydit.planner.devicemodel's default stands in). The planner's ModelSpec.elementwise_bytes.
     elementwise_bytes: float = 0.0
 
+    def fp8_weight_params(self, spec) -> float:
+        """Weight elements of one of `spec`'s transformers that quantize "fp8" keeps in one byte:
+        the blocks' linears raydit.models.quantize selects, from the spec's widths (the planner's
+        ModelSpec.fp8_params; tests/models/test_fp8_params.py holds each family's count to the
+        selection on diffusers' model). 0.0: not counted, FP8 weights priced at bf16 bytes."""
+        return 0.0
+
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
         """The frame count the family's diffusers pipeline runs for `num_frames` when (num_frames

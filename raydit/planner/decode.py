@@ -189,7 +189,7 @@ def rank_memory_gb(spec: ModelSpec, denoise_gb: float, decode: DecodeCost | floa
     if text_encoder not in TEXT_ENCODER_PLACES:
         raise ValueError(f"text_encoder {text_encoder!r} is not one of {', '.join(TEXT_ENCODER_PLACES)}")
     decode_gb = decode.peak_gb if isinstance(decode, DecodeCost) else float(decode)
-    transformer_weights = (spec.params * spec.experts * spec.bytes_per_param + spec.adapter_bytes) / GB
+    transformer_weights = (spec.params * spec.experts * spec.transformer_bytes_per_param + spec.adapter_bytes) / GB
     peak = max(denoise_gb, transformer_weights + decode_gb)
     here = text_encoder == "every-rank" or (text_encoder == "one-rank" and holds_text_encoder)
     return peak + (text_encoder_gb(spec) if here else 0.0)

@@ -59,6 +59,9 @@ class DeviceType:
     model_rates: tuple[tuple[str, float, float, float], ...] = ()
     use_op_table: bool = True  # price steps with raydit/planner/tables/<name>.json where there is one
     calibrated: str = ""  # when and where `raydit doctor --calibrate` measured it ("": not calibrated)
+    # FP8 tensor cores (compute capability 8.9 or newer: quantize fp8 runs there): True / False;
+    # None: not known (a custom or unknown type; the runtime checks the GPU itself).
+    fp8: bool | None = None
 
     def __post_init__(self):
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
@@ -70,6 +73,8 @@ class DeviceType:
                 f"device type {self.name!r}: link_kind {self.link_kind!r} is not one of "
                 f"{', '.join(LINK_KINDS)}"
             )
+        if self.fp8 not in (None, True, False):
+            raise ValueError(f"device type {self.name!r}: fp8 {self.fp8!r} must be true, false or left out (not known)")
         if self.activation_bytes not in (1, 2, 4, 8):
             raise ValueError(f"device type {self.name!r}: activation_bytes {self.activation_bytes} is not 1, 2, 4 or 8")
         for attr in ("attention_efficiency", "plain_attention_efficiency"):
@@ -180,7 +185,7 @@ HOPPER_HEAD_DIM_128_SPEEDUP = 370 / 299
 
 
 def _hopper(name: str, memory_gb: float, efficiency: float) -> DeviceType:
-    return DeviceType(name, memory_gb, 989, efficiency, 450, "nvlink", 8.0, attention_efficiency=(
+    return DeviceType(name, memory_gb, 989, efficiency, 450, "nvlink", 8.0, fp8=True, attention_efficiency=(
         (64, efficiency), (128, min(1.0, efficiency * HOPPER_HEAD_DIM_128_SPEEDUP))))
 
 
@@ -193,24 +198,24 @@ DEVICE_TYPES: Mapping[str, DeviceType] = MappingProxyType({
         # H100 (it prices their decode and text encoding; the step comes from their op tables,
         # scaled from the H200's by published specs).
         replace(_hopper("H20", 96, 0.285), tflops=148),
-        DeviceType("B200", 180, 2250, 0.285, 900, "nvlink", 8.0),
-        DeviceType("A100-80GB", 80, 312, 0.45, 300, "nvlink", 8.0),
-        DeviceType("A100-40GB", 40, 312, 0.45, 300, "nvlink", 8.0),
-        DeviceType("L40S", 48, 362, 0.45, 25, "pcie", 15.0),
-        DeviceType("L40", 48, 181, 0.6, 25, "pcie", 15.0),
-        DeviceType("L4", 24, 121, 0.5, 12, "pcie", 15.0),
+        DeviceType("B200", 180, 2250, 0.285, 900, "nvlink", 8.0, fp8=True),
+        DeviceType("A100-80GB", 80, 312, 0.45, 300, "nvlink", 8.0, fp8=False),
+        DeviceType("A100-40GB", 40, 312, 0.45, 300, "nvlink", 8.0, fp8=False),
+        DeviceType("L40S", 48, 362, 0.45, 25, "pcie", 15.0, fp8=True),
+        DeviceType("L40", 48, 181, 0.6, 25, "pcie", 15.0, fp8=True),
+        DeviceType("L4", 24, 121, 0.5, 12, "pcie", 15.0, fp8=True),
         # A10G (AWS) runs lower clocks than the A10 datasheet's 125; ~70 is an estimate.
-        DeviceType("A10G", 24, 70, 0.5, 12, "pcie", 15.0),
+        DeviceType("A10G", 24, 70, 0.5, 12, "pcie", 15.0, fp8=False),
         # Consumer parts have no peer-to-peer: traffic bounces through host memory.
-        DeviceType("RTX4090", 24, 165, 0.5, 12, "pcie", 20.0),
+        DeviceType("RTX4090", 24, 165, 0.5, 12, "pcie", 20.0, fp8=True),
         # Turing has no bf16: the figure is fp16 with fp32 accumulate; PCIe gen3.
-        DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0),
+        DeviceType("T4", 16, 65, 0.4, 8, "pcie", 20.0, fp8=False),
         # One Ray CPU slot (one thread): memory shared with the host; tflops: a typical fp32
         # one-thread matmul rate (0.05-0.21 measured on the development machine, which varies
         # from day to day: `raydit doctor --calibrate` measures it, with the DiT block's parts).
         # efficiency: fit on that machine in CPU time (bench/bench_cpufit.py: a CogVideoX-2b-
         # shaped step reached ~0.9 of the matmul rate). Float32 activations.
-        DeviceType("cpu", 16, 0.1, 0.9, 5, "shm", 50.0, per_node=64, activation_bytes=4),
+        DeviceType("cpu", 16, 0.1, 0.9, 5, "shm", 50.0, per_node=64, activation_bytes=4, fp8=False),
     )
 })  # read-only
 

@@ -361,7 +361,7 @@ class LayoutJudge:
         if offload_gb:
             link = HOST_LINK_GB_S  # device <-> host memory: PCIe, whatever links the GPUs
             # A sharded expert moves its 1/N share only.
-            expert_gb = spec.params * spec.bytes_per_param / 1e9 / (C * sp if shard else 1)
+            expert_gb = spec.params * spec.transformer_bytes_per_param / 1e9 / (C * sp if shard else 1)
             switch_s = expert_gb / link if spec.experts > 1 else 0.0
             encoder_gb = spec.text_encoder_params * spec.bytes_per_param / 1e9
             idle = (["the inactive expert"] if spec.experts > 1 else []) + \

@@ -90,6 +90,12 @@ class ModelSpec:
         VAE's temporal compression); frame_rate: frames per second a request's video is read at
         to give the sound's length. Both 0 without an audio stream.
     decoder: the VAE decoder's shape (DecoderShape), declared by the family; None: uncounted.
+    fp8_params: weight elements of one expert that quantize "fp8" keeps in one byte each (the
+        blocks' linear layers raydit.models.quantize selects), declared by the family; 0: not
+        counted (FP8 weights are then priced at bytes_per_param, too high, never too low).
+    fp8_weights: the run keeps those weights in FP8 (plan(mode=Mode(quantize="fp8")) sets it).
+        Their row-wise float32 scales (one per output row: under 0.2% of the FP8 bytes at the
+        built-ins' widths) are not counted.
     """
 
     name: str
@@ -128,6 +134,8 @@ class ModelSpec:
     # The family's VAE decoder as the cost model prices it; None: not counted, decoded on one
     # rank (raydit.planner.decode prices a Wan-2.1-like decoder per pixel for it).
     decoder: DecoderShape | None = None
+    fp8_params: float = 0.0
+    fp8_weights: bool = False
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
@@ -154,6 +162,12 @@ class ModelSpec:
             raise ValueError(
                 f"model {self.name!r}: an audio stream needs audio_heads, audio_head_dim, audio_ffn_hidden, "
                 f"audio_tokens_per_second and frame_rate all > 0 (none: all 0), got {', '.join(map(str, audio))}")
+        if isinstance(self.fp8_params, bool) or not isinstance(self.fp8_params, (int, float)) \
+                or not 0 <= self.fp8_params <= self.params:
+            raise ValueError(f"model {self.name!r}: fp8_params must be a number in 0..params ({self.params:g}), "
+                             f"got {self.fp8_params!r}")
+        if self.fp8_weights not in (True, False):
+            raise ValueError(f"model {self.name!r}: fp8_weights must be True or False, got {self.fp8_weights!r}")
         if self.decoder is not None and not isinstance(self.decoder, DecoderShape):
             raise ValueError(f"model {self.name!r}: decoder must be a DecoderShape or None, got {self.decoder!r}")
         if self.text_tokens < 0:
@@ -192,17 +206,31 @@ class ModelSpec:
         return self.vae_spatial * self.patch_size
 
     @property
+    def transformer_bytes_per_param(self) -> float:
+        """Bytes per transformer parameter as the run keeps them: bytes_per_param, less one byte
+        less for each of the fp8_params where fp8_weights."""
+        if not self.fp8_weights:
+            return float(self.bytes_per_param)
+        return self.bytes_per_param - (self.bytes_per_param - 1) * self.fp8_params / self.params
+
+    @property
     def weight_bytes(self) -> float:
         """Bytes of every weight a rank keeps resident (every transformer, text encoder, VAE, and
         the LoRA adapters loaded beside them)."""
-        return (self.params * self.experts + self.text_encoder_params + self.vae_params) * self.bytes_per_param \
-            + self.adapter_bytes
+        if not self.fp8_weights:
+            return (self.params * self.experts + self.text_encoder_params + self.vae_params) * self.bytes_per_param \
+                + self.adapter_bytes
+        return self.params * self.experts * self.transformer_bytes_per_param \
+            + (self.text_encoder_params + self.vae_params) * self.bytes_per_param + self.adapter_bytes
 
     @property
     def idle_weight_bytes(self) -> float:
         """Bytes that need not stay on the device during denoising: the experts not running
         this step and the text encoder once the prompt is encoded."""
-        return (self.params * (self.experts - 1) + self.text_encoder_params) * self.bytes_per_param
+        if not self.fp8_weights:
+            return (self.params * (self.experts - 1) + self.text_encoder_params) * self.bytes_per_param
+        return self.params * (self.experts - 1) * self.transformer_bytes_per_param \
+            + self.text_encoder_params * self.bytes_per_param
 
     def audio_tokens(self, frames: int) -> int:
         """Audio tokens of a request of `frames` frames: the sound lasts as the video,

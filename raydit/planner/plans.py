@@ -244,6 +244,7 @@ class PlanResult:
                 "patch_size": m.patch_size, "patch_size_t": m.patch_size_t,
                 "positional": m.positional, "text_in_sequence": m.text_in_sequence,
                 "params": m.params, "weights_gb": round(m.weight_bytes / 1e9, 2),
+                **({"fp8_weight_params": m.fp8_params * m.experts} if m.fp8_weights else {}),
                 "text_tokens": m.text_tokens, "video_tokens": g.video_tokens,
                 "sequence_tokens": g.sequence_tokens,
                 "frames": g.frames, "height": g.height, "width": g.width,

@@ -21,6 +21,15 @@ def _row(i: int, p: Plan) -> str:
             f"{p.memory_gb_per_gpu:>7.1f}  {p.split:<6} {p.pad_tokens:>5}  {p.kind}")
 
 
+def _fp8_weights(m) -> str:
+    """What of the weights quantize fp8 keeps in one byte (nothing said in bf16)."""
+    if not m.fp8_weights:
+        return ""
+    if not m.fp8_params:
+        return f" (its FP8 weights are not counted: priced at {m.bytes_per_param} bytes each)"
+    return f" ({m.fp8_params * m.experts / 1e9:.2f} B of them FP8, one byte each)"
+
+
 def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
     """Best plan with its explanation, then up to `limit` ranked candidates, then every
     rejected layout grouped by reason."""
@@ -34,7 +43,7 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
                  + ("split over the sp ranks" if best.cost.audio_split else "whole on every rank"))
     lines = [
         f"model   {m.name}: {m.heads} heads x {m.head_dim}, {m.layers} layers, "
-        f"{m.weight_bytes / 1e9:.1f} GB of weights",
+        f"{m.weight_bytes / 1e9:.1f} GB of weights" + _fp8_weights(m),
         f"request {g.frames} frames x {g.height} x {g.width} -> {g.token_frames} x {g.token_rows} x "
         f"{g.token_cols} patches = {g.video_tokens} video{text}",
         f"cluster {cl.total} devices ({types}) on {len(cl.nodes)} node{'s' if len(cl.nodes) != 1 else ''}; "

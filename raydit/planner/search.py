@@ -19,9 +19,12 @@ side (replicas of different shapes). Every plan's `notes` say which it is.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 from raydit.planner.cluster import ClusterSpec
+from raydit.planner.hardware import DEVICE_TYPES
 from raydit.planner.devicemodel import Mode
 from raydit.planner.judge import LayoutJudge, audio_note
 from raydit.planner.layouts import cfg_degrees, cfg_degrees_text
@@ -208,12 +211,20 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     if not isinstance(mode, Mode):
         raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
     if mode.quantize == "fp8":
+        lacking = sorted({n.device.name for n in cl.nodes if n.device.fp8 is False})
+        if lacking:
+            have = sorted(name for name, d in DEVICE_TYPES.items() if d.fp8)
+            raise PlanError(f"quantize fp8 needs FP8 tensor cores (compute capability 8.9 or newer: {', '.join(have)}), "
+                            f"which {', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} not; drop quantize "
+                            "fp8 or plan devices that have them")
         # The runtime shards fp8-sim's weights (plain tensors) but not torchao's FP8 weights
         # (raydit.models.quantize_options.SHARD_FP8_REFUSAL): no fp8 layout may rely on sharding.
         if shard_weights:
             raise PlanError("sharded weights are not run with quantize fp8 (torchao's FP8 weights stay whole on every "
                             "rank); drop shard_weights or quantize fp8")
         shard_weights = False
+        # The blocks' quantized linears are kept in one byte per weight (ModelSpec.fp8_params).
+        spec = dataclasses.replace(spec, fp8_weights=True)
     feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode,
                                     shard_weights)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))

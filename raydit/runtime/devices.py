@@ -47,7 +47,7 @@ def table_device(ray_type: str) -> tuple[DeviceType, str | None]:
     note = (f"{what}: planned as {name} with conservative T4 figures ({CONSERVATIVE.memory_gb:g} GB "
             f"unless probed, {CONSERVATIVE.tflops:g} TFLOP/s, {CONSERVATIVE.link_gb_s:g} GB/s "
             "PCIe); run `raydit plan --cluster FILE` with its figures or calibrate it")
-    return replace(CONSERVATIVE, name=name), note
+    return replace(CONSERVATIVE, name=name, fp8=None), note  # its FP8: the runtime checks the GPU
 
 
 def _alive(nodes: list[dict]) -> list[dict]:

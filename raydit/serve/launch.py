@@ -102,6 +102,7 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
     from ray import serve
 
     from raydit.runtime.cluster import RayCluster
+    from raydit.runtime.engine.planning import planner_mode
     from raydit.serve.app import VideoAPI
 
     workers, replicas = opts.get("workers"), opts.get("replicas", 1)
@@ -121,7 +122,8 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
             cluster.cluster_spec(device, workers * replicas)
         cluster.plan(spec, frames=opts.get("frames"), height=opts.get("height"), width=opts.get("width"),
                      device=device, workers=workers, ulysses=opts.get("ulysses"), ring=opts.get("ring"),
-                     cfg=opts.get("cfg"))
+                     cfg=opts.get("cfg"),
+                     mode=planner_mode(opts.get("quantize"), opts.get("attention"), opts.get("compile")))
         try:
             serve.start(http_options={"host": opts["host"], "port": opts["port"]})
         except Exception as exc:

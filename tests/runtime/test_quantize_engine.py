@@ -56,3 +56,18 @@ def test_a_rank_lost_under_fp8_sim_is_replaced_and_the_run_resumes_quantized(ray
     while not state.done:
         state = runner.step(state)
     assert 5e-3 <= relative_error(clean, state.latents) <= 0.2
+
+
+@pytest.mark.slow
+def test_the_engine_plans_in_its_attention_mode(ray_local):
+    """The Engine hands its run's mode to the planner (raydit.runtime.engine.planning.planner_mode)
+    at start and on a regroup: int8 attention is priced and shown as int8, not bf16."""
+    from raydit.planner.devicemodel import Mode
+    from raydit.runtime.engine import Engine
+
+    with Engine(model="tiny", workers=2, device="cpu", show_plan=False, attention="int8", ring=2,
+                frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"]) as engine:
+        assert engine.plan_result.mode == Mode(attention="int8")
+        assert "rates   mode bf16 + int8 attention;" in engine.describe_plan()
+        engine.regroup(ulysses=2, ring=1)
+        assert engine.plan_result.mode == Mode(attention="int8")

@@ -20,7 +20,7 @@ from raydit.runtime.engine.api import ApiPart
 from raydit.runtime.engine.batching import BatchingPart
 from raydit.runtime.engine.lifecycle import LifecyclePart
 from raydit.runtime.engine.loras import LoraPart
-from raydit.runtime.engine.planning import PlanningPart, plan_brief
+from raydit.runtime.engine.planning import PlanningPart, plan_brief, planner_mode
 from raydit.runtime.engine.replicas import Replica, ReplicasPart
 from raydit.runtime.engine.validation import num_train_timesteps, round_frames
 from raydit.runtime.options import EngineConfig, engine_signature
@@ -110,6 +110,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
             raise ValueError(SHARD_FP8_REFUSAL)
         # quantize fp8 runs unsharded: the planner must not choose sharding for it either.
         self.shard_weights = False if self.quantize == "fp8" and c.shard_weights is None else c.shard_weights
+        self.plan_mode = planner_mode(self.quantize, self.attention, self.compile)  # how the planner prices it
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model
@@ -151,7 +152,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
                 self.spec, frames=frames, height=c.height, width=c.width, device=self.device,
                 workers=c.workers, ulysses=c.ulysses, ring=c.ring, cfg=c.cfg,
                 # re-plans after a loss take the planner's choice: one survivor runs unsharded
-                shard_weights=self.shard_weights,
+                shard_weights=self.shard_weights, mode=self.plan_mode,
             )
             plan = self.plan_result.best
             if c.show_plan:

@@ -13,6 +13,18 @@ def plan_brief(plan) -> dict:
     }
 
 
+def planner_mode(quantize: str, attention: str, compile: bool):
+    """How the planner prices an Engine's steps (raydit.planner.devicemodel.Mode): "fp8" keeps
+    the blocks' linears in FP8 (weights one byte each, FP8 GEMM rates); "fp8-sim" emulates the
+    numbers in the run's dtype, so bf16 bytes and rates; attention "auto" is chosen on the
+    device by raydit.parallel.kernels, priced as bf16 (on the measured H100 cuDNN's bf16
+    kernel is the fastest that passes its check); "int8" / "fp8" at their own rates."""
+    from raydit.planner.devicemodel import Mode
+
+    return Mode(quantize="fp8" if quantize == "fp8" else "none",
+                attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile))
+
+
 class PlanningPart:
     """The Engine's planning (a part of raydit.runtime.engine.Engine)."""
 
@@ -37,7 +49,7 @@ class PlanningPart:
         def best(**forced):
             result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,
-                counts=counts, **forced,
+                counts=counts, mode=self.plan_mode, **forced,
             )
             fits = [p for p in result.candidates if p.world_size <= limit
                     and (min_sp is None or p.ulysses * p.ring >= min_sp)]
@@ -84,7 +96,7 @@ class PlanningPart:
             frames, height, width = self._geometry
             result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,
-                ulysses=ulysses, ring=ring, cfg=cfg, counts=counts,
+                ulysses=ulysses, ring=ring, cfg=cfg, counts=counts, mode=self.plan_mode,
             )
             plan = result.best
             replica.pool.reset_group()
@@ -113,7 +125,7 @@ class PlanningPart:
             self.cluster.plan(
                 self.spec, frames=request.num_frames, height=request.height, width=request.width,
                 device=self.device, counts=replica.pool.member_counts(),
-                ulysses=plan.ulysses, ring=plan.ring, cfg=plan.cfg,
+                ulysses=plan.ulysses, ring=plan.ring, cfg=plan.cfg, mode=self.plan_mode,
             )
         except PlanError as exc:
             raise ValueError(

@@ -152,6 +152,11 @@ class CogVideoXFamily(Family):
     elementwise_bytes = 84.0
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # per block: the joint attention's q, k, v, out (4 h^2) and the FFN (2 h f)
+        h, f = spec.hidden, spec.ffn_hidden
+        return float(spec.layers * (4 * h * h + 2 * h * f))
+
     def spec_from_dir(self, path: Path, configs):
         from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
 

@@ -249,6 +249,15 @@ class HunyuanVideoFamily(Family):
     elementwise_bytes = 238.0
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # A double-stream block: video and text q, k, v, out (8 h^2) and both FFNs (4 h f); a
+        # single-stream block: q, k, v (3 h^2), the MLP's input (h f) and the fused output
+        # ((h + f) h). The spec counts blocks, not kinds: the published 1 double : 2 single
+        # (20 + 40) is taken.
+        h, f = spec.hidden, spec.ffn_hidden
+        double, single = spec.layers / 3, spec.layers * 2 / 3
+        return float(double * (8 * h * h + 4 * h * f) + single * (4 * h * h + 2 * h * f))
+
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (129 frames, 720 x 1280) unless the directory says otherwise

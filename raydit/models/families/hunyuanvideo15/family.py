@@ -162,6 +162,11 @@ class HunyuanVideo15Family(Family):
     decoder = DECODER
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # per (double-stream) block: video and text q, k, v, out (8 h^2), video and text FFN (4 h f)
+        h, f = spec.hidden, spec.ffn_hidden
+        return float(spec.layers * (8 * h * h + 4 * h * f))
+
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
         absent keys: 16 x 128, 54 layers, patch 1, 16x / 4x VAE, 32 latent channels); request

@@ -222,6 +222,12 @@ class Kandinsky5Family(Family):
 
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # per visual block: self- and cross-attention's query, key, value, out (8 h^2) and the
+        # feed-forward (2 h f); the text blocks and the modulation stay in bf16
+        h, f = spec.hidden, spec.ffn_hidden
+        return float(spec.layers * (8 * h * h + 2 * h * f))
+
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
         absent keys); request defaults: the pipeline's 121 frames at 512 x 768 unless the

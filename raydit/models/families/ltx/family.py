@@ -137,6 +137,12 @@ class LTXFamily(Family):
     decoder = DECODER
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # per block: self- and cross-attention's q, k, v, out (8 h^2; the caption is projected to
+        # h before the blocks) and the FFN (2 h f)
+        h, f = spec.hidden, spec.ffn_hidden
+        return float(spec.layers * (8 * h * h + 2 * h * f))
+
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (161 frames, 512 x 704) unless the directory says otherwise."""

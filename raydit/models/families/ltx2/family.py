@@ -117,6 +117,13 @@ class LTX2Family(Family):
 
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # per block: video self- and cross-attention (8 h^2) and FFN (2 h f); the audio stream's
+        # the same at its width a (8 a^2 + 2 a fa); the two cross-modal attentions, each q / k / v
+        # / out between the widths (4 a^2 + 4 h a)
+        h, f, a, fa = spec.hidden, spec.ffn_hidden, spec.audio_hidden, spec.audio_ffn_hidden
+        return float(spec.layers * (8 * h * h + 2 * h * f + 12 * a * a + 2 * a * fa + 4 * h * a))
+
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/, vae/ and audio_vae/ configs; parameters from the weights'
         headers. The planner sees the video stream as the split sequence, the prompt as

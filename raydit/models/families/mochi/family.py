@@ -182,6 +182,14 @@ class MochiFamily(Family):
     decoder = DECODER
     models = staticmethod(builtin_models)
 
+    def fp8_weight_params(self, spec) -> float:
+        # Mochi's blocks are asymmetric: the text stream is h / 2 wide (1536 at 3072). Per block:
+        # video q, k, v, out (4 h^2), text q, k, v into h (1.5 h^2), the video SwiGLU FFN (up 2f,
+        # down f: 3 h f); all but the last block also the text's out (0.5 h^2) and its SwiGLU
+        # FFN at half the widths (0.75 h f).
+        h, f, n = spec.hidden, spec.ffn_hidden, spec.layers
+        return float(n * (5.5 * h * h + 3 * h * f) + (n - 1) * (0.5 * h * h + 0.75 * h * f))
+
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (19 frames, 480 x 848) unless the directory says otherwise

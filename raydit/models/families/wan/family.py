@@ -125,16 +125,18 @@ def builtin_models() -> list:
         ModelSpec(name="wan2.1-t2v-1.3b", heads=12, layers=30, ffn_hidden=8960, in_channels=16, params=1.42e9,
                   text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
                   default_height=480, default_width=832, **common),
-        ModelSpec(name="wan2.1-t2v-14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.0e9,
+        # Parameters as diffusers builds the published configs (tests/test_planner_model.py).
+        ModelSpec(name="wan2.1-t2v-14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.29e9,
                   text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
                   default_height=720, default_width=1280, **common),
         # I2V: 16 noise + 4 mask + 16 image-latent channels; 257 CLIP image tokens join the
-        # text in cross-attention (the CLIP ViT-H image encoder counts with the text encoder).
+        # text in cross-attention (the CLIP ViT-H image encoder counts with the text encoder); each
+        # block's image k / v projections make it 16.39 B parameters.
         ModelSpec(name="wan2.1-i2v-14b-480p", heads=40, layers=40, ffn_hidden=13824, in_channels=36,
-                  params=14.0e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, vae_params=0.13e9,
+                  params=16.39e9, text_encoder_params=UMT5_XXL_PARAMS + CLIP_VIT_H_PARAMS, vae_params=0.13e9,
                   default_frames=81, default_height=480, default_width=832, **common),
         # Two 14B experts: `transformer` above the boundary timestep, `transformer_2` below.
-        ModelSpec(name="wan2.2-t2v-a14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.0e9,
+        ModelSpec(name="wan2.2-t2v-a14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.29e9,
                   text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
                   default_height=720, default_width=1280, experts=2, **common),
         # TI2V-5B: 48 latent channels, the 16x spatial VAE; 121 frames at 704 x 1280.
@@ -180,6 +182,13 @@ class WanFamily(Family):
         return max(num_frames // vae_temporal * vae_temporal + 1, 1)
 
     models = staticmethod(builtin_models)
+
+    def fp8_weight_params(self, spec) -> float:
+        # per block: self- and cross-attention's q, k, v, out (8 h^2; the text is projected to h
+        # before the blocks) and the FFN (2 h f). The image-to-video models' image k / v (2 h^2 per
+        # block where the transformer has them) are not counted: priced at bf16 bytes.
+        h, f = spec.hidden, spec.ffn_hidden
+        return float(spec.layers * (8 * h * h + 2 * h * f))
 
     def decoder_for(self, spec):
         """Wan 2.2's 16x VAE (TI2V-5B) is another decoder than Wan 2.1's 8x."""
