@@ -76,6 +76,17 @@ def _kill_actor_and_wait(actor, timeout=60):
     raise AssertionError("the killed actor still answers")
 
 
+def kill_at_step(actor, at: int):
+    """A callback_on_step_end that kills `actor` (and waits until it is gone) when step `at` ends."""
+
+    def callback(engine, step, timestep, kwargs):
+        if step == at:
+            _kill_actor_and_wait(actor)
+        return kwargs
+
+    return callback
+
+
 def test_1_node_removed_mid_generation_finishes_with_same_latents(story):
     engine, cluster = story["engine"], story["cluster"]
     assert engine.plan.world_size == 4

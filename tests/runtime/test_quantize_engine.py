@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_elastic import _kill_actor_and_wait
+from test_elastic import kill_at_step
 
 from raydit.models.precision import relative_error
 
@@ -36,13 +36,7 @@ def test_a_rank_lost_under_fp8_sim_is_replaced_and_the_run_resumes_quantized(ray
         clean = torch.from_numpy(engine.generate(PROMPT, progress=False, **GEN).latents)
         assert engine.group.quantized == [12, 12]  # the tiny CogVideoX's 2 blocks x (q, k, v, out, ff 2)
         victim = engine.group.active[1].actor
-
-        def kill_actor(eng, step, timestep, kwargs):
-            if step == 2:
-                _kill_actor_and_wait(victim)
-            return kwargs
-
-        result = engine.generate(PROMPT, progress=False, callback_on_step_end=kill_actor, **GEN)
+        result = engine.generate(PROMPT, progress=False, callback_on_step_end=kill_at_step(victim, 2), **GEN)
         events = [e["event"] for e in result.events]
         assert "regrouped" in events, result.events
         assert victim not in [m.actor for m in engine.group.members]

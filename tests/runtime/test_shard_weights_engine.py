@@ -6,26 +6,11 @@ the plans before and after differ, Ulysses 3 against 2, so bit equality does not
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
+from test_elastic import kill_at_step
 
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-def _kill_and_wait(actor, timeout=60):
-    import ray
-
-    ray.kill(actor, no_restart=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            ray.get(actor.ping.remote(), timeout=1)
-        except Exception:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the killed actor still answers")
 
 
 def test_bad_input_is_one_line():
@@ -57,13 +42,7 @@ def test_killed_rank_of_a_sharded_replica_resumes_with_the_same_latents(ray_loca
         held = ray.get([m.actor.weight_shards.remote() for m in engine.group.active])
         assert [h["ranks"] for h in held] == [3, 3, 3], held
         victim = engine.group.active[1].actor
-
-        def kill(eng, step, timestep, kwargs):
-            if step == 2:
-                _kill_and_wait(victim)
-            return kwargs
-
-        result = engine.generate("a paper boat", callback_on_step_end=kill, **request)
+        result = engine.generate("a paper boat", callback_on_step_end=kill_at_step(victim, 2), **request)
         survivors = engine.group.active
         after = ray.get([m.actor.weight_shards.remote() for m in survivors])
     assert "regrouped" in [e["event"] for e in result.events], result.events
@@ -92,13 +71,7 @@ def test_sharded_fp8_sim_replica_loses_a_rank_and_resumes_quantized(ray_local):
         held = ray.get([m.actor.weight_shards.remote() for m in engine.group.active])
         assert [h["ranks"] for h in held] == [2, 2] and engine.group.quantized == [12, 12], held
         victim = engine.group.active[1].actor
-
-        def kill(eng, step, timestep, kwargs):
-            if step == 1:
-                _kill_and_wait(victim)
-            return kwargs
-
-        result = engine.generate("a kite over a windy beach", callback_on_step_end=kill, **gen)
+        result = engine.generate("a kite over a windy beach", callback_on_step_end=kill_at_step(victim, 1), **gen)
         after = ray.get([m.actor.weight_shards.remote() for m in engine.group.active])
         quantized = list(engine.group.quantized)
     regrouped = [e for e in result.events if e["event"] == "regrouped"]
