@@ -226,3 +226,28 @@ def test_bench_modes_smoke_runs_its_kernel_and_width_parts_on_the_cpu(tmp_path):
     assert set(modes) == {"bf16", "int8-attn", "fp8-linear", "fp8-linear+int8-attn", "fp8-linear+fp8-attn"}
     assert all("s_per_layer" in row for row in modes.values()), modes
     assert modes["fp8-linear"]["rel_l2_vs_bf16"] > 1e-4  # the linears really were rounded
+
+
+@pytest.mark.long
+def test_bench_familysteps_smoke_builds_and_times_every_family_on_the_cpu(tmp_path):
+    """bench/bench_familysteps.py --smoke (issue 40's per-family table on a GPU): every family's
+    bench pipeline builds (its tiny pipeline with the transformer's published channels and a VAE
+    of the published class), steps at two depths, decodes, and the planner prices the same spec
+    at the real depth. Timings are not judged (tiny widths on one CPU thread)."""
+    import json
+    import os
+
+    from raydit.models.registry import families
+
+    env = dict(os.environ, RAYDIT_NO_PROGRESS="1")
+    done = subprocess.run([sys.executable, str(BENCH / "bench_familysteps.py"), "--smoke", "--steps", "2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=1200, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "familysteps.json").read_text())
+    # every family of the registry has its case (SkyReels-V2 under its own name)
+    assert set(result["families"]) == set(families()), sorted(result["families"])
+    for name, row in result["families"].items():
+        assert "error" not in row and "skipped" not in row, (name, row, done.stdout[-3000:])
+        assert row["measured"]["1"]["step_seconds"]["n"] == 1 and row["decode_seconds"] > 0, (name, row)
+        assert row["predicted"]["bench"]["step_seconds"] > 0
+        assert row["blocks_per_unit"] * row["units"] == (60 if name == "hunyuanvideo" else row["units"])
