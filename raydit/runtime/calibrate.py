@@ -123,7 +123,7 @@ def calibrate_type(name: str, node_id: str, device: str, pair: bool, *,
                 "seconds": round(time.perf_counter() - t_start, 2)}
     except ray.exceptions.GetTimeoutError:
         raise ValueError(f"calibrating {name} on node {node_id[:12]} did not finish in {timeout_s:g} s "
-                         "(no free device of the type?)") from None
+                         "(no free device of the type, or a machine too busy to measure it?)") from None
     finally:
         for a in actors:
             ray.kill(a, no_restart=True)

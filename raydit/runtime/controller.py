@@ -144,6 +144,11 @@ class ElasticPolicy:
         return Decision("stay", f"predicted gain {gain:.2f} s does not beat regroup cost {regroup_cost_s:.2f} s")
 
 
+# The least deadline of a prepare that compiles (Controller._prepare), before the extensions
+# WorkerPool grants ranks that still answer their pings.
+COMPILE_PREPARE_S = 600.0
+
+
 class Deadlines:
     """How long one call may take before its ranks count as stuck.
 
@@ -314,6 +319,10 @@ class Controller:
     def _prepare(self, job: Job) -> None:
         t0 = time.perf_counter()
         timeout = self.deadlines.for_call("prepare", self.plan)
+        if getattr(self.group, "compile", False) and self.deadlines.fixed_s is None:
+            # A compiled group compiles a new shape inside prepare: minutes on a GPU (374 s
+            # measured for FP8 + int8 attention on an H100), more on a loaded CPU; not a hang.
+            timeout = max(timeout, COMPILE_PREPARE_S)
         info = (self.group.prepare(job.request, job.checkpoint, timeout_s=timeout) if job.slot == 0
                 else self.group.prepare(job.request, job.checkpoint, timeout_s=timeout, slot=job.slot))
         seconds = time.perf_counter() - t0

@@ -396,3 +396,21 @@ def test_recovery_skips_free_devices_that_cost_more_to_start_than_they_save():
     run_ticks(Controller(forced, replan_for, policy=ElasticPolicy(always_grow=True), regroup_cost_s=lambda: 30.0),
               Job(Req(job_steps)))
     assert forced.formed[-1].world_size == 4
+
+
+def test_a_compiled_groups_prepare_gets_the_compile_deadline():
+    """A compiled group compiles a new shape inside prepare: its deadline is at least
+    COMPILE_PREPARE_S (under a 60 s first deadline and 5 extensions a compile of 374 s, measured
+    on an H100, or a loaded CPU's, was dropped as stuck); a user's fixed timeout still rules."""
+    from raydit.runtime.controller import COMPILE_PREPARE_S
+
+    group = DummyGroup(1)
+    group.compile = True
+    ctrl = Controller(group, replan_for, plan=FakePlan(1, 1, 1, 3.0), deadlines=Deadlines(floor_s=5.0))
+    run_ticks(ctrl, Job(Req(2)))
+    assert group.timeouts[0] == ("prepare", COMPILE_PREPARE_S) and group.timeouts[1] == ("step", 12.0)
+    fixed = DummyGroup(1)
+    fixed.compile = True
+    ctrl = Controller(fixed, replan_for, plan=FakePlan(1, 1, 1, 3.0), deadlines=Deadlines(fixed_s=7.0))
+    run_ticks(ctrl, Job(Req(2)))
+    assert fixed.timeouts[0] == ("prepare", 7.0)
