@@ -184,19 +184,14 @@ def time_steps(pipe, request: dict, steps: int, device, dtype, decode: bool) -> 
 
     from raydit.models.family import GenerationRequest
     from raydit.models.runner import Runner
+    from raydit.runtime.measure import timed_steps
 
     runner = Runner(pipe, device=device, dtype=dtype)
     try:
         state = runner.prepare(GenerationRequest(prompt=PROMPT, **request, num_inference_steps=steps,
                                                  guidance_scale=GUIDANCE, seed=0))
         reset_peak(device)
-        times = []
-        for _ in range(steps):
-            sync(device)
-            t0 = time.perf_counter()
-            state = runner.step(state)
-            sync(device)
-            times.append(time.perf_counter() - t0)
+        state, times = timed_steps(runner, state, steps, device.type)
         out = {"step_seconds": benchlib.summary(times[1:]), "step_peak_gb": round(peak_gb(device), 3),
                "tokens": int(getattr(state, "tokens", 0) or 0)}
         if decode:

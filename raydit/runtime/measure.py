@@ -40,6 +40,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def timed_steps(runner, state, steps: int, device: str):
+    """Run `steps` denoising steps of `state` through `runner`, each timed on its own and
+    synchronised on a GPU (`device` "cuda" or "cpu"): (the last state, seconds per step)."""
+    seconds = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        state = runner.step(state)
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+    return state, seconds
+
+
 def _median_seconds(fn, device: str, repeats: int, after_warmup=None, timer=time.perf_counter) -> float:
     """Median wall time (`timer`'s seconds) of `repeats` calls of `fn` after one warm-up call,
     the device synced around each (`after_warmup`: called once between, e.g. a barrier for a
@@ -227,14 +240,7 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
                                 num_inference_steps=steps, guidance_scale=MODEL_GUIDANCE, seed=0, image=image)
     runner = Runner(pipe, device=dev, dtype=dtype)
     try:
-        state = runner.prepare(request)
-        seconds = []
-        for _ in range(steps):
-            _sync(device)
-            t0 = time.perf_counter()
-            state = runner.step(state)
-            _sync(device)
-            seconds.append(time.perf_counter() - t0)
+        state, seconds = timed_steps(runner, runner.prepare(request), steps, device)
     finally:
         runner.close()
         if own:
