@@ -51,7 +51,6 @@ TOL = dict(rtol=1e-3, atol=1e-3)
 CLEAN = 0.15
 TARGET = 1.9  # issue 15's 2-rank target for the CogVideoX-shaped step, shown for comparison
 # xDiT's HunyuanVideo table (FIELD.md): 1280 x 720, 129 frames, 50 steps on H100, s / video.
-XDIT_HUNYUAN = {1: 1904.0, 2: 925.0, 4: 514.0, 8: 338.0}
 HUNYUAN_TEXT, HUNYUAN_VALID, LTX_TEXT, LTX2_TEXT = 256, 37, 128, 1024
 
 
@@ -164,7 +163,7 @@ def worker(rank: int, world: int, family: str, layers: int, frames: int, rounds:
 def predictions() -> dict:
     """The cost model on 1, 2, 4, 8 H100 for each family's default request, 50 steps, end to
     end as published systems run it (decode on one GPU), as bench_costmodel computes it."""
-    from bench_costmodel import published_step
+    from bench_costmodel import XDIT_HUNYUAN, published_step
 
     from raydit.planner import cost as costmod
     from raydit.planner import device_type, model_spec
@@ -174,19 +173,24 @@ def predictions() -> dict:
     requests = {"hunyuanvideo": ("hunyuanvideo", 129, 720, 1280), "ltx": ("ltx-video-2b", 161, 512, 704),
                 "ltx2": ("ltx-2", 121, 512, 768)}
     dev = device_type("H100")
+    counts, figures = XDIT_HUNYUAN[("H100", 720, 1280)]
+    xdit = dict(zip(counts, figures))
     for family, (model, frames, height, width) in requests.items():
         spec = model_spec(model)
         dec = decode_cost(spec, spec.geometry(frames, height, width), 1, dev.flops_per_second, dev.link_gb_s,
                           dev.link_latency_us, tiled=True)
         rows = []
         for n in (1, 2, 4, 8):
-            step, layout, branches, _ = published_step(model, "H100", n, frames, height, width)
+            # xDiT's HunyuanVideo runs ran the official repository's FlashAttention-2; the
+            # others have no published run: the H100's own rates, as raydit runs them.
+            kernel = "fa2" if family == "hunyuanvideo" else "table"
+            step, layout, branches, _ = published_step(model, "H100", n, frames, height, width, kernel=kernel)
             total = costmod.end_to_end(spec, step, 50, branches, dev.flops_per_second, dec.seconds).total
             row = {"gpus": n, "layout": layout, "branches": branches, "step_seconds": round(step, 3),
-                   "video_seconds": round(total, 1)}
+                   "video_seconds": round(total, 1), "attention": kernel}
             if family == "hunyuanvideo":
-                row["published_xdit"] = XDIT_HUNYUAN[n]
-                row["error"] = round(total / XDIT_HUNYUAN[n] - 1, 3)
+                row["published_xdit"] = xdit[n]
+                row["error"] = round(total / xdit[n] - 1, 3)
                 row["role"] = "check"
             rows.append(row)
         out[family] = {"model": model, "request": f"{frames} x {height} x {width}, 50 steps", "rows": rows}

@@ -196,13 +196,23 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                          f"predicted {r['predicted']:.2f} vs published {r['published']:.2f} {r['unit']} "
                          f"({_pct(r['error'])}; {r['layout']})", "within 15%" if judged else "",
                          ("yes" if abs(r["error"]) <= 0.15 else "**no**") if judged else ""))
+        multi = cm.get("multi_gpu") or {}
+        target = multi.get("target")
+        for r in multi.get("rows", []) if target is not None else []:
+            rows.append((f"3. cost model beyond one GPU: {r['family']} {r['shape']}, {r['gpus']} x {r['gpu']} vs "
+                         f"{r.get('system', r['source'])} ({r['role']})",
+                         f"predicted {r['predicted']:g} vs published {r['published']:g} {r['unit']} "
+                         f"({_pct(r['error'])}; {r['layout']}; attention {r['kernel']})", f"within {target:.0%}",
+                         "yes" if abs(r["error"]) <= target else "**no**"))
         implied = cm.get("implied_serial_seconds") or {}
+        model_serial = cm.get("model_serial_seconds") or {}
         if implied:
             notes.append("Cost model: the published 1- and 8-GPU end-to-end figures imply a part that does not shrink "
                          "with GPUs of " + ", ".join(f"{k} {v} s" for k, v in implied.items() if v is not None) +
                          " per video ((8 t8 - t1) / 7); the model's own serial part (text encoding and the tiled "
                          "VAE decode on one GPU: HunyuanVideo's decoder counted, VAE_EFFICIENCY fit on SGLang's "
-                         "decode) is 23 s and 14 s of it (docs/benchmarks/costmodel.json, end_to_end).")
+                         "decode) is " + ", ".join(f"{k} {v} s" for k, v in model_serial.items() if v is not None) +
+                         " (docs/benchmarks/costmodel.json, end_to_end and multi_gpu.columns).")
     pp = res.get("planpick")
     if pp:
         for c in pp["cases"]:
@@ -278,11 +288,6 @@ def summary_rows(res: dict) -> tuple[list[tuple], list[str]]:
                 rows.append((f"11. {c['family']}-shaped step ({c['layers']} layer(s), {c['latent_frames']} latent "
                              f"frame(s)), 2 ranks {name}", f"{_s(e['step_seconds'])}; speedup {_s(e['speedup'], 2, 'x')}; "
                              f"CPU-time split {e['cpu_speedup']['median']:.2f}x; compute-only ceiling {ceil:.2f}x", "", ""))
-        for r in fa["h100"]["hunyuanvideo"]["rows"]:
-            rows.append((f"11. cost model, HunyuanVideo 129x720x1280 on {r['gpus']} H100 vs xDiT (check)",
-                         f"predicted {r['video_seconds']:.0f} s vs published {r['published_xdit']:.0f} s "
-                         f"({_pct(r['error'])}; {r['layout']})", "within 15%",
-                         "yes" if abs(r["error"]) <= 0.15 else "**no**"))
     for key in ("serve", "serve-short", "serve-short-poll"):
         sv = res.get(key)
         if sv and "throughput_ratio_http_over_direct" in sv:
@@ -523,7 +528,12 @@ def update_readme(summary: str, readme: Path = REPO / "README.md", plot_written:
             "Every figure with its spread, load average and raw values: `docs/benchmarks/*.json`; how each "
             "is measured: the docstring of its script in `bench/`. GPU-only figures: `python bench/bench_gpu.py` "
             "on a CUDA machine (one with torch alone: `--wheels DIR` installs Ray's and diffusers' wheels "
-            "carried there first; `--smoke` checks the script on a CPU).")
+            "carried there first; `--smoke` checks the script on a CPU). The planner against every family at "
+            "real widths on one GPU (step and decode, measured against predicted, issue 40's table): `python "
+            "bench/bench_familysteps.py` (torch and diffusers, no Ray; the transformer timed at two depths and "
+            "carried to its real one, said so in its output; not yet run on a GPU). The cost model against "
+            "published figures, one GPU and beyond (no GPU needed): `python bench/bench_costmodel.py`, "
+            "docs/benchmarks/costmodel.md.")
     readme.write_text(replace_section(readme.read_text(), "## Performance", body))
 
 

@@ -124,6 +124,73 @@ def test_cost_model_rows_judge_fits_and_checks_never_context():
     assert any("114.3 s" in n for n in notes)
 
 
+def test_published_columns_read_as_shrinking_part_plus_serial_part():
+    """bench_costmodel.split_published: t(n) = D / n + F by least squares, a column made exactly
+    of that form gives D and F back with no residual; the one-GPU count is left out in the
+    second reading."""
+    import bench_costmodel
+
+    exact = bench_costmodel.split_published((1, 2, 4, 8), [1600 / n + 100 for n in (1, 2, 4, 8)])
+    assert exact["all"]["D"] == pytest.approx(1600) and exact["all"]["F"] == pytest.approx(100)
+    assert exact["all"]["max_residual"] == pytest.approx(0, abs=0.05)
+    assert exact["above_one"]["gpus"] == [2, 4, 8]
+    # A one-GPU figure off the line moves the all-counts reading, not the counts-above-one one.
+    slow_one = bench_costmodel.split_published((1, 2, 4, 8), [1600 + 100 + 300] + [1600 / n + 100 for n in (2, 4, 8)])
+    assert slow_one["above_one"]["D"] == pytest.approx(1600) and slow_one["above_one"]["F"] == pytest.approx(100)
+    assert slow_one["all"]["max_residual"] > 50
+    with pytest.raises(ValueError, match="two GPU counts"):
+        bench_costmodel.split_published((2, 2), [1.0, 1.0])
+
+
+def test_flash_attention_2_is_priced_at_its_published_h100_rate_and_never_above_a_devices_own():
+    import bench_costmodel
+
+    from raydit.planner import device_type, model_spec
+
+    hv = model_spec("hunyuanvideo")  # head dim 128
+    _, lse, plain = device_type("H100").rates_for(hv)
+    assert plain > 370e12  # the H100's measured SDPA is faster than FA2
+    assert bench_costmodel.attention_rates("fa2", hv, lse, plain) == (370e12, 370e12)
+    assert bench_costmodel.attention_rates("table", hv, lse, plain) == (lse, plain)
+    _, lse20, plain20 = device_type("H20").rates_for(hv)
+    assert bench_costmodel.attention_rates("fa2", hv, lse20, plain20) == (lse20, plain20)  # under FA2's H100 figure
+    one = {k: bench_costmodel.published_step("hunyuanvideo", "H100", 1, 129, 720, 1280, kernel=k)[0]
+           for k in ("table", "fa2")}
+    assert one["fa2"] > one["table"]
+    with pytest.raises(ValueError, match="kernel 'fa3'"):
+        bench_costmodel.attention_rates("fa3", hv, lse, plain)
+
+
+def test_beyond_one_gpu_rows_set_no_constant_and_name_their_misses():
+    import bench_costmodel
+
+    multi = bench_costmodel.multi_gpu_rows()
+    assert multi["rows"] and {r["role"] for r in multi["rows"]} == {"check"}
+    hv = [r for r in multi["rows"] if r["family"] == "hunyuanvideo"]
+    assert {(r["gpu"], r["gpus"]) for r in hv} >= {("H100", 8), ("H20", 8), ("H100", 6)}
+    assert all(r["kernel"] == "fa2" for r in hv)
+    missed = [r for r in multi["rows"] if abs(r["error"]) > multi["target"]]
+    assert len(multi["misses"]) == len(missed)
+    for c in multi["columns"]:
+        assert c["model_D"] > 0 and c["model_F"] > 0 and set(c["published_split"]) == {"all", "above_one"}
+    # A fit row whose step the type's op table prices (H100) is a check now; L40 (figures) stays a fit.
+    roles = {r["anchor"]: r for r in bench_costmodel.anchors()}
+    h100 = roles["CogVideoX-2b 1 x H100, ~45 s / 50 steps"]
+    assert h100["role"] == "check" and "op table" in h100["note"]
+    assert roles["xDiT CogVideoX-2b, 1 x L40 (0.49 s/step x 4.29)"]["role"] == "fit"
+
+
+def test_cost_model_rows_beyond_one_gpu_are_judged_at_their_own_target():
+    row = {"family": "hunyuanvideo", "shape": "s", "gpu": "H100", "gpus": 8, "layout": "l", "unit": "s / video",
+           "published": 100.0, "predicted": 75.0, "error": -0.25, "kernel": "fa2", "role": "check",
+           "source": "xDiT docs (official)", "system": "xDiT"}
+    cm = {"measured": [], "anchors": [], "multi_gpu": {"target": 0.2, "rows": [row, dict(row, gpus=4, error=-0.19)]}}
+    rows, _ = run_all.summary_rows({"costmodel": cm})
+    met = {r[0]: (r[2], r[3]) for r in rows}
+    assert met["3. cost model beyond one GPU: hunyuanvideo s, 8 x H100 vs xDiT (check)"] == ("within 20%", "**no**")
+    assert met["3. cost model beyond one GPU: hunyuanvideo s, 4 x H100 vs xDiT (check)"] == ("within 20%", "yes")
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("benchlib.py",)))
 def test_every_script_parses_help(script):
     proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
