@@ -50,7 +50,6 @@ DEGREES = {"ulysses 2": (2, 1), "ring 2": (1, 2)}
 TOL = dict(rtol=1e-3, atol=1e-3)
 CLEAN = 0.15
 TARGET = 1.9  # issue 15's 2-rank target for the CogVideoX-shaped step, shown for comparison
-# xDiT's HunyuanVideo table (FIELD.md): 1280 x 720, 129 frames, 50 steps on H100, s / video.
 HUNYUAN_TEXT, HUNYUAN_VALID, LTX_TEXT, LTX2_TEXT = 256, 37, 128, 1024
 
 

@@ -178,6 +178,12 @@ def test_beyond_one_gpu_rows_set_no_constant_and_name_their_misses():
     h100 = roles["CogVideoX-2b 1 x H100, ~45 s / 50 steps"]
     assert h100["role"] == "check" and "op table" in h100["note"]
     assert roles["xDiT CogVideoX-2b, 1 x L40 (0.49 s/step x 4.29)"]["role"] == "fit"
+    from raydit.planner import device_type, model_spec
+
+    cog = model_spec("cogvideox-2b")
+    assert (device_type("H100").rates_kind(cog), device_type("L40").rates_kind(cog)) == ("table", "figures")
+    # One published figure, one prediction: LightX2V's 8-H100 figure only in its own mode.
+    assert [r["kernel"] for r in multi["rows"] if r["system"] == "LightX2V"] == ["int8 (table)"]
 
 
 def test_cost_model_rows_beyond_one_gpu_are_judged_at_their_own_target():

@@ -144,6 +144,10 @@ class DeviceType:
         table = table_for(self.name) if self.use_op_table else None
         return ("table", table) if table is not None and table.priced else ("figures", None)
 
+    def rates_kind(self, spec, mode=None) -> str:
+        """Which rates `rates_for` uses: "calibration", "table" or "figures"."""
+        return self._source(spec, mode)[0]
+
     def rates_source(self, spec, mode=None) -> str:
         """Where `rates_for` takes its rates: 'calibration file (...)', 'H200 op table of DATE
         (...)' or 'the device figures (...)'."""
