@@ -96,20 +96,41 @@ def test_mixed_cluster_small_devices_join_only_sharded():
     assert uniform and not any(p.shard_weights for p in uniform if all(r.gpu_type == "H100" for r in p.placement))
 
 
-def test_fp8_layouts_are_never_sharded():
-    """The runtime runs quantize fp8 (torchao) unsharded: the planner neither forces nor picks
-    sharding under it. Wan 14B on 4 L4 fits only sharded in bf16, unsharded with its block
-    weights in FP8; HunyuanVideo on 2 L4 fits only sharded in bf16 and not at all under fp8:
-    refused with the numbers instead."""
+def test_fp8_blocks_shard_at_one_byte_per_weight():
+    """Under quantize fp8 the blocks hold their FP8 weights at one byte (ModelSpec.fp8_params),
+    sharded or whole: block_gb, the per-rank share and the per-block gather all shrink by
+    those bytes. Wan 14B on 2 L4 is refused in bf16 even sharded and fits under fp8 only
+    sharded; on 4 L4 it fits fp8 unsharded, which is kept (no gathers to pay) unless sharding
+    is forced; HunyuanVideo on 2 L4 fits sharded in both, with less memory and half-size
+    gathers under fp8."""
+    import dataclasses
+
     from raydit.planner.devicemodel import Mode
 
     fp8 = Mode(quantize="fp8")
-    with pytest.raises(PlanError, match="sharded weights are not run with quantize fp8") as info:
-        plan(WAN14, gpus=4, gpu_type="L4", shard_weights=True, mode=fp8)
-    assert "\n" not in str(info.value)
-    assert plan(WAN14, gpus=4, gpu_type="L4").best.shard_weights  # bf16: sharded
-    result = plan(WAN14, gpus=4, gpu_type="L4", mode=fp8)
-    assert not any(p.shard_weights for p in result.candidates) and result.best.memory_gb_per_gpu < 24
-    assert plan("hunyuanvideo", gpus=2, gpu_type="L4").best.shard_weights
-    with pytest.raises(PlanError, match=r"needs \d+\.\d GB per device .*\(L4\) has 24 GB"):
-        plan("hunyuanvideo", gpus=2, gpu_type="L4", mode=fp8)
+    spec = model_spec(WAN14)
+    quantized = dataclasses.replace(spec, fp8_weights=True)
+    saved = spec.fp8_params * (spec.bytes_per_param - 1) / 1e9
+    assert spec.fp8_params > 0.9 * BLOCK_SHARE * spec.params
+    assert block_gb(quantized, 2) == pytest.approx(block_gb(spec, 2) - 2 * saved, rel=1e-12)
+    link = Link(25, 15.0, "pcie")
+    assert gather_cost(quantized, 4, link, 0.0).block_mb == pytest.approx(
+        block_gb(quantized, 1) / spec.layers * 1e3, rel=1e-12)
+
+    with pytest.raises(PlanError, match="with the block weights sharded over its 2 ranks it would still need"):
+        plan(WAN14, gpus=2, gpu_type="L4")
+    with pytest.raises(PlanError, match=r"needs \d+\.\d GB per device"):
+        plan(WAN14, gpus=2, gpu_type="L4", mode=fp8, shard_weights=False)
+    best = plan(WAN14, gpus=2, gpu_type="L4", mode=fp8).best
+    assert best.shard_weights and best.memory_gb_per_gpu <= 24 and best.gather.ranks == 2
+    assert best.gather.block_mb == pytest.approx(block_gb(quantized, 1) / spec.layers * 1e3, rel=1e-12)
+
+    assert not plan(WAN14, gpus=4, gpu_type="L4", mode=fp8).best.shard_weights
+    assert all(p.shard_weights for p in plan(WAN14, gpus=4, gpu_type="L4", mode=fp8, shard_weights=True).candidates)
+
+    bf16, small = (plan("hunyuanvideo", gpus=2, gpu_type="L4", mode=m).best for m in (None, fp8))
+    assert bf16.shard_weights and small.shard_weights
+    assert small.memory_gb_per_gpu < bf16.memory_gb_per_gpu - 4
+    hy = model_spec("hunyuanvideo")
+    assert small.gather.block_mb == pytest.approx(
+        bf16.gather.block_mb - hy.fp8_params * (hy.bytes_per_param - 1) / hy.layers / 1e6, rel=1e-9)

@@ -160,9 +160,13 @@ def _quantize_torchao(transformer, modules: list, granularity: str) -> None:
 
 
 def requantize_rebuilt(modules) -> int:
-    """fp8-sim linears among `modules` whose weights were rebuilt unquantized (sharded weights
-    re-read from the checkpoint files, raydit.models.sharded): rounded again as at load, so the
-    weights stay what their QUANTIZED_ATTR says. Returns how many were rounded."""
+    """Quantized linears among `modules` whose weights were rebuilt unquantized (sharded weights
+    re-read from the checkpoint files, raydit.models.sharded): quantized again as at load, so
+    the weights stay what their QUANTIZED_ATTR says ("fp8-sim": rounded in place; "fp8": a
+    plain weight made torchao's FP8 weight again; one still quantized is left). Returns how
+    many were quantized again."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     count = 0
     with torch.no_grad():
         for module in modules:
@@ -170,9 +174,12 @@ def requantize_rebuilt(modules) -> int:
             if not isinstance(module, torch.nn.Linear) or mode_granularity is None:
                 continue
             mode, granularity = mode_granularity
-            if mode != "fp8-sim":
-                raise ValueError(f"a {mode} linear cannot be quantized again after a rebuild; load the pipeline again")
-            module.weight.copy_(fake_fp8(module.weight, granularity))
+            if mode == "fp8-sim":
+                module.weight.copy_(fake_fp8(module.weight, granularity))
+            elif is_traceable_wrapper_subclass(module.weight):
+                continue  # gathered back whole: torchao's FP8 weight as it was
+            else:
+                _quantize_torchao(module, [module], granularity)
             count += 1
     return count
 

@@ -24,18 +24,6 @@ FP8_GRANULARITIES = ("row", "tensor")
 DEFAULT_FP8_GRANULARITY = "row"
 # FP8 tensor-core GEMMs (torch._scaled_mm): Ada (8.9), Hopper (9.0) and later.
 FP8_MIN_CAPABILITY = (8, 9)
-# Sharded weights (raydit.models.sharded) keep 1/N of each block's bytes and lend the rest away
-# between forwards; torchao's FP8 weight (Float8Tensor) takes its shape from its FP8 data and
-# every .to() of the module rebuilds it from that data, so a lent-away weight would come back
-# shapeless (checked, torchao 0.18.0 on CPU: qdata lent away, a same-device .to() leaves the
-# parameter's shape (0,), and putting qdata back does not restore it; a full-shaped stride-0
-# stand-in survives a same-device .to() but any move materializes it at full size). fp8-sim's
-# weights are plain tensors and shard exactly.
-SHARD_FP8_REFUSAL = ("shard_weights with quantize 'fp8' is not supported (torchao's FP8 weights rebuild their "
-                     "shape from their FP8 bytes on every .to(), and a sharded weight lends its bytes away "
-                     "between forwards); drop shard_weights, or use quantize fp8-sim for the numbers")
-
-
 def check_quantize(mode) -> str | None:
     """The quantize mode a run asked for -> None (no quantization), "fp8" or "fp8-sim";
     ValueError (one line listing the modes) for anything else."""

@@ -31,7 +31,6 @@ from raydit.models.lora import activate as activate_lora
 from raydit.models.lora import fused as fused_loras
 from raydit.models.quantize_options import (
     DEFAULT_FP8_GRANULARITY,
-    SHARD_FP8_REFUSAL,
     check_attention,
     check_granularity,
     check_quantize,
@@ -102,8 +101,6 @@ class Runner:
             restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
         self.sharded = []
         self._model_calls: dict = {}  # id(state.branches) -> idle passes per step (sharded weights)
-        if shard_weights and self.quantize == "fp8":
-            raise ValueError(SHARD_FP8_REFUSAL)
         if shard_weights:
             self._shard(pipe, mesh, dtype)
         self.pipe = pipe.to(device)

@@ -153,6 +153,24 @@ def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, 
     return out
 
 
+def plain_parameters(module) -> dict:
+    """{name: tensor} of `module`'s parameters, copied to the CPU as plain tensors (a process's
+    result is pickled): a tensor-subclass parameter (torchao's FP8 weight) as its inner
+    tensors, `name#qdata`, `name#scale`; an FP8 tensor as its bytes (uint8: torch 2.13 does
+    not unpickle float8 tensors; equal bytes are equal values, bit for bit)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    out = {}
+    for name, p in module.named_parameters():
+        if is_traceable_wrapper_subclass(p):
+            for inner in p.__tensor_flatten__()[0]:
+                t = getattr(p, inner).detach().cpu().clone()
+                out[f"{name}#{inner}"] = t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+        else:
+            out[name] = p.detach().cpu().clone()
+    return out
+
+
 def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: str = "fp8-sim",
                            device: str = "cpu") -> dict:
     """Sharded weights under a quantize mode against the same plan unsharded under it, on every
@@ -198,8 +216,7 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
                         out[key + ("sharded" if sharded else "plain",)] = run_steps(runner, request, None).latents.cpu()
                     finally:
                         runner.close()
-                    out[key + ("rebuilt" if sharded else "weights",)] = {
-                        n: p.detach().cpu().clone() for n, p in pipe.transformer.named_parameters()}
+                    out[key + ("rebuilt" if sharded else "weights",)] = plain_parameters(pipe.transformer)
                     if not sharded:
                         continue
                     # The gather-back path (a model built in memory has no files): the quantized
@@ -209,8 +226,7 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
                     for s in runner.sharded:
                         s.source = None
                     runner.close()
-                    out[key + ("gathered",)] = {n: p.detach().cpu().clone()
-                                                for n, p in gathered.transformer.named_parameters()}
+                    out[key + ("gathered",)] = plain_parameters(gathered.transformer)
                     done = quantized(pipe.transformer)
                     out[key + ("marked",)] = None if done is None else (len(done.names), len(done.skipped))
                     runner = Runner(pipe, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)

@@ -14,12 +14,14 @@ no peer to gather its shard from, and the next mesh (another size, other members
 the rebuilt weights again. A transformer built in memory is gathered back over the group
 (collective: every rank closes together).
 
-Quantized weights (raydit.models.quantize, "fp8-sim"): the Runner quantizes the cast weights
-first and shards the quantized ones (plain tensors in the run's dtype: their bytes shard
-exactly, and every rank quantizes the same numbers). Gathered back, they are the quantized
-weights again; rebuilt from the files they come back unquantized and are rounded again as
-at load (`requantize_rebuilt`), so the transformer's quantized marker stays true. "fp8"
-(torchao's Float8Tensor weights) is refused sharded: raydit.models.quantize_options says why.
+Quantized weights (raydit.models.quantize): the Runner quantizes the cast weights first and
+shards the quantized ones, every rank the same numbers. "fp8-sim"'s are plain tensors in the
+run's dtype; "fp8"'s are torchao's Float8Tensor weights, sharded as their FP8 bytes and float32
+row scales (raydit.parallel.shard_weights lays out a tensor subclass's inner tensors and
+rebuilds it around the gathered bytes), so a rank holds 1/N of the FP8 bytes, and a block's
+gather moves one byte per weight. Gathered back, they are the quantized weights again;
+rebuilt from the files they come back unquantized and are quantized again as at load
+(`requantize_rebuilt`), so the transformer's quantized marker stays true.
 """
 
 from __future__ import annotations

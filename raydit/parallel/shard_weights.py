@@ -27,6 +27,15 @@ the checkpoint files. Our hooks stay plain module hooks outside the compiled blo
 (raydit.models.compile) and leave the parameters plain tensors between forwards, so peft's
 LoRA injection and diffusers' `.to()` see ordinary modules.
 
+A tensor-subclass parameter (torch's traceable wrapper subclasses: torchao's Float8Tensor, an
+FP8 weight with its float32 row scales) is laid out as its inner tensors
+(`__tensor_flatten__`: qdata's bytes, then scale's), each a piece of the flat buffer, and
+rebuilt around the gathered views (`__tensor_unflatten__`, with the flattening's own
+metadata and the outer shape kept in the layout) as a new parameter at every gather.
+Between forwards such a parameter is a plain empty tensor of its outer dtype, never the
+subclass around empty data: torchao's Float8Tensor takes its shape from its FP8 data (every
+`.to()` rebuilds it from there), so an emptied one would be shapeless to whatever reads it.
+
 Legend: U8 raw bytes (torch.uint8).
 """
 
@@ -38,6 +47,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 ALIGN = 64  # bytes: every parameter view and every rank's chunk starts 64-byte aligned
 SHARD_BUFFER = "_raydit_weight_shard"  # the block's non-persistent buffer: .to(device) moves it
@@ -49,17 +59,59 @@ def _round_up(n: int, k: int) -> int:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """One tensor's bytes in the flat buffer: a plain parameter's, or one inner tensor (`inner`)
+    of a tensor-subclass parameter's."""
+
+    inner: str | None
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # bytes
+    nbytes: int
+    misalign: int  # the original address modulo ALIGN (offset has the same remainder)
+
+
+@dataclass(frozen=True)
 class Entry:
     """One managed parameter: where it lives and where its bytes sit in the flat buffer."""
 
     module: nn.Module
     attr: str  # the parameter's name in `module`
     name: str  # its name relative to the block (state-dict style)
-    dtype: torch.dtype
+    dtype: torch.dtype  # the parameter's (a subclass's outer dtype)
     shape: tuple[int, ...]
-    offset: int  # bytes
-    nbytes: int
-    misalign: int  # the original address modulo ALIGN (offset has the same remainder)
+    pieces: tuple[Piece, ...]
+    # A tensor-subclass parameter: (its class, its __tensor_flatten__ metadata, outer stride).
+    subclass: tuple | None = None
+
+    def value(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The parameter's value from its pieces' tensors."""
+        if self.subclass is None:
+            return tensors[0]
+        cls, meta, stride = self.subclass
+        return cls.__tensor_unflatten__({p.inner: t for p, t in zip(self.pieces, tensors, strict=True)},
+                                        meta, torch.Size(self.shape), stride)
+
+    def put(self, value: torch.Tensor) -> None:
+        """`value` becomes the parameter: its data (a plain parameter keeps its object), or a
+        new parameter (a subclass, or the plain empty stand-in of a released subclass)."""
+        if self.subclass is None:
+            getattr(self.module, self.attr).data = value
+        else:
+            self.module._parameters[self.attr] = nn.Parameter(value, requires_grad=False)
+
+
+def _parts(tensor: torch.Tensor) -> tuple[list[tuple[str | None, torch.Tensor]], tuple | None]:
+    """[(inner name or None, tensor)] whose bytes hold `tensor`, and its subclass metadata."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [(None, tensor)], None
+    names, meta = tensor.__tensor_flatten__()
+    parts = [(n, getattr(tensor, n)) for n in names]
+    nested = [n for n, t in parts if is_traceable_wrapper_subclass(t)]
+    if nested:
+        raise ValueError(f"a {type(tensor).__name__} parameter holds tensor subclasses ({', '.join(nested)}); "
+                         "weight sharding lays out plain tensors and one level of subclass only")
+    return parts, (type(tensor), meta, tuple(tensor.stride()))
 
 
 @dataclass(frozen=True)
@@ -77,11 +129,14 @@ def plan_layout(named: list[tuple[str, nn.Module, str, torch.Tensor]], ranks: in
     """(name, module, attr, tensor) of a block's managed parameters -> their layout over `ranks`."""
     entries, offset = [], 0
     for name, module, attr, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        misalign = tensor.data_ptr() % ALIGN if tensor.numel() else 0
-        entries.append(Entry(module, attr, name, tensor.dtype, tuple(tensor.shape), offset + misalign, nbytes,
-                             misalign))
-        offset = _round_up(offset + misalign + nbytes, ALIGN)
+        parts, subclass = _parts(tensor)
+        pieces = []
+        for inner, t in parts:
+            nbytes = t.numel() * t.element_size()
+            misalign = t.data_ptr() % ALIGN if t.numel() else 0
+            pieces.append(Piece(inner, t.dtype, tuple(t.shape), offset + misalign, nbytes, misalign))
+            offset = _round_up(offset + misalign + nbytes, ALIGN)
+        entries.append(Entry(module, attr, name, tensor.dtype, tuple(tensor.shape), tuple(pieces), subclass))
     chunk = _round_up(max(1, -(-offset // ranks)), ALIGN)
     return BlockLayout(tuple(entries), chunk, ranks)
 
@@ -90,13 +145,22 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def _placed(e: Entry, source: torch.Tensor, device) -> torch.Tensor:
-    """A copy of `source` (e's values) in its own storage, at e's original alignment."""
-    raw = torch.empty(e.nbytes + ALIGN, dtype=torch.uint8, device=device)
-    start = (e.misalign - raw.data_ptr()) % ALIGN
-    out = raw[start:start + e.nbytes]
-    out.copy_(_bytes_of(source.to(device=device, dtype=e.dtype)))
-    return out.view(e.dtype).view(e.shape)
+def _placed(piece: Piece, source: torch.Tensor, device) -> torch.Tensor:
+    """A copy of `source` (the piece's values) in its own storage, at its original alignment."""
+    raw = torch.empty(piece.nbytes + ALIGN, dtype=torch.uint8, device=device)
+    start = (piece.misalign - raw.data_ptr()) % ALIGN
+    out = raw[start:start + piece.nbytes]
+    out.copy_(_bytes_of(source.to(device=device, dtype=piece.dtype)))
+    return out.view(piece.dtype).view(piece.shape)
+
+
+def _views(e: Entry, flat: torch.Tensor) -> list[torch.Tensor]:
+    return [flat[p.offset:p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in e.pieces]
+
+
+def _empty(e: Entry, device) -> torch.Tensor:
+    """What a released parameter holds: an empty tensor of its (outer) dtype."""
+    return torch.empty(0, dtype=e.dtype, device=device)
 
 
 @dataclass
@@ -167,8 +231,7 @@ class ShardedWeights:
             current.wait_stream(stream)
             flat.record_stream(current)  # allocated on the side stream, used and freed on this one
         for e in self.layouts[i].entries:
-            view = flat[e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape)
-            getattr(e.module, e.attr).data = view
+            e.put(e.value(_views(e, flat)))
         self._full[i] = flat
 
     def _release(self, i: int) -> None:
@@ -176,7 +239,7 @@ class ShardedWeights:
         if flat is None:
             return
         for e in self.layouts[i].entries:
-            getattr(e.module, e.attr).data = flat.new_empty(0, dtype=e.dtype)
+            e.put(_empty(e, flat.device))
         self._count(-flat.numel())
 
     def _drain(self) -> None:
@@ -236,7 +299,10 @@ class ShardedWeights:
     def remove(self, source: Callable[[int], list[torch.Tensor]] | None = None) -> None:
         """Full weights back in every block and the hooks off. source(i): block i's managed
         tensors, full, in layout order (read from the checkpoint files: local, no peer needed;
-        the way back after a peer is lost). None: all-gathered over the group (collective)."""
+        the way back after a peer is lost); a tensor-subclass parameter gets the source's plain
+        tensor in its outer dtype (the files' unquantized weight: the caller quantizes it
+        again, raydit.models.quantize.requantize_rebuilt). None: all-gathered over the group
+        (collective), subclasses rebuilt as they were."""
         if self.removed:
             return
         for hook in self._hooks:
@@ -250,15 +316,19 @@ class ShardedWeights:
                 self._install(i)
                 flat = self._full.pop(i)
                 for e in layout.entries:  # own storage, not views of one buffer
-                    param = getattr(e.module, e.attr)
-                    param.data = _placed(e, param.data, device)
+                    views = _views(e, flat)
+                    e.put(e.value([_placed(p, v, device) for p, v in zip(e.pieces, views)]))
                 del flat
             else:
                 tensors = source(i)
                 for e, t in zip(layout.entries, tensors, strict=True):
                     if tuple(t.shape) != e.shape:
                         raise ValueError(f"checkpoint tensor {e.name} has shape {tuple(t.shape)}, the model {e.shape}")
-                    getattr(e.module, e.attr).data = _placed(e, t, device)
+                    if e.subclass is None:
+                        e.put(_placed(e.pieces[0], t, device))
+                    else:  # a plain parameter again, of the outer dtype (module's `weight` as loaded)
+                        whole = Piece(None, e.dtype, e.shape, 0, t.numel() * e.dtype.itemsize, 0)
+                        e.module._parameters[e.attr] = nn.Parameter(_placed(whole, t, device), requires_grad=False)
             delattr(block, SHARD_BUFFER)
             self.resident_bytes = 0
         for block in self.blocks:
@@ -294,12 +364,12 @@ def shard_blocks(blocks: list, group, *, root: nn.Module | None = None, prefetch
         layout = plan_layout(named, ranks)
         flat = torch.zeros(layout.total, dtype=torch.uint8, device=named[0][3].device if named else "cpu")
         for e, (_, _, _, p) in zip(layout.entries, named):
-            flat[e.offset:e.offset + e.nbytes] = _bytes_of(p)
+            for piece, (_, t) in zip(e.pieces, _parts(p)[0]):
+                flat[piece.offset:piece.offset + piece.nbytes] = _bytes_of(t)
         shard = flat[rank * layout.chunk:(rank + 1) * layout.chunk].clone()
         del flat
         for e in layout.entries:
-            param = getattr(e.module, e.attr)
-            param.data = param.data.new_empty(0)
+            e.put(_empty(e, shard.device))
         block.register_buffer(SHARD_BUFFER, shard, persistent=False)
         setattr(block, SHARDED_ATTR, handle)
         handle.layouts.append(layout)
@@ -312,7 +382,8 @@ def resident_parameter_bytes(module: nn.Module) -> int:
     """Bytes of the distinct storages behind `module`'s parameters and buffers right now (what a
     rank holds of it; views of one buffer count once)."""
     seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
+    tensors = [part for t in list(module.parameters()) + list(module.buffers()) for _, part in _parts(t)[0]]
+    for t in tensors:
         storage = t.untyped_storage()
         key = (storage.data_ptr(), t.device)
         if storage.nbytes() == 0 or key in seen:

@@ -217,13 +217,8 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
             raise PlanError(f"quantize fp8 needs FP8 tensor cores (compute capability 8.9 or newer: {', '.join(have)}), "
                             f"which {', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} not; drop quantize "
                             "fp8 or plan devices that have them")
-        # The runtime shards fp8-sim's weights (plain tensors) but not torchao's FP8 weights
-        # (raydit.models.quantize_options.SHARD_FP8_REFUSAL): no fp8 layout may rely on sharding.
-        if shard_weights:
-            raise PlanError("sharded weights are not run with quantize fp8 (torchao's FP8 weights stay whole on every "
-                            "rank); drop shard_weights or quantize fp8")
-        shard_weights = False
-        # The blocks' quantized linears are kept in one byte per weight (ModelSpec.fp8_params).
+        # The blocks' quantized linears are kept in one byte per weight (ModelSpec.fp8_params),
+        # whole or sharded (raydit.planner.sharding prices the FP8 blocks' bytes too).
         spec = dataclasses.replace(spec, fp8_weights=True)
     feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode,
                                     shard_weights)

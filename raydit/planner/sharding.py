@@ -6,6 +6,7 @@ are whole at once):
 
     weights per rank = outside the blocks + blocks / N + 2 x one block
     blocks           = BLOCK_SHARE x transformer parameters x resident experts x bytes/param
+                       (quantize fp8: the blocks' FP8 weights at one byte, `block_gb`)
 
 BLOCK_SHARE: the blocks hold nearly all of a video DiT's parameters; the rest (patch, text and
 time embeddings, the output projection) stays whole on every rank. Wan 2.1 14B: 40 blocks of
@@ -31,8 +32,14 @@ GB = 1e9
 
 
 def block_gb(spec: ModelSpec, experts: int) -> float:
-    """GB of the transformer blocks of `experts` resident experts, whole."""
-    return BLOCK_SHARE * spec.params * experts * spec.bytes_per_param / GB
+    """GB of the transformer blocks of `experts` resident experts, whole. Under quantize fp8
+    (spec.fp8_weights) the blocks hold every FP8 weight (spec.fp8_params, the blocks' linears)
+    at one byte; their float32 row scales (4 bytes per output row, under 0.1% of a DiT
+    linear's bytes) are not counted."""
+    per_expert = BLOCK_SHARE * spec.params * spec.bytes_per_param
+    if spec.fp8_weights:
+        per_expert -= (spec.bytes_per_param - 1) * spec.fp8_params
+    return per_expert * experts / GB
 
 
 def sharded_gb(spec: ModelSpec, unsharded_gb: float, ranks: int, experts: int) -> float:

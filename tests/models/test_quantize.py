@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fp8_cpu import TORCHAO
 
 from raydit.models import conformance as harness
 from raydit.models.precision import BF16_ERROR_FACTOR, relative_error
@@ -105,25 +106,35 @@ PLAN_CASES = ("cogvideox-2b-h30-rows30", "ltx2-t2v", "mochi-t2v")
 
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
-def test_every_plan_under_fp8_sim_equals_one_rank_within_the_modes_noise():
+@pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
+    not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)"))])
+def test_every_plan_under_fp8_equals_one_rank_within_the_modes_noise(mode):
+    """fp8-sim, and fp8 itself: torchao's FP8 tensors on the CPU, the gates lifted in the
+    ranks' processes (tests/models/fp8_cpu.py)."""
+    from fp8_cpu import lifted
+
     from raydit.parallel.testing import run_distributed
 
     cases = [c for c in harness.family_cases(build=True)["runner"] if c.name in PLAN_CASES]
     assert len(cases) == len(PLAN_CASES)
-    results = run_distributed(harness.mode_plan_runs, 2, cases, PLANS, {None: {}, "fp8-sim": {"quantize": "fp8-sim"}},
-                              timeout=900)
+    modes = {None: {}, mode: {"quantize": mode}}
+    if mode == "fp8":
+        results = run_distributed(lifted, 2, "raydit.models.conformance:mode_plan_runs", cases, PLANS, modes,
+                                  timeout=900)
+    else:
+        results = run_distributed(harness.mode_plan_runs, 2, cases, PLANS, modes, timeout=900)
     exact = 0
     for rank, out in enumerate(results):
         for case in cases:
             truth = out[(case.name, "float64")]
-            one_none, one_q = out[(case.name, None, "None")], out[(case.name, "fp8-sim", "None")]
+            one_none, one_q = out[(case.name, None, "None")], out[(case.name, mode, "None")]
             e_bf16, e_q = relative_error(one_none, truth), relative_error(one_q, truth)
             assert 0.01 <= e_q <= 0.2 and e_q >= 2 * e_bf16, (case.name, e_q, e_bf16)
             for plan in PLANS:
-                plan_none, plan_q = out[(case.name, None, str(plan))], out[(case.name, "fp8-sim", str(plan))]
+                plan_none, plan_q = out[(case.name, None, str(plan))], out[(case.name, mode, str(plan))]
                 where = f"rank {rank} {case.name} {plan}"
                 if torch.equal(plan_none, one_none):
-                    assert torch.equal(plan_q, one_q), f"{where}: the same ops, yet fp8-sim differs by " \
+                    assert torch.equal(plan_q, one_q), f"{where}: the same ops, yet {mode} differs by " \
                                                        f"{relative_error(plan_q, one_q):.3g}"
                     exact += 1
                 else:
@@ -271,13 +282,20 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
-def test_step_batching_and_step_caching_run_under_fp8_sim():
-    """bfloat16, one process, the tiny CogVideoX. Step batching: two requests sharing steps
-    (the second joins at the first's step 1) against each alone; where the unquantized run
-    batched equals it alone bit for bit (the same ops per row), so must fp8-sim's: its scales are
-    per token, so a neighbour in the batch changes none. Step caching (fbcache at 1.3, which
-    caches a step of this request) runs on quantized blocks and caches as many steps as
-    unquantized."""
+@pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
+    not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)"))])
+def test_step_batching_and_step_caching_run_under_fp8(mode, monkeypatch):
+    """bfloat16, one process, the tiny CogVideoX; fp8 through torchao's FP8 tensors on the CPU
+    (the gates lifted for this test, tests/models/fp8_cpu.py). Step batching: two requests
+    sharing steps (the second joins at the first's step 1) against each alone; where the
+    unquantized run batched equals it alone bit for bit (the same ops per row), so must the
+    mode's: its scales are per token, so a neighbour in the batch changes none. Step caching
+    (fbcache at 1.3, which caches a step of this request) runs on quantized blocks and caches
+    as many steps as unquantized."""
+    if mode == "fp8":
+        from fp8_cpu import lift_fp8_gates
+
+        lift_fp8_gates(monkeypatch.setattr)
     from raydit.models.cache import CACHED_STEPS
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline
@@ -288,18 +306,18 @@ def test_step_batching_and_step_caching_run_under_fp8_sim():
     cached = GenerationRequest(prompt="a red fox running through fresh snow", seed=7, cache="fbcache",
                                cache_threshold=1.3, **{**gen, "num_inference_steps": 4})
     out = {}
-    for mode in (None, "fp8-sim"):
-        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), dtype=torch.bfloat16, quantize=mode)
-        out[mode, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
-        out[mode, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
+    for quantize in (None, mode):
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), dtype=torch.bfloat16, quantize=quantize)
+        out[quantize, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
+        out[quantize, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
         state = harness.run_steps(runner, cached, None)
-        out[mode, "cached"] = (int(state.carry.get(CACHED_STEPS, 0)), state.latents)
+        out[quantize, "cached"] = (int(state.carry.get(CACHED_STEPS, 0)), state.latents)
     exact = 0
     for i in range(len(requests)):
         if torch.equal(out[None, "batched"][i], out[None, "alone"][i]):
-            assert torch.equal(out["fp8-sim", "batched"][i], out["fp8-sim", "alone"][i]), f"request {i}"
+            assert torch.equal(out[mode, "batched"][i], out[mode, "alone"][i]), f"request {i}"
             exact += 1
     assert exact > 0
-    assert relative_error(out["fp8-sim", "alone"][0], out[None, "alone"][0]) > 1e-3  # quantized (0.0085 measured)
-    (steps_q, latents_q), (steps, _) = out["fp8-sim", "cached"], out[None, "cached"]
+    assert relative_error(out[mode, "alone"][0], out[None, "alone"][0]) > 1e-3  # quantized (0.0085 measured)
+    (steps_q, latents_q), (steps, _) = out[mode, "cached"], out[None, "cached"]
     assert steps_q == steps >= 1 and torch.isfinite(latents_q).all()

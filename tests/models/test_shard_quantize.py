@@ -1,54 +1,72 @@
-"""Sharded weights under quantize="fp8-sim" (issue 42): quantized first, from the cast weights,
-then the quantized bytes sharded. On two gloo ranks, every plan (Ulysses 2, ring 2, cfg 2):
-the tiny CogVideoX loaded from its files (12 block linears quantized; its norm*.linear
-modulation kept in the run's dtype) in float32 and bfloat16, and the tiny Wan (its 20 block
-linears all skipped: 24-wide, not multiples of 16, so sharded in the run's dtype as they are)
-in bfloat16.
+"""Sharded weights under quantize "fp8-sim" and "fp8" (issue 42): quantized first, from the cast
+weights, then the quantized bytes sharded. On two gloo ranks, every plan (Ulysses 2, ring 2,
+cfg 2):
+- fp8-sim: the tiny CogVideoX loaded from its files (12 block linears quantized; its
+  norm*.linear modulation kept in the run's dtype) in float32 and bfloat16, and the tiny Wan
+  (its 20 block linears all skipped: 24-wide, not multiples of 16, so sharded in the run's
+  dtype as they are) in bfloat16;
+- fp8 (torchao's Float8Tensor weights, sharded as their FP8 bytes and float32 row scales):
+  the tiny CogVideoX in bfloat16, on the CPU through torchao's tensors and torch._scaled_mm's
+  CPU kernel, with torchao's and the Runner's hardware gates lifted in the ranks' processes
+  (both refuse the CPU for speed, not for the numbers).
 
-Rule: bit for bit (torch.equal). The sharded run computes with the very bytes the unsharded
-quantized run holds (the same rounding of the same cast weights, all-gathered raw), with the
-same kernels, batch and threads. The recovery case (what the survivors of a lost rank do):
-close() rebuilds the weights from the checkpoint files, unquantized, and must round them again
-exactly as at load (every parameter equal to the unsharded quantized run's, the quantized
-marker kept), while gathered back over the group (a model built in memory) they are the
-quantized bytes as they were; the pipeline sharded again resumes from step 1's checkpoint to the fault-free
-latents.
+Rule: bit for bit (torch.equal; FP8 weights compared as their bytes and scales). The sharded
+run computes with the very bytes the unsharded quantized run holds (the same rounding of the
+same cast weights, all-gathered raw), with the same kernels, batch and threads. The recovery
+case (what the survivors of a lost rank do): close() rebuilds the weights from the checkpoint
+files, unquantized, and must quantize them again exactly as at load (every parameter equal to
+the unsharded quantized run's, the quantized marker kept), while gathered back over the group
+(a model built in memory) they are the quantized bytes as they were; the pipeline sharded
+again resumes from step 1's checkpoint to the fault-free latents.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from fp8_cpu import TORCHAO
 
 WORLD = 2
 # (model, its quantized and skipped block linears)
 MODELS = {"tiny": (12, 0), "tiny-wan": (0, 20)}
 
 
-@pytest.fixture(scope="module")
-def results():
+def _model(name: str, height: int, width: int, guidance: float, dtypes: tuple) -> tuple:
     from raydit.models.loading import resolve_model_dir
+
+    return (str(resolve_model_dir(name)), dict(prompt="a red fox", num_frames=5, height=height, width=width,
+                                               num_inference_steps=3, guidance_scale=guidance, seed=3), dtypes)
+
+
+@pytest.fixture(scope="module", params=["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
+    not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)"))])
+def results(request):
+    from fp8_cpu import lifted
+
     from raydit.models.shard_conformance import quantized_shard_worker
     from raydit.parallel.testing import run_distributed
 
-    models = [(str(resolve_model_dir("tiny")),
-               dict(prompt="a red fox", num_frames=5, height=32, width=32, num_inference_steps=3, guidance_scale=6.0,
-                    seed=3), ("float32", "bfloat16")),
-              (str(resolve_model_dir("tiny-wan")),
-               dict(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=3, guidance_scale=5.0,
-                    seed=3), ("bfloat16",))]
-    return run_distributed(quantized_shard_worker, WORLD, models, timeout=1200)
+    if request.param == "fp8":  # torchao's FP8 tensors on the CPU, the gates lifted in the ranks (fp8_cpu)
+        return "fp8", run_distributed(lifted, WORLD, "raydit.models.shard_conformance:quantized_shard_worker",
+                                      [_model("tiny", 32, 32, 6.0, ("bfloat16",))], quantize="fp8", timeout=600)
+    models = [_model("tiny", 32, 32, 6.0, ("float32", "bfloat16")), _model("tiny-wan", 48, 80, 5.0, ("bfloat16",))]
+    return "fp8-sim", run_distributed(quantized_shard_worker, WORLD, models, timeout=1200)
 
 
 def _runs(out):
     return [k[:3] for k in out if k[-1] == "plain"]
 
 
-def test_every_plan_sharded_under_fp8_sim_equals_unsharded_bit_for_bit(results):
+def test_every_plan_sharded_under_fp8_equals_unsharded_bit_for_bit(results):
+    mode, results = results
     for out in results:
         runs = _runs(out)
-        # tiny: 3 plans x 2 dtypes; tiny-wan: 3 plans x bf16
-        assert len(runs) == 9 and {r[2] for r in runs} == {"float32", "bfloat16"}, runs
+        if mode == "fp8-sim":  # tiny: 3 plans x 2 dtypes; tiny-wan: 3 plans x bf16
+            assert len(runs) == 9 and {r[2] for r in runs} == {"float32", "bfloat16"}, runs
+        else:  # tiny: 3 plans in bf16, its 12 quantized linears torchao's FP8 weights (bytes, scales)
+            assert len(runs) == 3 and {r[2] for r in runs} == {"bfloat16"}, runs
+            weights = out[runs[0] + ("weights",)]
+            assert sum(n.endswith("#qdata") for n in weights) == 12 == sum(n.endswith("#scale") for n in weights)
         for run in runs:
             plain, sharded = out[run + ("plain",)], out[run + ("sharded",)]
             assert plain.dtype == sharded.dtype and torch.isfinite(plain.float()).all(), run
@@ -60,6 +78,7 @@ def test_every_plan_sharded_under_fp8_sim_equals_unsharded_bit_for_bit(results):
 def test_weights_rebuilt_from_the_files_are_quantized_again_as_at_load(results):
     from raydit.models.loading import resolve_model_dir
 
+    _, results = results
     expected = {str(resolve_model_dir(name)): counts for name, counts in MODELS.items()}
     for out in results:
         for run in _runs(out):
@@ -74,6 +93,7 @@ def test_weights_rebuilt_from_the_files_are_quantized_again_as_at_load(results):
 
 
 def test_resumed_after_the_rebuild_equals_the_fault_free_run(results):
+    _, results = results
     for out in results:
         for run in _runs(out):
             resumed, clean = out[run + ("resumed",)], out[run + ("plain",)]

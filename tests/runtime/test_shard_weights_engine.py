@@ -23,10 +23,6 @@ def test_bad_input_is_one_line():
         Engine(model="tiny", device="cpu", shard_weights="yes")
     assert main(["generate", "--prompt", "x", "--model", "tiny", "--device", "cpu", "--workers", "1",
                  "--shard-weights"]) == 2
-    # quantize fp8 (torchao's Float8Tensor) is not sharded: refused before Ray; fp8-sim is (below)
-    with pytest.raises(ValueError, match="shard_weights with quantize 'fp8' is not supported") as info:
-        Engine(model="tiny", device="cuda", workers=2, quantize="fp8", shard_weights=True)
-    assert "\n" not in str(info.value) and "use quantize fp8-sim" in str(info.value)
 
 
 @pytest.mark.slow

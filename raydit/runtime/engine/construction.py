@@ -86,7 +86,6 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         # FP8 linear layers on every rank (raydit.models.quantize) and the attention mode,
         # checked before Ray: fp8 on an explicit CPU run is refused here, on a resolved device below.
         from raydit.models.quantize_options import (
-            SHARD_FP8_REFUSAL,
             check_attention,
             check_quantize,
             check_quantize_device,
@@ -106,10 +105,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         if c.shard_weights and c.workers == 1:
             raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
                              "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
-        if c.shard_weights and self.quantize == "fp8":
-            raise ValueError(SHARD_FP8_REFUSAL)
-        # quantize fp8 runs unsharded: the planner must not choose sharding for it either.
-        self.shard_weights = False if self.quantize == "fp8" and c.shard_weights is None else c.shard_weights
+        self.shard_weights = c.shard_weights
         self.plan_mode = planner_mode(self.quantize, self.attention, self.compile)  # how the planner prices it
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.

@@ -1,4 +1,10 @@
-"""quantize="fp8" on a CUDA GPU (torchao's FP8 layers): skipped without CUDA, torchao or FP8.
+"""quantize="fp8" (torchao's FP8 layers) on a CUDA GPU and on the CPU.
+
+On a GPU of compute capability 8.9+ as users run it. On the CPU through the same torchao
+tensors and torch._scaled_mm's CPU kernel, with the two hardware gates lifted in the test
+(tests/models/fp8_cpu.py: torchao's and the Runner's, which refuse the CPU because FP8 is
+slow there, not wrong): the wiring and the numbers of the real mode
+checked wherever the suite runs; the GPU cases skip without CUDA, FP8 or torchao.
 
 The real mode against its emulation, fp8-sim, in bfloat16. One linear layer: the two agree to
 within a quarter of FP8's own error against the unquantized layer (the sim multiplies the
@@ -13,19 +19,27 @@ Where FP8 is missing the Runner refuses.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
+from fp8_cpu import TORCHAO, lift_fp8_gates
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
 
 CUDA = torch.cuda.is_available()
 FP8 = CUDA and torch.cuda.get_device_capability() >= (8, 9)
-TORCHAO = importlib.util.find_spec("torchao") is not None
 
-pytestmark = pytest.mark.gpu
+# "cuda": a GPU with FP8, as users run it; "cpu": torchao's tensors on the CPU, gates lifted.
+DEVICES = [pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+               not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")]),
+           pytest.param("cpu", marks=pytest.mark.skipif(not TORCHAO, reason="needs torchao (pip install torchao)"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request, monkeypatch):
+    if request.param == "cpu":  # the gates lifted for this test only
+        lift_fp8_gates(monkeypatch.setattr)
+    return request.param
 
 
 def wan_case():
@@ -34,9 +48,8 @@ def wan_case():
     return families()["wan"].conformance_cases(harness._Unbuilt())["forward"][0]
 
 
-@pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
 @torch.no_grad()
-def test_one_fp8_linear_matches_fp8_sim():
+def test_one_fp8_linear_matches_fp8_sim(device):
     import copy
 
     from raydit.models.quantize import quantize_transformer
@@ -44,26 +57,25 @@ def test_one_fp8_linear_matches_fp8_sim():
     torch.manual_seed(0)
     case = wan_case()
     transformer, _ = case.make()
-    transformer = transformer.to("cuda", torch.bfloat16)
+    transformer = transformer.to(device, torch.bfloat16)
     block = transformer.blocks[0]
-    layer = torch.nn.Linear(2048, 1024, dtype=torch.bfloat16, device="cuda")
+    layer = torch.nn.Linear(2048, 1024, dtype=torch.bfloat16, device=device)
     block.ffn.net[2] = layer  # a block linear of DiT-like width
-    x = torch.randn(4, 512, 2048, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(4, 512, 2048, dtype=torch.bfloat16, device=device)
     outs = {None: layer(x).float()}
     for mode in ("fp8", "fp8-sim"):
         model = copy.deepcopy(transformer)
         assert "blocks.0.ffn.net.2" in quantize_transformer(model, mode).names
         outs[mode] = model.blocks[0].ffn.net[2](x).float()
         # A zero-padded token's all-zero row gives the bias, not 0 / 0 (ACTIVATION_AMAX_FLOOR).
-        zero = model.blocks[0].ffn.net[2](torch.zeros(1, 2048, dtype=torch.bfloat16, device="cuda")).float()
+        zero = model.blocks[0].ffn.net[2](torch.zeros(1, 2048, dtype=torch.bfloat16, device=device)).float()
         assert torch.equal(zero[0], layer.bias.float()), mode
     e_fp8 = relative_error(outs["fp8"], outs[None])
     assert 5e-3 <= e_fp8 <= 0.1, e_fp8
     assert relative_error(outs["fp8"], outs["fp8-sim"]) <= 0.25 * e_fp8
 
 
-@pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
-def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error():
+def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error(device):
     from raydit.models.compile import compile_blocks
     from raydit.models.quantize import quantize_transformer
 
@@ -71,8 +83,8 @@ def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error():
     out, names = {}, {}
     for mode in (None, "fp8", "fp8-sim"):
         transformer, kwargs = harness.at_dtype(*case.make(), torch.bfloat16)
-        transformer = transformer.to("cuda")
-        kwargs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        transformer = transformer.to(device)
+        kwargs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
         if mode is not None:
             names[mode] = quantize_transformer(transformer, mode).names
         out[mode] = harness.forward_once(transformer, kwargs).float()
@@ -90,8 +102,7 @@ def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error():
         assert 0.5 * e_sim <= e <= 2 * e_sim, (mode, e, e_sim)
 
 
-@pytest.mark.skipif(not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
-def test_runner_runs_a_request_under_fp8():
+def test_runner_runs_a_request_under_fp8(device):
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
@@ -99,12 +110,13 @@ def test_runner_runs_a_request_under_fp8():
     request = GenerationRequest(prompt="a red fox", num_frames=5, height=32, width=32, num_inference_steps=3, seed=1)
     latents = {}
     for mode in (None, "fp8"):
-        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize=mode)
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), device=device, dtype=torch.bfloat16, quantize=mode)
         latents[mode] = harness.run_steps(runner, request, None).latents.float().cpu()
     assert torch.isfinite(latents["fp8"]).all()
     assert 1e-3 <= relative_error(latents["fp8"], latents[None]) <= 0.2
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or FP8, reason="needs a CUDA GPU without FP8 (compute capability below 8.9)")
 def test_runner_refuses_fp8_on_a_gpu_before_sm89():
     from raydit.models.loading import load_pipeline
@@ -114,6 +126,7 @@ def test_runner_refuses_fp8_on_a_gpu_before_sm89():
         Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not FP8 or TORCHAO, reason="needs an FP8 GPU without torchao installed")
 def test_runner_names_the_install_when_torchao_is_missing():
     from raydit.models.loading import load_pipeline
@@ -121,16 +134,3 @@ def test_runner_names_the_install_when_torchao_is_missing():
 
     with pytest.raises(ValueError, match="needs torchao, which is not installed: pip install torchao"):
         Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
-
-
-@pytest.mark.skipif(not FP8, reason="needs a CUDA GPU of compute capability 8.9+")
-def test_runner_refuses_sharded_fp8_in_one_line():
-    """torchao's FP8 weights are not sharded (raydit.models.quantize_options.SHARD_FP8_REFUSAL):
-    refused before anything is quantized or sharded; fp8-sim is sharded (test_shard_quantize)."""
-    from raydit.models.loading import load_pipeline
-    from raydit.models.runner import Runner
-
-    with pytest.raises(ValueError, match="shard_weights with quantize 'fp8' is not supported") as info:
-        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8",
-               shard_weights=True)
-    assert "\n" not in str(info.value)
