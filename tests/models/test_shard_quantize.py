@@ -118,3 +118,29 @@ def test_batched_steps_sharded_under_fp8_sim_equal_unsharded():
     for rank_out in out:
         for plain, sharded in zip(rank_out[False], rank_out[True], strict=True):
             assert torch.isfinite(plain).all() and torch.equal(plain, sharded)
+
+
+@pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time)
+@pytest.mark.skipif(not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)")
+def test_compiled_batched_steps_sharded_under_fp8_equal_unsharded():
+    """quantize fp8 (torchao's FP8 tensors on the CPU, the gates lifted in the ranks), compiled
+    blocks, step batching, Ulysses 2: two requests sharing steps (one joins at the second),
+    sharded against unsharded, bit for bit. The sharded blocks get new Float8Tensor parameters
+    at every gather; the compiled graphs take them as inputs like the unsharded run's."""
+    from fp8_cpu import lifted
+
+    from raydit.models.loading import resolve_model_dir
+    from raydit.parallel.testing import run_distributed
+
+    base = dict(prompt="a red fox runs", num_frames=5, height=32, width=32)
+    requests = [dict(base, num_inference_steps=3, guidance_scale=5.0, seed=1),
+                dict(base, num_inference_steps=3, guidance_scale=3.0, seed=2)]
+    out = run_distributed(lifted, WORLD, "raydit.models.shard_conformance:batching_shard_worker",
+                          "raydit.models.loading:load_pipeline", dict(model=str(resolve_model_dir("tiny"))),
+                          requests, [0, 1], (2, 1, 1), dict(quantize="fp8", compile=True, dtype=torch.bfloat16),
+                          timeout=900)
+    for rank_out in out:
+        for plain, sharded in zip(rank_out[False], rank_out[True], strict=True):
+            assert plain.dtype == torch.bfloat16 and torch.isfinite(plain.float()).all()
+            assert torch.equal(plain, sharded), (plain.float() - sharded.float()).abs().max().item()
