@@ -39,4 +39,13 @@ if ! "$VPY" -c "import torchvision" >/dev/null 2>&1; then
     fi
   fi
 fi
+# torchao for the CPU tests of quantize fp8 (tests/models/fp8_cpu.py), kept apart in
+# .venv/fp8-site rather than among the venv's packages: transformers and diffusers import it in
+# every process once it is installed, and under a CPU torch its CUDA extensions fail to load
+# with warnings on each process's stderr (which the one-line error tests read). Users of
+# quantize fp8 install it as usual (pip install 'raydit[fp8]'). Never fails the set-up.
+if [ ! -d .venv/fp8-site/torchao ]; then
+  "$VPY" -m pip install -q --no-deps --target .venv/fp8-site "torchao>=0.14" >/dev/null 2>&1 \
+    || echo "torchao: could not install into .venv/fp8-site; the CPU tests of quantize fp8 will skip and say so"
+fi
 "$VPY" -c "import raydit, torch, ray, diffusers; print('raydit', raydit.__version__, '| torch', torch.__version__, '| ray', ray.__version__, '| diffusers', diffusers.__version__)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp8_cpu import TORCHAO
+from fp8_cpu import TORCHAO, WHY
 
 from raydit.models import conformance as harness
 from raydit.models.precision import BF16_ERROR_FACTOR, relative_error
@@ -107,7 +107,7 @@ PLAN_CASES = ("cogvideox-2b-h30-rows30", "ltx2-t2v", "mochi-t2v")
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
 @pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
-    not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)"))])
+    not TORCHAO, reason=WHY))])
 def test_every_plan_under_fp8_equals_one_rank_within_the_modes_noise(mode):
     """fp8-sim, and fp8 itself: torchao's FP8 tensors on the CPU, the gates lifted in the
     ranks' processes (tests/models/fp8_cpu.py)."""
@@ -283,7 +283,7 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
 @pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
-    not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)"))])
+    not TORCHAO, reason=WHY))])
 def test_step_batching_and_step_caching_run_under_fp8(mode, monkeypatch):
     """bfloat16, one process, the tiny CogVideoX; fp8 through torchao's FP8 tensors on the CPU
     (the gates lifted for this test, tests/models/fp8_cpu.py). Step batching: two requests
@@ -295,7 +295,7 @@ def test_step_batching_and_step_caching_run_under_fp8(mode, monkeypatch):
     if mode == "fp8":
         from fp8_cpu import lift_fp8_gates
 
-        lift_fp8_gates(monkeypatch.setattr)
+        lift_fp8_gates(monkeypatch)
     from raydit.models.cache import CACHED_STEPS
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline

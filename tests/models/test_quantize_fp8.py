@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp8_cpu import TORCHAO, lift_fp8_gates
+from fp8_cpu import INSTALLED, TORCHAO, WHY, lift_fp8_gates
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
@@ -31,14 +31,14 @@ FP8 = CUDA and torch.cuda.get_device_capability() >= (8, 9)
 
 # "cuda": a GPU with FP8, as users run it; "cpu": torchao's tensors on the CPU, gates lifted.
 DEVICES = [pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-               not (FP8 and TORCHAO), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")]),
-           pytest.param("cpu", marks=pytest.mark.skipif(not TORCHAO, reason="needs torchao (pip install torchao)"))]
+               not (FP8 and INSTALLED), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")]),
+           pytest.param("cpu", marks=pytest.mark.skipif(not TORCHAO, reason=WHY))]
 
 
 @pytest.fixture(params=DEVICES)
 def device(request, monkeypatch):
     if request.param == "cpu":  # the gates lifted for this test only
-        lift_fp8_gates(monkeypatch.setattr)
+        lift_fp8_gates(monkeypatch)
     return request.param
 
 
@@ -127,7 +127,7 @@ def test_runner_refuses_fp8_on_a_gpu_before_sm89():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not FP8 or TORCHAO, reason="needs an FP8 GPU without torchao installed")
+@pytest.mark.skipif(not FP8 or INSTALLED, reason="needs an FP8 GPU without torchao installed")
 def test_runner_names_the_install_when_torchao_is_missing():
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner

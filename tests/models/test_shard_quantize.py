@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp8_cpu import TORCHAO
+from fp8_cpu import TORCHAO, WHY
 
 WORLD = 2
 # (model, its quantized and skipped block linears)
@@ -39,7 +39,7 @@ def _model(name: str, height: int, width: int, guidance: float, dtypes: tuple) -
 
 
 @pytest.fixture(scope="module", params=["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
-    not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)"))])
+    not TORCHAO, reason=WHY))])
 def results(request):
     from fp8_cpu import lifted
 
@@ -122,7 +122,7 @@ def test_batched_steps_sharded_under_fp8_sim_equal_unsharded():
 
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
-@pytest.mark.skipif(not TORCHAO, reason="quantize fp8 needs torchao (pip install torchao)")
+@pytest.mark.skipif(not TORCHAO, reason=WHY)
 def test_compiled_batched_steps_sharded_under_fp8_equal_unsharded():
     """quantize fp8 (torchao's FP8 tensors on the CPU, the gates lifted in the ranks), compiled
     blocks, step batching, Ulysses 2: two requests sharing steps (one joins at the second),

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The one call a lent GPU session makes (15 minutes of device time in all, the machine's start
+# included): what the open issues still need measured, in order of what they need most, each
+# part under its own time limit so a slow one cannot eat the others'.
+#
+#   run (device tool): bash bench/gpu_session.sh .whl        carry: [".whl"], timeout_s 600
+#   smoke (CPU):       bash bench/gpu_session.sh --smoke     the same steps' code paths
+#
+# .whl (ignored by git): wheels for the GPU machine's Python (diffusers, ftfy, wcwidth, torchao;
+# `pip download --no-deps --python-version 3.12 --only-binary :all: -d .whl ...`). Everything
+# lands in $OUT (the device tool returns it), one log per part:
+#   1. quantize fp8 on the GPU (issue 39; never run there before 2026-11-28): torchao's FP8
+#      layers against fp8-sim on one linear and a whole forward, eager and compiled, and a
+#      Runner request (tests/models/test_quantize_fp8.py, its cuda cases);
+#   2. every family at real widths on one GPU (issue 40 item 2; issue 42's one-rank peak
+#      memory against the planner): bench/bench_familysteps.py -> $OUT/familysteps.json.
+set -o pipefail
+SMOKE=""
+if [ "${1:-}" = "--smoke" ]; then SMOKE="--smoke"; shift; fi
+WHEELS=${1:-}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -n "$WHEELS" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/raydit-site "$WHEELS"/*.whl \
+    || { echo "gpu_session: could not install the wheels of $WHEELS" >&2; exit 3; }
+  export PYTHONPATH=/tmp/raydit-site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+PY=${PYTHON:-python3}
+{ nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; "$PY" -c "import torch; print('torch', torch.__version__)"; } \
+  | tee "$OUT/device.txt"
+
+echo "== 1. quantize fp8 (tests/models/test_quantize_fp8.py)"
+K=$([ -n "$SMOKE" ] && echo cpu || echo cuda)
+timeout 180 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_quantize_fp8.py -k "$K" 2>&1 \
+  | grep -v "kept in float32\|Casting directly" | tail -25 | tee "$OUT/quantize-fp8.txt"
+
+echo "== 2. every family at real widths (bench/bench_familysteps.py)"
+timeout 330 "$PY" bench/bench_familysteps.py $SMOKE --budget-s 270 --out "$OUT" 2>&1 \
+  | grep -v "kept in float32\|Casting directly" | tee "$OUT/familysteps-log.txt"
+echo "gpu_session: done; files in $OUT"
