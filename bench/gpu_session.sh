@@ -11,7 +11,9 @@
 # lands in $OUT (the device tool returns it), one log per part:
 #   1. quantize fp8 on the GPU (issue 39; never run there before 2026-11-28): torchao's FP8
 #      layers against fp8-sim on one linear and a whole forward, eager and compiled, and a
-#      Runner request (tests/models/test_quantize_fp8.py, its cuda cases);
+#      Runner request (tests/models/test_quantize_fp8.py, its cuda cases); sharded weights on
+#      CUDA (issue 42; the side-stream gathers never ran before): two ranks on the one GPU,
+#      fp8-sim and fp8, bit for bit against unsharded (tests/models/test_shard_cuda.py);
 #   2. every family at real widths on one GPU (issue 40 item 2; issue 42's one-rank peak
 #      memory against the planner): bench/bench_familysteps.py -> $OUT/familysteps.json.
 set -o pipefail
@@ -32,12 +34,12 @@ PY=${PYTHON:-python3}
 { nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; "$PY" -c "import torch; print('torch', torch.__version__)"; } \
   | tee "$OUT/device.txt"
 
-echo "== 1. quantize fp8 (tests/models/test_quantize_fp8.py)"
+echo "== 1. quantize fp8 and sharded weights on the GPU (tests/models/test_quantize_fp8.py, test_shard_cuda.py)"
 K=$([ -n "$SMOKE" ] && echo cpu || echo cuda)
-timeout 180 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_quantize_fp8.py -k "$K" 2>&1 \
-  | grep -v "kept in float32\|Casting directly" | tail -25 | tee "$OUT/quantize-fp8.txt"
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_quantize_fp8.py tests/models/test_shard_cuda.py \
+  -k "$K" 2>&1 | grep -v "kept in float32\|Casting directly" | tail -40 | tee "$OUT/gpu-tests.txt"
 
 echo "== 2. every family at real widths (bench/bench_familysteps.py)"
-timeout 330 "$PY" bench/bench_familysteps.py $SMOKE --budget-s 270 --out "$OUT" 2>&1 \
+timeout 300 "$PY" bench/bench_familysteps.py $SMOKE --budget-s 240 --out "$OUT" 2>&1 \
   | grep -v "kept in float32\|Casting directly" | tee "$OUT/familysteps-log.txt"
 echo "gpu_session: done; files in $OUT"

@@ -172,9 +172,9 @@ def plain_parameters(module) -> dict:
 
 
 def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: str = "fp8-sim",
-                           device: str = "cpu") -> dict:
+                           device: str = "cpu", plans: tuple[str, ...] | None = None) -> dict:
     """Sharded weights under a quantize mode against the same plan unsharded under it, on every
-    plan of the world. models: [(model folder, request keywords, dtype names)], each loaded
+    plan of the world (`plans`: only those named, e.g. ("u1r1c2",)). models: [(model folder, request keywords, dtype names)], each loaded
     from its files (a fresh pipeline per run: quantization is in place). Keys (folder, plan,
     dtype, ...):
     - "plain" / "sharded": the final latents; "resumed": the sharded run's pipeline after its
@@ -185,7 +185,8 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
       transformer's parameters; "marked": (quantized, skipped) linears the transformer's
       quantized marker names after the close (None: no marker);
     - "from files": the sharded run rebuilds from the checkpoint files;
-    - "held": (the block bytes this rank's shards hold, the blocks' full bytes)."""
+    - "held": (the block bytes this rank's shards hold, the blocks' full bytes);
+    - "side stream": the sharded run posted its gathers from a side stream (CUDA)."""
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.quantize import quantized
@@ -199,7 +200,7 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
         for dtype_name in dtypes:
             dtype = getattr(torch, dtype_name)
             for plan in feasible_plans(world_size, heads, cfg_degrees=(1, 2)):
-                if plan.world_size != world_size:
+                if plan.world_size != world_size or (plans is not None and str(plan) not in plans):
                     continue
                 mesh = prefix_mesh(plan)
                 key = (model_dir, str(plan), dtype_name)
@@ -214,6 +215,8 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
                                 sum(layout.total for s in runner.sharded for layout in s.handle.layouts))
                         checkpoint = runner.checkpoint(run_steps(runner, request, 1))
                         out[key + ("sharded" if sharded else "plain",)] = run_steps(runner, request, None).latents.cpu()
+                        if sharded:
+                            out[key + ("side stream",)] = any(s.handle._stream is not None for s in runner.sharded)
                     finally:
                         runner.close()
                     out[key + ("rebuilt" if sharded else "weights",)] = plain_parameters(pipe.transformer)
