@@ -210,6 +210,44 @@ def test_a_lora_is_not_loaded_into_quantized_weights(tiny_pipe, tmp_path):
         lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec(name="style", path=str(lora.lora_file(path))))
 
 
+@pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(not TORCHAO, reason=WHY))])
+def test_a_fused_lora_is_quantized_with_the_weights(mode, tiny_pipe, tmp_path, monkeypatch):
+    """bfloat16, the tiny CogVideoX: a LoRA fused at load (lora.load with fuse_scale) is part of
+    the weights the Runner then quantizes, so each quantized attention projection holds the
+    fused weight rounded to FP8 with its row scales, bit for bit (fp8: torchao's FP8 bytes times
+    their scales; on the CPU, the gates lifted for this test), and not the weight without the
+    LoRA; the request runs."""
+    from raydit.models import lora
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.quantize import fake_fp8
+    from raydit.models.registry import family_for_pipeline
+    from raydit.models.runner import Runner
+
+    if mode == "fp8":
+        from fp8_cpu import lift_fp8_gates
+
+        lift_fp8_gates(monkeypatch)
+    path = str(lora.lora_file(lora.write_random_lora(tiny_pipe, tmp_path)))
+    plain = load_pipeline("tiny", dtype=torch.bfloat16)
+    pipe = load_pipeline("tiny", dtype=torch.bfloat16)
+    lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec("style", path, fuse_scale=1.0))
+    projections = [n for n, m in pipe.transformer.named_modules() if n.endswith(("attn1.to_q", "attn1.to_v"))]
+    assert projections
+    fused = {n: pipe.transformer.get_submodule(n).weight.detach().clone() for n in projections}
+    runner = Runner(pipe, dtype=torch.bfloat16, quantize=mode)
+    for name in projections:
+        weight = pipe.transformer.get_submodule(name).weight
+        if mode == "fp8":  # torchao's Float8Tensor: FP8 bytes and float32 row scales
+            weight = (weight.qdata.float() * weight.scale).to(torch.bfloat16)
+        assert torch.equal(weight, fake_fp8(fused[name], "row")), name
+        without = fake_fp8(plain.transformer.get_submodule(name).weight.detach(), "row")
+        assert not torch.equal(weight, without), name  # the LoRA is in the quantized weights
+    request = GenerationRequest(prompt="a red fox", num_frames=5, height=32, width=32, num_inference_steps=2,
+                                guidance_scale=6.0, seed=1, lora={"style": 1.0})
+    assert torch.isfinite(harness.run_steps(runner, request, None).latents.float()).all()
+
+
 def test_gpu_before_sm89_is_refused_naming_it():
     from raydit.models.quantize_options import check_quantize_device
 
