@@ -324,11 +324,10 @@ class ShardedWeights:
                 for e, t in zip(layout.entries, tensors, strict=True):
                     if tuple(t.shape) != e.shape:
                         raise ValueError(f"checkpoint tensor {e.name} has shape {tuple(t.shape)}, the model {e.shape}")
-                    if e.subclass is None:
-                        e.put(_placed(e.pieces[0], t, device))
-                    else:  # a plain parameter again, of the outer dtype (module's `weight` as loaded)
-                        whole = Piece(None, e.dtype, e.shape, 0, t.numel() * e.dtype.itemsize, 0)
-                        e.module._parameters[e.attr] = nn.Parameter(_placed(whole, t, device), requires_grad=False)
+                    # a subclass's parameter becomes a plain one of its outer dtype (as loaded)
+                    whole = e.pieces[0] if e.subclass is None else Piece(None, e.dtype, e.shape, 0,
+                                                                         t.numel() * e.dtype.itemsize, 0)
+                    e.put(_placed(whole, t, device))
             delattr(block, SHARD_BUFFER)
             self.resident_bytes = 0
         for block in self.blocks:

@@ -19,10 +19,14 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 SITE = Path(__file__).resolve().parents[2] / ".venv" / "fp8-site"
 INSTALLED = importlib.util.find_spec("torchao") is not None
 TORCHAO = INSTALLED or (SITE / "torchao").is_dir()
 WHY = "quantize fp8 needs torchao (pip install torchao, or bash scripts/setup.sh for .venv/fp8-site)"
+# The two quantize modes as test parameters: fp8 skips, saying why, where torchao is missing.
+MODES = ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(not TORCHAO, reason=WHY))]
 
 
 def lift_fp8_gates(monkeypatch=None) -> None:

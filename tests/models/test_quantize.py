@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp8_cpu import TORCHAO, WHY
+from fp8_cpu import MODES
 
 from raydit.models import conformance as harness
 from raydit.models.precision import BF16_ERROR_FACTOR, relative_error
@@ -106,8 +106,7 @@ PLAN_CASES = ("cogvideox-2b-h30-rows30", "ltx2-t2v", "mochi-t2v")
 
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
-@pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
-    not TORCHAO, reason=WHY))])
+@pytest.mark.parametrize("mode", MODES)
 def test_every_plan_under_fp8_equals_one_rank_within_the_modes_noise(mode):
     """fp8-sim, and fp8 itself: torchao's FP8 tensors on the CPU, the gates lifted in the
     ranks' processes (tests/models/fp8_cpu.py)."""
@@ -210,7 +209,7 @@ def test_a_lora_is_not_loaded_into_quantized_weights(tiny_pipe, tmp_path):
         lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec(name="style", path=str(lora.lora_file(path))))
 
 
-@pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(not TORCHAO, reason=WHY))])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_fused_lora_is_quantized_with_the_weights(mode, tiny_pipe, tmp_path, monkeypatch):
     """bfloat16, the tiny CogVideoX: a LoRA fused at load (lora.load with fuse_scale) is part of
     the weights the Runner then quantizes, so each quantized attention projection holds the
@@ -320,8 +319,7 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long  # the second stage (suite time)
-@pytest.mark.parametrize("mode", ["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
-    not TORCHAO, reason=WHY))])
+@pytest.mark.parametrize("mode", MODES)
 def test_step_batching_and_step_caching_run_under_fp8(mode, monkeypatch):
     """bfloat16, one process, the tiny CogVideoX; fp8 through torchao's FP8 tensors on the CPU
     (the gates lifted for this test, tests/models/fp8_cpu.py). Step batching: two requests

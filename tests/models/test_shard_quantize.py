@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp8_cpu import TORCHAO, WHY
+from fp8_cpu import MODES, TORCHAO, WHY
 
 WORLD = 2
 # (model, its quantized and skipped block linears)
@@ -38,8 +38,7 @@ def _model(name: str, height: int, width: int, guidance: float, dtypes: tuple) -
                                                num_inference_steps=3, guidance_scale=guidance, seed=3), dtypes)
 
 
-@pytest.fixture(scope="module", params=["fp8-sim", pytest.param("fp8", marks=pytest.mark.skipif(
-    not TORCHAO, reason=WHY))])
+@pytest.fixture(scope="module", params=MODES)
 def results(request):
     from fp8_cpu import lifted
 
