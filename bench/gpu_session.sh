@@ -15,7 +15,9 @@
 #      CUDA (issue 42; the side-stream gathers never ran before): two ranks on the one GPU,
 #      fp8-sim and fp8, bit for bit against unsharded (tests/models/test_shard_cuda.py);
 #   2. every family at real widths on one GPU (issue 40 item 2; issue 42's one-rank peak
-#      memory against the planner): bench/bench_familysteps.py -> $OUT/familysteps.json.
+#      memory against the planner): bench/bench_familysteps.py -> $OUT/familysteps.json;
+#   3. quantizing FP8 weights at load, on the GPU one linear at a time against the host
+#      (issue 42): bench/bench_quantize_load.py -> $OUT/quantize-load.json.
 set -o pipefail
 SMOKE=""
 if [ "${1:-}" = "--smoke" ]; then SMOKE="--smoke"; shift; fi
@@ -40,6 +42,10 @@ timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_quantiz
   -k "$K" 2>&1 | grep -v "kept in float32\|Casting directly" | tail -40 | tee "$OUT/gpu-tests.txt"
 
 echo "== 2. every family at real widths (bench/bench_familysteps.py)"
-timeout 300 "$PY" bench/bench_familysteps.py $SMOKE --budget-s 240 --out "$OUT" 2>&1 \
+timeout 290 "$PY" bench/bench_familysteps.py $SMOKE --budget-s 230 --out "$OUT" 2>&1 \
   | grep -v "kept in float32\|Casting directly" | tee "$OUT/familysteps-log.txt"
+
+echo "== 3. quantizing FP8 weights at load (bench/bench_quantize_load.py)"
+timeout 50 "$PY" bench/bench_quantize_load.py $SMOKE --modes fp8 --repeat 1 --out "$OUT" 2>&1 \
+  | grep -v "kept in float32\|Casting directly" | tee "$OUT/quantize-load-log.txt"
 echo "gpu_session: done; files in $OUT"

@@ -324,3 +324,21 @@ def test_bench_familysteps_smoke_builds_and_times_every_family_on_the_cpu(tmp_pa
         assert row["measured"]["1"]["step_seconds"]["n"] == 1 and row["decode_seconds"] > 0, (name, row)
         assert row["predicted"]["bench"]["step_seconds"] > 0
         assert row["blocks_per_unit"] * row["units"] == (60 if name == "hunyuanvideo" else row["units"])
+
+
+def test_bench_quantize_load_smoke_times_each_place_it_can_run(tmp_path):
+    """bench/bench_quantize_load.py --smoke: a narrow Wan block quantized on the host at one
+    thread and at all, fp8-sim always and fp8 where torchao is at hand (the device rows need a
+    GPU); every row quantized the block's 10 linears and timed them. Timings are not judged."""
+    import json
+
+    done = subprocess.run([sys.executable, str(BENCH / "bench_quantize_load.py"), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "quantize-load.json").read_text())["rows"]
+    sim = [r for r in rows if r["mode"] == "fp8-sim"]
+    assert [r["place"].split(",")[0] for r in sim] == ["host", "host"], rows
+    for row in rows:
+        assert row["linears"] == 10 and row["seconds_per_block"] > 0, row
+        assert abs(row["wan14b_40_blocks_s"] - 40 * row["seconds_per_block"]) < 0.01, row
+    assert "| fp8-sim | host, 1 thread |" in (tmp_path / "quantize-load.md").read_text()

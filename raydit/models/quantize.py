@@ -110,9 +110,18 @@ def _round_input(granularity: str, module, args):
 
 
 def quantize_transformer(transformer, mode: str, granularity: str = "row",
-                         keep: tuple[str, ...] = ("norm*",)) -> QuantizedLinears:
+                         keep: tuple[str, ...] = ("norm*",), device=None, stay: bool = True) -> QuantizedLinears:
     """Quantize `transformer`'s block linears in place (module doc), once: a transformer
-    already quantized in this mode and granularity is left as it is; in another, refused."""
+    already quantized in this mode and granularity is left as it is; in another, refused.
+
+    device: where the linears are quantized, one at a time: each is moved there, quantized,
+    and left there (`stay`; the rest of the pipeline follows it) or moved back where it was
+    (the sharded path lays its shards out in host memory). So the device holds at most one
+    unquantized linear beside the quantized ones - a transformer that fits a GPU only in FP8
+    (Wan 14B on a 24 GB card) is never there whole in bf16 - and the host does none of the
+    rounding (torchao on one CPU core: 3.5 s a Wan-14B block). None: where each linear is."""
+    if mode not in ("fp8", "fp8-sim"):
+        raise ValueError(f"quantize {mode!r} is not fp8 or fp8-sim")
     check_granularity(granularity)
     done = getattr(transformer, QUANTIZED_ATTR, None)
     if done is not None:
@@ -121,17 +130,19 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
                              f"load the pipeline again to run it {mode} ({granularity})")
         return done
     chosen, skipped = select_linears(transformer, keep)
-    if mode == "fp8":
-        _quantize_torchao(transformer, [m for _, m in chosen], granularity)
-    elif mode == "fp8-sim":
-        with torch.no_grad():
-            for _, module in chosen:
+    with torch.no_grad():
+        for _, module in chosen:
+            home = module.weight.device
+            if device is not None:
+                module.to(device)
+            if mode == "fp8":
+                _quantize_torchao(module, [module], granularity)
+            else:
                 module.weight.copy_(fake_fp8(module.weight, granularity))
                 module.register_forward_pre_hook(functools.partial(_round_input, granularity))
-    else:
-        raise ValueError(f"quantize {mode!r} is not fp8 or fp8-sim")
-    for _, module in chosen:
-        setattr(module, QUANTIZED_ATTR, (mode, granularity))
+            if not stay:
+                module.to(home)
+            setattr(module, QUANTIZED_ATTR, (mode, granularity))
     done = QuantizedLinears(mode, granularity, [n for n, _ in chosen], skipped)
     setattr(transformer, QUANTIZED_ATTR, done)
     return done

@@ -102,30 +102,25 @@ class Runner:
         self.sharded = []
         self._model_calls: dict = {}  # id(state.branches) -> idle passes per step (sharded weights)
         if shard_weights:
-            self._shard(pipe, mesh, dtype)
+            self._shard(pipe, mesh, dtype, device_)
+        elif self.quantize is not None:
+            self._quantize(pipe, dtype, device_, stay=True)
         self.pipe = pipe.to(device)
         # Cast only when needed: diffusers warns on any .to(dtype) after loading.
         if any(t.dtype != dtype for t in self.family.transformers(pipe)):
             self.pipe = pipe.to(dtype=dtype)
         self.device = torch.device(device)
         self.dtype = dtype
-        # FP8 linear layers (raydit.models.quantize): after the cast (the scales are the run
-        # dtype's weights'), on the device, before offloading, parallelizing and compiling.
-        # In place and kept by the pipeline: the next Runner on it (a regroup, a recovery)
-        # finds its weights quantized; a fresh worker's Runner quantizes its own the same way.
-        self.quantized = []
-        if self.quantize is not None:
-            from raydit.models.quantize import quantize_transformer
+        # FP8 linear layers (raydit.models.quantize): quantized above (`_quantize`, or
+        # `_shard`), before offloading, parallelizing and compiling. In place and kept by the
+        # pipeline: the next Runner on it (a regroup, a recovery) finds its weights quantized;
+        # a fresh worker's Runner quantizes its own the same way.
+        from raydit.models.quantize import quantized
 
-            for transformer in self.family.transformers(pipe):
-                self.quantized.append(quantize_transformer(transformer, self.quantize, self.fp8_granularity,
-                                                           keep=self.family.quantize_keep))
-        else:
-            from raydit.models.quantize import quantized
-
-            if any(quantized(t) is not None for t in self.family.transformers(pipe)):
-                raise ValueError("this pipeline's transformer is quantized already; load it again to run it "
-                                 "without quantize")
+        self.quantized = [quantized(t) for t in self.family.transformers(pipe)] if self.quantize else []
+        if self.quantize is None and any(quantized(t) is not None for t in self.family.transformers(pipe)):
+            raise ValueError("this pipeline's transformer is quantized already; load it again to run it "
+                             "without quantize")
         self.init_dtype = init_dtype or dtype
         self.mesh = mesh
         # The plan keeps idle weights in host memory (planner: Plan.offload_idle_gb): the
@@ -176,7 +171,22 @@ class Runner:
     def transformer(self):
         return self.family.transformers(self.pipe)[0]
 
-    def _shard(self, pipe, mesh, dtype: torch.dtype) -> None:
+    def _quantize(self, pipe, dtype: torch.dtype, device: torch.device, stay: bool) -> None:
+        """Every transformer's block linears quantized (raydit.models.quantize) from the weights
+        cast to the run's dtype (the scales are the run dtype's weights'), on `device`, one
+        linear at a time: the device never holds a transformer unquantized (a model that fits
+        only in FP8 loads), and every rank rounds the same numbers on the same kind of device.
+        stay: the quantized linears stay on the device (the pipeline follows them); else each
+        goes back to the host (the sharded path lays its shards out there)."""
+        from raydit.models.quantize import quantize_transformer
+
+        if any(t.dtype != dtype for t in self.family.transformers(pipe)):
+            pipe.to(dtype=dtype)  # the cast the pipeline gets anyway, done before the rounding
+        for transformer in self.family.transformers(pipe):
+            quantize_transformer(transformer, self.quantize, self.fp8_granularity, keep=self.family.quantize_keep,
+                                 device=device, stay=stay)
+
+    def _shard(self, pipe, mesh, dtype: torch.dtype, device: torch.device) -> None:
         """Every transformer's blocks sharded over the replica, in the run's dtype (quantized
         first where the run quantizes), where the pipeline is now (host memory on a worker)."""
         from raydit.models.lora import fused
@@ -190,13 +200,10 @@ class Runner:
         if any(t.dtype != dtype for t in self.family.transformers(pipe)):
             pipe.to(dtype=dtype)  # what the unsharded path does after moving it
         if self.quantize is not None:
-            # Quantized before sharding, from the cast weights, as the unsharded path quantizes
-            # them: every rank rounds the same numbers, and the shards hold the rounded bytes
-            # (fp8-sim: plain tensors in the run's dtype). The quantize step below finds them done.
-            from raydit.models.quantize import quantize_transformer
-
-            for transformer in self.family.transformers(pipe):
-                quantize_transformer(transformer, self.quantize, self.fp8_granularity, keep=self.family.quantize_keep)
+            # Quantized before sharding, on the device as the unsharded path quantizes, each
+            # linear back in host memory after: the shards hold the rounded bytes (fp8-sim:
+            # plain tensors in the run's dtype), the same on every rank.
+            self._quantize(pipe, dtype, device, stay=False)
         try:
             for transformer in self.family.transformers(pipe):
                 self.sharded.append(shard_transformer(transformer, mesh))

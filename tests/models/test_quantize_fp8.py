@@ -134,3 +134,42 @@ def test_runner_names_the_install_when_torchao_is_missing():
 
     with pytest.raises(ValueError, match="needs torchao, which is not installed: pip install torchao"):
         Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (FP8 and INSTALLED), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")
+def test_the_gpu_never_holds_the_transformer_unquantized():
+    """The Runner quantizes one linear at a time on the GPU before the rest of the pipeline
+    moves there: the GPU's peak while the Runner is built stays under the bf16 bytes of the
+    block linears alone (before, the whole bf16 transformer went to the GPU first: a model
+    that fits only in FP8 could not load); the sharded path's host-side variant (`stay=False`)
+    brings each linear back to the host holding the very bytes the GPU rounded. A Wan
+    transformer of 1.3B width (1536, FFN 8960), 12 blocks: 1.10 GB of bf16 block linears,
+    0.55 GB in FP8, plus about 0.2 GB for the rest and one linear's quantization."""
+    from raydit.models.families.wan.tiny import tiny_transformer
+    from raydit.models.loading import load_pipeline
+    from raydit.models.quantize import quantize_transformer, select_linears
+    from raydit.models.runner import Runner
+
+    def wide(layers):
+        return tiny_transformer(3, num_attention_heads=12, attention_head_dim=128, ffn_dim=8960,
+                                num_layers=layers).to(torch.bfloat16)
+
+    pipe = load_pipeline("tiny", dtype=torch.bfloat16)
+    pipe.transformer = wide(12)
+    linears = sum(m.weight.numel() * 2 for _, m in select_linears(pipe.transformer)[0])
+    assert linears > 1.05e9
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    runner = Runner(pipe, device="cuda", dtype=torch.bfloat16, quantize="fp8")
+    peak = torch.cuda.max_memory_allocated() - before
+    assert peak < linears, (peak, linears)
+    assert type(runner.transformer.blocks[0].ffn.net[2].weight).__name__ == "Float8Tensor"
+
+    on_host, on_gpu = wide(2), wide(2)
+    quantize_transformer(on_host, "fp8", device="cuda", stay=False)
+    quantize_transformer(on_gpu.to("cuda"), "fp8")
+    for (name, a), (_, b) in zip(select_linears(on_host)[0], select_linears(on_gpu)[0]):
+        assert a.weight.device.type == "cpu", name
+        assert torch.equal(a.weight.qdata.view(torch.uint8), b.weight.qdata.cpu().view(torch.uint8)), name
+        assert torch.equal(a.weight.scale, b.weight.scale.cpu()), name
