@@ -63,6 +63,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", choices=("bf16", "int8", "fp8"), default="bf16",
                    help="price the attention kernel in this precision (default bf16)")
     p.add_argument("--compile", action="store_true", help="price the step compiled (fused elementwise ops)")
+    p.add_argument("--full-precision-steps", dest="full_precision_steps", type=int, default=0, metavar="N",
+                   help="with --quantize: price the memory of the bf16 weights a run with full-precision steps "
+                        "keeps beside the FP8 ones (never sharded)")
     p.add_argument("--top", type=int, default=10,
                    help="feasible plans to list (default 10; 0 for all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -75,6 +78,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise ValueError(f"--top {args.top} must be 0 (all) or more")
+    if args.full_precision_steps < 0:
+        raise ValueError(f"--full-precision-steps {args.full_precision_steps} must be 0 or more")
     cluster = args.cluster
     if args.address is not None:
         if args.gpu_type is not None or args.per_node is not None:
@@ -94,7 +99,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         per_node=args.per_node, cluster=cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size, shard_weights=args.shard_weights,
-        mode=Mode(args.quantize, args.attention, args.compile),
+        mode=Mode(args.quantize, args.attention, args.compile,
+                  keep_bf16=args.full_precision_steps > 0 and args.quantize != "none"),
     )
     top = args.top or None
     if args.json:

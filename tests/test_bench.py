@@ -342,3 +342,21 @@ def test_bench_quantize_load_smoke_times_each_place_it_can_run(tmp_path):
         assert row["linears"] == 10 and row["seconds_per_block"] > 0, row
         assert abs(row["wan14b_40_blocks_s"] - 40 * row["seconds_per_block"]) < 0.01, row
     assert "| fp8-sim | host, 1 thread |" in (tmp_path / "quantize-load.md").read_text()
+
+
+def test_bench_full_precision_steps_smoke_runs_the_option_and_the_diagnostics(tmp_path):
+    """bench/bench_full_precision_steps.py --smoke (one layer, 4 steps, fp8-sim on the CPU):
+    the bf16 row, the option at N = 0 and 1, and the by-hand diagnostics, each with its share of
+    unquantized steps; N = 0 really quantized (its error above bf16's own). Errors otherwise
+    not judged (random weights, tiny shapes)."""
+    import json
+
+    done = subprocess.run([sys.executable, str(BENCH / "bench_full_precision_steps.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["run"]: r for r in json.loads((tmp_path / "full-precision-steps.json").read_text())["rows"]}
+    assert [(r["run"], r["full_steps"]) for r in rows.values()] == [
+        ("bf16", 4), ("fp8-sim, full_precision_steps 0", 0), ("fp8-sim, full_precision_steps 1", 2),
+        ("fp8-sim, by hand: first 1 only", 1), ("fp8-sim, by hand: last 1 only", 1), ("fp8-sim, by hand: middle 2", 2)]
+    assert rows["fp8-sim, full_precision_steps 0"]["error"] > rows["bf16"]["error"] > 0
+    assert "| fp8-sim, full_precision_steps 1 | 2 of 4 |" in (tmp_path / "full-precision-steps.md").read_text()

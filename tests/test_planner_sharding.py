@@ -134,3 +134,27 @@ def test_fp8_blocks_shard_at_one_byte_per_weight():
     hy = model_spec("hunyuanvideo")
     assert small.gather.block_mb == pytest.approx(
         bf16.gather.block_mb - hy.fp8_params * (hy.bytes_per_param - 1) / hy.layers / 1e6, rel=1e-9)
+
+
+def test_full_precision_steps_price_the_kept_bf16_weights_and_never_shard():
+    """Mode(keep_bf16=True) (a quantized run with full-precision steps): every rank keeps the
+    blocks' linears in bf16 beside their FP8 bytes, bytes_per_param more per FP8 weight, and
+    those are never sharded. Wan 14B on 8 H100: +28.1 GB per device; on 4 L4, where fp8 alone
+    fits unsharded, refused with the numbers; forced sharding is refused in one line."""
+    from raydit.planner.devicemodel import Mode
+
+    spec = model_spec(WAN14)
+    fp8, kept = Mode("fp8"), Mode("fp8", keep_bf16=True)
+    a, b = (plan(WAN14, gpus=8, gpu_type="H100", mode=m) for m in (fp8, kept))
+    assert b.model.weight_bytes == pytest.approx(a.model.weight_bytes + spec.bytes_per_param * spec.fp8_params,
+                                                 rel=1e-12)
+    same = [c for c in b.candidates if (c.ulysses, c.ring, c.cfg, c.replicas) == (a.best.ulysses, a.best.ring,
+                                                                                  a.best.cfg, a.best.replicas)]
+    assert same and same[0].memory_gb_per_gpu == pytest.approx(
+        a.best.memory_gb_per_gpu + spec.bytes_per_param * spec.fp8_params / 1e9, rel=1e-6)
+    assert not any(c.shard_weights for c in b.candidates)
+    assert "bf16 weights kept" in kept.label
+    with pytest.raises(PlanError, match=r"needs \d+\.\d GB per device"):
+        plan(WAN14, gpus=4, gpu_type="L4", mode=kept)
+    with pytest.raises(PlanError, match="sharded weights do not hold; drop full_precision_steps or shard_weights"):
+        plan(WAN14, gpus=4, gpu_type="L4", mode=kept, shard_weights=True)

@@ -19,8 +19,15 @@ per token (row of x over its last dim) or over x, from each call's activations (
 "fp8" runs it as torchao's Float8DynamicActivationFloat8WeightConfig (FP8 weights in memory,
 FP8 tensor-core GEMMs; the activation's quantization fuses into its producer only under
 torch.compile). "fp8-sim" emulates the same numbers on any device: W is replaced by its
-dequantized q(W) * s_W in the run's dtype, and a forward pre-hook rounds x the same way, so
-the product runs in the run's dtype (numerics only, no speed; an all-zero row gets scale 1).
+dequantized q(W) * s_W in the run's dtype, and the layer's forward rounds x the same way, so
+the product runs in the run's dtype (numerics only, no speed; an all-zero row gets scale 1). An fp8-sim linear is a
+FakeFp8Linear (an nn.Linear whose forward rounds its input).
+
+Full-precision steps (Runner(full_precision_steps=N)): a transformer quantized with
+`keep_unquantized=True` keeps each quantized linear's weight as it was before the rounding (a
+non-persistent buffer, UNQUANTIZED_BUFFER: it moves with the module and is in no state dict);
+inside `unquantized(...)` those linears run on it as plain linears (fp8-sim's input rounding
+skipped), so a step there is the unquantized model's step bit for bit.
 
 Quantization is in place and stays with the pipeline when its Runner closes: a worker's next
 Runner (a regroup, a recovery onto another mesh) finds the weights quantized in the same mode
@@ -32,8 +39,8 @@ Legend: x [..., in] activations, W [out, in] a weight, s scales (float32).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -46,6 +53,8 @@ log = logging.getLogger(__name__)
 # Set on a transformer whose block linears are quantized (a QuantizedLinears), and on each
 # quantized nn.Linear (its (mode, granularity)).
 QUANTIZED_ATTR = "_raydit_quantized"
+UNQUANTIZED_BUFFER = "_raydit_unquantized_weight"  # keep_unquantized: the weight before rounding
+FULL_PRECISION_ATTR = "_raydit_full_precision"  # True inside `unquantized`: fp8-sim's rounding skipped
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_ALIGN = 16  # torch._scaled_mm: both dims of a weight multiples of 16
 ACTIVATION_AMAX_FLOOR = 1e-12  # "fp8": the least amax an activation's scale is made from (_quantize_torchao)
@@ -104,13 +113,22 @@ def fake_fp8(x: torch.Tensor, granularity: str) -> torch.Tensor:
     return (q.to(torch.float32) * scale).to(x.dtype)
 
 
-def _round_input(granularity: str, module, args):
-    """Forward pre-hook of an fp8-sim linear: its input rounded as the FP8 GEMM rounds it."""
-    return (fake_fp8(args[0], granularity), *args[1:])
+class FakeFp8Linear(torch.nn.Linear):
+    """An fp8-sim linear: its (already rounded) weight, and its input rounded as the FP8 GEMM
+    rounds it (not inside `unquantized`). A class of its own rather than a forward pre-hook:
+    torch.compile does not guard on a submodule's hooks (Dynamo's skip_nnmodule_hook_guards),
+    so a block graph compiled for plain linears in the same process (an unquantized Runner)
+    would be reused for these and skip the rounding; it does guard on the module's class."""
+
+    def forward(self, x):
+        if not getattr(self, FULL_PRECISION_ATTR, False):
+            x = fake_fp8(x, getattr(self, QUANTIZED_ATTR)[1])
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
 def quantize_transformer(transformer, mode: str, granularity: str = "row",
-                         keep: tuple[str, ...] = ("norm*",), device=None, stay: bool = True) -> QuantizedLinears:
+                         keep: tuple[str, ...] = ("norm*",), device=None, stay: bool = True,
+                         keep_unquantized: bool = False) -> QuantizedLinears:
     """Quantize `transformer`'s block linears in place (module doc), once: a transformer
     already quantized in this mode and granularity is left as it is; in another, refused.
 
@@ -119,7 +137,9 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
     (the sharded path lays its shards out in host memory). So the device holds at most one
     unquantized linear beside the quantized ones - a transformer that fits a GPU only in FP8
     (Wan 14B on a 24 GB card) is never there whole in bf16 - and the host does none of the
-    rounding (torchao on one CPU core: 3.5 s a Wan-14B block). None: where each linear is."""
+    rounding (torchao on one CPU thread: 2.8 s a Wan-14B block). None: where each linear is.
+    keep_unquantized: each quantized linear keeps its weight as it was (module doc: full-precision
+    steps); a transformer quantized without it refuses `unquantized`."""
     if mode not in ("fp8", "fp8-sim"):
         raise ValueError(f"quantize {mode!r} is not fp8 or fp8-sim")
     check_granularity(granularity)
@@ -131,18 +151,24 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
         return done
     chosen, skipped = select_linears(transformer, keep)
     with torch.no_grad():
-        for _, module in chosen:
+        for name, module in chosen:
             home = module.weight.device
             if device is not None:
                 module.to(device)
+            if keep_unquantized:
+                module.register_buffer(UNQUANTIZED_BUFFER, module.weight.detach().clone(), persistent=False)
             if mode == "fp8":
                 _quantize_torchao(module, [module], granularity)
             else:
+                if type(module) is not torch.nn.Linear:  # a subclass's forward is not ours to replace
+                    raise ValueError(f"quantize fp8-sim emulates plain torch.nn.Linear layers; {name} is a "
+                                     f"{type(module).__name__}")
                 module.weight.copy_(fake_fp8(module.weight, granularity))
-                module.register_forward_pre_hook(functools.partial(_round_input, granularity))
+                module.__class__ = FakeFp8Linear
             if not stay:
                 module.to(home)
             setattr(module, QUANTIZED_ATTR, (mode, granularity))
+            setattr(module, FULL_PRECISION_ATTR, False)  # set from the start: compile guards see 2 states, not 3
     done = QuantizedLinears(mode, granularity, [n for n, _ in chosen], skipped)
     setattr(transformer, QUANTIZED_ATTR, done)
     return done
@@ -168,6 +194,41 @@ def _quantize_torchao(transformer, modules: list, granularity: str) -> None:
     config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor(),
                                                        activation_value_lb=ACTIVATION_AMAX_FLOOR)
     quantize_(transformer, config, filter_fn=lambda module, fqn: id(module) in ids)
+
+
+def keeps_unquantized(transformer) -> bool:
+    """Whether every quantized linear of `transformer` kept its unquantized weight."""
+    done = quantized(transformer)
+    modules = dict(transformer.named_modules())
+    return done is not None and all(hasattr(modules[name], UNQUANTIZED_BUFFER) for name in done.names)
+
+
+@contextlib.contextmanager
+def unquantized(transformers):
+    """Inside: the quantized linears of `transformers` (quantized with keep_unquantized) run as
+    the plain linears they were - their kept weight as the parameter, fp8-sim's input rounding
+    skipped - and after it as quantized again. ValueError where a linear kept no weight."""
+    swapped = []
+    try:
+        for transformer in transformers:
+            done = quantized(transformer)
+            if done is None:
+                continue
+            modules = dict(transformer.named_modules())
+            for name in done.names:
+                module = modules[name]
+                kept = getattr(module, UNQUANTIZED_BUFFER, None)
+                if kept is None:
+                    raise ValueError(f"{name} was quantized without keeping its unquantized weight; load the pipeline "
+                                     "again to run full-precision steps")
+                swapped.append((module, module._parameters["weight"]))
+                module._parameters["weight"] = torch.nn.Parameter(kept, requires_grad=False)
+                setattr(module, FULL_PRECISION_ATTR, True)
+        yield
+    finally:
+        for module, weight in swapped:
+            module._parameters["weight"] = weight
+            setattr(module, FULL_PRECISION_ATTR, False)
 
 
 def requantize_rebuilt(modules) -> int:

@@ -11,6 +11,10 @@ quantize:
   multiplied in the run's dtype. CPU tests check the wiring with it.
 
 attention: the local attention kernel's mode (raydit.parallel.kernels.ATTENTION_MODES).
+
+full_precision_steps: N >= 0; the first N and the last N steps of every request run without
+the quantized modes (the FP8 linears on their unquantized weights, kept for it; attention on
+the run dtype's kernels), the rest as asked. 0 (the default): every step as asked.
 """
 
 from __future__ import annotations
@@ -82,12 +86,33 @@ def check_attention(mode) -> str:
     return mode
 
 
+def check_full_precision_steps(steps, quantize: str | None, attention: str | None,
+                               shard_weights: bool | None = False) -> int:
+    """full_precision_steps (None: 0) -> an int >= 0; ValueError (one line) where it is not one,
+    where no quantized mode runs (nothing to run in full precision), or with quantize and
+    sharded weights (the unquantized weights it keeps would be the whole model on every rank)."""
+    if steps is None:
+        return 0
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"full_precision_steps {steps!r} must be a whole number >= 0 (the first and last N steps "
+                         "of a request run without the quantized modes)")
+    if steps and check_quantize(quantize) is None and check_attention(attention) == "bf16":
+        raise ValueError(f"full_precision_steps {steps} needs a quantized mode to leave (quantize fp8 / fp8-sim, or "
+                         "attention auto / int8 / fp8); every step already runs in full precision: drop it")
+    if steps and check_quantize(quantize) is not None and shard_weights:
+        raise ValueError(f"full_precision_steps {steps} keeps every FP8 linear's unquantized weight on its rank, "
+                         "which sharded weights do not hold; drop full_precision_steps or shard_weights")
+    return steps
+
+
 def check_precision_options(opts: dict) -> None:
     """`raydit generate` / `raydit serve`'s --quantize and --attention (resolved options),
     before Ray starts: the modes, fp8 on an explicit --device cpu, per-request LoRAs under
     quantize. A GPU without FP8 is refused when its ranks start (they know their device)."""
     quantize = check_quantize(opts.get("quantize"))
     check_attention(opts.get("attention"))
+    check_full_precision_steps(opts.get("full_precision_steps"), quantize, opts.get("attention"),
+                               opts.get("shard_weights"))
     if opts.get("device") == "cpu":
         check_quantize_device(quantize, "cpu")
     switching = [flag for flag, on in (("--lora without --fuse-lora", opts.get("lora_table") and not opts.get("fuse_lora")),

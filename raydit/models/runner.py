@@ -19,6 +19,7 @@ one group, with no regroup.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -32,6 +33,7 @@ from raydit.models.lora import fused as fused_loras
 from raydit.models.quantize_options import (
     DEFAULT_FP8_GRANULARITY,
     check_attention,
+    check_full_precision_steps,
     check_granularity,
     check_quantize,
     check_quantize_device,
@@ -54,7 +56,8 @@ class Runner:
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
                  offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
                  parallel_options: dict | None = None, quantize: str | None = None, attention: str | None = None,
-                 fp8_granularity: str = DEFAULT_FP8_GRANULARITY, shard_weights: bool = False):
+                 fp8_granularity: str = DEFAULT_FP8_GRANULARITY, shard_weights: bool = False,
+                 full_precision_steps: int = 0):
         """init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
@@ -68,12 +71,18 @@ class Runner:
         attention through sp_attention's kernels, on one rank too.
         shard_weights: each rank of the replica keeps 1/N of every transformer block's weights
         and gathers a block's full weights just before it runs (raydit.models.sharded); sharded
-        before the pipeline goes to the device, so the full model never does."""
+        before the pipeline goes to the device, so the full model never does.
+        full_precision_steps: N; the first N and the last N steps of every request run without
+        the quantized modes (the FP8 linears on their unquantized weights, which quantize then
+        keeps beside the FP8 ones; attention on the run dtype's kernels), each such step equal
+        to the unquantized model's step bit for bit."""
         from raydit.models.registry import family_for_pipeline
 
         self.quantize = check_quantize(quantize)
         self.fp8_granularity = check_granularity(fp8_granularity)
         self.attention = check_attention(attention)
+        self.full_precision_steps = check_full_precision_steps(full_precision_steps, self.quantize, self.attention,
+                                                               shard_weights)
         device_ = torch.device(device)
         if self.quantize == "fp8":
             on_gpu = device_.type == "cuda"
@@ -118,6 +127,12 @@ class Runner:
         from raydit.models.quantize import quantized
 
         self.quantized = [quantized(t) for t in self.family.transformers(pipe)] if self.quantize else []
+        if self.full_precision_steps and self.quantize:
+            from raydit.models.quantize import keeps_unquantized
+
+            if not all(keeps_unquantized(t) for t in self.family.transformers(pipe)):
+                raise ValueError(f"full_precision_steps {self.full_precision_steps}: this pipeline's transformer was "
+                                 "quantized without keeping its unquantized weights; load it again")
         if self.quantize is None and any(quantized(t) is not None for t in self.family.transformers(pipe)):
             raise ValueError("this pipeline's transformer is quantized already; load it again to run it "
                              "without quantize")
@@ -184,7 +199,7 @@ class Runner:
             pipe.to(dtype=dtype)  # the cast the pipeline gets anyway, done before the rounding
         for transformer in self.family.transformers(pipe):
             quantize_transformer(transformer, self.quantize, self.fp8_granularity, keep=self.family.quantize_keep,
-                                 device=device, stay=stay)
+                                 device=device, stay=stay, keep_unquantized=bool(self.full_precision_steps))
 
     def _shard(self, pipe, mesh, dtype: torch.dtype, device: torch.device) -> None:
         """Every transformer's blocks sharded over the replica, in the run's dtype (quantized
@@ -337,9 +352,12 @@ class Runner:
             experts.add(id(expert))
             if self.offload_idle:
                 self._place_expert(state, t)
-            for branch in state.branches:
-                self.family.predict(self.pipe, state, t, branch)
-            self._idle_passes(state, t)
+            # full_precision_steps: the unquantized variant is a graph of its own
+            for full in (False, True) if self.full_precision_steps else (False,):
+                with self._precision(full):
+                    for branch in state.branches:
+                        self.family.predict(self.pipe, state, t, branch)
+                self._idle_passes(state, t)
         self._warm.add(key)
         return time.perf_counter() - t0
 
@@ -432,10 +450,31 @@ class Runner:
             self._place_expert(state, t)
 
         cache = self._cache_step(state)
-        with cache, run_precision(self.dtype):  # step caching may skip blocks; float64 stays float64
+        # step caching may skip blocks; float64 stays float64
+        with cache, run_precision(self.dtype), self._precision(self._full_precision(state)):
             noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
         self._idle_passes(state, t)
         return self._advance(state, t, noises, cache)
+
+    def _full_precision(self, state: DenoiseState) -> bool:
+        """Whether this step of the request is one of its first or last full_precision_steps."""
+        n = self.full_precision_steps
+        return bool(n) and (state.step_index < n or state.step_index >= state.num_steps - n)
+
+    def _precision(self, full: bool):
+        """The context a step's transformer calls run in: as asked, or (`full`) without the
+        quantized modes (raydit.models.quantize.unquantized, full_precision_attention)."""
+        stack = contextlib.ExitStack()
+        if full:
+            if self.quantize is not None:
+                from raydit.models.quantize import unquantized
+
+                stack.enter_context(unquantized(self.family.transformers(self.pipe)))
+            if self.attention != "bf16":
+                from raydit.parallel.attention import full_precision_attention
+
+                stack.enter_context(full_precision_attention())
+        return stack
 
     def _idle_passes(self, state: DenoiseState, t) -> None:
         """Sharded weights: the block gathers of the transformer calls this cfg group has fewer
@@ -470,17 +509,19 @@ class Runner:
                 raise ValueError(f"all {s.num_steps} steps are done; call decode(state)")
         ts = [s.timesteps[s.step_index] for s in states]
         noises: list[list] = [[] for _ in states]
-        # Requests at timesteps on different experts (Wan 2.2 A14B) share calls per expert.
-        experts: dict[int, list[int]] = {}
+        # Requests at timesteps on different experts (Wan 2.2 A14B) share calls per expert, and
+        # requests at a full-precision step share theirs apart from the others.
+        experts: dict[tuple, list[int]] = {}
         for i, (s, t) in enumerate(zip(states, ts)):
-            experts.setdefault(id(family.active_transformer(pipe, s, t)), []).append(i)
+            experts.setdefault((id(family.active_transformer(pipe, s, t)), self._full_precision(s)), []).append(i)
         with run_precision(self.dtype):
-            for part in experts.values():
-                for call in range(len(states[part[0]].branches)):
-                    out = family.predict_batch(pipe, [states[i] for i in part], [ts[i] for i in part],
-                                               [states[i].branches[call] for i in part])
-                    for i, rows in zip(part, out.chunk(len(part))):
-                        noises[i].append(rows)
+            for (_, full), part in experts.items():
+                with self._precision(full):
+                    for call in range(len(states[part[0]].branches)):
+                        out = family.predict_batch(pipe, [states[i] for i in part], [ts[i] for i in part],
+                                                   [states[i].branches[call] for i in part])
+                        for i, rows in zip(part, out.chunk(len(part))):
+                            noises[i].append(rows)
                 self._idle_passes(states[part[0]], ts[part[0]])
         out = []
         for s, t, n in zip(states, ts, noises):

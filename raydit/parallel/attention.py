@@ -23,6 +23,7 @@ in 2, out 1, ...), which is what a process group requires.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -35,6 +36,11 @@ from raydit.parallel.lowbit import KERNELS as LOWBIT_KERNELS
 from raydit.parallel.mesh import ParallelMesh, check_layout, mesh_key, mesh_of_key
 from raydit.parallel.opaque import fresh
 from raydit.parallel.sharding import SeqLayout, select_ranges
+
+# Set inside `full_precision_attention()`: sp_attention runs the run dtype's kernels whatever its
+# mesh's attention mode (a Runner's full-precision steps). Read when sp_attention runs, also
+# under compile (the opaque op runs it eagerly), so a compiled graph serves both.
+_FULL_PRECISION: list = []
 
 
 # -- pure math -----------------------------------------------------------------------------
@@ -235,6 +241,17 @@ def ring_attention(
 DEFAULT_HEAD_CHUNKS = 4
 
 
+@contextlib.contextmanager
+def full_precision_attention():
+    """Inside: every sp_attention of this process runs attention mode "bf16" (the run dtype's
+    kernels) instead of its mesh's 8-bit or measured mode; nested uses are fine."""
+    _FULL_PRECISION.append(True)
+    try:
+        yield
+    finally:
+        _FULL_PRECISION.pop()
+
+
 def sp_attention(
     q_BHSD: Tensor,
     k_BHSD: Tensor,
@@ -295,7 +312,7 @@ def sp_attention(
     # kernel (bf16, or what auto measured fastest), ring 1 may run torch's SDPA instead.
     plain = None
     if kernel is None:
-        kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D, mesh.attention)
+        kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D, "bf16" if _FULL_PRECISION else mesh.attention)
         if mesh.ring == 1 and kernel.name not in LOWBIT_KERNELS:
             plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D)
 

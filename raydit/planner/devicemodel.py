@@ -59,11 +59,14 @@ FP8_QUANT_BYTES = 3  # quantizing one bf16 activation element outside the GEMM: 
 @dataclass(frozen=True)
 class Mode:
     """How a step runs: `quantize` the GEMMs ("none": bf16, "fp8"), the `attention` kernel
-    ("bf16", "int8", "fp8") and whether the transformer is `compile`d (fusion)."""
+    ("bf16", "int8", "fp8") and whether the transformer is `compile`d (fusion). `keep_bf16`:
+    the quantized blocks' linears keep their bf16 weights beside the quantized ones (a run's
+    full-precision steps, Runner(full_precision_steps=N)): priced as memory, never sharded."""
 
     quantize: str = "none"
     attention: str = "bf16"
     compile: bool = False
+    keep_bf16: bool = False
 
     def __post_init__(self):
         if self.quantize not in QUANTIZE_MODES:
@@ -72,6 +75,8 @@ class Mode:
             raise ValueError(f"attention {self.attention!r} is not one of {', '.join(ATTENTION_MODES)}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if not isinstance(self.keep_bf16, bool):
+            raise ValueError(f"keep_bf16 must be True or False, got {self.keep_bf16!r}")
 
     @property
     def label(self) -> str:
@@ -80,7 +85,7 @@ class Mode:
         if self.attention != "bf16":
             parts.append(f"{self.attention} attention")
         text = " + ".join(parts)
-        return text + (", compiled" if self.compile else "")
+        return text + (", compiled" if self.compile else "") + (", bf16 weights kept" if self.keep_bf16 else "")
 
 
 BF16 = Mode()

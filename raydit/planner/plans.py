@@ -258,7 +258,7 @@ class PlanResult:
             "guidance": self.guidance,
             "branches": self.branches,
             "mode": {"quantize": self.mode.quantize, "attention": self.mode.attention, "compile": self.mode.compile,
-                     "label": self.mode.label},
+                     "keep_bf16": self.mode.keep_bf16, "label": self.mode.label},
             "rates_sources": list(self.rates_sources),
             "best": self.best.to_dict(),
             "candidates": [p.to_dict() for p in shown],

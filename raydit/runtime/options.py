@@ -44,6 +44,11 @@ def positive_int(name: str, value) -> None:
         raise ValueError(f"{name} {value!r} must be a positive integer")
 
 
+def whole_number(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} {value!r} must be a whole number >= 0")
+
+
 def finite_seconds(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"{name} {value!r} must be a finite number of seconds >= 0")
@@ -214,6 +219,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("attention", commands=_BOTH, saved=True, metavar="MODE", engine="attention",
            help="attention kernels: bf16 (default: the run's dtype), auto (the fastest that passed its float64 "
                 "check), int8 or fp8 (8-bit QK^T; raydit.parallel.lowbit)"),
+    Option("full_precision_steps", int, commands=_BOTH, saved=True, metavar="N", engine="full_precision_steps",
+           default=0, check=whole_number,
+           help="run the first N and the last N steps of every video without --quantize / an 8-bit --attention "
+                "(their bf16 weights and kernels; a quantized run keeps the linears' bf16 weights on every rank "
+                "for them, so it never shards them): less of the mode's error for 2N slower steps (default 0)"),
     Option("shard_weights", bool, commands=_BOTH, action="store_true", engine="shard_weights", engine_type=Any,
            engine_value=lambda o: True if o.get("shard_weights") else None,
            help="each rank of a replica keeps 1/N of every transformer block's weights and gathers a block "

@@ -70,6 +70,7 @@ class WorkerPool:
         # FP8 linear layers (None, "fp8", "fp8-sim") and the attention mode of every rank's
         # Runner (Engine(quantize=..., attention=...)); a re-formed group quantizes the same.
         self.quantize: str | None = None
+        self.full_precision_steps = 0  # the first and last N steps of a request without the quantized modes
         self.attention: str | None = None
         self.quantized: list[int] = []  # per rank of the group: the linear layers its Runner quantized
         # Sharded transformer weights (Engine(shard_weights=...)): True / False forces it, None
@@ -157,6 +158,7 @@ class WorkerPool:
                    "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
                    "compile": int(self.compile),
                    "quantize": self.quantize, "attention": self.attention,
+                   "full_precision_steps": self.full_precision_steps,
                    "shard_weights": int(bool(getattr(plan, "shard_weights", False) if self.shard_weights is None
                                              else self.shard_weights) and world > 1),
                    # the audio length from which the plan splits an audio stream's tokens (None: never)

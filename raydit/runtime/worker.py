@@ -210,6 +210,7 @@ class RankWorker:
             compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
             quantize=degrees.get("quantize"),  # FP8 linear layers (raydit.models.quantize), on every rank
             attention=degrees.get("attention"),
+            full_precision_steps=degrees.get("full_precision_steps") or 0,
             # each rank keeps 1/N of the blocks' weights; the previous runner's close() rebuilt
             # them whole from the checkpoint files (raydit.models.sharded)
             shard_weights=bool(degrees.get("shard_weights")) and mesh is not None,

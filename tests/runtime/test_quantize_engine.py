@@ -65,3 +65,33 @@ def test_the_engine_plans_in_its_attention_mode(ray_local):
         assert "rates   mode bf16 + int8 attention;" in engine.describe_plan()
         engine.regroup(ulysses=2, ring=1)
         assert engine.plan_result.mode == Mode(attention="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time)
+def test_full_precision_steps_run_on_every_rank_as_on_one(ray_local):
+    """Engine(quantize="fp8-sim", full_precision_steps=1) on 2 ranks: its plan keeps the bf16
+    weights (Mode.keep_bf16, never sharded), and the video equals one process's Runner under the
+    same settings within the runtime tests' float32 tolerance; the ends ran unquantized (the
+    run differs from fp8-sim without them by more than that tolerance)."""
+    from raydit.models.family import GenerationRequest
+    from raydit.models.loading import load_pipeline
+    from raydit.models.runner import Runner
+    from raydit.planner.devicemodel import Mode
+    from raydit.runtime.engine import Engine
+
+    with Engine(model="tiny", workers=2, device="cpu", show_plan=False, quantize="fp8-sim", full_precision_steps=1,
+                frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"]) as engine:
+        assert engine.plan_result.mode == Mode(keep_bf16=True)
+        assert not engine.plan_result.best.shard_weights
+        latents = torch.from_numpy(engine.generate(PROMPT, progress=False, **GEN).latents)
+    request = GenerationRequest(prompt=PROMPT, **GEN)
+    one = {}
+    for n in (0, 1):
+        runner = Runner(load_pipeline("tiny"), quantize="fp8-sim", full_precision_steps=n)
+        state = runner.prepare(request)
+        while not state.done:
+            state = runner.step(state)
+        one[n] = state.latents
+    torch.testing.assert_close(latents, one[1], **TOL)
+    assert not torch.allclose(latents, one[0], **TOL)

@@ -46,7 +46,9 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
     apart from `step_seconds` and `encode`. `quantize="fp8"`: the transformer blocks' linear
     layers as FP8 GEMMs on every rank (torchao; GPUs of compute capability 8.9+), "fp8-sim" the
     same numbers emulated on any device (raydit.models.quantize); `attention`: the attention
-    kernels' mode (raydit.parallel.kernels.ATTENTION_MODES). `shard_weights=True`: each rank of a
+    kernels' mode (raydit.parallel.kernels.ATTENTION_MODES); `full_precision_steps=N`: the
+    first and last N steps of every request run without those modes (a quantized run keeps its
+    linears' bf16 weights for them, unsharded). `shard_weights=True`: each rank of a
     replica keeps 1/N of every transformer block's weights and gathers a block just before it
     runs (raydit.models.sharded; None: where the planner needs it to fit, False: never).
     `warmup=True`: before the constructor returns,
@@ -87,12 +89,17 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         # checked before Ray: fp8 on an explicit CPU run is refused here, on a resolved device below.
         from raydit.models.quantize_options import (
             check_attention,
+            check_full_precision_steps,
             check_quantize,
             check_quantize_device,
         )
 
         self.quantize = check_quantize(c.quantize)
         self.attention = check_attention(c.attention)
+        # The first and last N steps of every request without the quantized modes (a quantized
+        # run then keeps its linears' bf16 weights, unsharded: planner_mode's keep_bf16).
+        self.full_precision_steps = check_full_precision_steps(c.full_precision_steps, self.quantize,
+                                                               self.attention, c.shard_weights)
         if c.device == "cpu":
             check_quantize_device(self.quantize, c.device)
         # shard_weights: True: each rank of a replica keeps 1/N of every transformer block's
@@ -106,7 +113,10 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
             raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
                              "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
         self.shard_weights = c.shard_weights
-        self.plan_mode = planner_mode(self.quantize, self.attention, self.compile)  # how the planner prices it
+        if self.full_precision_steps and self.quantize:
+            self.shard_weights = False  # the kept bf16 weights are whole on every rank
+        # how the planner prices it
+        self.plan_mode = planner_mode(self.quantize, self.attention, self.compile, self.full_precision_steps)
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model

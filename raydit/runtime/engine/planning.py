@@ -13,16 +13,20 @@ def plan_brief(plan) -> dict:
     }
 
 
-def planner_mode(quantize: str, attention: str, compile: bool):
+def planner_mode(quantize: str, attention: str, compile: bool, full_precision_steps: int = 0):
     """How the planner prices an Engine's steps (raydit.planner.devicemodel.Mode): "fp8" keeps
     the blocks' linears in FP8 (weights one byte each, FP8 GEMM rates); "fp8-sim" emulates the
     numbers in the run's dtype, so bf16 bytes and rates; attention "auto" is chosen on the
     device by raydit.parallel.kernels, priced as bf16 (on the measured H100 cuDNN's bf16
-    kernel is the fastest that passes its check); "int8" / "fp8" at their own rates."""
+    kernel is the fastest that passes its check); "int8" / "fp8" at their own rates. With
+    full-precision steps a quantized run keeps the linears' bf16 weights too (Mode.keep_bf16);
+    its steps are priced at the mode's rates (the 2N full-precision steps of a request are not
+    priced apart)."""
     from raydit.planner.devicemodel import Mode
 
     return Mode(quantize="fp8" if quantize == "fp8" else "none",
-                attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile))
+                attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile),
+                keep_bf16=bool(full_precision_steps) and quantize not in (None, "none"))
 
 
 class PlanningPart:

@@ -44,6 +44,7 @@ class ReplicasPart:
         pool.loras = dict(self._loras)
         pool.compile = self.compile
         pool.quantize, pool.attention = self.quantize, self.attention
+        pool.full_precision_steps = self.full_precision_steps
         pool.shard_weights = self.shard_weights
         seconds = pool.form(plan, self._collective_timeout_s)
         self._timings.setdefault("group_seconds", seconds)
