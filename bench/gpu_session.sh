@@ -13,7 +13,9 @@
 #      layers against fp8-sim on one linear and a whole forward, eager and compiled, and a
 #      Runner request (tests/models/test_quantize_fp8.py, its cuda cases); sharded weights on
 #      CUDA (issue 42; the side-stream gathers never ran before): two ranks on the one GPU,
-#      fp8-sim and fp8, bit for bit against unsharded (tests/models/test_shard_cuda.py);
+#      fp8-sim and fp8, bit for bit against unsharded (tests/models/test_shard_cuda.py); the
+#      GPU's peak while FP8 weights are quantized at load (test_quantize_fp8); full-precision
+#      steps under fp8 bit for bit (tests/models/test_full_precision_steps.py, its cuda case);
 #   2. every family at real widths on one GPU (issue 40 item 2; issue 42's one-rank peak
 #      memory against the planner): bench/bench_familysteps.py -> $OUT/familysteps.json;
 #   3. quantizing FP8 weights at load, on the GPU one linear at a time against the host
@@ -39,6 +41,7 @@ PY=${PYTHON:-python3}
 echo "== 1. quantize fp8 and sharded weights on the GPU (tests/models/test_quantize_fp8.py, test_shard_cuda.py)"
 K=$([ -n "$SMOKE" ] && echo cpu || echo cuda)
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/models/test_quantize_fp8.py tests/models/test_shard_cuda.py \
+  tests/models/test_full_precision_steps.py \
   -k "$K" 2>&1 | grep -v "kept in float32\|Casting directly" | tail -40 | tee "$OUT/gpu-tests.txt"
 
 echo "== 2. every family at real widths (bench/bench_familysteps.py)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp8_cpu import MODES, lift_fp8_gates
+from fp8_cpu import INSTALLED, MODES, TORCHAO, WHY, lift_fp8_gates
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
@@ -42,19 +42,31 @@ def by_hand(plain, quantized, request, full: set):
     return state.latents
 
 
-@pytest.mark.parametrize("quantize", MODES, indirect=True)
-def test_the_first_and_last_steps_are_the_unquantized_models_bit_for_bit(quantize):
+FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+# (quantize, device): fp8-sim and fp8 (torchao's tensors, gates lifted) on the CPU; fp8 on an FP8 GPU.
+CASES = [pytest.param(("fp8-sim", "cpu"), id="fp8-sim-cpu"),
+         pytest.param(("fp8", "cpu"), id="fp8-cpu", marks=pytest.mark.skipif(not TORCHAO, reason=WHY)),
+         pytest.param(("fp8", "cuda"), id="fp8-cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+             not (FP8_GPU and INSTALLED), reason="needs a CUDA GPU of compute capability 8.9+ and torchao")])]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_first_and_last_steps_are_the_unquantized_models_bit_for_bit(case, monkeypatch):
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
+    quantize, device = case
+    if quantize == "fp8" and device == "cpu":
+        lift_fp8_gates(monkeypatch)
     bf16 = torch.bfloat16
     request = GenerationRequest(num_inference_steps=5, seed=4, **GEN)
-    plain = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16)
-    quantized = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize=quantize)
+    plain = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16)
+    quantized = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize)
     out = {}
     for n in (0, 1, 2, 3):
-        runner = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize=quantize, full_precision_steps=n)
+        runner = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize,
+                        full_precision_steps=n)
         out[n] = harness.run_steps(runner, request, None).latents
     assert torch.equal(out[1], by_hand(plain, quantized, request, {0, 4}))
     assert not torch.equal(out[1], by_hand(plain, quantized, request, {0}))  # the last step counts too
