@@ -326,6 +326,7 @@ def test_bench_familysteps_smoke_builds_and_times_every_family_on_the_cpu(tmp_pa
         assert row["blocks_per_unit"] * row["units"] == (60 if name == "hunyuanvideo" else row["units"])
 
 
+@pytest.mark.long  # the second stage (suite time)
 def test_bench_quantize_load_smoke_times_each_place_it_can_run(tmp_path):
     """bench/bench_quantize_load.py --smoke: a narrow Wan block quantized on the host at one
     thread and at all, fp8-sim always and fp8 where torchao is at hand (the device rows need a
@@ -344,6 +345,7 @@ def test_bench_quantize_load_smoke_times_each_place_it_can_run(tmp_path):
     assert "| fp8-sim | host, 1 thread |" in (tmp_path / "quantize-load.md").read_text()
 
 
+@pytest.mark.long  # the second stage (suite time)
 def test_bench_full_precision_steps_smoke_runs_the_option_and_the_diagnostics(tmp_path):
     """bench/bench_full_precision_steps.py --smoke (one layer, 4 steps, fp8-sim on the CPU):
     the bf16 row, the option at N = 0 and 1, and the by-hand diagnostics, each with its share of

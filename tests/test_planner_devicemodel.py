@@ -114,7 +114,7 @@ def test_plan_prices_the_mode_and_names_it():
     base = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H200")
     fast = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H200", mode=dm.Mode("fp8", "bf16", True))
     assert fast.best.predicted_step_seconds < base.best.predicted_step_seconds
-    assert fast.to_dict()["mode"] == {"quantize": "fp8", "attention": "bf16", "compile": True,
+    assert fast.to_dict()["mode"] == {"quantize": "fp8", "attention": "bf16", "compile": True, "keep_bf16": False,
                                       "label": "fp8 GEMMs, compiled"}
     # A type without a priced table keeps its figures whatever the mode, and says which.
     a100 = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="A100-80GB", mode=dm.Mode(compile=True))

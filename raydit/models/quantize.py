@@ -20,8 +20,8 @@ per token (row of x over its last dim) or over x, from each call's activations (
 FP8 tensor-core GEMMs; the activation's quantization fuses into its producer only under
 torch.compile). "fp8-sim" emulates the same numbers on any device: W is replaced by its
 dequantized q(W) * s_W in the run's dtype, and the layer's forward rounds x the same way, so
-the product runs in the run's dtype (numerics only, no speed; an all-zero row gets scale 1). An fp8-sim linear is a
-FakeFp8Linear (an nn.Linear whose forward rounds its input).
+the product runs in the run's dtype (numerics only, no speed; an all-zero row gets scale 1):
+an fp8-sim linear is a FakeFp8Linear, an nn.Linear whose forward rounds its input.
 
 Full-precision steps (Runner(full_precision_steps=N)): a transformer quantized with
 `keep_unquantized=True` keeps each quantized linear's weight as it was before the rounding (a
@@ -150,8 +150,11 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
                              f"load the pipeline again to run it {mode} ({granularity})")
         return done
     chosen, skipped = select_linears(transformer, keep)
+    odd = [f"{name} ({type(m).__name__})" for name, m in chosen if type(m) is not torch.nn.Linear]
+    if mode == "fp8-sim" and odd:  # a subclass's forward is not ours to replace
+        raise ValueError(f"quantize fp8-sim emulates plain torch.nn.Linear layers, not {', '.join(odd)}")
     with torch.no_grad():
-        for name, module in chosen:
+        for _, module in chosen:
             home = module.weight.device
             if device is not None:
                 module.to(device)
@@ -160,9 +163,6 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
             if mode == "fp8":
                 _quantize_torchao(module, [module], granularity)
             else:
-                if type(module) is not torch.nn.Linear:  # a subclass's forward is not ours to replace
-                    raise ValueError(f"quantize fp8-sim emulates plain torch.nn.Linear layers; {name} is a "
-                                     f"{type(module).__name__}")
                 module.weight.copy_(fake_fp8(module.weight, granularity))
                 module.__class__ = FakeFp8Linear
             if not stay:

