@@ -38,18 +38,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
 
-SITE = Path(__file__).resolve().parent.parent / ".venv" / "fp8-site"
-
-
-def by_hand(plain, quantized, request, full: set):
-    """The request stepped by `plain` at the step indices in `full`, by `quantized` elsewhere."""
-    quantized.prepare(request)
-    state = plain.prepare(request)
-    while not state.done:
-        state = (plain if state.step_index in full else quantized).step(state)
-    return state.latents
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -67,6 +55,7 @@ def main(argv=None) -> int:
         args.layers, args.frames, args.height, args.width, args.steps, args.n = 1, 5, 32, 32, 4, [0, 1]
     import torch
 
+    from raydit.models import conformance as harness
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.precision import relative_error
@@ -82,10 +71,7 @@ def main(argv=None) -> int:
     bf16 = torch.bfloat16
 
     def latents(runner):
-        state = runner.prepare(request)
-        while not state.done:
-            state = runner.step(state)
-        return state.latents.float().cpu()
+        return harness.run_steps(runner, request, None).latents.float().cpu()
 
     reference = latents(Runner(load_pipeline(model, dtype=torch.float32), device=device, dtype=torch.float32,
                                init_dtype=bf16))
@@ -106,7 +92,7 @@ def main(argv=None) -> int:
         middle = set(range(S // 2 - n, S // 2 + n))
         for name, full in ((f"first {n} only", set(range(n))), (f"last {n} only", set(range(S - n, S))),
                            (f"middle {2 * n}", middle)):
-            error = relative_error(by_hand(plain, quantized, request, full).float().cpu(), reference)
+            error = relative_error(harness.run_switching(plain, quantized, request, full).float().cpu(), reference)
             rows.append({"run": f"{args.mode}, by hand: {name}", "full_steps": len(full), "error": error})
             print(f"{rows[-1]['run']}: {error:.4f}", flush=True)
     for row in rows:

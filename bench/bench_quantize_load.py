@@ -37,23 +37,19 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
 
-SITE = Path(__file__).resolve().parent.parent / ".venv" / "fp8-site"
 WAN14B = dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824)
 SMOKE = dict(num_attention_heads=2, attention_head_dim=128, ffn_dim=512)
 
 
 def torchao_on_cpu() -> bool:
-    """torchao importable, its hardware check lifted for this process (CPU rows only)."""
-    import importlib.util
+    """torchao importable, its hardware check lifted for this process (CPU rows only), as the
+    tests lift it (tests/models/fp8_cpu.py)."""
+    sys.path.insert(2, str(Path(__file__).resolve().parent.parent / "tests" / "models"))
+    from fp8_cpu import TORCHAO, lift_fp8_gates
 
-    if importlib.util.find_spec("torchao") is None:
-        if not (SITE / "torchao").is_dir():
-            return False
-        sys.path.append(str(SITE))
-    import torchao.quantization.quant_api as quant_api
-
-    quant_api._check_hardware_support = lambda granularities: None
-    return True
+    if TORCHAO:
+        lift_fp8_gates()
+    return TORCHAO
 
 
 def block(widths: dict, seed: int):

@@ -169,6 +169,18 @@ def run_steps(runner, request, steps: int | None, checkpoint: dict | None = None
     return state
 
 
+def run_switching(first, second, request, at: set):
+    """Final latents of `request` stepped by `first` at the step indices in `at` and by
+    `second` at the others (two Runners on pipelines of the same weights: a run stepped by
+    hand, e.g. unquantized and quantized). Each prepares the request first, as a Runner does
+    before it steps one (a compiled Runner warms up there); `first`'s state is carried."""
+    second.prepare(request)
+    state = first.prepare(request)
+    while not state.done:
+        state = (first if state.step_index in at else second).step(state)
+    return state.latents
+
+
 def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict) -> dict:
     """Per case, in bfloat16: one rank and every plan of `plans` under each mode (name -> the
     Runner's keyword arguments; one pipeline per mode, every Runner on it), and one rank in

@@ -174,8 +174,9 @@ def plain_parameters(module) -> dict:
 def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: str = "fp8-sim",
                            device: str = "cpu", plans: tuple[str, ...] | None = None) -> dict:
     """Sharded weights under a quantize mode against the same plan unsharded under it, on every
-    plan of the world (`plans`: only those named, e.g. ("u1r1c2",)). models: [(model folder, request keywords, dtype names)], each loaded
-    from its files (a fresh pipeline per run: quantization is in place). Keys (folder, plan,
+    plan of the world (`plans`: only those named, e.g. ("u1r1c2",)). models: [(model folder,
+    request keywords, dtype names)], each loaded from its files (a fresh pipeline per run:
+    quantization is in place). Keys (folder, plan,
     dtype, ...):
     - "plain" / "sharded": the final latents; "resumed": the sharded run's pipeline after its
       close (its weights rebuilt from the files, quantized again) sharded once more and resumed

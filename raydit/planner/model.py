@@ -96,6 +96,8 @@ class ModelSpec:
     fp8_weights: the run keeps those weights in FP8 (plan(mode=Mode(quantize="fp8")) sets it).
         Their row-wise float32 scales (one per output row: under 0.2% of the FP8 bytes at the
         built-ins' widths) are not counted.
+    keeps_bf16: the run also keeps those weights at bytes_per_param beside their quantized form
+        (full-precision steps: plan(mode=Mode(keep_bf16=True)) sets it).
     """
 
     name: str
@@ -136,6 +138,7 @@ class ModelSpec:
     decoder: DecoderShape | None = None
     fp8_params: float = 0.0
     fp8_weights: bool = False
+    keeps_bf16: bool = False
 
     def __post_init__(self):
         for field_name in ("heads", "head_dim", "layers", "ffn_hidden", "patch_size", "in_channels",
@@ -168,6 +171,8 @@ class ModelSpec:
                              f"got {self.fp8_params!r}")
         if self.fp8_weights not in (True, False):
             raise ValueError(f"model {self.name!r}: fp8_weights must be True or False, got {self.fp8_weights!r}")
+        if self.keeps_bf16 not in (True, False):
+            raise ValueError(f"model {self.name!r}: keeps_bf16 must be True or False, got {self.keeps_bf16!r}")
         if self.decoder is not None and not isinstance(self.decoder, DecoderShape):
             raise ValueError(f"model {self.name!r}: decoder must be a DecoderShape or None, got {self.decoder!r}")
         if self.text_tokens < 0:
@@ -208,18 +213,19 @@ class ModelSpec:
     @property
     def transformer_bytes_per_param(self) -> float:
         """Bytes per transformer parameter as the run keeps them: bytes_per_param, less one byte
-        less for each of the fp8_params where fp8_weights."""
-        if not self.fp8_weights:
-            return float(self.bytes_per_param)
-        return self.bytes_per_param - (self.bytes_per_param - 1) * self.fp8_params / self.params
+        less for each of the fp8_params where fp8_weights, plus bytes_per_param more for each of
+        them where keeps_bf16."""
+        per = float(self.bytes_per_param)
+        if self.fp8_weights:
+            per -= (self.bytes_per_param - 1) * self.fp8_params / self.params
+        if self.keeps_bf16:
+            per += self.bytes_per_param * self.fp8_params / self.params
+        return per
 
     @property
     def weight_bytes(self) -> float:
         """Bytes of every weight a rank keeps resident (every transformer, text encoder, VAE, and
         the LoRA adapters loaded beside them)."""
-        if not self.fp8_weights:
-            return (self.params * self.experts + self.text_encoder_params + self.vae_params) * self.bytes_per_param \
-                + self.adapter_bytes
         return self.params * self.experts * self.transformer_bytes_per_param \
             + (self.text_encoder_params + self.vae_params) * self.bytes_per_param + self.adapter_bytes
 
@@ -227,8 +233,6 @@ class ModelSpec:
     def idle_weight_bytes(self) -> float:
         """Bytes that need not stay on the device during denoising: the experts not running
         this step and the text encoder once the prompt is encoded."""
-        if not self.fp8_weights:
-            return (self.params * (self.experts - 1) + self.text_encoder_params) * self.bytes_per_param
         return self.params * (self.experts - 1) * self.transformer_bytes_per_param \
             + self.text_encoder_params * self.bytes_per_param
 

@@ -222,13 +222,12 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         spec = dataclasses.replace(spec, fp8_weights=True)
     if mode.keep_bf16:
         # Full-precision steps: every quantized linear also keeps its weight as loaded, on every
-        # rank (the bytes ride with the adapters' resident bytes), and those are never sharded.
+        # rank (ModelSpec.keeps_bf16), and those are never sharded.
         if shard_weights:
             raise PlanError("full-precision steps keep every quantized linear's bf16 weight on its rank, which "
                             "sharded weights do not hold; drop full_precision_steps or shard_weights")
         shard_weights = False
-        spec = dataclasses.replace(spec, adapter_bytes=spec.adapter_bytes
-                                   + spec.bytes_per_param * spec.fp8_params * spec.experts)
+        spec = dataclasses.replace(spec, keeps_bf16=True)
     feasible, rejected = _enumerate(spec, geo, cl, branches, ulysses, ring, cfg, replicas, world_size, why, mode,
                                     shard_weights)
     forced = any(v is not None for v in (ulysses, ring, cfg, replicas, world_size))

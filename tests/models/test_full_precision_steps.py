@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fp8_cpu import INSTALLED, MODES, TORCHAO, WHY, lift_fp8_gates
+from test_quantize import assert_batched_as_alone
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
@@ -29,17 +30,6 @@ def quantize(request, monkeypatch):
     if request.param == "fp8":
         lift_fp8_gates(monkeypatch)
     return request.param
-
-
-def by_hand(plain, quantized, request, full: set):
-    """The request stepped by `plain` at the step indices in `full`, by `quantized` elsewhere
-    (each Runner prepares the request first, as a Runner does before it steps one: a compiled
-    Runner warms up there)."""
-    quantized.prepare(request)
-    state = plain.prepare(request)
-    while not state.done:
-        state = (plain if state.step_index in full else quantized).step(state)
-    return state.latents
 
 
 FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
@@ -68,8 +58,8 @@ def test_the_first_and_last_steps_are_the_unquantized_models_bit_for_bit(case, m
         runner = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize,
                         full_precision_steps=n)
         out[n] = harness.run_steps(runner, request, None).latents
-    assert torch.equal(out[2], by_hand(plain, quantized, request, {0, 1, 3, 4}))
-    assert not torch.equal(out[2], by_hand(plain, quantized, request, {0, 1}))  # the last steps count too
+    assert torch.equal(out[2], harness.run_switching(plain, quantized, request, {0, 1, 3, 4}))
+    assert not torch.equal(out[2], harness.run_switching(plain, quantized, request, {0, 1}))  # the last steps count too
     assert torch.equal(out[3], harness.run_steps(plain, request, None).latents)  # 2 x 3 >= 5: every step
     quantized_run = harness.run_steps(quantized, request, None).latents
     assert relative_error(out[2], quantized_run) > 1e-3  # the ends really ran unquantized
@@ -95,12 +85,7 @@ def test_batched_requests_at_different_steps_each_run_their_own_precision(quanti
         runner = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize=q, full_precision_steps=n)
         out[q, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
         out[q, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
-    exact = 0
-    for i in range(len(requests)):
-        if torch.equal(out[None, "batched"][i], out[None, "alone"][i]):
-            assert torch.equal(out[quantize, "batched"][i], out[quantize, "alone"][i]), f"request {i}"
-            exact += 1
-    assert exact > 0
+    assert_batched_as_alone(out, quantize)
 
 
 def test_8bit_attention_runs_bf16_kernels_at_the_ends():
@@ -213,7 +198,7 @@ def test_compiled_runs_warm_up_both_variants_and_equal_the_compiled_steps_by_han
         plain = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, compile=True)
         quantized = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize="fp8-sim", compile=True)
         runners += [plain, quantized]
-        assert torch.equal(state.latents, by_hand(plain, quantized, request, {0, 3}))
+        assert torch.equal(state.latents, harness.run_switching(plain, quantized, request, {0, 3}))
     finally:
         for runner in runners:
             runner.close()
