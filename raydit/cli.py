@@ -32,6 +32,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    from raydit.planner.devicemodel import DEFAULT_STEPS
+
     p.add_argument("--model", required=True,
                    help="built-in name (e.g. cogvideox-2b, tiny) or a local diffusers pipeline directory")
     p.add_argument("--frames", type=int, help="video frames (default: the model's)")
@@ -64,8 +66,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                    help="price the attention kernel in this precision (default bf16)")
     p.add_argument("--compile", action="store_true", help="price the step compiled (fused elementwise ops)")
     p.add_argument("--full-precision-steps", dest="full_precision_steps", type=int, default=0, metavar="N",
-                   help="with --quantize: price the memory of the bf16 weights a run with full-precision steps "
-                        "keeps beside the FP8 ones (never sharded)")
+                   help="with --quantize or 8-bit --attention: the first and last N of a request's --steps run "
+                        "in bf16; price the mean step and the bf16 weights kept beside the FP8 ones (never "
+                        "sharded)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S",
+                   help=f"the request's steps the full-precision ones are priced over (default {DEFAULT_STEPS})")
     p.add_argument("--top", type=int, default=10,
                    help="feasible plans to list (default 10; 0 for all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -80,6 +85,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--top {args.top} must be 0 (all) or more")
     if args.full_precision_steps < 0:
         raise ValueError(f"--full-precision-steps {args.full_precision_steps} must be 0 or more")
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps} must be 1 or more")
     cluster = args.cluster
     if args.address is not None:
         if args.gpu_type is not None or args.per_node is not None:
@@ -100,7 +107,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size, shard_weights=args.shard_weights,
         mode=Mode(args.quantize, args.attention, args.compile,
-                  keep_bf16=args.full_precision_steps > 0 and args.quantize != "none"),
+                  keep_bf16=args.full_precision_steps > 0 and args.quantize != "none",
+                  full_precision_steps=args.full_precision_steps, steps=args.steps),
     )
     top = args.top or None
     if args.json:

@@ -4,6 +4,7 @@ expected value is computed here from the formula, not copied from a run."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -115,7 +116,7 @@ def test_plan_prices_the_mode_and_names_it():
     fast = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H200", mode=dm.Mode("fp8", "bf16", True))
     assert fast.best.predicted_step_seconds < base.best.predicted_step_seconds
     assert fast.to_dict()["mode"] == {"quantize": "fp8", "attention": "bf16", "compile": True, "keep_bf16": False,
-                                      "label": "fp8 GEMMs, compiled"}
+                                      "full_precision_steps": 0, "steps": 50, "label": "fp8 GEMMs, compiled"}
     # A type without a priced table keeps its figures whatever the mode, and says which.
     a100 = plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="A100-80GB", mode=dm.Mode(compile=True))
     assert a100.best.predicted_step_seconds == plan("wan2.1-t2v-1.3b", gpus=1,
@@ -259,3 +260,51 @@ def test_doctor_says_why_a_cached_entry_is_not_used(tmp_path):
     notes = []
     assert calibration_cache.calibrated_device_type("H200", path, notes) == device_type("H200")
     assert calibration_cache.calibrated_device_types(path, notes) == {} and len(notes) == 2
+
+
+def test_full_precision_steps_price_the_requests_mean_step():
+    """Mode(full_precision_steps=N, steps=S): 2N of S steps run in the unquantized mode (bf16
+    GEMMs and attention, compiled as the rest), so a step is priced as the request's mean,
+    part by part; the memory of the kept weights is Mode.keep_bf16's (test_planner_sharding)."""
+    t = dm.table_for("H100")
+    spec = model_spec("wan2.1-t2v-1.3b")
+    geo = spec.geometry()
+    mode = dm.Mode("fp8", "int8", True, full_precision_steps=2, steps=20)
+    assert mode.full_precision_share == 0.2 and mode.unquantized == dm.Mode(compile=True)
+    quantized = dm.step_ops(t, spec, geo, 2, dm.Mode("fp8", "int8", True))
+    plain = dm.step_ops(t, spec, geo, 2, dm.Mode(compile=True))
+    assert quantized.total != pytest.approx(plain.total, rel=1e-3)  # the two rates differ on the H100
+    mixed = dm.step_ops(t, spec, geo, 2, mode)
+    for part in ("gemm", "attention", "quantize", "elementwise", "attention_per_layer", "attention_lse_per_layer"):
+        assert getattr(mixed, part) == pytest.approx(0.8 * getattr(quantized, part) + 0.2 * getattr(plain, part))
+    # The plan's step on one device is that mean, and its label says how it was priced.
+    one = plan(spec, gpus=1, gpu_type="H100", mode=mode)
+    assert one.best.predicted_step_seconds == pytest.approx(mixed.total, rel=1e-9)
+    assert one.mode.label == ("fp8 GEMMs + int8 attention, compiled, first and last 2 of 20 steps in bf16 "
+                              "(the mean step priced)")
+    assert one.to_dict()["mode"]["full_precision_steps"] == 2 and one.to_dict()["mode"]["steps"] == 20
+    # On every layout too: the mean of the two plans' steps within the fitted rates' rounding.
+    eight = {m: plan(spec, gpus=8, gpu_type="H100", mode=m, ulysses=4, cfg=2).best.predicted_step_seconds
+             for m in (mode, dm.Mode("fp8", "int8", True), dm.Mode(compile=True))}
+    assert eight[mode] == pytest.approx(0.8 * eight[dm.Mode("fp8", "int8", True)] + 0.2 * eight[dm.Mode(compile=True)],
+                                        rel=0.02)
+    # 2N >= S: every step in bf16; nothing quantized: nothing to price apart.
+    assert dm.Mode("fp8", full_precision_steps=5, steps=10).full_precision_share == 1.0
+    assert dm.step_ops(t, spec, geo, 2, dm.Mode("fp8", full_precision_steps=5, steps=10)) == dm.step_ops(t, spec, geo, 2)
+    assert dm.Mode(compile=True, full_precision_steps=3).full_precision_share == 0.0
+    for bad, why in ((dict(full_precision_steps=-1), "full_precision_steps must be a whole number >= 0, got -1"),
+                     (dict(full_precision_steps=1.5), "full_precision_steps must be a whole number >= 0, got 1.5"),
+                     (dict(steps=0), "steps must be a whole number >= 1, got 0")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            dm.Mode("fp8", **bad)
+
+
+def test_a_calibrated_model_keeps_its_rates_under_modes_priced_as_bf16():
+    """fp8-sim with full-precision steps plans as Mode(keep_bf16=True): bf16 rates, so a
+    model's own calibration (bf16 eager) still prices it; a mode with other rates never does."""
+    spec = model_spec("wan2.1-t2v-1.3b")
+    h200 = dataclasses.replace(device_type("H200"), model_rates=((spec.calibration_key, 500.0, 400.0, 450.0),))
+    assert h200.rates_kind(spec, dm.Mode(keep_bf16=True, full_precision_steps=1)) == "calibration"
+    assert h200.rates_for(spec, dm.Mode(keep_bf16=True)) == (500e12, 400e12, 450e12)
+    for other in (dm.Mode("fp8"), dm.Mode(attention="int8"), dm.Mode(compile=True)):
+        assert h200.rates_kind(spec, other) == "table"

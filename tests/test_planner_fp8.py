@@ -109,3 +109,29 @@ def test_the_engines_runs_are_planned_in_their_mode():
     assert planner_mode("fp8-sim", "int8", False) == Mode("none", "int8", False)
     assert planner_mode("none", "fp8", False) == Mode("none", "fp8", False)
     assert planner_mode(None, None, None) == Mode()
+    # Full-precision steps: the mean step of a request of raydit's default 50 steps; the kept
+    # bf16 weights only where a quantized mode keeps them (fp8-sim's too: priced as bf16).
+    assert planner_mode("fp8", "int8", True, 2) == Mode("fp8", "int8", True, keep_bf16=True,
+                                                        full_precision_steps=2, steps=50)
+    assert planner_mode("none", "int8", False, 1) == Mode("none", "int8", False, full_precision_steps=1)
+    assert planner_mode("fp8-sim", "auto", False, 1).full_precision_share == 0.0
+
+
+def test_full_precision_steps_on_the_command_line():
+    """`raydit plan --full-precision-steps N --steps S`: the mean step of an S-step request
+    with its first and last N in bf16, as the planner's Mode prices it; a bad S exits 2."""
+    base = [sys.executable, "-m", "raydit.cli", "plan", "--model", "wan2.1-t2v-1.3b", "--gpus", "1",
+            "--gpu-type", "H100", "--quantize", "fp8", "--compile", "--json"]
+    out = subprocess.run(base + ["--full-precision-steps", "3", "--steps", "30"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    mode = Mode("fp8", compile=True, keep_bf16=True, full_precision_steps=3, steps=30)
+    assert doc["mode"]["full_precision_steps"] == 3 and doc["mode"]["steps"] == 30
+    assert doc["best"]["predicted_step_seconds"] == pytest.approx(
+        plan("wan2.1-t2v-1.3b", gpus=1, gpu_type="H100", mode=mode).best.predicted_step_seconds, rel=1e-3)
+    out = subprocess.run(base + ["--full-precision-steps", "1", "--steps", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--steps 0 must be 1 or more" in lines[0], out.stderr

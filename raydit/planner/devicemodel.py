@@ -33,6 +33,7 @@ counted), and the audio stream (LTX-2) at the GEMM rate; fp8 adds the activation
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ DEFAULT_ELEMENTWISE_BYTES = 238.0
 ELEMENTWISE_LAUNCHES = 81
 GEMM_LAUNCHES = 8  # q, k, v, out, FFN in and out; cross-attention adds 4
 FP8_QUANT_BYTES = 3  # quantizing one bf16 activation element outside the GEMM: read 2, write 1
+# The steps of a request a plan prices full-precision steps over where it is not told: raydit's
+# default request (`--steps`, raydit.runtime.options) and diffusers' for most video pipelines.
+DEFAULT_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,17 @@ class Mode:
     """How a step runs: `quantize` the GEMMs ("none": bf16, "fp8"), the `attention` kernel
     ("bf16", "int8", "fp8") and whether the transformer is `compile`d (fusion). `keep_bf16`:
     the quantized blocks' linears keep their bf16 weights beside the quantized ones (a run's
-    full-precision steps, Runner(full_precision_steps=N)): priced as memory, never sharded."""
+    full-precision steps, Runner(full_precision_steps=N)): priced as memory, never sharded.
+    `full_precision_steps` N of a request's `steps`: its first and last N steps run in bf16
+    GEMMs and attention (compiled as the rest), so a step is priced as the request's mean step,
+    `full_precision_share` of it at the `unquantized` mode's rates (`step_ops`)."""
 
     quantize: str = "none"
     attention: str = "bf16"
     compile: bool = False
     keep_bf16: bool = False
+    full_precision_steps: int = 0
+    steps: int = DEFAULT_STEPS
 
     def __post_init__(self):
         if self.quantize not in QUANTIZE_MODES:
@@ -77,6 +86,28 @@ class Mode:
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
         if not isinstance(self.keep_bf16, bool):
             raise ValueError(f"keep_bf16 must be True or False, got {self.keep_bf16!r}")
+        for name, least in (("full_precision_steps", 0), ("steps", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+
+    @property
+    def prices_as_bf16(self) -> bool:
+        """Its steps run at bf16 eager rates (kept weights and full-precision steps aside)."""
+        return self.quantize == "none" and self.attention == "bf16" and not self.compile
+
+    @property
+    def unquantized(self) -> "Mode":
+        """The mode of a full-precision step: bf16 GEMMs and attention, compiled as this one."""
+        return Mode(compile=self.compile)
+
+    @property
+    def full_precision_share(self) -> float:
+        """The share of a request's steps that run in the `unquantized` mode: 2N of `steps`
+        (all of them where 2N >= steps); 0 where this mode runs nothing quantized."""
+        if not self.full_precision_steps or (self.quantize == "none" and self.attention == "bf16"):
+            return 0.0
+        return min(1.0, 2 * self.full_precision_steps / self.steps)
 
     @property
     def label(self) -> str:
@@ -84,8 +115,12 @@ class Mode:
         parts = ["fp8 GEMMs" if self.quantize == "fp8" else "bf16"]
         if self.attention != "bf16":
             parts.append(f"{self.attention} attention")
-        text = " + ".join(parts)
-        return text + (", compiled" if self.compile else "") + (", bf16 weights kept" if self.keep_bf16 else "")
+        text = " + ".join(parts) + (", compiled" if self.compile else "")
+        text += ", bf16 weights kept" if self.keep_bf16 else ""
+        if self.full_precision_share:
+            text += (f", first and last {self.full_precision_steps} of {self.steps} steps in bf16 "
+                     "(the mean step priced)")
+        return text
 
 
 BF16 = Mode()
@@ -291,7 +326,19 @@ def elementwise_bytes(spec: ModelSpec) -> float:
 
 
 def step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: int, mode: Mode = BF16) -> StepOps:
-    """One device's denoising step of `batch` samples, op by op (module docstring)."""
+    """One device's denoising step of `batch` samples, op by op (module docstring); with
+    full-precision steps (`Mode.full_precision_share` s) the request's mean step: each part
+    (1 - s) x the mode's + s x the unquantized mode's."""
+    share = mode.full_precision_share
+    if share:
+        quantized = _step_ops(table, spec, geo, batch, mode)
+        plain = _step_ops(table, spec, geo, batch, mode.unquantized)
+        return StepOps(*((1.0 - share) * getattr(quantized, f.name) + share * getattr(plain, f.name)
+                         for f in dataclasses.fields(StepOps)))
+    return _step_ops(table, spec, geo, batch, mode)
+
+
+def _step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: int, mode: Mode) -> StepOps:
     b, L, h, f = batch, spec.layers, spec.hidden, spec.ffn_hidden
     S, X = geo.sequence_tokens, geo.cross_text_tokens
     m = b * S

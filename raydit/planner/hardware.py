@@ -139,7 +139,7 @@ class DeviceType:
         from raydit.planner.devicemodel import BF16, table_for
 
         mode = mode or BF16
-        if mode == BF16 and any(known == spec.calibration_key for known, *_ in self.model_rates):
+        if mode.prices_as_bf16 and any(known == spec.calibration_key for known, *_ in self.model_rates):
             return "calibration", None
         table = table_for(self.name) if self.use_op_table else None
         return ("table", table) if table is not None and table.priced else ("figures", None)
@@ -164,9 +164,7 @@ class DeviceType:
                else "no op table")
         if self.calibrated:
             why = f"{why}; calibration file of {self.calibrated} (`raydit doctor --calibrate`)"
-        from raydit.planner.devicemodel import BF16
-
-        if (mode or BF16) != BF16:
+        if mode is not None and not mode.prices_as_bf16:
             why += f"; mode {mode.label} not priced here (bf16 eager figures)"
         return (f"{self.name} device figures: {self.tflops:g} TFLOP/s x efficiency {self.efficiency:g}"
                 + (" (attention per head dim apart)" if self.attention_efficiency else "") + f"; {why}")

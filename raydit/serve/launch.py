@@ -122,8 +122,9 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
             cluster.cluster_spec(device, workers * replicas)
         cluster.plan(spec, frames=opts.get("frames"), height=opts.get("height"), width=opts.get("width"),
                      device=device, workers=workers, ulysses=opts.get("ulysses"), ring=opts.get("ring"),
-                     cfg=opts.get("cfg"),
-                     mode=planner_mode(opts.get("quantize"), opts.get("attention"), opts.get("compile")))
+                     cfg=opts.get("cfg"), shard_weights=True if opts.get("shard_weights") else None,
+                     mode=planner_mode(opts.get("quantize"), opts.get("attention"), opts.get("compile"),
+                                       opts.get("full_precision_steps") or 0))
         try:
             serve.start(http_options={"host": opts["host"], "port": opts["port"]})
         except Exception as exc:

@@ -82,7 +82,7 @@ def test_full_precision_steps_run_on_every_rank_as_on_one(ray_local):
 
     with Engine(model="tiny", workers=2, device="cpu", show_plan=False, quantize="fp8-sim", full_precision_steps=1,
                 frames=GEN["num_frames"], height=GEN["height"], width=GEN["width"]) as engine:
-        assert engine.plan_result.mode == Mode(keep_bf16=True)
+        assert engine.plan_result.mode == Mode(keep_bf16=True, full_precision_steps=1)
         assert not engine.plan_result.best.shard_weights
         latents = torch.from_numpy(engine.generate(PROMPT, progress=False, **GEN).latents)
     request = GenerationRequest(prompt=PROMPT, **GEN)

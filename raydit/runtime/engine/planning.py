@@ -19,14 +19,15 @@ def planner_mode(quantize: str, attention: str, compile: bool, full_precision_st
     numbers in the run's dtype, so bf16 bytes and rates; attention "auto" is chosen on the
     device by raydit.parallel.kernels, priced as bf16 (on the measured H100 cuDNN's bf16
     kernel is the fastest that passes its check); "int8" / "fp8" at their own rates. With
-    full-precision steps a quantized run keeps the linears' bf16 weights too (Mode.keep_bf16);
-    its steps are priced at the mode's rates (the 2N full-precision steps of a request are not
-    priced apart)."""
-    from raydit.planner.devicemodel import Mode
+    full-precision steps a quantized run keeps the linears' bf16 weights too (Mode.keep_bf16),
+    and a step is priced as the mean step of a request of raydit's default steps, its first and
+    last N at bf16 rates (Mode.full_precision_share)."""
+    from raydit.planner.devicemodel import DEFAULT_STEPS, Mode
 
     return Mode(quantize="fp8" if quantize == "fp8" else "none",
                 attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile),
-                keep_bf16=bool(full_precision_steps) and quantize not in (None, "none"))
+                keep_bf16=bool(full_precision_steps) and quantize not in (None, "none"),
+                full_precision_steps=int(full_precision_steps or 0), steps=DEFAULT_STEPS)
 
 
 class PlanningPart:
