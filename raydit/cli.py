@@ -87,6 +87,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--full-precision-steps {args.full_precision_steps} must be 0 or more")
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps} must be 1 or more")
+    if args.full_precision_steps and args.quantize == "none" and args.attention == "bf16":
+        raise ValueError(f"--full-precision-steps {args.full_precision_steps} leaves the quantized modes for those "
+                         "steps, and none is asked; add --quantize fp8 or --attention int8|fp8, or drop it")
     cluster = args.cluster
     if args.address is not None:
         if args.gpu_type is not None or args.per_node is not None:

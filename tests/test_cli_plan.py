@@ -83,6 +83,11 @@ BAD = [
     (["--model", "cogvideox-2b", "--cluster", str(REPO / "cluster" / "8xH100.yaml"), "--gpu-type", "T4"],
      "(--gpu-type / --per-node) go with gpus=N (--gpus)"),
     (["--model", "cogvideox-2b", "--gpus", "eight"], "invalid int value: 'eight'"),
+    (["--model", "cogvideox-2b", "--gpus", "8", "--gpu-type", ""], "unknown GPU type ''"),  # was planned as H100
+    (["--model", "cogvideox-2b", "--gpus", "8", "--gpu-type", "A100-40GB", "--attention", "fp8"],
+     "attention fp8 needs FP8 tensor cores"),  # was planned; the workers find no kernel
+    (["--model", "cogvideox-2b", "--gpus", "8", "--full-precision-steps", "3"],
+     "--full-precision-steps 3 leaves the quantized modes for those steps, and none is asked"),  # was dropped
 ]
 
 

@@ -57,6 +57,8 @@ def test_from_dict_links_and_custom_types():
     assert c.types == ["MI300X", "L40S"]
 
 
+CUSTOM = {"name": "X", "memory_gb": 80, "tflops": 100, "efficiency": 0.3, "link_gb_s": 448, "link_kind": "nvlink"}
+
 BAD_DICTS = [
     ({}, "'nodes' must be a non-empty list"),
     ({"nodes": []}, "'nodes' must be a non-empty list"),
@@ -66,9 +68,34 @@ BAD_DICTS = [
     ({"nodes": [{"gpu_type": "H100", "count": 2, "gpus": 3}]}, "nodes[0]: unknown keys gpus"),
     ({"nodes": [{"name": "a", "gpu_type": "H100", "count": 2}, {"name": "a", "gpu_type": "H100", "count": 2}]},
      "node names must be unique; repeated: a"),
-    ({"nodes": [{"gpu_type": "H100", "count": 2}], "network": {"gb_s": 0}}, "network gb_s must be > 0"),
+    ({"nodes": [{"gpu_type": "H100", "count": 2}], "network": {"gb_s": 0}}, "network gb_s must be a number > 0"),
     ({"nodes": [{"gpu_type": "H100", "count": 2}], "links": {}}, "unknown keys links"),
     ([1, 2], "expected a mapping"),
+    # Wrong types and non-finite numbers name the entry (were TypeError / AttributeError
+    # tracebacks, or NaN plans printed as invalid JSON).
+    ({"nodes": [{"gpu_type": "H100", "count": 2, "link_gb_s": "fast"}]},
+     "nodes[0]: node 'node0': link_gb_s must be a number > 0, got 'fast'"),
+    ({"nodes": [{"gpu_type": "H100", "count": 2}], "network": {"gb_s": None}}, "network gb_s None must be a number"),
+    ({"nodes": [{"gpu_type": "H100", "count": 2}], "network": {"gb_s": "x"}}, "network gb_s 'x' must be a number"),
+    ({"nodes": [{"gpu_type": "H100", "count": 2}], "network": {"latency_us": -1}},
+     "latency_us a number >= 0, got 25.0, -1.0"),
+    ({"gpu_types": [dict(CUSTOM, name=5)], "nodes": [{"gpu_type": "H100", "count": 2}]},
+     "gpu_types[0]: device type name 5 must be a non-empty string"),
+    ({"gpu_types": [dict(CUSTOM, tflops=float("inf"))], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "gpu_types[0]: device type 'X': tflops inf must be a finite number"),
+    ({"gpu_types": [dict(CUSTOM, tflops=float("nan"))], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "tflops nan must be a finite number"),
+    ({"gpu_types": [dict(CUSTOM, link_gb_s=float("nan"))], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "link_gb_s nan must be a finite number"),
+    ({"gpu_types": [dict(CUSTOM, memory_gb="192")], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "memory_gb '192' must be a finite number"),
+    ({"gpu_types": [dict(CUSTOM, link_latency_us=-50)], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "link_latency_us -50 must be >= 0"),
+    ({"gpu_types": [dict(CUSTOM, per_node=0)], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "per_node 0 must be a positive integer"),
+    ({"gpu_types": [CUSTOM, dict(CUSTOM, name="x")], "nodes": [{"gpu_type": "X", "count": 2}]},
+     "gpu_types[1]: 'x' is given twice"),
+    ({"gpu_types": {"name": "X"}, "nodes": [{"gpu_type": "H100", "count": 2}]}, "'gpu_types' must be a list"),
 ]
 
 

@@ -144,7 +144,7 @@ def test_kandinsky5_decodes_by_rows_and_ltx2_whole():
 
 
 def test_a_calibration_from_elsewhere_is_reported_not_used():
-    from raydit.runtime.calibration_cache import entry_problem
+    from raydit.runtime.calibration_cache import entry_problem, names_gpu
 
     ok = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0",
           "measured": {"matmul_tflops": 700.0, "attention_plain_tflops_by_head_dim": {"128": 640.0}}}
@@ -155,6 +155,15 @@ def test_a_calibration_from_elsewhere_is_reported_not_used():
         "run `raydit doctor --calibrate --force` on a H200")
     line = entry_problem("H200", ok, "2.12.0")
     assert "measured with torch 2.11.0, this is torch 2.12.0: not used" in line and "\n" not in line
+    # The type's model is a whole word of the GPU's name (was a substring: an L40S calibration
+    # served the L4, an H200's the H20, an 80 GB A100's the 40 GB type with 79 GB of memory).
+    for kind, gpu in (("L4", "NVIDIA L40S"), ("L40", "NVIDIA L40S"), ("H20", "NVIDIA H200"),
+                      ("A100-40GB", "NVIDIA A100-SXM4-80GB"), ("A100-80GB", "NVIDIA A100-PCIE-40GB")):
+        assert "another GPU: not used" in entry_problem(kind, dict(ok, device_name=gpu), "2.11.0"), (kind, gpu)
+    for kind, gpu in (("H100", "NVIDIA H100 80GB HBM3"), ("L40S", "NVIDIA L40S"), ("L4", "NVIDIA L4"),
+                      ("A100-80GB", "NVIDIA A100-SXM4-80GB"), ("A100", "NVIDIA A100-SXM4-40GB"),
+                      ("RTX4090", "NVIDIA GeForce RTX 4090"), ("T4", "Tesla T4"), ("H100-SXM", "NVIDIA H100 80GB HBM3")):
+        assert names_gpu(kind, gpu), (kind, gpu)
     slow = dict(ok, measured={"matmul_tflops": 300.0})
     line = entry_problem("H200", slow, "2.11.0")
     assert "disagrees with its op table" in line and "more than 2x: matmul 300 against 684.1" in line

@@ -297,6 +297,8 @@ def test_forced_infeasible_raises_plan_error(forced, message):
     (dict(gpus=8, cluster={"nodes": [{"gpu_type": "H100", "count": 8}]}), "not both"),
     (dict(gpus=8, gpu_type="H1000"), "unknown GPU type 'H1000'"),
     (dict(gpus=0), "gpus must be a positive integer, got 0"),
+    (dict(gpus=8, gpu_type=""), "unknown GPU type ''"),
+    (dict(gpus=8, guidance="no"), "guidance 'no' must be True or False"),
 ])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -683,7 +685,7 @@ def test_two_experts_count_in_memory_and_idle_weights_go_to_host_only_when_neede
     assert best.memory_gb_per_gpu < 80 and any("idle weights in host memory" in n for n in best.notes)
     resident = raydit.plan("wan2.2-t2v-a14b", gpus=8, gpu_type="H100").best
     assert resident.offload_idle_gb == 0 and not any("host memory" in n for n in resident.notes)
-    with pytest.raises(PlanError, match=r"even with the idle ones .* in host memory"):
+    with pytest.raises(PlanError, match=r"even with the inactive expert and the text encoder in host memory"):
         raydit.plan("wan2.2-t2v-a14b", gpus=4, gpu_type="L4", shard_weights=False)  # fits sharded
 
 
@@ -1121,3 +1123,40 @@ def test_mesh_layouts_are_the_one_enumerator(heads, world, cfgs, exact, expected
 
     assert mesh_layouts(heads, world, cfgs, exact=exact) == expected
     assert cfg_degrees(4) == [1, 2, 4] and cfg_degrees(1) == [1]
+
+
+def test_traffic_leaving_a_pcie_node_is_paced_by_its_shared_lanes():
+    """A network link from a PCIe node also crosses the node's lanes (Link.through): shared by
+    the replica's ranks on that node, never faster than them however fast the network; an
+    NVLink node's GPUs reach the network at its own rate."""
+    lanes, net = costmod.Link(12, 15, "pcie"), costmod.Link(25, 5, "network")
+    assert net.through(lanes, 8).shared_by(8) == costmod.Link(12 * costmod.PCIE_FULL_RATE_GPUS / 8, 5, "network")
+    assert net.through(lanes, 4).shared_by(8).gb_s == 12 * costmod.PCIE_FULL_RATE_GPUS / 4
+    assert net.through(lanes, 1).shared_by(8).gb_s == 12  # one rank on the node: its lanes whole
+    assert costmod.Link(5, 5, "network").through(lanes, 8).shared_by(2).gb_s == 5  # the network the slower
+    assert net.through(costmod.Link(450, 2, "nvlink"), 8) == net
+
+    def ring_step(network_gb_s):
+        cluster = ClusterSpec([NodeSpec("a", "L4", 8), NodeSpec("b", "L4", 8)], network_gb_s=network_gb_s)
+        return plan("cogvideox-2b", cluster=cluster, cfg=1, ulysses=1, ring=16).best
+
+    # One ring over both nodes, 8 ranks on each: its hops are paced by the lanes 8 share, the
+    # same at 25 GB/s as on a network 40x faster (before: priced at the network's full rate).
+    fast, faster, slow = ring_step(25.0), ring_step(1000.0), ring_step(0.5)
+    assert "a ring group crosses nodes over the network (25 GB/s)" in fast.notes
+    assert fast.predicted_step_seconds == pytest.approx(faster.predicted_step_seconds, rel=1e-12)
+    assert slow.predicted_step_seconds > fast.predicted_step_seconds  # a network slower than the lanes paces
+    # The same ring with its 16 ranks on one node's lanes is slower (16 sharers, not 8), in its
+    # ring part alone: the compute is the same.
+    one = plan("cogvideox-2b", cluster=ClusterSpec([NodeSpec("a", "L4", 16)]), cfg=1, ulysses=1, ring=16).best
+    assert one.cost.compute == fast.cost.compute
+    assert one.cost.ring_exposed > fast.cost.ring_exposed
+    # A sharded replica over two PCIe nodes gathers its blocks through the lanes 4 ranks share.
+    from raydit.planner.devicemodel import Mode
+
+    for network_gb_s in (25.0, 1000.0):
+        cluster = ClusterSpec([NodeSpec("a", "L4", 4), NodeSpec("b", "L4", 4)], network_gb_s=network_gb_s)
+        sharded = plan("wan2.1-t2v-14b", cluster=cluster, mode=Mode("fp8"), shard_weights=True, cfg=2, ulysses=4,
+                       replicas=1).best
+        assert any(f"over network {12 * costmod.PCIE_FULL_RATE_GPUS / 4:g} GB/s" in n for n in sharded.notes), \
+            sharded.notes

@@ -17,6 +17,7 @@ live cluster (`ClusterSpec(nodes=[NodeSpec(...)])`). YAML layout (see cluster/*.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,12 @@ from raydit.planner.hardware import (
     DeviceType,
     device_type,
 )
+
+
+def _positive(value) -> bool:
+    """A finite number > 0 (not a bool, not a string)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value > 0)
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,8 @@ class NodeSpec:
             raise ValueError(f"node {self.name!r}: count must be a positive integer, got {self.count!r}")
         if not isinstance(self.gpu_type, DeviceType):
             object.__setattr__(self, "gpu_type", device_type(self.gpu_type))
-        if self.link_gb_s is not None and not self.link_gb_s > 0:
-            raise ValueError(f"node {self.name!r}: link_gb_s must be > 0, got {self.link_gb_s!r}")
+        if self.link_gb_s is not None and not _positive(self.link_gb_s):
+            raise ValueError(f"node {self.name!r}: link_gb_s must be a number > 0, got {self.link_gb_s!r}")
         if self.link_kind is not None and self.link_kind not in ("nvlink", "pcie", "shm"):
             raise ValueError(f"node {self.name!r}: link_kind {self.link_kind!r} is not nvlink, pcie or shm")
 
@@ -85,10 +92,11 @@ class ClusterSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"node names must be unique; repeated: {', '.join(dup)}")
-        if not self.network_gb_s > 0 or self.network_latency_us < 0:
+        if not _positive(self.network_gb_s) or not (_positive(self.network_latency_us)
+                                                    or self.network_latency_us == 0):
             raise ValueError(
-                f"network gb_s must be > 0 and latency_us >= 0, got {self.network_gb_s}, "
-                f"{self.network_latency_us}"
+                f"network gb_s must be a number > 0 and latency_us a number >= 0, got {self.network_gb_s!r}, "
+                f"{self.network_latency_us!r}"
             )
 
     @property
@@ -137,13 +145,20 @@ class ClusterSpec:
             raise ValueError(f"{source}: unknown keys {', '.join(sorted(unknown))}; "
                              "known: nodes, network, gpu_types, name, description")
         custom: dict[str, DeviceType] = {}
-        for i, t in enumerate(data.get("gpu_types") or []):
+        types_in = data.get("gpu_types") or []
+        if not isinstance(types_in, list):
+            raise ValueError(f"{source}: 'gpu_types' must be a list of mappings")
+        for i, t in enumerate(types_in):
             if not isinstance(t, dict):
                 raise ValueError(f"{source}: gpu_types[{i}] must be a mapping")
             try:
                 dt = DeviceType(**t)
             except TypeError as exc:
                 raise ValueError(f"{source}: gpu_types[{i}]: {exc}") from None
+            except ValueError as exc:
+                raise ValueError(f"{source}: gpu_types[{i}]: {exc}") from None
+            if dt.name.lower() in custom:
+                raise ValueError(f"{source}: gpu_types[{i}]: {dt.name!r} is given twice (names are case-blind)")
             custom[dt.name.lower()] = dt
         nodes_in = data.get("nodes")
         if not isinstance(nodes_in, list) or not nodes_in:
@@ -159,13 +174,24 @@ class ClusterSpec:
                 raise ValueError(f"{source}: nodes[{i}] needs gpu_type and count")
             t = nd["gpu_type"]
             dev = custom.get(str(t).lower()) or device_type(t)
-            nodes.append(NodeSpec(str(nd.get("name", f"node{i}")), dev, nd["count"],
-                                  nd.get("link_gb_s"), nd.get("link_kind")))
+            try:
+                nodes.append(NodeSpec(str(nd.get("name", f"node{i}")), dev, nd["count"],
+                                      nd.get("link_gb_s"), nd.get("link_kind")))
+            except ValueError as exc:
+                raise ValueError(f"{source}: nodes[{i}]: {exc}") from None
         net = data.get("network") or {}
         if not isinstance(net, dict) or set(net) - {"gb_s", "latency_us"}:
             raise ValueError(f"{source}: 'network' must be a mapping with gb_s and/or latency_us")
-        return cls(tuple(nodes), float(net.get("gb_s", DEFAULT_NETWORK_GB_S)),
-                   float(net.get("latency_us", DEFAULT_NETWORK_LATENCY_US)))
+        values = {}
+        for key, default in (("gb_s", DEFAULT_NETWORK_GB_S), ("latency_us", DEFAULT_NETWORK_LATENCY_US)):
+            value = net.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{source}: network {key} {value!r} must be a number")
+            values[key] = float(value)
+        try:
+            return cls(tuple(nodes), values["gb_s"], values["latency_us"])
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
     def from_yaml(cls, path) -> "ClusterSpec":

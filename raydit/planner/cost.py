@@ -247,11 +247,14 @@ def memory_gb(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: int, batc
 class Link:
     """Bandwidth in GB/s (one direction), latency in microseconds, and the kind: "nvlink",
     "pcie" (shared host lanes), "shm" (CPU slots: copies on the rank's own core, no overlap)
-    or "network"."""
+    or "network". `via`: the node link a network link's traffic also crosses on its way to the
+    NIC (a PCIe node's shared lanes, shared by at most `via_sharers` of the devices; `through`)."""
 
     gb_s: float
     latency_us: float
     kind: str = "nvlink"
+    via: "Link | None" = None
+    via_sharers: int = 0
 
     def seconds(self, nbytes: float, hops: int = 1) -> float:
         return hops * self.latency_us * 1e-6 + nbytes / (self.gb_s * GB)
@@ -262,10 +265,20 @@ class Link:
         return self.kind != "shm"
 
     def shared_by(self, active: int) -> "Link":
-        """The link as each of `active` devices communicating at once sees it."""
+        """The link as each of `active` devices communicating at once sees it: a PCIe link's
+        lanes are shared; traffic leaving through a PCIe node (`via`) gets no more than them."""
+        if self.via is not None:
+            lanes = self.via.shared_by(min(active, self.via_sharers))
+            return Link(min(self.gb_s, lanes.gb_s), self.latency_us, self.kind)
         if self.kind == "pcie" and active > PCIE_FULL_RATE_GPUS:
             return Link(self.gb_s * PCIE_FULL_RATE_GPUS / active, self.latency_us, self.kind)
         return self
+
+    def through(self, node: "Link", sharers: int) -> "Link":
+        """This (network) link as seen from a node whose GPUs reach the NIC over `node`, `sharers`
+        of them at once: a PCIe node's lanes carry the traffic too (an NVLink node's GPUs have
+        their own NIC paths)."""
+        return replace(self, via=node, via_sharers=max(1, sharers)) if node.kind == "pcie" else self
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ promise of absolute speed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -64,8 +65,19 @@ class DeviceType:
     fp8: bool | None = None
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"device type name {self.name!r} must be a non-empty string")
+        for attr in ("memory_gb", "tflops", "efficiency", "link_gb_s", "link_latency_us"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"device type {self.name!r}: {attr} {value!r} must be a finite number")
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
-            raise ValueError(f"device type {self.name!r}: memory, tflops and link must be > 0")
+            raise ValueError(f"device type {self.name!r}: memory_gb, tflops and link_gb_s must be > 0, got "
+                             f"{self.memory_gb!r}, {self.tflops!r}, {self.link_gb_s!r}")
+        if self.link_latency_us < 0:
+            raise ValueError(f"device type {self.name!r}: link_latency_us {self.link_latency_us!r} must be >= 0")
+        if isinstance(self.per_node, bool) or not isinstance(self.per_node, int) or self.per_node < 1:
+            raise ValueError(f"device type {self.name!r}: per_node {self.per_node!r} must be a positive integer")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"device type {self.name!r}: efficiency {self.efficiency} not in (0, 1]")
         if self.link_kind not in LINK_KINDS:

@@ -230,8 +230,10 @@ class LayoutJudge:
             if lean > big.capacity_gb:
                 fix = "the weights alone do not fit: use devices with more memory"
                 if lean < weights:
-                    fix = (f"the weights alone do not fit, {lean:.1f} GB even with the idle ones (inactive "
-                           "expert, text encoder) in host memory: use devices with more memory")
+                    idle = " and ".join((["the inactive expert"] if spec.experts > 1 else [])
+                                        + (["the text encoder"] if spec.text_encoder_params else []))
+                    fix = (f"the weights alone do not fit, {lean:.1f} GB even with {idle} in host memory: use "
+                           "devices with more memory")
             else:
                 fix = "raise ring or ulysses (activations shrink with sp) or use devices with more memory"
             if shard:
@@ -312,8 +314,12 @@ class LayoutJudge:
                     bisect_right(starts, first + g * R) != bisect_right(starts, first + g * R + R - 1)
                     for g in range(C))
                 crosses = crosses or group_crosses
-                c = self._cost(U, R, C, b, slow.rates, intra,
-                               self.network if group_crosses else intra, self.network)
+                # Off-node traffic also crosses a PCIe node's shared lanes (Link.through), which
+                # the replica's ranks on its busiest node share.
+                busiest = max(min(last + 1, starts[j] + runs[j][1]) - max(first, starts[j])
+                              for j in range(r, r_hi + 1)) * U
+                network = self.network.through(intra, busiest)
+                c = self._cost(U, R, C, b, slow.rates, intra, network if group_crosses else intra, network)
                 if info.node.device is not slow.node.device:
                     names = sorted({runs[j][2].node.device.name for j in range(r, r_hi + 1)})
                     spans_types.append((k, names, slow.node.device.name))
@@ -349,7 +355,9 @@ class LayoutJudge:
         if shard:
             # The replica's link: inside a node where its C x sp ranks fit on one, else the network.
             info = runs[0][2]
-            link = info.intra if C * sp <= max(r[1] for r in runs) * U else self.network
+            link = (info.intra if C * sp <= max(r[1] for r in runs) * U
+                    else self.network.through(min((r[2].intra for r in runs), key=lambda lk: lk.gb_s),
+                                              min(C * sp, max(r[1] for r in runs) * U)))
             gather = gather_cost(spec, C * sp, link, fastest_cost.compute)
             steps = [s + gather.exposed_s for s in steps]
             fastest_cost = dataclasses.replace(fastest_cost, total=fastest_cost.total + gather.exposed_s)

@@ -47,7 +47,7 @@ def _resolve_cluster(gpus, gpu_type, per_node, cluster) -> ClusterSpec:
     if cluster is None:
         if gpus is None:
             raise ValueError("give gpus=N (with gpu_type) or cluster= (a ClusterSpec, dict or YAML path)")
-        return ClusterSpec.uniform(gpus, gpu_type or "H100", per_node)
+        return ClusterSpec.uniform(gpus, "H100" if gpu_type is None else gpu_type, per_node)
     if isinstance(cluster, ClusterSpec):
         return cluster
     if isinstance(cluster, dict):
@@ -193,6 +193,8 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     if branches is not None and branches > 1 and not guidance:
         raise PlanError(f"branches {branches} runs {branches} guidance branches per step, but guidance is off "
                         "(--no-cfg); drop branches or turn guidance on")
+    if not isinstance(guidance, bool):
+        raise ValueError(f"guidance {guidance!r} must be True or False")
     if not guidance:
         branches, why = 1, "guidance is off (--no-cfg)"
     else:
@@ -210,13 +212,19 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     mode = Mode() if mode is None else mode
     if not isinstance(mode, Mode):
         raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
-    if mode.quantize == "fp8":
-        lacking = sorted({n.device.name for n in cl.nodes if n.device.fp8 is False})
+    # CPU slots ("shm") run the 8-bit attention modes' torch kernels (their numbers, no speed);
+    # a GPU without FP8 runs no FP8 kernel (raydit.parallel.lowbit.candidates).
+    for what, asked, on_cpu in (("quantize fp8", mode.quantize == "fp8", True),
+                                ("attention fp8", mode.attention == "fp8", False)):
+        lacking = sorted({n.device.name for n in cl.nodes if n.device.fp8 is False
+                          and (on_cpu or n.device.link_kind != "shm")}) if asked else []
         if lacking:
             have = sorted(name for name, d in DEVICE_TYPES.items() if d.fp8)
-            raise PlanError(f"quantize fp8 needs FP8 tensor cores (compute capability 8.9 or newer: {', '.join(have)}), "
-                            f"which {', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} not; drop quantize "
-                            "fp8 or plan devices that have them")
+            raise PlanError(f"{what} needs FP8 tensor cores (compute capability 8.9 or newer: {', '.join(have)}), "
+                            f"which {', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} not; drop {what} "
+                            "or plan devices that have them" + (" (attention int8 runs there)"
+                                                                if what == "attention fp8" else ""))
+    if mode.quantize == "fp8":
         # The blocks' quantized linears are kept in one byte per weight (ModelSpec.fp8_params),
         # whole or sharded (raydit.planner.sharding prices the FP8 blocks' bytes too).
         spec = dataclasses.replace(spec, fp8_weights=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -109,13 +110,36 @@ def apply_entry(base: DeviceType, entry: dict) -> DeviceType:
     return replace(base, **fields)
 
 
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"[\s\-_/]+", text.upper()) if w]
+
+
+def names_gpu(type_name: str, device_name: str) -> bool:
+    """Whether the GPU torch names `device_name` ("NVIDIA H100 80GB HBM3", "NVIDIA
+    A100-SXM4-40GB", "NVIDIA GeForce RTX 4090") is of the type `type_name` ("H100",
+    "A100-80GB", "RTX4090"): the type's model is a word of the name (or two adjacent words
+    joined), never a part of one (L4 is not L40S, H20 is not H200), and a memory size in the
+    type's name is not contradicted by another in the GPU's."""
+    want, words = _words(type_name), _words(device_name)
+    if not want:
+        return False
+    if want[0] not in set(words) | {a + b for a, b in zip(words, words[1:])}:
+        return False
+    sizes = {m.group(1) for m in (re.fullmatch(r"(\d+)GB?", w) for w in words) if m}
+    for w in want[1:]:
+        m = re.fullmatch(r"(\d+)GB?", w)
+        if m and sizes and m.group(1) not in sizes:
+            return False
+    return True
+
+
 def entry_problem(name: str, entry: dict, torch_version: str | None = None) -> str | None:
     """One line saying why a cached entry must not be used, or None: measured on another GPU
     than its type (`device_name` does not name it), with another torch than `torch_version`
     (default: this process's), or disagreeing with the type's op table by more than
     DISAGREE_FACTOR (raydit.planner.devicemodel; reported, not silently used)."""
     seen = str(entry.get("device_name") or "")
-    if entry.get("device") == "cuda" and seen and name.split("-")[0].upper() not in seen.upper():
+    if entry.get("device") == "cuda" and seen and not names_gpu(name, seen):
         return (f"calibration entry {name!r} was measured on {seen!r}, another GPU: not used; "
                 f"run `raydit doctor --calibrate --force` on a {name}")
     if torch_version is None:
