@@ -364,6 +364,9 @@ class Family:
                 f"{type(pipe).__name__} is a text-to-video pipeline and takes no image; "
                 "drop --image or load an image-to-video checkpoint"
             )
+        if request.guidance_scale_2 is not None and len(self.transformers(pipe)) < 2:
+            raise ValueError(f"guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); {type(pipe).__name__} "
+                             f"has one transformer: drop it (got {request.guidance_scale_2})")
 
     def encode(self, pipe, request: GenerationRequest, device, dtype) -> tuple[dict, dict | None]:
         """Model inputs of the conditional and (with guidance) the unconditional branch, each

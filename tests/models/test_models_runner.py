@@ -44,6 +44,13 @@ def test_request_geometry_must_fit_the_patch():
         runner.prepare(GenerationRequest(**{**REQUEST, "height": 72}))
 
 
+def test_a_second_guidance_scale_needs_two_experts(dpm_runner):
+    """Family.check_request, for every one-expert family (CogVideoX took it and dropped it)."""
+    with pytest.raises(ValueError, match=r"guidance_scale_2 is for two-expert pipelines \(Wan 2.2 A14B\); "
+                                         r"CogVideoXPipeline has one transformer: drop it \(got 3.0\)"):
+        dpm_runner.prepare(GenerationRequest(**REQUEST, guidance_scale_2=3.0))
+
+
 def test_runner_needs_a_supported_pipeline():
     with pytest.raises(ValueError, match="raydit cannot run a str; load one of .*CogVideoXPipeline"):
         Runner("not a pipeline")

@@ -324,8 +324,6 @@ class HunyuanVideoFamily(Family):
                 f"true_cfg_scale {request.true_cfg_scale} needs a negative prompt (true classifier-free guidance "
                 "runs against it); give a negative prompt or drop true_cfg_scale"
             )
-        if request.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); HunyuanVideo has one: drop it")
         condition = pipe.transformer.config.image_condition_type
         if type(pipe).__name__ == I2V and condition not in _INTERLEAVE:
             raise ValueError(

@@ -227,8 +227,6 @@ class HunyuanVideo15Family(Family):
 
     def check_request(self, pipe, request) -> None:
         super().check_request(pipe, request)
-        if request.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); HunyuanVideo 1.5 has one: drop it")
         guider = getattr(pipe, "guider", None)
         if guider is not None:
             name = type(guider).__name__

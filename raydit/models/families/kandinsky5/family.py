@@ -293,8 +293,6 @@ class Kandinsky5Family(Family):
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
         super().check_request(pipe, request)
-        if request.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); Kandinsky 5 has one: drop it")
         time_dtype = pipe.transformer.time_embeddings.in_layer.weight.dtype
         if str(time_dtype) != "torch.float32":
             raise ValueError(

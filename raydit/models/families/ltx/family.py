@@ -185,8 +185,6 @@ class LTXFamily(Family):
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
         super().check_request(pipe, request)
-        if request.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-Video has one: drop it")
         if request.true_cfg_scale != 1.0:
             raise ValueError(
                 f"true_cfg_scale {request.true_cfg_scale} is for pipelines with embedded guidance (HunyuanVideo); "

@@ -187,8 +187,6 @@ class LTX2Family(Family):
     # -- checks ----------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
         super().check_request(pipe, request)
-        if request.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); LTX-2 has one: drop it")
         for name in ("stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale", "audio_stg_scale",
                      "audio_modality_scale", "audio_guidance_rescale"):
             value = request.option(name)

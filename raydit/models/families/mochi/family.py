@@ -238,8 +238,6 @@ class MochiFamily(Family):
     # -- hooks ---------------------------------------------------------------------------------
     def check_request(self, pipe, request) -> None:
         super().check_request(pipe, request)
-        if request.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert pipelines (Wan 2.2 A14B); Mochi has one: drop it")
         if request.num_inference_steps < 2:
             raise ValueError(
                 f"num_inference_steps {request.num_inference_steps} is too few for Mochi's linear-quadratic "

@@ -258,10 +258,7 @@ class SkyReelsFamily(WanFamily):
     def check_request(self, pipe, request) -> None:
         from raydit.models.family import Family
 
-        Family.check_request(self, pipe, request)  # image for I2V, none for T2V and DF
-        if request.guidance_scale_2 is not None:
-            raise ValueError(f"guidance_scale_2 {request.guidance_scale_2} needs a two-expert pipeline; "
-                             f"{type(pipe).__name__} has one transformer: drop guidance_scale_2")
+        Family.check_request(self, pipe, request)  # image for I2V, none for T2V and DF; one expert
         WanFamily.check_request(self, pipe, request)  # num_frames 4k + 1, height and width
         if self._forcing(pipe):
             df_settings(pipe, request)
