@@ -96,6 +96,9 @@ BAD_DICTS = [
     ({"gpu_types": [CUSTOM, dict(CUSTOM, name="x")], "nodes": [{"gpu_type": "X", "count": 2}]},
      "gpu_types[1]: 'x' is given twice"),
     ({"gpu_types": {"name": "X"}, "nodes": [{"gpu_type": "H100", "count": 2}]}, "'gpu_types' must be a list"),
+    # A count the planner would walk for minutes (or run out of memory on) is refused at once.
+    ({"nodes": [{"gpu_type": "H100", "count": 10 ** 9}]},
+     "the cluster has 1000000000 devices, more than the 16384 raydit plans for at once"),
 ]
 
 

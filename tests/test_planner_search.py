@@ -299,6 +299,7 @@ def test_forced_infeasible_raises_plan_error(forced, message):
     (dict(gpus=0), "gpus must be a positive integer, got 0"),
     (dict(gpus=8, gpu_type=""), "unknown GPU type ''"),
     (dict(gpus=8, guidance="no"), "guidance 'no' must be True or False"),
+    (dict(gpus=10 ** 6, per_node=1), "gpus 1000000 is more than the 16384 devices raydit plans for at once"),
 ])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -1151,6 +1152,13 @@ def test_traffic_leaving_a_pcie_node_is_paced_by_its_shared_lanes():
     one = plan("cogvideox-2b", cluster=ClusterSpec([NodeSpec("a", "L4", 16)]), cfg=1, ulysses=1, ring=16).best
     assert one.cost.compute == fast.cost.compute
     assert one.cost.ring_exposed > fast.cost.ring_exposed
+    # Over three nodes the busiest may be the one in the middle: 8 of a ring's 10 ranks there
+    # pace it below 5 + 5 on two nodes.
+    def ring10(*counts):
+        cluster = ClusterSpec([NodeSpec(f"n{i}", "L4", c) for i, c in enumerate(counts)])
+        return plan("cogvideox-2b", cluster=cluster, cfg=1, ulysses=1, ring=10, replicas=1).best.cost
+
+    assert ring10(1, 8, 1).ring_exposed > ring10(5, 5).ring_exposed > 0
     # A sharded replica over two PCIe nodes gathers its blocks through the lanes 4 ranks share.
     from raydit.planner.devicemodel import Mode
 

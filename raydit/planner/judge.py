@@ -315,10 +315,15 @@ class LayoutJudge:
                     for g in range(C))
                 crosses = crosses or group_crosses
                 # Off-node traffic also crosses a PCIe node's shared lanes (Link.through), which
-                # the replica's ranks on its busiest node share.
-                busiest = max(min(last + 1, starts[j] + runs[j][1]) - max(first, starts[j])
-                              for j in range(r, r_hi + 1)) * U
-                network = self.network.through(intra, busiest)
+                # the replica's ranks on its busiest node share: its first or last node's part,
+                # or a whole node between them.
+                network = self.network
+                if intra.kind == "pcie":
+                    inner = 0
+                    if r_hi - r >= 2:
+                        inner = slots_per_run if uniform_runs else max(runs[j][1] for j in range(r + 1, r_hi))
+                    busiest = max(starts[r] + runs[r][1] - first, last + 1 - starts[r_hi], inner) * U
+                    network = network.through(intra, busiest)
                 c = self._cost(U, R, C, b, slow.rates, intra, network if group_crosses else intra, network)
                 if info.node.device is not slow.node.device:
                     names = sorted({runs[j][2].node.device.name for j in range(r, r_hi + 1)})
