@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from raydit.runtime import options as _options
@@ -58,15 +59,23 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.jobconfig import GENERATE_OPTIONS, load_job_config
 
     opts = dict(GENERATE_DEFAULTS)
-    if args.config:
-        opts.update(load_job_config(args.config))
+    from_file = load_job_config(args.config) if args.config else {}
+    opts.update(from_file)
     resume = getattr(args, "resume", None) or opts.get("resume")
     if resume:
-        given = [k for k in REQUEST_OPTIONS if getattr(args, k, None) is not None]
+        # The request is the saved run's: one given again, on the line or in the file, is refused.
+        given = ["--" + k.replace("_", "-") for k in REQUEST_OPTIONS if getattr(args, k, None) is not None]
+        in_file = [k for k in REQUEST_OPTIONS if k in from_file]
+        if in_file:
+            given.append(", ".join(f"'{k}:'" for k in in_file) + f" from config file {args.config!r}")
         if given:
-            raise ValueError(f"--resume {resume} takes the request from the saved run; drop "
-                             + ", ".join("--" + k.replace("_", "-") for k in given))
+            raise ValueError(f"--resume {resume} takes the request from the saved run; drop " + "; ".join(given))
+        other = getattr(args, "checkpoint_dir", None) or from_file.get("checkpoint_dir")
+        if other is not None and os.path.abspath(other) != os.path.abspath(resume):
+            raise ValueError(f"--resume {resume} keeps its checkpoints there, and --checkpoint-dir {other} names "
+                             "another directory; drop --checkpoint-dir")
         opts.update(_saved_job(resume))
+        opts.update(from_file)  # the file's other options (out, json, workers, ...) win, as the line's do
         opts["checkpoint_dir"] = resume
     for key in GENERATE_OPTIONS:
         value = getattr(args, key, None)
@@ -199,8 +208,16 @@ def _save_job(o: dict) -> None:
     tmp.replace(directory / JOB_FILE)
 
 
+# What _save_job writes: the config file's keys (not `resume`) and the parsed --guidance-option.
+SAVED_OPTIONS = {**{k: t for k, t in _options.config_types("generate").items() if k != "resume"},
+                 "guidance_options": list}
+
+
 def _saved_job(directory: str) -> dict:
+    """The run saved in `directory`, its values checked as a --config file's are."""
     from pathlib import Path
+
+    from raydit.jobconfig import check_option_types
 
     path = Path(directory) / JOB_FILE
     if not path.is_file():
@@ -210,7 +227,14 @@ def _saved_job(directory: str) -> dict:
         saved = json.loads(path.read_text())
     except ValueError:
         raise ValueError(f"--resume {directory}: {path} is not valid JSON") from None
-    return {k: v for k, v in saved.items() if v is not None}
+    if not isinstance(saved, dict):
+        raise ValueError(f"--resume {directory}: {path} must be a JSON object of option: value, "
+                         f"got {type(saved).__name__}")
+    saved = check_option_types(saved, SAVED_OPTIONS, f"--resume {directory}: {path}")
+    if not saved.get("prompt"):
+        raise ValueError(f"--resume {directory}: {path} has no prompt; give a directory a run wrote with "
+                         "--checkpoint-dir")
+    return saved
 
 
 def _has_gpu_cluster() -> bool:

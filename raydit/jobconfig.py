@@ -33,20 +33,31 @@ def load_job_config(path: str, options: dict[str, type] | None = None) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {path!r} must be a mapping of option: value, got {type(data).__name__}")
-    out = {}
+    return check_option_types(data, options, f"config file {path!r}")
+
+
+def check_option_types(data: dict, options: dict[str, type], where: str, what: str = "key") -> dict:
+    """`data` (option: value, keys with dashes or underscores) checked against `options` (key ->
+    type): unknown keys, and a value of another type, are a ValueError naming them and `where`
+    they come from (a config file, a Serve builder's args). Returns {key: value} with the keys'
+    underscores; None values left out (the default), an int made a float where a float is wanted."""
+    unknown = [raw_key for raw_key in data if str(raw_key).replace("-", "_") not in options]
+    if unknown:
+        known = ", ".join(k.replace("_", "-") for k in options)
+        raise ValueError(f"{where}: unknown {what}{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))}; known {what}s: {known}")
+    out, seen = {}, {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
-        if key not in options:
-            known = ", ".join(k.replace("_", "-") for k in options)
-            raise ValueError(f"config file {path!r}: unknown key {raw_key!r}; known keys: {known}")
+        if key in seen:
+            raise ValueError(f"{where}: {what} {raw_key!r} is given twice (as {seen[key]!r} too); give it once")
+        seen[key] = raw_key
         want = options[key]
         if value is None:
             continue
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if want is not bool and isinstance(value, bool) or not isinstance(value, want):
-            raise ValueError(
-                f"config file {path!r}: key {raw_key!r} must be {want.__name__}, got {value!r}"
-            )
+            raise ValueError(f"{where}: {what} {raw_key!r} must be {want.__name__}, got {value!r}")
         out[key] = value
     return out

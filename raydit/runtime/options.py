@@ -25,10 +25,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("float32", "float64", "bfloat16", "float16")  # Engine(dtype=): torch's names
 COMMANDS = ("generate", "serve")
 # `submit(cache=...)` left out: the Engine's step caching (None is a choice: caching off).
 ENGINE_DEFAULT = type("EngineDefault", (), {"__repr__": lambda self: "ENGINE_DEFAULT"})()
@@ -54,6 +57,11 @@ def finite_seconds(name: str, value) -> None:
         raise ValueError(f"{name} {value!r} must be a finite number of seconds >= 0")
 
 
+def positive_seconds(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} {value!r} must be a finite number of seconds > 0")
+
+
 def true_or_false(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} {value!r} must be True or False")
@@ -65,6 +73,38 @@ def one_of(*choices) -> Callable[[str, Any], None]:
             raise ValueError(f"{name} {value!r} is not one of {', '.join(map(str, choices))}")
 
     return check
+
+
+def or_none(check: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+    """`check`, with None let through (the Engine's choice)."""
+    def checked(name: str, value) -> None:
+        if value is not None:
+            check(name, value)
+
+    return checked
+
+
+def model_name(name: str, value) -> None:
+    if not isinstance(value, os.PathLike) and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"{name} {value!r} must be a built-in model name ('tiny', 'tiny-wan', ...) or the path of a "
+                         "local diffusers pipeline directory")
+
+
+def a_path(name: str, value) -> None:
+    if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip()):
+        raise ValueError(f"{name} {value!r} must be a directory path (a string), or None")
+
+
+def ray_address(name: str, value) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"{name} {value!r} must be a Ray address string such as 'auto' or 'HOST:6379', or None "
+                         "($RAY_ADDRESS, else a local Ray)")
+
+
+def lora_table(name: str, value) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        raise ValueError(f"{name} {value!r} must be a mapping of LoRA name -> path (a .safetensors file or a "
+                         "directory holding one), e.g. {'style': '/loras/style.safetensors'}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
                                                                      "max_length": 20_000}),
     Option("negative_prompt", commands=_GEN, saved=True, request="negative_prompt", defaults={"generate": ""},
            form={"annotation": str | None, "default": None, "max_length": 20_000}),
-    Option("model", commands=_BOTH, saved=True, engine="model", default="tiny", positional=True,
+    Option("model", commands=_BOTH, saved=True, engine="model", default="tiny", positional=True, check=model_name,
            defaults={"generate": "tiny", "serve": "tiny"}, form={"annotation": str | None, "default": None},
            help={"generate": "a built-in tiny model ('tiny' (default), 'tiny-wan', ...) or a local diffusers "
                              "pipeline directory",
@@ -163,7 +203,7 @@ OPTIONS: tuple[Option, ...] = (
     # --lora: paths on the command line (loaded at start; this video's choice); in a form, the
     # name of a loaded LoRA or {name: scale}, as JSON text.
     Option("lora", list, commands=_BOTH, saved=True, action="append", metavar="PATH", request="lora",
-           engine="loras", engine_type=dict, engine_value=lambda o: o.get("lora_table"),
+           engine="loras", engine_type=dict, engine_value=lambda o: o.get("lora_table"), check=lora_table,
            form={"annotation": str | dict[str, Any] | None, "default": None},
            help={"generate": "a diffusers-format LoRA (a .safetensors file or a directory holding one), loaded on "
                              "every rank and active for this video; repeatable",
@@ -241,7 +281,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ulysses", int, commands=_BOTH, engine="ulysses", positional=True, check=positive_int),
     Option("ring", int, commands=_BOTH, engine="ring", positional=True, check=positive_int),
     Option("cfg", int, commands=_BOTH, choices=(1, 2, 4), engine="cfg", positional=True, check=positive_int),
-    Option("address", commands=_BOTH, engine="address", positional=True,
+    Option("address", commands=_BOTH, engine="address", positional=True, check=ray_address,
            help="Ray address (default: RAY_ADDRESS, else a local Ray)"),
     Option("replicas", int, commands=_SERVE, flags=("--min-replicas",), engine="replicas", default=1,
            check=positive_int, defaults={"serve": 1},
@@ -256,16 +296,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_batch", int, commands=_SERVE, metavar="N", engine="max_batch", default=1, check=positive_int,
            help="step-level batching: up to N requests of one geometry share a replica's steps, each "
                 "joining at a step boundary (within the plan's memory; default 1: one at a time)"),
-    Option(None, engine="dtype"),
-    Option(None, float, engine="placement_timeout_s", default=60.0),
-    Option(None, float, engine="collective_timeout_s", default=30.0),
-    Option(None, float, engine="step_timeout_s"),
-    Option(None, bool, engine="elastic", default=True),
+    Option(None, engine="dtype", check=or_none(one_of(*DTYPES))),
+    Option(None, float, engine="placement_timeout_s", default=60.0, check=positive_seconds),
+    Option(None, float, engine="collective_timeout_s", default=30.0, check=positive_seconds),
+    Option(None, float, engine="step_timeout_s", check=or_none(positive_seconds)),
+    Option(None, bool, engine="elastic", default=True, check=true_or_false),
     Option(None, engine="grow", default="auto", check=one_of("auto", "always", "never")),
     # --json: a JSON summary instead of the plan table and progress bars.
     Option("json", bool, commands=_GEN, action="store_true", engine="show_plan", default=True,
-           engine_value=lambda o: not o.get("json"), defaults={"generate": False}, help="print a JSON summary"),
-    Option(None, engine="checkpoint_dir"),  # a directory per request under it (Engine(checkpoint_dir=))
+           engine_value=lambda o: not o.get("json"), defaults={"generate": False}, check=true_or_false,
+           help="print a JSON summary"),
+    Option(None, engine="checkpoint_dir", check=a_path),  # a directory per request under it (Engine(checkpoint_dir=))
     # -- the command only --------------------------------------------------------------------------
     Option("out", commands=_GEN, defaults={"generate": "video.mp4"}, help="mp4 to write (default video.mp4)"),
     Option("save_latents", commands=_GEN, help="write the final latents (the pipeline's output_type='latent'): "

@@ -256,7 +256,8 @@ class VideoAPI:
         self._auth(request)
         data, image = await _read_body(request)
         body = parse_body(data)
-        params = resolve(body, self.limits, self.engine.spec, loras=self.engine.loras(), fused=self.engine.fused_lora)
+        params = resolve(body, self.limits, self.engine.spec, loras=self.engine.loras(), fused=self.engine.fused_lora,
+                         cache=self.engine.cache)
         job = self.service.create(params, image_png=image)
         return self._video_response(job)
 

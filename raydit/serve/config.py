@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from raydit.jobconfig import load_job_config
+from raydit.jobconfig import check_option_types, load_job_config
 from raydit.runtime import options as _options
 
 # key -> the type the command line parses it to; the defaults (raydit.runtime.options declares both).
@@ -18,6 +18,7 @@ SERVE_OPTIONS: dict[str, type] = _options.config_types("serve")
 SERVE_DEFAULTS: dict = _options.command_defaults("serve")
 
 DEFAULT_TOKEN_FILE = "~/.raydit/api_token"
+BUILDER_ARGS = "raydit.serve.app:build args"  # where a builder dict's options come from, in messages
 DEVICES = _options.DEVICES
 
 
@@ -29,12 +30,10 @@ def resolve_serve_options(args: argparse.Namespace | dict) -> dict:
     """Merge defaults < --config file < command line and check every value."""
     if isinstance(args, argparse.Namespace):
         given = vars(args)
-    else:  # a builder's `args` (Serve config / RayService): nothing unknown passes silently
-        given = dict(args)
-        unknown = sorted(set(given) - set(SERVE_OPTIONS) - {"config"})
-        if unknown:
-            known = ", ".join(SERVE_OPTIONS)
-            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {known}")
+    else:  # a builder's `args` (Serve config / RayService): checked key by key as serve.yaml is
+        if not isinstance(args, dict):
+            raise ValueError(f"{BUILDER_ARGS} {args!r} must be a mapping of option: value")
+        given = check_option_types(args, {"config": str, **SERVE_OPTIONS}, BUILDER_ARGS, what="option")
     opts = dict(SERVE_DEFAULTS)
     if given.get("config"):
         opts.update(load_job_config(given["config"], options=SERVE_OPTIONS))

@@ -13,9 +13,10 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import PydanticCustomError
 
 from raydit.runtime.options import form_fields
 
@@ -32,6 +33,19 @@ class RequestError(ValueError):
         self.headers = headers or {}
 
 
+def _not_a_bool(kind: type):
+    """A numeric field's check before pydantic's: JSON's true / false is refused (lax mode
+    would make `"num_frames": true` one frame)."""
+    wanted = "a valid integer" if kind is int else "a valid number"
+
+    def check(value):
+        if isinstance(value, bool):
+            raise PydanticCustomError("bool_not_number", f"Input should be {wanted}, not a boolean")
+        return value
+
+    return BeforeValidator(check)
+
+
 def _video_create() -> type[BaseModel]:
     """POST /v1/videos's body, from the fields raydit.runtime.options declares: OpenAI's
     (prompt, model, size, seconds) and raydit's own, which the openai client sends through
@@ -39,11 +53,15 @@ def _video_create() -> type[BaseModel]:
     None, except `cache` (left out: the server's --cache; null, "none" or "off": every step
     computed) and `lora` (None: the base model, on a --fuse-lora server its LoRA; a name at
     scale 1.0 or {name: scale}; in a form the name or that object as JSON text);
-    `guidance_options`: the model's further knobs {name: value}, in a form as JSON text."""
+    `guidance_options`: the model's further knobs {name: value}, in a form as JSON text.
+    A number field refuses true / false."""
     fields = {}
     for name, spec in form_fields().items():
         spec = dict(spec)
         annotation = spec.pop("annotation")
+        numeric = [kind for kind in (int, float) if kind is annotation or kind in get_args(annotation)]
+        if numeric:
+            annotation = Annotated[annotation, _not_a_bool(numeric[0])]
         fields[name] = (annotation, Field(**spec) if "default" in spec else Field(..., **spec))
     return create_model("VideoCreate", __config__=ConfigDict(extra="forbid"), **fields)
 
@@ -123,10 +141,17 @@ def format_seconds(frames: int, fps: int) -> str:
     return f"{frames / fps:g}"
 
 
-def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | None = None) -> dict:
+# resolve(cache=)'s default: the server's step-cache method not said (a threshold alone is
+# passed on unjudged).
+CACHE_NOT_SAID = type("CacheNotSaid", (), {"__repr__": lambda self: "CACHE_NOT_SAID"})()
+
+
+def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | None = None,
+            cache=CACHE_NOT_SAID) -> dict:
     """The generation parameters of a valid body, checked against `limits`, the model's
-    geometry rules (`spec.geometry`, the planner's) and the LoRAs the server holds (`loras`:
-    names; `fused`: a --fuse-lora server's {name: scale}). Raises RequestError naming the field."""
+    geometry rules (`spec.geometry`, the planner's), the LoRAs the server holds (`loras`:
+    names; `fused`: a --fuse-lora server's {name: scale}) and its step caching (`cache`: the
+    engine's method, None when it runs every step). Raises RequestError naming the field."""
     if body.model is not None and body.model != limits.model:
         raise RequestError(
             f"model {body.model!r} is not served here; this server runs {limits.model!r}", param="model"
@@ -176,7 +201,7 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         "guidance_scale": body.guidance_scale if body.guidance_scale is not None else limits.default_guidance,
         # No seed: a fresh one, reported back in the video object (same prompt, new video).
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
-        **cache_choice(body),
+        **cache_choice(body, cache),
         "lora": lora_choice(body.lora, loras, fused),
         "guidance_options": guidance_choice(body.guidance_options, limits),
     }
@@ -279,9 +304,10 @@ def lora_path(lora_dir: str | None, path: str):
     return file
 
 
-def cache_choice(body: VideoCreate) -> dict:
+def cache_choice(body: VideoCreate, server_cache=CACHE_NOT_SAID) -> dict:
     """The body's step caching, only the fields it sets (the engine applies its own default for
-    the rest); RequestError naming the field for an unknown method."""
+    the rest); RequestError naming the field for an unknown method, and for a threshold alone
+    on a server that runs no cache (`server_cache` None: nothing it could apply to)."""
     from raydit.models.cache_options import check_cache
 
     given = {k: getattr(body, k) for k in ("cache", "cache_threshold") if k in body.model_fields_set}
@@ -293,6 +319,12 @@ def cache_choice(body: VideoCreate) -> dict:
         except ValueError as exc:
             param = "cache_threshold" if str(exc).startswith("cache_threshold") else "cache"
             raise RequestError(f"{param}: {exc}", param=param) from None
+    elif given.get("cache_threshold") is not None and server_cache is None:
+        raise RequestError(
+            f"cache_threshold: {given['cache_threshold']!r} has no cache method to apply to: this server runs "
+            "every step (started without --cache); send \"cache\": \"fbcache\" or \"teacache\" with it, "
+            "or leave cache_threshold out", param="cache_threshold",
+        )
     return given
 
 

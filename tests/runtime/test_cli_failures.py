@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -121,3 +122,81 @@ def test_a_run_whose_driver_died_finishes_with_resume_and_the_same_latents(healt
     # The request cannot be changed on resume: told, not ignored.
     res = raydit("generate", "--resume", str(saved), "--prompt", "another", cwd=tmp_path)
     assert res.returncode == 2 and "drop --prompt" in res.stderr
+
+
+def _resolve(*argv):
+    """The options `raydit generate ARGV` would run with: checked before Ray starts."""
+    import argparse
+
+    from raydit.commands import add_generate_arguments, resolve_generate_options
+
+    parser = argparse.ArgumentParser()
+    add_generate_arguments(parser)
+    return resolve_generate_options(parser.parse_args(list(argv)))
+
+
+def _saved_run(tmp_path, **job):
+    saved = tmp_path / "run"
+    saved.mkdir()
+    (saved / "job.json").write_text(json.dumps(job))
+    return saved
+
+
+def test_resume_from_a_config_file_refuses_its_request_keys_and_takes_its_other_options(tmp_path):
+    saved = _saved_run(tmp_path, prompt="saved", steps=2, out=str(tmp_path / "saved.mp4"))
+    config = tmp_path / "rc.yaml"
+    config.write_text(f"out: {tmp_path / 'from_config.mp4'}\nprompt: other\nsteps: 7\nresume: {saved}\n")
+    # The file's request is not dropped in favour of the saved run's: refused, the file named.
+    with pytest.raises(ValueError, match=r"drop 'prompt:', 'steps:' from config file .*rc\.yaml"):
+        _resolve("--config", str(config))
+    # Its other options win over the saved run's, as the command line's do.
+    config.write_text(f"out: {tmp_path / 'from_config.mp4'}\njson: true\nresume: {saved}\n")
+    o = _resolve("--config", str(config))
+    assert (o["prompt"], o["steps"], o["out"], o["json"]) == ("saved", 2, str(tmp_path / "from_config.mp4"), True)
+    assert _resolve("--config", str(config), "--out", str(tmp_path / "line.mp4"))["out"] == str(tmp_path / "line.mp4")
+    # The checkpoints are the saved run's: another directory would start the run afresh there.
+    with pytest.raises(ValueError, match="keeps its checkpoints there, and --checkpoint-dir .* names another "
+                                         "directory; drop --checkpoint-dir"):
+        _resolve("--resume", str(saved), "--checkpoint-dir", str(tmp_path / "elsewhere"))
+    assert _resolve("--resume", str(saved), "--checkpoint-dir", str(saved))["checkpoint_dir"] == str(saved)
+
+
+@pytest.mark.parametrize("job, needle", [
+    ([1, 2], "must be a JSON object of option: value, got list"),
+    ({"prompt": "x", "model": "tiny", "steps": "2"}, "key 'steps' must be int, got '2'"),
+    ({"prompt": "x", "model": "tiny", "out": 5}, "key 'out' must be str, got 5"),
+    ({"prompt": "x", "stepz": 2}, "unknown key 'stepz'"),
+    ({}, "has no prompt"),
+])
+def test_resume_refuses_a_malformed_saved_job_in_one_line_naming_the_file(tmp_path, job, needle):
+    saved = tmp_path / "run"
+    saved.mkdir()
+    (saved / "job.json").write_text(json.dumps(job))
+    with pytest.raises(ValueError, match=re.escape(needle)) as err:
+        _resolve("--resume", str(saved))
+    assert str(saved / "job.json") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_resume_takes_a_saved_job_as_written(tmp_path):
+    """A whole number where a float is due, and a float JSON writes with an exponent, are the
+    saved run's values, not refused; what a run writes is what --resume takes back."""
+    saved = _saved_run(tmp_path, prompt="x", model="tiny", guidance_scale=6, cache="fbcache", cache_threshold=5e-05,
+                       guidance_options=[], out=str(tmp_path / "a.mp4"))
+    o = _resolve("--resume", str(saved))
+    assert (o["guidance_scale"], o["cache_threshold"], o["checkpoint_dir"]) == (6.0, 5e-05, str(saved))
+    from raydit.commands import REQUEST_OPTIONS, _save_job
+
+    first = _resolve("--prompt", "x", "--checkpoint-dir", str(tmp_path / "written"), "--guidance-option", "stg_scale=0",
+                     "--cache", "teacache", "--cache-threshold", "0.00005", "--json")
+    _save_job(first)
+    again = _resolve("--resume", str(tmp_path / "written"))
+    assert {k: again.get(k) for k in REQUEST_OPTIONS} == {k: first.get(k) for k in REQUEST_OPTIONS}
+    assert again["guidance_options"] == first["guidance_options"] and again["json"] is True
+
+
+def test_resume_with_a_malformed_saved_job_is_one_line_and_status_2(tmp_path):
+    saved = _saved_run(tmp_path, prompt="x", model="tiny", steps="2")
+    res = raydit("generate", "--resume", str(saved), cwd=tmp_path, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydit: error:") and "key 'steps' must be int" in lines[0], res.stderr

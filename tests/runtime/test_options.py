@@ -80,6 +80,22 @@ def test_engine_keywords_submit_keywords_and_the_request_are_one_table():
     ({"grow": "sometimes"}, "grow 'sometimes' is not one of auto, always, never"),
     ({"warmup": 1}, "warmup 1 must be True or False"),
     ({"cache": "deepcache"}, "deepcache"),
+    ({"model": 5}, "model 5 must be a built-in model name"),
+    ({"model": None}, "model None must be a built-in model name"),
+    ({"loras": ["/x"]}, r"loras \['/x'\] must be a mapping of LoRA name -> path"),
+    ({"loras": "/x"}, "loras '/x' must be a mapping of LoRA name -> path"),
+    ({"loras": 5}, "loras 5 must be a mapping"),
+    ({"dtype": "bf16"}, "dtype 'bf16' is not one of float32, float64, bfloat16, float16"),
+    ({"step_timeout_s": -5}, "step_timeout_s -5 must be a finite number of seconds > 0"),
+    ({"step_timeout_s": float("nan")}, "step_timeout_s nan must be a finite number of seconds > 0"),
+    ({"collective_timeout_s": 0}, "collective_timeout_s 0 must be a finite number of seconds > 0"),
+    ({"collective_timeout_s": None}, "collective_timeout_s None must be"),
+    ({"placement_timeout_s": -1}, "placement_timeout_s -1 must be a finite number of seconds > 0"),
+    ({"placement_timeout_s": float("nan")}, "placement_timeout_s nan must be"),
+    ({"elastic": "no"}, "elastic 'no' must be True or False"),
+    ({"show_plan": "no"}, "show_plan 'no' must be True or False"),
+    ({"address": 5}, "address 5 must be a Ray address string"),
+    ({"checkpoint_dir": 5}, "checkpoint_dir 5 must be a directory path"),
 ])
 def test_the_engine_config_is_checked_where_it_is_built(kwargs, needle):
     from raydit.runtime.engine import EngineConfig
@@ -89,6 +105,28 @@ def test_the_engine_config_is_checked_where_it_is_built(kwargs, needle):
     config = EngineConfig(workers=2, device="cpu")
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.workers = 3
+
+
+def test_engine_keywords_are_refused_before_ray_starts(monkeypatch):
+    """Engine(...) refuses a bad keyword in one line from EngineConfig, before the model is
+    resolved or Ray is started; the Engine's defaults and usual values pass the checks."""
+    import ray
+
+    from raydit.runtime.engine import Engine, EngineConfig
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for an Engine a keyword check should have refused")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    for kwargs in ({"model": 5}, {"loras": ["/x"]}, {"dtype": "bf16"}, {"step_timeout_s": -5}, {"elastic": "no"}):
+        with pytest.raises(ValueError) as info:
+            Engine(device="cpu", workers=1, **kwargs)
+        assert "\n" not in str(info.value)
+    config = EngineConfig(dtype="bfloat16", step_timeout_s=5, placement_timeout_s=1.5, elastic=False, show_plan=False,
+                          address="auto", checkpoint_dir="/tmp/runs", loras={"style": "/loras/style.safetensors"})
+    assert (config.dtype, config.step_timeout_s, config.loras) == ("bfloat16", 5, {"style": "/loras/style.safetensors"})
+    default = EngineConfig()
+    assert (default.dtype, default.step_timeout_s, default.collective_timeout_s) == (None, None, 30.0)
 
 
 def test_adding_an_option_is_one_entry(monkeypatch):

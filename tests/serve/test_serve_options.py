@@ -54,6 +54,35 @@ def test_builder_args_refuse_unknown_options():
         resolve_serve_options({"worker": 2})
 
 
+@pytest.mark.parametrize("args, needle", [
+    ({"port": "8000"}, "option 'port' must be int, got '8000'"),
+    ({"max_queue": "5"}, "option 'max_queue' must be int, got '5'"),
+    ({"max_queue": 1.5}, "option 'max_queue' must be int, got 1.5"),
+    ({"config": 5}, "option 'config' must be str, got 5"),
+    ({"host": 5}, "option 'host' must be str, got 5"),
+    ({"model": 5}, "option 'model' must be str, got 5"),
+    ({"token_file": 5}, "option 'token_file' must be str, got 5"),
+    ({"lora": "goodlora"}, "option 'lora' must be list, got 'goodlora'"),
+    ({"compile": "yes"}, "option 'compile' must be bool, got 'yes'"),
+    ({"workers": True}, "option 'workers' must be int, got True"),
+    ({"max-queue": 3, "max_queue": 4}, "option 'max_queue' is given twice"),
+])
+def test_builder_args_are_typed_like_serve_yaml(args, needle):
+    """A Serve config's / RayService's `args` dict gets serve.yaml's per-key type check
+    (raydit.jobconfig.check_option_types): one line naming the option, before anything starts."""
+    with pytest.raises(ValueError) as info:
+        resolve_serve_options(args)
+    assert needle in str(info.value) and str(info.value).startswith("raydit.serve.app:build args: ")
+    assert "\n" not in str(info.value)
+
+
+def test_builder_args_of_the_right_types_pass():
+    opts = resolve_serve_options({"port": 9100, "max_queue": 0, "host": "0.0.0.0", "scale_up_wait": 5,
+                                  "max-steps": 60, "compile": False})
+    assert (opts["port"], opts["max_queue"], opts["host"], opts["max_steps"]) == (9100, 0, "0.0.0.0", 60)
+    assert opts["scale_up_wait"] == 5.0 and isinstance(opts["scale_up_wait"], float)
+
+
 def test_example_serve_yaml_is_valid():
     from pathlib import Path
 
@@ -182,6 +211,13 @@ def test_seconds_become_the_fewest_frames_the_vae_takes(seconds, frames):
     ({"prompt": "x", "guidance_scale": "lots"}, "guidance_scale", "valid number"),
     ({"prompt": "x", "seed": "-1"}, "seed", "greater than or equal to 0"),
     ({"prompt": "x", "num_inference_step": "2"}, "num_inference_step", "unknown field"),
+    # JSON booleans are not numbers (pydantic's lax mode would take true as 1).
+    ({"prompt": "x", "num_frames": True}, "num_frames", "valid integer, not a boolean"),
+    ({"prompt": "x", "seed": True}, "seed", "valid integer, not a boolean"),
+    ({"prompt": "x", "num_inference_steps": True}, "num_inference_steps", "valid integer, not a boolean"),
+    ({"prompt": "x", "guidance_scale": False}, "guidance_scale", "valid number, not a boolean"),
+    ({"prompt": "x", "seconds": True}, "seconds", "valid number, not a boolean"),
+    ({"prompt": "x", "cache_threshold": True}, "cache_threshold", "valid number, not a boolean"),
 ])
 def test_bad_field_is_named(body, param, needle):
     with pytest.raises(RequestError) as info:
@@ -204,6 +240,21 @@ def test_beyond_the_limits_is_refused_with_the_limit(body, param, needle):
     with pytest.raises(RequestError) as info:
         resolve(parse_body({"prompt": "x", **body}), LIMITS, TINY)
     assert info.value.param == param and needle in info.value.message, info.value.message
+
+
+def test_a_cache_threshold_is_judged_against_the_servers_cache():
+    """A threshold alone applies to the server's own method: refused (400, naming it) where the
+    server runs no cache, as with "cache": "none"; passed on where it runs one."""
+    body = parse_body({"prompt": "x", "cache_threshold": 0.1})
+    with pytest.raises(RequestError) as info:
+        resolve(body, LIMITS, TINY, cache=None)
+    assert (info.value.param, info.value.status) == ("cache_threshold", 400)
+    assert "cache_threshold: 0.1 has no cache method" in info.value.message and "\n" not in info.value.message
+    assert resolve(body, LIMITS, TINY, cache="fbcache")["cache_threshold"] == 0.1
+    with_method = resolve(parse_body({"prompt": "x", "cache": "teacache", "cache_threshold": 0.1}), LIMITS, TINY,
+                          cache=None)
+    assert (with_method["cache"], with_method["cache_threshold"]) == ("teacache", 0.1)
+    assert "cache_threshold" not in resolve(parse_body({"prompt": "x"}), LIMITS, TINY, cache=None)
 
 
 # -- store ---------------------------------------------------------------------------------------
