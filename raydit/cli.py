@@ -201,10 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "_run", None) is None:
             parser.print_help(sys.stderr)
             return USER_ERROR
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()  # here, where a reader gone away is caught, not at the interpreter's exit
+        return code
     except UsageError as exc:
         print(f"raydit: error: {_one_line(exc)}", file=sys.stderr)
         return USER_ERROR
+    except BrokenPipeError:  # the reader went away (`raydit plan ... | head`): nothing to say, nowhere to say it
+        _silence_stdout()
+        return 141  # as a shell reports a process ended by SIGPIPE
     except (ValueError, OSError) as exc:  # PlanError is a ValueError; missing files are OSError
         print(f"raydit: error: {_one_line(exc)}", file=sys.stderr)
         return USER_ERROR
@@ -214,6 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("raydit: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no closed pipe."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a file
+        pass
 
 
 if __name__ == "__main__":

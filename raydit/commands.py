@@ -201,6 +201,8 @@ def _save_job(o: dict) -> None:
     from pathlib import Path
 
     directory = Path(o["checkpoint_dir"])
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"--checkpoint-dir {str(directory)!r} is a file; give a directory (made if missing)")
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{JOB_FILE}.tmp"
     tmp.write_text(json.dumps({k: v for k, v in o.items() if k not in ("resume", "config", "lora_table", "lora_choice")},

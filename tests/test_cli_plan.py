@@ -141,3 +141,15 @@ def test_world_size_option(capsys):
     cands = json.loads(out)["candidates"]
     assert cands and all(p["world_size"] == 4 and p["replicas"] == 1 for p in cands)
 
+
+
+def test_a_reader_that_goes_away_is_no_error():
+    """`raydit plan ... | head`: the reader closes the pipe before the table is written; the
+    command ends as a process killed by SIGPIPE is reported (141), saying nothing (it said
+    "raydit: error: [Errno 32] Broken pipe", exit 2)."""
+    proc = subprocess.Popen([sys.executable, "-m", "raydit.cli", "plan", "--model", "cogvideox-2b", "--gpus", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 141 and err == "", err

@@ -32,7 +32,8 @@ def image_to_png(image) -> bytes:
     if isinstance(image, (str, Path)):
         path = Path(image).expanduser()
         if not path.is_file():
-            raise ValueError(f"image {str(image)!r} does not exist; give the path of a PNG or JPEG file")
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise ValueError(f"image {str(image)!r} {what}; give the path of a PNG or JPEG file")
         try:
             img = Image.open(path)
             img.load()

@@ -265,17 +265,46 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def check_reachable(address: str, timeout_s: float = 3.0) -> None:
-    """A TCP connect to the address, bounded: `ray.init` on a dead address retries for
-    minutes, so refuse one that does not answer at all."""
-    hp = _host_port(address)
-    if hp is None:
-        raise ValueError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT); e.g. 10.0.0.1:6379")
+# HTTP/2's client connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, the
+# Ray Client server) answers with its own SETTINGS frame (frame type 4 in the 9-byte header).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _answers_grpc(conn: socket.socket, timeout_s: float) -> bool:
+    """Whether the server on `conn` speaks HTTP/2 (gRPC) within `timeout_s`."""
+    conn.settimeout(timeout_s)
     try:
-        socket.create_connection(hp, timeout=timeout_s).close()
+        conn.sendall(HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        return False
+    return len(head) == 9 and head[3] == 4
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """A TCP connect to the address and an HTTP/2 greeting, bounded: `ray.init` on a dead
+    address, or on a port that is not Ray's (the dashboard's 8265, a web server), retries for
+    minutes, so refuse one that does not answer as a gRPC server (skipped under RAY_USE_TLS,
+    whose handshake comes first)."""
+    hp = _host_port(address)
+    if hp is None or not 0 < hp[1] < 65536:
+        raise ValueError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT, port 1-65535); "
+                         "e.g. 10.0.0.1:6379")
+    try:
+        conn = socket.create_connection(hp, timeout=timeout_s)
     except OSError as exc:
         raise ValueError(f"cannot reach a Ray cluster at {address} ({exc.strerror or type(exc).__name__} "
                          f"within {timeout_s:g} s); check the address or start the cluster") from None
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true") or _answers_grpc(conn, timeout_s):
+            return
+    raise ValueError(f"{address} answers, but not as a Ray cluster (no gRPC greeting within {timeout_s:g} s): give "
+                     "the GCS address, HOST:6379 by default (`ray status` prints it), not the dashboard's 8265")
 
 
 def reachable_address(address: str, timeout_s: float = 3.0) -> str:

@@ -200,3 +200,17 @@ def test_resume_with_a_malformed_saved_job_is_one_line_and_status_2(tmp_path):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("raydit: error:") and "key 'steps' must be int" in lines[0], res.stderr
+
+
+def test_a_file_where_a_directory_is_due_and_back_are_named_so(tmp_path):
+    """--checkpoint-dir naming a file said "[Errno 17] File exists"; --image naming a
+    directory said it did not exist."""
+    from raydit.commands import _save_job
+    from raydit.models.family import image_to_png
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ValueError, match=r"--checkpoint-dir '.*afile' is a file; give a directory"):
+        _save_job({"checkpoint_dir": str(afile), "prompt": "x"})
+    with pytest.raises(ValueError, match=r"image '.*' is a directory; give the path of a PNG or JPEG file"):
+        image_to_png(str(tmp_path))

@@ -153,6 +153,41 @@ def test_unreachable_or_malformed_address_is_one_line(capsys):
         out.stderr.count("\n") == 1, out.stderr
     assert main(["plan", "--model", MODEL, "--address", "auto", "--gpus", "8"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is not HOST:PORT .*port 1-65535"):
+        topology.check_reachable("127.0.0.1:99999", timeout_s=2)
+
+
+def test_a_port_that_answers_but_is_not_ray_is_one_line():
+    """ray.init on a listener that is not a GCS (the dashboard's 8265, a web server) retried
+    for minutes; an HTTP/1 server and a silent one are refused in one line (a live GCS passes:
+    test_plan_cli_on_the_live_cluster_via_ray_address)."""
+    import threading
+
+    def serve(listener, reply):
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(64)
+            if reply:
+                conn.sendall(reply)
+            threading.Event().wait(3)
+
+    for reply in (b"HTTP/1.0 400 Bad Request\r\n\r\n", None):
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            address = f"127.0.0.1:{listener.getsockname()[1]}"
+            threading.Thread(target=serve, args=(listener, reply), daemon=True).start()
+            with pytest.raises(ValueError, match=f"{address} answers, but not as a Ray cluster .*not the dashboard"):
+                topology.check_reachable(address, timeout_s=1)
+    # The CLI: exit 2 and one line, where it hung.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        threading.Thread(target=serve, args=(listener, b"HTTP/1.0 400 Bad Request\r\n\r\n"), daemon=True).start()
+        out = subprocess.run([sys.executable, "-m", "raydit.cli", "plan", "--model", MODEL, "--address",
+                              f"127.0.0.1:{listener.getsockname()[1]}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "answers, but not as a Ray cluster" in out.stderr, \
+        out.stderr
 
 
 # -- the live cluster ---------------------------------------------------------------------------
