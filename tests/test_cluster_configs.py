@@ -379,7 +379,7 @@ BROKEN = [
     ("kuberay-rayservice.yaml", lambda d: _head_env(d, {"value": "s3cret", "valueFrom": None}),
      "RAYDIT_API_TOKEN from a secretKeyRef"),
     ("kuberay-rayservice.yaml", lambda d: _serve_config(d, lambda c: c["applications"][0]["args"].update(
-        worker=8)), "unknown option(s) 'worker'"),
+        worker=8)), "unknown option 'worker'"),
     ("kuberay-rayservice.yaml", lambda d: _serve_config(d, lambda c: c["applications"][0]["args"].update(
         output_dir="/data/videos")), "not on a volume mounted in the head"),
     ("kuberay-rayservice.yaml", lambda d: _serve_config(

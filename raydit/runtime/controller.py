@@ -418,6 +418,10 @@ class Controller:
                 reason = (f"the request failed at step {job.step_index} twice, on fresh workers each "
                           f"time (last: {failure}); not retrying it")
                 self._event("gave_up", reason=reason)
+                # The survivors left the group with the failure: the next request re-forms it
+                # (without this it was prepared on ranks holding no runner, and failed too).
+                with self.capacity_lock:
+                    self.group.reset_group()
                 raise RequestFailed(reason) from failure
         use_free = True
         with self.capacity_lock:

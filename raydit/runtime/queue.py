@@ -97,11 +97,9 @@ class Dispatcher:
                 if self._closing:
                     return
                 item = self._items[0]
-                if not item.started:
-                    if not item.future.set_running_or_notify_cancel():
-                        self._items.popleft()  # cancelled before it ran
-                        continue
-                    item.started = True
+                if not item.started and item.future.cancelled():
+                    self._items.popleft()  # cancelled while it waited
+                    continue
                 idle = [r for r in self.replicas if not r.busy and r.in_rotation]
                 broken = [r for r in self.replicas if not r.busy and not r.in_rotation]
                 running = any(r.busy for r in self.replicas)
@@ -111,6 +109,13 @@ class Dispatcher:
                 else:
                     broken = []
                 if idle:
+                    # Running (no longer cancellable) only once a replica takes it: a request
+                    # at the head of the queue, waiting for one, can still be cancelled.
+                    if not item.started:
+                        if not item.future.set_running_or_notify_cancel():
+                            self._items.popleft()  # cancelled before it ran
+                            continue
+                        item.started = True
                     replica = min(idle, key=lambda r: (r.plan.predicted_step_seconds, r.index))
                     replica.busy = True
                     self._items.popleft()
@@ -121,7 +126,8 @@ class Dispatcher:
                         self.cond.wait(timeout=self.retry_repair_s)
                         continue
                     self._items.popleft()
-                    item.future.set_exception(self._no_capacity(item))
+                    if item.started or item.future.set_running_or_notify_cancel():
+                        item.future.set_exception(self._no_capacity(item))
                     continue
             # Repairs start actors and form groups (seconds): outside the lock.
             last_repair = time.monotonic()

@@ -254,7 +254,7 @@ def test_generate_and_serve_pass_compile_from_the_command_line_and_config_files_
     assert serve(parser.parse_args(["serve", "--warmup"]))["warmup"] is True
     assert serve({"warmup": True, "compile": True})["warmup"] is True
     assert serve(parser.parse_args(["serve"]))["warmup"] is False
-    with pytest.raises(ValueError, match="warmup 'yes' must be true or false"):
+    with pytest.raises(ValueError, match="option 'warmup' must be bool, got 'yes'"):
         serve({"warmup": "yes"})
     takes = set(inspect.signature(Engine).parameters)
     assert set(generate("--prompt", "x")) | {"workers"} <= takes and set(serve({})) <= takes

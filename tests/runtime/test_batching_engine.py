@@ -167,3 +167,40 @@ def test_a_rank_killed_mid_batch_loses_no_request(ray_local):
         assert any(e["event"] == "failure" for e in result.events), result.events
         torch.testing.assert_close(torch.from_numpy(result.latents), alone[seed], rtol=1e-4, atol=1e-4,
                                    msg=lambda m: f"seed {seed}: {m}")
+
+
+@pytest.mark.long
+def test_a_batching_engine_warms_up(ray_local):
+    """warmup with max_batch > 1 (raydit serve --warmup --max-batch 4): the warm-up ran through
+    the batched path, which resolves futures instead of returning a result, and the Engine
+    failed to start (AttributeError on the result's timings)."""
+    from raydit.runtime.engine import Engine
+
+    with Engine(model="tiny-wan", workers=1, device="cpu", show_plan=False, max_batch=2, warmup=True) as engine:
+        assert engine.timings["warmup_seconds"] > 0
+        assert [e["event"] for e in engine.events].count("warmed_up") == 1
+        result = engine.generate(PROMPT, **_kwargs(5, 2, 5.0))
+    assert result.latents is not None and result.batched_with == []
+
+
+def test_a_request_joining_a_running_batch_never_regroups_it():
+    """A request admitted into a batch's free slot 0 (its first request gone) ran the growth
+    check: a regroup under the batch dropped the other requests' prepared state (KeyError in
+    the workers, every request failed). Only a request alone on its replica may grow it."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from raydit.models.family import GenerationRequest
+    from raydit.runtime.engine.api import ApiPart
+    from raydit.runtime.queue import Item
+
+    grown = []
+    replica = SimpleNamespace(index=0, plan=None, controller=SimpleNamespace(
+        maybe_grow=lambda plan, steps, job: grown.append(steps)))
+    engine = SimpleNamespace(elastic=True, _grow="always", events=[], _event=lambda kind, **data: None)
+    request = GenerationRequest(prompt=PROMPT, num_frames=9, height=32, width=32, num_inference_steps=3)
+    for alone in (False, True):
+        item = Item(request=request, future=Future())
+        job = ApiPart._begin(engine, replica, item, slot=0, alone=alone)
+        assert job.slot == 0 and not job.prepared
+    assert grown == [3]  # the lone request only

@@ -281,6 +281,12 @@ def test_the_same_step_failing_twice_on_fresh_workers_is_stopped_with_that_said(
     with pytest.raises(RequestFailed, match="failed at step 1 twice, on fresh workers"):
         run_ticks(ctrl, job)
     assert [e["event"] for e in ctrl.events] == ["failure", "regrouped", "failure", "gave_up"]
+    # The survivors of the last failure left the group (the real pool's leave_group): it is
+    # reset, and the next request re-forms it before it prepares, then runs to the end.
+    assert group.calls[-1] == ("reset",) and group.active == []
+    group.form = real_form
+    following = Job(Req(2))
+    assert run_ticks(ctrl, following)[0] == "recovered" and following.done
 
 
 def test_node_deaths_at_the_same_step_do_not_count_toward_the_repeat_rule():

@@ -109,6 +109,23 @@ def test_callback_on_step_end_sees_every_step_and_can_edit_latents(engine4):
     zeroed = _gen(engine4, callback_on_step_end=zero_last, num_inference_steps=3)
     assert np.count_nonzero(zeroed.latents) == 0
 
+    # diffusers' other style, an edit in place of the latents it was given, counts the same
+    # (it was dropped: only a new tensor was sent on).
+    def zero_last_in_place(engine, step, timestep, kwargs):
+        if step == 2:
+            kwargs["latents"].zero_()
+        return kwargs
+
+    assert np.count_nonzero(_gen(engine4, callback_on_step_end=zero_last_in_place, num_inference_steps=3).latents) == 0
+
+
+def test_generate_calls_its_on_start_hook(engine4):
+    """generate has no `tag`: its arguments went to submit by position, so `on_start` landed in
+    `tag` (never called; result.tag the function)."""
+    started = []
+    result = _gen(engine4, num_inference_steps=1, on_start=lambda: started.append(True))
+    assert started == [True] and isinstance(result.tag, str)
+
 
 def test_diffusion_forcing_tells_its_callback_the_steps_it_really_runs(ray_local):
     """SkyReels-V2 DF over three windows runs num_inference_steps per window: the callback's

@@ -116,3 +116,35 @@ def test_progress_is_written_atomically_and_read_back(tmp_path):
     (tmp_path / "bad" / "progress.pt").write_text("not torch")
     with pytest.raises(ValueError, match="not a raydit progress file"):
         load_progress(str(tmp_path / "bad"))
+
+
+def test_the_request_waiting_at_the_head_of_the_queue_can_be_cancelled():
+    """Only a replica taking a request makes it running: the head of the queue, waiting for a
+    busy replica, was marked running at once, so a DELETE (future.cancel()) could not stop it
+    and it ran to its first step."""
+    replicas = [R(0, Plan(1.0))]
+    gate, ran = threading.Event(), []
+
+    def execute(replica, item):
+        ran.append(item.request)
+        if item.request == "busy":
+            gate.wait(10)
+        return item.request
+
+    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "")
+    busy = d.put(_item("busy"))
+    waiting = d.put(_item("waiting"))
+    after = d.put(_item("after"))
+    for _ in range(200):  # the replica has taken "busy": "waiting" is at the head
+        if ran:
+            break
+        threading.Event().wait(0.01)
+    for _ in range(50):  # the dispatcher's turn at the head: it must leave it pending
+        if waiting.running():
+            break
+        threading.Event().wait(0.01)
+    assert ran == ["busy"] and waiting.cancel()
+    gate.set()
+    assert busy.result(timeout=10) == "busy" and after.result(timeout=10) == "after"
+    assert waiting.cancelled() and ran == ["busy", "after"]
+    d.close()

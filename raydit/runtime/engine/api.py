@@ -120,7 +120,8 @@ class ApiPart:
         pipeline."""
         call = _GENERATE.bind(self, *args, **kwargs)
         call.apply_defaults()
-        return self.submit(*call.args[1:]).result()
+        # By name: generate has no `tag`, so its parameters do not line up with submit's.
+        return self.submit(**{k: v for k, v in call.arguments.items() if k != "self"}).result()
 
     def submit(self, *args, **kwargs) -> Future:
         """Queue a request; returns a future whose `.result()` is the GenerationResult.
@@ -241,11 +242,12 @@ class ApiPart:
                     checkpoint_dir=checkpoint_dir, job=job, tag=tag or f"request-{n}", on_start=on_start)
         return self._dispatcher.put(item)
 
-    def _execute(self, replica: Any, item: Item) -> GenerationResult:
+    def _execute(self, replica: Any, item: Item, batch: bool = True) -> GenerationResult:
         """Run (or resume) `item` on `replica`. Raises HandBack when the replica cannot
         finish it; the dispatcher then gives it, with its progress, to another. With
-        max_batch > 1 a request that can share steps runs as a batch (_execute_batch)."""
-        key = self._batch_key(item.request)
+        max_batch > 1 a request that can share steps runs as a batch (_execute_batch;
+        `batch` False: alone, as the warm-up runs, returning its result)."""
+        key = self._batch_key(item.request) if batch else None
         if key is not None and self._batch_limit(replica) > 1:
             return self._execute_batch(replica, item, key)
         job = self._begin(replica, item)
@@ -257,8 +259,10 @@ class ApiPart:
                 bar.close()
         return self._result(replica, item)
 
-    def _begin(self, replica: Any, item: Item, slot: int = 0) -> Job:
-        """`item`'s job, to be (re-)prepared on `replica` in `slot`, from its checkpoint."""
+    def _begin(self, replica: Any, item: Item, slot: int = 0, alone: bool = True) -> Job:
+        """`item`'s job, to be (re-)prepared on `replica` in `slot`, from its checkpoint.
+        `alone`: no other request is in progress on the replica, so it may grow (a regroup
+        would drop the prepared state of requests already running in a batch)."""
         request = item.request
         if item.job is None:
             item.job = Job(request=request)
@@ -274,7 +278,7 @@ class ApiPart:
                 item.on_start()
             except Exception as exc:  # the caller's hook; the request runs on
                 self._event("on_start_failed", tag=item.tag, error=f"{type(exc).__name__}: {exc}")
-        if self.elastic and self._grow != "never" and slot == 0:
+        if self.elastic and self._grow != "never" and alone:
             # Steps left: the job's own count once prepared (diffusion forcing runs more than
             # num_inference_steps), the request's before.
             steps = job.num_steps or request.num_inference_steps
@@ -343,12 +347,14 @@ class ApiPart:
 
         A callback may return new latents; they reach the workers through the same resume
         path a regrouping uses, so every rank continues from them."""
+        import torch
+
         step = job.step_index - 1
         latents = from_wire(job.checkpoint["latents"])
+        before = latents.clone()  # an edit in place (diffusers' `kw["latents"].mul_(...)`) counts too
         out = callback(self, step, job.timesteps[step], {"latents": latents, "num_steps": job.num_steps})
-        if isinstance(out, dict) and "latents" in out and out["latents"] is not latents:
-            import torch
-
+        if isinstance(out, dict) and "latents" in out and (out["latents"] is not latents
+                                                           or not torch.equal(latents, before)):
             checkpoint = dict(job.checkpoint)
             checkpoint["latents"] = to_wire(torch.as_tensor(out["latents"]).to(latents.dtype))
             job.checkpoint = checkpoint

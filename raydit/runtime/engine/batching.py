@@ -41,7 +41,7 @@ class BatchingPart:
         def admit(item: Item) -> None:
             used = {it.job.slot for it in batch}
             slot = min(s for s in range(limit) if s not in used)
-            self._begin(replica, item, slot)
+            self._begin(replica, item, slot, alone=not batch)
             hooks[id(item)] = self._step_hooks(item)
             item.batched_with = []
             if batch:
@@ -67,7 +67,11 @@ class BatchingPart:
             while batch:
                 if len(batch) < limit:
                     for item in self._dispatcher.take_matching(lambda r: self._batch_key(r) == key, limit - len(batch)):
-                        admit(item)
+                        try:
+                            admit(item)
+                        except Exception as exc:  # taken from the queue: never left unanswered
+                            hooks.pop(id(item), None)
+                            item.future.set_exception(exc)
                 replica.batch_size = len(batch)
                 jobs = [it.job for it in batch]
                 try:

@@ -98,9 +98,13 @@ class ReplicasPart:
                     for r in started:
                         r.pool.close()
                     raise
-            self._attach_controller(replica)
-            if self._warmup:
-                self._warm_up([replica])
+            try:
+                self._attach_controller(replica)
+                if self._warmup:
+                    self._warm_up([replica])
+            except BaseException:  # its actors and devices go back; the next try starts afresh
+                replica.pool.close()
+                raise
             if self._stop_scaling.is_set():
                 replica.pool.close()
                 return
@@ -131,7 +135,7 @@ class ReplicasPart:
         for replica in list(self.replicas if replicas is None else replicas):
             t_replica = time.perf_counter()
             item = Item(request=request, future=Future(), callback=None, progress=False, checkpoint_dir=None)
-            result = self._execute(replica, item)
+            result = self._execute(replica, item, batch=False)  # alone: no user's request joins it
             self._event("warmed_up", replica=replica.index, frames=frames, height=height, width=width,
                         seconds=time.perf_counter() - t_replica,
                         compile_seconds=result.timings["compile_seconds"])
