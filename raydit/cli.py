@@ -78,7 +78,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from raydit import plan  # the planner with the model families loaded (pipeline directories)
-    from raydit.planner.devicemodel import Mode
+    from raydit.planner.devicemodel import run_mode
     from raydit.planner.report import format_plan_table
 
     if args.top < 0:
@@ -109,9 +109,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         per_node=args.per_node, cluster=cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size, shard_weights=args.shard_weights,
-        mode=Mode(args.quantize, args.attention, args.compile,
-                  keep_bf16=args.full_precision_steps > 0 and args.quantize != "none",
-                  full_precision_steps=args.full_precision_steps, steps=args.steps),
+        mode=run_mode(args.quantize, args.attention, args.compile, args.full_precision_steps, args.steps),
     )
     top = args.top or None
     if args.json:

@@ -100,21 +100,21 @@ def test_the_plan_json_of_fp8_on_the_command_line():
 
 
 def test_the_engines_runs_are_planned_in_their_mode():
-    """raydit.runtime.engine.planning.planner_mode: what an Engine's quantize / attention /
+    """raydit.planner.devicemodel.run_mode: what an Engine's quantize / attention /
     compile price as (fp8-sim emulates in the run's dtype; attention auto is chosen on the
     device and priced as bf16)."""
-    from raydit.runtime.engine.planning import planner_mode
+    from raydit.planner.devicemodel import run_mode
 
-    assert planner_mode("fp8", "auto", True) == Mode("fp8", "bf16", True)
-    assert planner_mode("fp8-sim", "int8", False) == Mode("none", "int8", False)
-    assert planner_mode("none", "fp8", False) == Mode("none", "fp8", False)
-    assert planner_mode(None, None, None) == Mode()
+    assert run_mode("fp8", "auto", True) == Mode("fp8", "bf16", True)
+    assert run_mode("fp8-sim", "int8", False) == Mode("none", "int8", False)
+    assert run_mode("none", "fp8", False) == Mode("none", "fp8", False)
+    assert run_mode(None, None, None) == Mode()
     # Full-precision steps: the mean step of a request of raydit's default 50 steps; the kept
     # bf16 weights only where a quantized mode keeps them (fp8-sim's too: priced as bf16).
-    assert planner_mode("fp8", "int8", True, 2) == Mode("fp8", "int8", True, keep_bf16=True,
+    assert run_mode("fp8", "int8", True, 2) == Mode("fp8", "int8", True, keep_bf16=True,
                                                         full_precision_steps=2, steps=50)
-    assert planner_mode("none", "int8", False, 1) == Mode("none", "int8", False, full_precision_steps=1)
-    assert planner_mode("fp8-sim", "auto", False, 1).full_precision_share == 0.0
+    assert run_mode("none", "int8", False, 1) == Mode("none", "int8", False, full_precision_steps=1)
+    assert run_mode("fp8-sim", "auto", False, 1).full_precision_share == 0.0
 
 
 def test_full_precision_steps_on_the_command_line():

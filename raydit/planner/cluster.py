@@ -17,7 +17,6 @@ live cluster (`ClusterSpec(nodes=[NodeSpec(...)])`). YAML layout (see cluster/*.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from raydit.planner.hardware import (
     DEFAULT_NETWORK_LATENCY_US,
     DEVICE_TYPES,
     DeviceType,
+    finite_number,
     device_type,
 )
 
@@ -35,10 +35,10 @@ from raydit.planner.hardware import (
 MAX_DEVICES = 16384
 
 
-def _positive(value) -> bool:
-    """A finite number > 0 (not a bool, not a string)."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and value > 0)
+def _check_device_count(count: int, what: str) -> None:
+    if count > MAX_DEVICES:
+        raise ValueError(f"{what} more than the {MAX_DEVICES} devices raydit plans for at once; plan a part of the "
+                         "cluster (the plan for a part repeats: replicas are independent)")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class NodeSpec:
             raise ValueError(f"node {self.name!r}: count must be a positive integer, got {self.count!r}")
         if not isinstance(self.gpu_type, DeviceType):
             object.__setattr__(self, "gpu_type", device_type(self.gpu_type))
-        if self.link_gb_s is not None and not _positive(self.link_gb_s):
+        if self.link_gb_s is not None and not (finite_number(self.link_gb_s) and self.link_gb_s > 0):
             raise ValueError(f"node {self.name!r}: link_gb_s must be a number > 0, got {self.link_gb_s!r}")
         if self.link_kind is not None and self.link_kind not in ("nvlink", "pcie", "shm"):
             raise ValueError(f"node {self.name!r}: link_kind {self.link_kind!r} is not nvlink, pcie or shm")
@@ -97,15 +97,12 @@ class ClusterSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"node names must be unique; repeated: {', '.join(dup)}")
-        if self.total > MAX_DEVICES:
-            raise ValueError(f"the cluster has {self.total} devices, more than the {MAX_DEVICES} raydit plans for at "
-                             "once; plan a part of it (the plan for a part repeats: replicas are independent)")
-        if not _positive(self.network_gb_s) or not (_positive(self.network_latency_us)
-                                                    or self.network_latency_us == 0):
-            raise ValueError(
-                f"network gb_s must be a number > 0 and latency_us a number >= 0, got {self.network_gb_s!r}, "
-                f"{self.network_latency_us!r}"
-            )
+        _check_device_count(self.total, f"the cluster has {self.total} devices,")
+        for key, least in (("gb_s", "> 0"), ("latency_us", ">= 0")):
+            value = getattr(self, f"network_{key}")
+            if not finite_number(value) or value < 0 or (value == 0 and least == "> 0"):
+                raise ValueError(f"network {key} {value!r} must be a number {least}")
+            object.__setattr__(self, f"network_{key}", float(value))
 
     @property
     def total(self) -> int:
@@ -131,9 +128,7 @@ class ClusterSpec:
         """`n` devices of one type, `per_node` to a node (default: the type's usual node)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"gpus must be a positive integer, got {n!r}")
-        if n > MAX_DEVICES:
-            raise ValueError(f"gpus {n} is more than the {MAX_DEVICES} devices raydit plans for at once; plan a part "
-                             "of the cluster (the plan for a part repeats: replicas are independent)")
+        _check_device_count(n, f"gpus {n} is")  # before a node is made for each
         dev = gpu_type if isinstance(gpu_type, DeviceType) else device_type(gpu_type)
         per_node = dev.per_node if per_node is None else per_node
         if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
@@ -193,14 +188,9 @@ class ClusterSpec:
         net = data.get("network") or {}
         if not isinstance(net, dict) or set(net) - {"gb_s", "latency_us"}:
             raise ValueError(f"{source}: 'network' must be a mapping with gb_s and/or latency_us")
-        values = {}
-        for key, default in (("gb_s", DEFAULT_NETWORK_GB_S), ("latency_us", DEFAULT_NETWORK_LATENCY_US)):
-            value = net.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{source}: network {key} {value!r} must be a number")
-            values[key] = float(value)
         try:
-            return cls(tuple(nodes), values["gb_s"], values["latency_us"])
+            return cls(tuple(nodes), net.get("gb_s", DEFAULT_NETWORK_GB_S),
+                       net.get("latency_us", DEFAULT_NETWORK_LATENCY_US))
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
 

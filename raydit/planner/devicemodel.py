@@ -126,6 +126,22 @@ class Mode:
 BF16 = Mode()
 
 
+def run_mode(quantize: str | None, attention: str | None, compile: bool | None, full_precision_steps: int = 0,
+             steps: int = DEFAULT_STEPS) -> Mode:
+    """How the planner prices a run given raydit's own option values (the Engine's, `raydit
+    plan`'s, `raydit serve`'s early check): "fp8" keeps the blocks' linears in FP8 (weights one
+    byte each, FP8 GEMM rates); "fp8-sim" emulates the numbers in the run's dtype, so bf16 bytes
+    and rates; attention "auto" is chosen on the device by raydit.parallel.kernels, priced as
+    bf16 (on the measured H100 cuDNN's bf16 kernel is the fastest that passes its check);
+    "int8" / "fp8" at their own rates. With full-precision steps a quantized run keeps the
+    linears' bf16 weights too (Mode.keep_bf16), and a step is priced as the mean step of a
+    request of `steps` steps, its first and last N at bf16 rates (Mode.full_precision_share)."""
+    return Mode(quantize="fp8" if quantize == "fp8" else "none",
+                attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile),
+                keep_bf16=bool(full_precision_steps) and quantize not in (None, "none"),
+                full_precision_steps=int(full_precision_steps or 0), steps=steps)
+
+
 @dataclass(frozen=True)
 class Roofline:
     """One op class: `tflops` (TFLOP/s), `gb_s` (GB/s) and `launch_us` per kernel launch."""

@@ -16,6 +16,11 @@ from types import MappingProxyType
 LINK_KINDS = ("nvlink", "pcie", "shm")
 
 
+def finite_number(value) -> bool:
+    """An int or float (not a bool, not a string) that is neither infinite nor NaN."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class DeviceType:
     """One accelerator type (or `cpu`, one CPU slot as the Ray runtime uses it).
@@ -68,9 +73,8 @@ class DeviceType:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"device type name {self.name!r} must be a non-empty string")
         for attr in ("memory_gb", "tflops", "efficiency", "link_gb_s", "link_latency_us"):
-            value = getattr(self, attr)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"device type {self.name!r}: {attr} {value!r} must be a finite number")
+            if not finite_number(getattr(self, attr)):
+                raise ValueError(f"device type {self.name!r}: {attr} {getattr(self, attr)!r} must be a finite number")
         if self.memory_gb <= 0 or self.tflops <= 0 or self.link_gb_s <= 0:
             raise ValueError(f"device type {self.name!r}: memory_gb, tflops and link_gb_s must be > 0, got "
                              f"{self.memory_gb!r}, {self.tflops!r}, {self.link_gb_s!r}")

@@ -359,10 +359,9 @@ class LayoutJudge:
         gather = None
         if shard:
             # The replica's link: inside a node where its C x sp ranks fit on one, else the network.
-            info = runs[0][2]
-            link = (info.intra if C * sp <= max(r[1] for r in runs) * U
-                    else self.network.through(min((r[2].intra for r in runs), key=lambda lk: lk.gb_s),
-                                              min(C * sp, max(r[1] for r in runs) * U)))
+            info, node_ranks = runs[0][2], max(r[1] for r in runs) * U
+            link = (info.intra if C * sp <= node_ranks
+                    else self.network.through(min((r[2].intra for r in runs), key=lambda lk: lk.gb_s), node_ranks))
             gather = gather_cost(spec, C * sp, link, fastest_cost.compute)
             steps = [s + gather.exposed_s for s in steps]
             fastest_cost = dataclasses.replace(fastest_cost, total=fastest_cost.total + gather.exposed_s)

@@ -186,6 +186,8 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         _check_forced(name, value)
     if world_size is not None and world_size > cl.total:
         raise PlanError(f"world_size {world_size} is more than the {cl.total} devices offered")
+    if not isinstance(guidance, bool):
+        raise ValueError(f"guidance {guidance!r} must be True or False")
     most = max(2, spec.cfg_branches)  # a one-branch model still takes true CFG's two
     if branches is not None and (isinstance(branches, bool) or not isinstance(branches, int)
                                  or not 1 <= branches <= most):
@@ -193,8 +195,6 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     if branches is not None and branches > 1 and not guidance:
         raise PlanError(f"branches {branches} runs {branches} guidance branches per step, but guidance is off "
                         "(--no-cfg); drop branches or turn guidance on")
-    if not isinstance(guidance, bool):
-        raise ValueError(f"guidance {guidance!r} must be True or False")
     if not guidance:
         branches, why = 1, "guidance is off (--no-cfg)"
     else:
@@ -214,10 +214,10 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
         raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
     # CPU slots ("shm") run the 8-bit attention modes' torch kernels (their numbers, no speed);
     # a GPU without FP8 runs no FP8 kernel (raydit.parallel.lowbit.candidates).
-    for what, asked, on_cpu in (("quantize fp8", mode.quantize == "fp8", True),
-                                ("attention fp8", mode.attention == "fp8", False)):
+    for what, asked, cpu_lacks in (("quantize fp8", mode.quantize == "fp8", True),
+                                   ("attention fp8", mode.attention == "fp8", False)):
         lacking = sorted({n.device.name for n in cl.nodes if n.device.fp8 is False
-                          and (on_cpu or n.device.link_kind != "shm")}) if asked else []
+                          and (cpu_lacks or n.device.link_kind != "shm")}) if asked else []
         if lacking:
             have = sorted(name for name, d in DEVICE_TYPES.items() if d.fp8)
             raise PlanError(f"{what} needs FP8 tensor cores (compute capability 8.9 or newer: {', '.join(have)}), "

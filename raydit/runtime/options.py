@@ -91,18 +91,18 @@ def model_name(name: str, value) -> None:
 
 
 def a_path(name: str, value) -> None:
-    if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip()):
+    if not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
         raise ValueError(f"{name} {value!r} must be a directory path (a string), or None")
 
 
 def ray_address(name: str, value) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
+    if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{name} {value!r} must be a Ray address string such as 'auto' or 'HOST:6379', or None "
                          "($RAY_ADDRESS, else a local Ray)")
 
 
 def lora_table(name: str, value) -> None:
-    if value is not None and not isinstance(value, Mapping):
+    if not isinstance(value, Mapping):
         raise ValueError(f"{name} {value!r} must be a mapping of LoRA name -> path (a .safetensors file or a "
                          "directory holding one), e.g. {'style': '/loras/style.safetensors'}")
 
@@ -203,7 +203,7 @@ OPTIONS: tuple[Option, ...] = (
     # --lora: paths on the command line (loaded at start; this video's choice); in a form, the
     # name of a loaded LoRA or {name: scale}, as JSON text.
     Option("lora", list, commands=_BOTH, saved=True, action="append", metavar="PATH", request="lora",
-           engine="loras", engine_type=dict, engine_value=lambda o: o.get("lora_table"), check=lora_table,
+           engine="loras", engine_type=dict, engine_value=lambda o: o.get("lora_table"), check=or_none(lora_table),
            form={"annotation": str | dict[str, Any] | None, "default": None},
            help={"generate": "a diffusers-format LoRA (a .safetensors file or a directory holding one), loaded on "
                              "every rank and active for this video; repeatable",
@@ -281,7 +281,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ulysses", int, commands=_BOTH, engine="ulysses", positional=True, check=positive_int),
     Option("ring", int, commands=_BOTH, engine="ring", positional=True, check=positive_int),
     Option("cfg", int, commands=_BOTH, choices=(1, 2, 4), engine="cfg", positional=True, check=positive_int),
-    Option("address", commands=_BOTH, engine="address", positional=True, check=ray_address,
+    Option("address", commands=_BOTH, engine="address", positional=True, check=or_none(ray_address),
            help="Ray address (default: RAY_ADDRESS, else a local Ray)"),
     Option("replicas", int, commands=_SERVE, flags=("--min-replicas",), engine="replicas", default=1,
            check=positive_int, defaults={"serve": 1},
@@ -306,7 +306,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("json", bool, commands=_GEN, action="store_true", engine="show_plan", default=True,
            engine_value=lambda o: not o.get("json"), defaults={"generate": False}, check=true_or_false,
            help="print a JSON summary"),
-    Option(None, engine="checkpoint_dir", check=a_path),  # a directory per request under it (Engine(checkpoint_dir=))
+    Option(None, engine="checkpoint_dir", check=or_none(a_path)),  # a directory per request under it (Engine(checkpoint_dir=))
     # -- the command only --------------------------------------------------------------------------
     Option("out", commands=_GEN, defaults={"generate": "video.mp4"}, help="mp4 to write (default video.mp4)"),
     Option("save_latents", commands=_GEN, help="write the final latents (the pipeline's output_type='latent'): "

@@ -213,6 +213,7 @@ class VideoAPI:
             fps=options["fps"],
             vae_temporal=spec.vae_temporal,
             guidance_options=tuple(getattr(families().get(spec.family), "option_names", ())),
+            cache=self.engine.cache,
         )
         # capacity: the engine's replicas as they are now (they may follow the queue).
         self.service = VideoService(self.engine, store, self.limits, max_queue=options["max_queue"])
@@ -256,8 +257,7 @@ class VideoAPI:
         self._auth(request)
         data, image = await _read_body(request)
         body = parse_body(data)
-        params = resolve(body, self.limits, self.engine.spec, loras=self.engine.loras(), fused=self.engine.fused_lora,
-                         cache=self.engine.cache)
+        params = resolve(body, self.limits, self.engine.spec, loras=self.engine.loras(), fused=self.engine.fused_lora)
         job = self.service.create(params, image_png=image)
         return self._video_response(job)
 

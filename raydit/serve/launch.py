@@ -102,7 +102,7 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
     from ray import serve
 
     from raydit.runtime.cluster import RayCluster
-    from raydit.runtime.engine.planning import planner_mode
+    from raydit.planner.devicemodel import run_mode
     from raydit.serve.app import VideoAPI
 
     workers, replicas = opts.get("workers"), opts.get("replicas", 1)
@@ -123,7 +123,7 @@ def run_server(opts: dict, stop: threading.Event | None = None) -> int:
         cluster.plan(spec, frames=opts.get("frames"), height=opts.get("height"), width=opts.get("width"),
                      device=device, workers=workers, ulysses=opts.get("ulysses"), ring=opts.get("ring"),
                      cfg=opts.get("cfg"), shard_weights=True if opts.get("shard_weights") else None,
-                     mode=planner_mode(opts.get("quantize"), opts.get("attention"), opts.get("compile"),
+                     mode=run_mode(opts.get("quantize"), opts.get("attention"), opts.get("compile"),
                                        opts.get("full_precision_steps") or 0))
         try:
             serve.start(http_options={"host": opts["host"], "port": opts["port"]})

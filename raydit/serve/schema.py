@@ -96,6 +96,7 @@ class Limits:
     default_guidance: float = 6.0
     steps_limited_by: str = "--max-steps"
     guidance_options: tuple[str, ...] = ()  # the names of the guidance options the model takes
+    cache: str | None = None  # the server's step-cache method (--cache); None: every step computed
 
 
 def parse_body(data: dict[str, Any], model: type[BaseModel] = VideoCreate) -> Any:
@@ -141,17 +142,11 @@ def format_seconds(frames: int, fps: int) -> str:
     return f"{frames / fps:g}"
 
 
-# resolve(cache=)'s default: the server's step-cache method not said (a threshold alone is
-# passed on unjudged).
-CACHE_NOT_SAID = type("CacheNotSaid", (), {"__repr__": lambda self: "CACHE_NOT_SAID"})()
-
-
-def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | None = None,
-            cache=CACHE_NOT_SAID) -> dict:
+def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | None = None) -> dict:
     """The generation parameters of a valid body, checked against `limits`, the model's
     geometry rules (`spec.geometry`, the planner's), the LoRAs the server holds (`loras`:
-    names; `fused`: a --fuse-lora server's {name: scale}) and its step caching (`cache`: the
-    engine's method, None when it runs every step). Raises RequestError naming the field."""
+    names; `fused`: a --fuse-lora server's {name: scale}) and its step caching (`limits.cache`).
+    Raises RequestError naming the field."""
     if body.model is not None and body.model != limits.model:
         raise RequestError(
             f"model {body.model!r} is not served here; this server runs {limits.model!r}", param="model"
@@ -201,7 +196,7 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         "guidance_scale": body.guidance_scale if body.guidance_scale is not None else limits.default_guidance,
         # No seed: a fresh one, reported back in the video object (same prompt, new video).
         "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
-        **cache_choice(body, cache),
+        **cache_choice(body, limits.cache),
         "lora": lora_choice(body.lora, loras, fused),
         "guidance_options": guidance_choice(body.guidance_options, limits),
     }
@@ -304,7 +299,7 @@ def lora_path(lora_dir: str | None, path: str):
     return file
 
 
-def cache_choice(body: VideoCreate, server_cache=CACHE_NOT_SAID) -> dict:
+def cache_choice(body: VideoCreate, server_cache: str | None) -> dict:
     """The body's step caching, only the fields it sets (the engine applies its own default for
     the rest); RequestError naming the field for an unknown method, and for a threshold alone
     on a server that runs no cache (`server_cache` None: nothing it could apply to)."""

@@ -54,7 +54,7 @@ def test_a_rank_lost_under_fp8_sim_is_replaced_and_the_run_resumes_quantized(ray
 
 @pytest.mark.slow
 def test_the_engine_plans_in_its_attention_mode(ray_local):
-    """The Engine hands its run's mode to the planner (raydit.runtime.engine.planning.planner_mode)
+    """The Engine hands its run's mode to the planner (raydit.planner.devicemodel.run_mode)
     at start and on a regroup: int8 attention is priced and shown as int8, not bf16."""
     from raydit.planner.devicemodel import Mode
     from raydit.runtime.engine import Engine

@@ -11,7 +11,7 @@ from raydit.serve.schema import Limits, RequestError, parse_body, resolve
 
 TINY = model_spec("tiny")
 LIMITS = Limits(model="tiny", max_frames=17, max_height=32, max_width=32, max_steps=50, default_steps=4,
-                fps=8, vae_temporal=4)
+                fps=8, vae_temporal=4, cache="fbcache")  # a server started with --cache fbcache
 
 
 def _params(body: dict) -> dict:

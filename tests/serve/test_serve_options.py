@@ -4,6 +4,8 @@ cases, which run `raydit serve` and expect exit status 2 and one line before Ray
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import stat
@@ -243,18 +245,18 @@ def test_beyond_the_limits_is_refused_with_the_limit(body, param, needle):
 
 
 def test_a_cache_threshold_is_judged_against_the_servers_cache():
-    """A threshold alone applies to the server's own method: refused (400, naming it) where the
-    server runs no cache, as with "cache": "none"; passed on where it runs one."""
+    """A threshold alone applies to the server's own method (Limits.cache): refused (400, naming
+    it) where the server runs no cache, as with "cache": "none"; passed on where it runs one."""
     body = parse_body({"prompt": "x", "cache_threshold": 0.1})
+    plain, cached = dataclasses.replace(LIMITS, cache=None), dataclasses.replace(LIMITS, cache="fbcache")
     with pytest.raises(RequestError) as info:
-        resolve(body, LIMITS, TINY, cache=None)
+        resolve(body, plain, TINY)
     assert (info.value.param, info.value.status) == ("cache_threshold", 400)
     assert "cache_threshold: 0.1 has no cache method" in info.value.message and "\n" not in info.value.message
-    assert resolve(body, LIMITS, TINY, cache="fbcache")["cache_threshold"] == 0.1
-    with_method = resolve(parse_body({"prompt": "x", "cache": "teacache", "cache_threshold": 0.1}), LIMITS, TINY,
-                          cache=None)
+    assert resolve(body, cached, TINY)["cache_threshold"] == 0.1
+    with_method = resolve(parse_body({"prompt": "x", "cache": "teacache", "cache_threshold": 0.1}), plain, TINY)
     assert (with_method["cache"], with_method["cache_threshold"]) == ("teacache", 0.1)
-    assert "cache_threshold" not in resolve(parse_body({"prompt": "x"}), LIMITS, TINY, cache=None)
+    assert "cache_threshold" not in resolve(parse_body({"prompt": "x"}), plain, TINY)
 
 
 # -- store ---------------------------------------------------------------------------------------

@@ -351,10 +351,12 @@ class ApiPart:
 
         step = job.step_index - 1
         latents = from_wire(job.checkpoint["latents"])
-        before = latents.clone()  # an edit in place (diffusers' `kw["latents"].mul_(...)`) counts too
+        # An edit in place (diffusers' `kw["latents"].mul_(...)`) counts too: torch bumps a
+        # tensor's version counter at every in-place op, so no copy is kept to compare with.
+        version = latents._version
         out = callback(self, step, job.timesteps[step], {"latents": latents, "num_steps": job.num_steps})
         if isinstance(out, dict) and "latents" in out and (out["latents"] is not latents
-                                                           or not torch.equal(latents, before)):
+                                                           or latents._version != version):
             checkpoint = dict(job.checkpoint)
             checkpoint["latents"] = to_wire(torch.as_tensor(out["latents"]).to(latents.dtype))
             job.checkpoint = checkpoint

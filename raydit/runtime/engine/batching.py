@@ -70,7 +70,9 @@ class BatchingPart:
                         try:
                             admit(item)
                         except Exception as exc:  # taken from the queue: never left unanswered
-                            hooks.pop(id(item), None)
+                            bar = hooks.pop(id(item), (None, None))[1]
+                            if bar is not None:
+                                bar.close()
                             item.future.set_exception(exc)
                 replica.batch_size = len(batch)
                 jobs = [it.job for it in batch]

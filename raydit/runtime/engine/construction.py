@@ -20,7 +20,8 @@ from raydit.runtime.engine.api import ApiPart
 from raydit.runtime.engine.batching import BatchingPart
 from raydit.runtime.engine.lifecycle import LifecyclePart
 from raydit.runtime.engine.loras import LoraPart
-from raydit.runtime.engine.planning import PlanningPart, plan_brief, planner_mode
+from raydit.planner.devicemodel import run_mode
+from raydit.runtime.engine.planning import PlanningPart, plan_brief
 from raydit.runtime.engine.replicas import Replica, ReplicasPart
 from raydit.runtime.engine.validation import num_train_timesteps, round_frames
 from raydit.runtime.options import EngineConfig, engine_signature
@@ -97,7 +98,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         self.quantize = check_quantize(c.quantize)
         self.attention = check_attention(c.attention)
         # The first and last N steps of every request without the quantized modes (a quantized
-        # run then keeps its linears' bf16 weights, unsharded: planner_mode's keep_bf16).
+        # run then keeps its linears' bf16 weights, unsharded: run_mode's keep_bf16).
         self.full_precision_steps = check_full_precision_steps(c.full_precision_steps, self.quantize,
                                                                self.attention, c.shard_weights)
         if c.device == "cpu":
@@ -116,7 +117,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         if self.full_precision_steps and self.quantize:
             self.shard_weights = False  # the kept bf16 weights are whole on every rank
         # how the planner prices it
-        self.plan_mode = planner_mode(self.quantize, self.attention, self.compile, self.full_precision_steps)
+        self.plan_mode = run_mode(self.quantize, self.attention, self.compile, self.full_precision_steps)
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model

@@ -13,23 +13,6 @@ def plan_brief(plan) -> dict:
     }
 
 
-def planner_mode(quantize: str, attention: str, compile: bool, full_precision_steps: int = 0):
-    """How the planner prices an Engine's steps (raydit.planner.devicemodel.Mode): "fp8" keeps
-    the blocks' linears in FP8 (weights one byte each, FP8 GEMM rates); "fp8-sim" emulates the
-    numbers in the run's dtype, so bf16 bytes and rates; attention "auto" is chosen on the
-    device by raydit.parallel.kernels, priced as bf16 (on the measured H100 cuDNN's bf16
-    kernel is the fastest that passes its check); "int8" / "fp8" at their own rates. With
-    full-precision steps a quantized run keeps the linears' bf16 weights too (Mode.keep_bf16),
-    and a step is priced as the mean step of a request of raydit's default steps, its first and
-    last N at bf16 rates (Mode.full_precision_share)."""
-    from raydit.planner.devicemodel import DEFAULT_STEPS, Mode
-
-    return Mode(quantize="fp8" if quantize == "fp8" else "none",
-                attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile),
-                keep_bf16=bool(full_precision_steps) and quantize not in (None, "none"),
-                full_precision_steps=int(full_precision_steps or 0), steps=DEFAULT_STEPS)
-
-
 class PlanningPart:
     """The Engine's planning (a part of raydit.runtime.engine.Engine)."""
 
