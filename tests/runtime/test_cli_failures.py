@@ -86,6 +86,7 @@ def test_an_error_raised_in_the_workers_is_reported_at_once_and_never_retried(he
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.long  # 74 s: the second stage (stage one at a76bbd5 ran 21:02)
 def test_a_run_whose_driver_died_finishes_with_resume_and_the_same_latents(healthy, tmp_path):
     saved = tmp_path / "run"
     args = ["generate", "--prompt", PROMPT, "--steps", "6", "--seed", "4", "--device", "cpu", "--workers", "2",
