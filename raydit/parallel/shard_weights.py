@@ -69,6 +69,10 @@ class Piece:
     offset: int  # bytes
     nbytes: int
     misalign: int  # the original address modulo ALIGN (offset has the same remainder)
+    # The original strides of a dense but non-contiguous tensor (a transposed weight: its
+    # bytes kept in memory order and viewed back with these strides, so its GEMMs take the
+    # same path); None: contiguous.
+    stride: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,35 @@ class BlockLayout:
         return self.chunk * self.ranks
 
 
+def _dense_stride(t: torch.Tensor) -> tuple[int, ...] | None:
+    """t's strides where t is non-contiguous but dense (its elements fill numel slots of memory
+    from its first one, in another order: a transpose); None otherwise (contiguous, or with
+    gaps or overlaps, which are laid out contiguous)."""
+    if t.is_contiguous() or t.numel() == 0:
+        return None
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(t.shape, t.stride()) if s != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return None
+        expected *= size
+    return tuple(t.stride())
+
+
+def _memory_bytes(t: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """t's bytes as the piece keeps them: in memory order where it keeps t's strides."""
+    if stride is None:
+        return _bytes_of(t)
+    return t.detach().as_strided((t.numel(),), (1,)).view(torch.uint8)
+
+
+def _typed(raw_U8: torch.Tensor, piece: "Piece") -> torch.Tensor:
+    """A piece's bytes viewed as its tensor (its strides where it keeps them)."""
+    typed = raw_U8.view(piece.dtype)
+    if piece.stride is None:
+        return typed.view(piece.shape)
+    return typed.as_strided(piece.shape, piece.stride)
+
+
 def plan_layout(named: list[tuple[str, nn.Module, str, torch.Tensor]], ranks: int) -> BlockLayout:
     """(name, module, attr, tensor) of a block's managed parameters -> their layout over `ranks`."""
     entries, offset = [], 0
@@ -134,7 +167,7 @@ def plan_layout(named: list[tuple[str, nn.Module, str, torch.Tensor]], ranks: in
         for inner, t in parts:
             nbytes = t.numel() * t.element_size()
             misalign = t.data_ptr() % ALIGN if t.numel() else 0
-            pieces.append(Piece(inner, t.dtype, tuple(t.shape), offset + misalign, nbytes, misalign))
+            pieces.append(Piece(inner, t.dtype, tuple(t.shape), offset + misalign, nbytes, misalign, _dense_stride(t)))
             offset = _round_up(offset + misalign + nbytes, ALIGN)
         entries.append(Entry(module, attr, name, tensor.dtype, tuple(tensor.shape), tuple(pieces), subclass))
     chunk = _round_up(max(1, -(-offset // ranks)), ALIGN)
@@ -149,13 +182,17 @@ def _placed(piece: Piece, source: torch.Tensor, device) -> torch.Tensor:
     """A copy of `source` (the piece's values) in its own storage, at its original alignment."""
     raw = torch.empty(piece.nbytes + ALIGN, dtype=torch.uint8, device=device)
     start = (piece.misalign - raw.data_ptr()) % ALIGN
-    out = raw[start:start + piece.nbytes]
-    out.copy_(_bytes_of(source.to(device=device, dtype=piece.dtype)))
-    return out.view(piece.dtype).view(piece.shape)
+    if piece.stride is None:
+        out = raw[start:start + piece.nbytes]
+        out.copy_(_bytes_of(source.to(device=device, dtype=piece.dtype)))
+        return out.view(piece.dtype).view(piece.shape)
+    out = _typed(raw[start:start + piece.nbytes], piece)
+    out.copy_(source.to(device=device, dtype=piece.dtype))  # element by element: exact, into its strides
+    return out
 
 
 def _views(e: Entry, flat: torch.Tensor) -> list[torch.Tensor]:
-    return [flat[p.offset:p.offset + p.nbytes].view(p.dtype).view(p.shape) for p in e.pieces]
+    return [_typed(flat[p.offset:p.offset + p.nbytes], p) for p in e.pieces]
 
 
 def _empty(e: Entry, device) -> torch.Tensor:
@@ -336,6 +373,26 @@ class ShardedWeights:
         self.removed = True
 
 
+def _shared_parameters(blocks: list, root: nn.Module | None) -> set[int]:
+    """ids of the parameters that more than one block holds, or that `root` uses outside the
+    blocks too: they stay whole (a block's release would empty them under the other user, and
+    the next block would lay out the emptied tensor)."""
+    holders: dict[int, int] = {}
+    refs: dict[int, int] = {}
+    for block in blocks:
+        for p in {id(p) for p in block.parameters()}:
+            holders[p] = holders.get(p, 0) + 1
+        for _, p in block.named_parameters(remove_duplicate=False):
+            refs[id(p)] = refs.get(id(p), 0) + 1
+    shared = {p for p, n in holders.items() if n > 1}
+    if root is not None:
+        outer: dict[int, int] = {}
+        for _, p in root.named_parameters(remove_duplicate=False):
+            outer[id(p)] = outer.get(id(p), 0) + 1
+        shared |= {p for p, n in outer.items() if p in holders and n > refs[p]}
+    return shared
+
+
 def shard_blocks(blocks: list, group, *, root: nn.Module | None = None, prefetch: bool = True,
                  manage: Callable[[str], bool] = lambda name: True) -> ShardedWeights:
     """Keep 1/N of each block's parameters on this rank (N: the group's size) and gather them
@@ -343,7 +400,8 @@ def shard_blocks(blocks: list, group, *, root: nn.Module | None = None, prefetch
     calls this (they do: loaded from the same files). `manage(name)`: which parameters are
     sharded (others, e.g. LoRA adapters, stay whole on every rank). `root`: the module whose
     forward runs the blocks; its pre-hook posts the first block's gather early and its hook
-    frees what a forward left (blocks skipped by step caching)."""
+    frees what a forward left (blocks skipped by step caching). A parameter two blocks share, or
+    that `root` also uses outside them, stays whole on every rank."""
     ranks = dist.get_world_size(group)
     rank = dist.get_rank(group)
     if ranks < 2:
@@ -353,10 +411,11 @@ def shard_blocks(blocks: list, group, *, root: nn.Module | None = None, prefetch
         if getattr(block, SHARDED_ATTR, None) is not None:
             raise ValueError(f"a {type(block).__name__} is already sharded; remove() the first handle")
     handle = ShardedWeights(blocks=list(blocks), group=group, rank=rank, ranks=ranks, prefetch=prefetch)
+    whole = _shared_parameters(blocks, root)
     for block in blocks:
         named = []
         for full_name, p in block.named_parameters():
-            if not manage(full_name):
+            if not manage(full_name) or id(p) in whole:
                 continue
             owner, _, attr = full_name.rpartition(".")
             named.append((full_name, block.get_submodule(owner) if owner else block, attr, p))
@@ -364,7 +423,7 @@ def shard_blocks(blocks: list, group, *, root: nn.Module | None = None, prefetch
         flat = torch.zeros(layout.total, dtype=torch.uint8, device=named[0][3].device if named else "cpu")
         for e, (_, _, _, p) in zip(layout.entries, named):
             for piece, (_, t) in zip(e.pieces, _parts(p)[0]):
-                flat[piece.offset:piece.offset + piece.nbytes] = _bytes_of(t)
+                flat[piece.offset:piece.offset + piece.nbytes] = _memory_bytes(t, piece.stride)
         shard = flat[rank * layout.chunk:(rank + 1) * layout.chunk].clone()
         del flat
         for e in layout.entries:
