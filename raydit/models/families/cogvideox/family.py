@@ -198,6 +198,20 @@ class CogVideoXFamily(Family):
                                      **kwargs)).frames
 
     # -- hooks ----------------------------------------------------------------------------
+    def check_request(self, pipe, request) -> None:
+        super().check_request(pipe, request)
+        config = pipe.transformer.config
+        if config.get("use_learned_positional_embeddings"):
+            # CogVideoXPatchEmbed raises at the first step (naming neither size) for any other size:
+            # learned positions (CogVideoX-5b-I2V) exist for the sample size alone.
+            scale = pipe.vae_scale_factor_spatial
+            height, width = config.sample_height * scale, config.sample_width * scale
+            if (request.height, request.width) != (height, width):
+                raise ValueError(
+                    f"height {request.height} and width {request.width}: {type(pipe).__name__}'s transformer has "
+                    f"learned positional embeddings for {height} x {width} only (its sample size, as "
+                    f"CogVideoX-5b-I2V); ask for height {height} and width {width}")
+
     def encode(self, pipe, request, device, dtype):
         positive, negative = pipe.encode_prompt(
             request.prompt,

@@ -196,6 +196,19 @@ class LTX2Family(Family):
             value = request.option(name)
             if value is not None and value > 1:
                 raise ValueError(f"guidance option {name}={value!r} must be in [0, 1] (0 turns rescaling off)")
+        # LTX2Pipeline reads an audio knob of 0 as unset (`audio_x = audio_x or x`): a 0 the request
+        # gives would silently become the video's value. Refused where that value is not 0 itself.
+        resolved = guidance(pipe, request)
+        for name, fallback, hint in (
+                ("audio_guidance_scale", "guidance_scale", "1 turns the audio's classifier-free guidance off"),
+                ("audio_stg_scale", "stg_scale", "set stg_scale=0 too to turn STG off"),
+                ("audio_modality_scale", "modality_scale", "1 turns the audio's modality guidance off"),
+                ("audio_guidance_rescale", "guidance_rescale", "set guidance_rescale=0 too to turn rescaling off")):
+            value = request.option(name)
+            if value is not None and value == 0 and resolved[name] != 0:
+                raise ValueError(
+                    f"guidance option {name}=0 would run as {fallback} ({resolved[name]:g}): LTX2Pipeline takes 0 as "
+                    f"unset ({name} or {fallback}); {hint}, or give {name} a value other than 0")
         cross = request.option("use_cross_timestep")
         if cross is not None and not isinstance(cross, bool):
             raise ValueError(f"guidance option use_cross_timestep={cross!r} must be true or false")

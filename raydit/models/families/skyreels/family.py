@@ -95,6 +95,7 @@ DF_PIPELINE = "SkyReelsV2DiffusionForcingPipeline"
 # the pipeline's defaults; causal_block_size None: the transformer's num_frame_per_block.
 DF_OPTIONS = {"ar_step": 0, "causal_block_size": None, "base_num_frames": 97, "overlap_history": None,
               "addnoise_condition": 0, "fps": 24}
+FPS_EMBEDDINGS = (16, 24)  # the fps values the transformer's fps embedding tells apart (0 and 1)
 _ORIGINAL_BLOCK = "_raydit_num_frame_per_block"  # the checkpoint's num_frame_per_block, kept on the model
 
 
@@ -126,6 +127,12 @@ def df_settings(pipe, request) -> dict:
     base = _int_option(request, "base_num_frames", 1)
     overlap = _int_option(request, "overlap_history", 1)
     fps = _int_option(request, "fps", 1)
+    if fps not in FPS_EMBEDDINGS:
+        # The transformer has one fps embedding for 16 and one for 24; the pipeline gives any
+        # other value 24's without a word.
+        raise ValueError(f"guidance option fps={fps} is not one SkyReels-V2 is conditioned on: its fps embedding "
+                         f"knows {' and '.join(map(str, FPS_EMBEDDINGS))} only (the pipeline runs any other value as "
+                         "24); give fps=16 or fps=24")
     addnoise = request.option("addnoise_condition", 0)
     if isinstance(addnoise, bool) or not isinstance(addnoise, (int, float)) or addnoise < 0:
         raise ValueError(f"guidance option addnoise_condition={addnoise!r} must be a number >= 0 (20 is the "

@@ -261,6 +261,14 @@ class WanFamily(Family):
                 f"guidance_scale_2 {request.guidance_scale_2} needs a two-expert pipeline (Wan 2.2 A14B, "
                 "boundary_ratio set); this one has one transformer: drop guidance_scale_2"
             )
+        if request.guidance_scale_2 is not None and request.guidance_scale_2 > 1.0 and not request.do_cfg:
+            # WanPipeline runs the negative branch only when guidance_scale > 1, for both experts:
+            # the second expert's scale would be dropped without a word.
+            raise ValueError(
+                f"guidance_scale_2 {request.guidance_scale_2:g} has no effect with guidance_scale "
+                f"{request.guidance_scale:g}: classifier-free guidance runs (for both experts) only when "
+                "guidance_scale > 1, as in WanPipeline; raise guidance_scale or drop guidance_scale_2"
+            )
         check_frames(request.num_frames, pipe.vae_scale_factor_temporal)
         patch = self.transformers(pipe)[0].config.patch_size
         multiple = max(16, pipe.vae_scale_factor_spatial * max(patch[1], patch[2]))
