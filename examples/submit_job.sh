@@ -9,6 +9,6 @@
 set -euo pipefail
 DASHBOARD=${RAY_DASHBOARD:-http://127.0.0.1:8265}
 OUT=${OUT:-/tmp/raydit-job.mp4}
-ray job submit --address "$DASHBOARD" \
+RAY_AUTH_MODE=token ray job submit --address "$DASHBOARD" \
   --runtime-env "$(dirname "$0")/runtime_env.yaml" \
   -- raydit generate --prompt "a paper boat on a rainy street" --steps 8 --out "$OUT" --json

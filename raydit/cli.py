@@ -194,6 +194,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    args = None
     try:
         args = parser.parse_args(argv)
         if getattr(args, "_run", None) is None:
@@ -214,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:  # a run that failed after it started (e.g. every worker lost)
         print(f"raydit: failed: {_one_line(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("raydit: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # the running request stopped at its next step (Engine.__exit__)
+        kept = getattr(args, "resume", None) or getattr(args, "checkpoint_dir", None)
+        print("raydit: interrupted" + (f"; its finished steps are in {kept}: finish it with raydit generate "
+                                       f"--resume {kept}" if kept else ""), file=sys.stderr)
         return 130
 
 

@@ -83,7 +83,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
             opts[key] = value
     if not opts.get("prompt"):
         raise ValueError("--prompt is required (on the command line or as 'prompt:' in --config)")
-    if opts.get("steps", 1) < 1:
+    if opts.get("steps") is not None and opts["steps"] < 1:
         raise ValueError(f"--steps {opts['steps']} must be at least 1")
     if opts.get("fps") is not None and opts["fps"] < 1:
         raise ValueError(f"--fps {opts['fps']} must be at least 1")
@@ -146,10 +146,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _save_job(o)
     image = image_to_png(o["image"]) if o.get("image") and not resume else None
     image_model = takes_image(resolve_model_dir(o["model"])) and not resume
+    if resume:  # progress.pt must be the saved job's own request, before Ray starts
+        _check_saved_request(resume, o)
     if not resume:  # the scheduler's limit, before Ray starts
         from raydit.runtime.engine import check_steps
 
-        check_steps(str(resolve_model_dir(o["model"])), o["steps"])
+        if o.get("steps") is not None:  # left out: the model's pipeline's own count (the Engine's call_defaults)
+            check_steps(str(resolve_model_dir(o["model"])), o["steps"])
         if o.get("frames") is not None:  # a count the VAE cannot take: rounded as diffusers does, said once
             from raydit import model_spec
             from raydit.runtime.engine import round_frames
@@ -237,6 +240,42 @@ def _saved_job(directory: str) -> dict:
         raise ValueError(f"--resume {directory}: {path} has no prompt; give a directory a run wrote with "
                          "--checkpoint-dir")
     return saved
+
+
+# job.json's request options -> the GenerationRequest field progress.pt holds each as.
+_SAVED_REQUEST_FIELDS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "seed": "seed",
+                         "steps": "num_inference_steps", "frames": "num_frames", "height": "height",
+                         "width": "width", "guidance_scale": "guidance_scale"}
+
+
+def _check_saved_request(directory: str, o: dict) -> None:
+    """Refuse a --resume DIR whose progress.pt holds another request than its job.json (a
+    progress.pt copied from another run would finish that run's video under this one's name).
+    A job.json value of None (steps, guidance, geometry: the model's own) is not compared."""
+    from raydit.runtime.queue import load_progress
+
+    request, _ = load_progress(directory)
+    differ = []
+    for key, field in _SAVED_REQUEST_FIELDS.items():
+        wanted = o.get(key)
+        if wanted is None or not hasattr(request, field):
+            continue
+        saved = getattr(request, field)
+        if key == "frames" and wanted != saved:  # job.json keeps the count as given, the run rounds it
+            from raydit import model_spec
+            from raydit.models.loading import resolve_model_dir
+            from raydit.runtime.engine.validation import family_of
+
+            model_dir = str(resolve_model_dir(o["model"]))
+            vae_temporal = model_spec(model_dir).vae_temporal
+            if isinstance(wanted, int) and wanted >= 1 and (wanted - 1) % vae_temporal:
+                wanted = family_of(model_dir).round_frames(wanted, vae_temporal)
+        if wanted != saved:
+            differ.append(f"{key} {saved!r} (job.json: {o.get(key)!r})")
+    if differ:
+        raise ValueError(f"--resume {directory}: its progress.pt is another request than its job.json: "
+                         + ", ".join(differ) + "; the progress belongs to another run: start this one again "
+                         "without --resume, or resume the directory that run wrote")
 
 
 def _has_gpu_cluster() -> bool:

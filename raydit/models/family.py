@@ -260,6 +260,30 @@ class Family:
         selection on diffusers' model). 0.0: not counted, FP8 weights priced at bf16 bytes."""
         return 0.0
 
+    # What raydit asks for when a request leaves these out and the pipeline's call has no
+    # numeric default for them.
+    FALLBACK_CALL_DEFAULTS = {"num_inference_steps": 50, "guidance_scale": 6.0}
+
+    def call_defaults(self, model_dir) -> dict:
+        """{"num_inference_steps": n, "guidance_scale": g}: what the directory's diffusers pipeline
+        runs when its caller gives neither, read from the pipeline class's own `__call__` defaults
+        (Wan 5.0, LTX 3, Mochi 4.5 and 64 steps, LTX-2 30 steps, ...), so that raydit's default
+        request is diffusers' default call; FALLBACK_CALL_DEFAULTS where the call has none."""
+        import inspect
+
+        import diffusers
+
+        from raydit.models.loading import pipeline_class
+
+        cls = getattr(diffusers, pipeline_class(Path(model_dir)), None)
+        params = inspect.signature(cls.__call__).parameters if cls is not None else {}
+        out = {}
+        for name, fallback in self.FALLBACK_CALL_DEFAULTS.items():
+            default = getattr(params.get(name), "default", None)
+            usable = isinstance(default, (int, float)) and not isinstance(default, bool)
+            out[name] = type(fallback)(default) if usable else fallback
+        return out
+
     @staticmethod
     def round_frames(num_frames: int, vae_temporal: int) -> int:
         """The frame count the family's diffusers pipeline runs for `num_frames` when (num_frames

@@ -61,6 +61,11 @@ class RequestFailed(RuntimeError):
     many recoveries)."""
 
 
+class Interrupted(RuntimeError):
+    """A running request stopped at its next step because the Engine's `with` block ended by a
+    KeyboardInterrupt (Ctrl-C): its last finished step is in its checkpoint directory, if any."""
+
+
 class NoCapacity(RuntimeError):
     """No replica can run the request and the cluster has no free devices to rebuild one."""
 

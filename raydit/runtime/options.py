@@ -184,11 +184,12 @@ OPTIONS: tuple[Option, ...] = (
            help={"serve": "largest height served (default: the model's)"}),
     Option("width", int, commands=_BOTH, saved=True, engine="width", request="width",
            help={"serve": "largest width served (default: the model's)"}),
-    Option("steps", int, commands=_GEN, saved=True, request="num_inference_steps", request_default=50,
-           defaults={"generate": 50}, help="denoising steps (default 50)",
+    Option("steps", int, commands=_GEN, saved=True, request="num_inference_steps", request_default=None,
+           help="denoising steps (default: the model's diffusers pipeline's, e.g. 50; Mochi 64, LTX-2 30)",
            form={"annotation": int | None, "default": None, "ge": 1}),
-    Option("guidance_scale", float, commands=_GEN, saved=True, request="guidance_scale", request_default=6.0,
-           defaults={"generate": 6.0}, form={"annotation": float | None, "default": None, "ge": 0, "le": 100}),
+    Option("guidance_scale", float, commands=_GEN, saved=True, request="guidance_scale", request_default=None,
+           help="classifier-free guidance scale (default: the model's diffusers pipeline's, e.g. CogVideoX 6, "
+                "Wan 5, LTX 3, Mochi 4.5)", form={"annotation": float | None, "default": None, "ge": 0, "le": 100}),
     Option("seed", int, commands=_GEN, saved=True, request="seed", request_default=0, defaults={"generate": 0},
            form={"annotation": int | None, "default": None, "ge": 0, "le": 2**63 - 1}),
     Option(None, request="callback_on_step_end", control=True),
@@ -311,9 +312,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("out", commands=_GEN, defaults={"generate": "video.mp4"}, help="mp4 to write (default video.mp4)"),
     Option("save_latents", commands=_GEN, help="write the final latents (the pipeline's output_type='latent'): "
            ".npy (video; with sound also NAME.audio.npy) or .npz (latents, audio_latents)"),
-    Option("fps", int, commands=_BOTH, defaults={"generate": None, "serve": 8},
+    Option("fps", int, commands=_BOTH, defaults={"generate": None, "serve": None},
            help={"generate": "mp4 frame rate (default 8, or the rate a model's sound was made for)",
-                 "serve": "frames per second of the mp4 and of `seconds` (default 8)"}),
+                 "serve": "frames per second of the mp4 and of `seconds` (default 8, or the rate a model's sound "
+                          "was made for: LTX-2 24)"}),
     Option("resume", commands=_GEN, help="finish the run saved in this --checkpoint-dir from its last finished "
                                          "step, with the same latents (its request and options come from there)"),
     Option("host", commands=_SERVE, defaults={"serve": "127.0.0.1"},
@@ -328,8 +330,8 @@ OPTIONS: tuple[Option, ...] = (
            help="requests waiting at most; one more is answered 429 with Retry-After (default 64)"),
     Option("max_steps", int, commands=_SERVE, defaults={"serve": 200},
            help="most denoising steps a request may ask for (default 200)"),
-    Option("default_steps", int, commands=_SERVE, defaults={"serve": 50},
-           help="steps for a request that does not say (default 50)"),
+    Option("default_steps", int, commands=_SERVE,
+           help="steps for a request that does not say (default: the model's diffusers pipeline's, e.g. 50)"),
     Option("lora_dir", commands=_SERVE, metavar="DIR",
            help="POST /v1/loras loads LoRAs from under this directory only (default: no loading over HTTP)"),
 )

@@ -268,34 +268,127 @@ class Dispatcher:
 # -- durable progress ----------------------------------------------------------------------
 
 
-def save_progress(directory: str, request, checkpoint: dict | None) -> Path:
+def model_identity(model_dir: str) -> dict:
+    """What a checkpoint records of the model that wrote it: the pipeline class (model_index.json's
+    `_class_name`) and a digest of model_index.json and transformer/config.json (a file absent
+    counts as absent). Another model's latents resumed here would decode into garbage."""
+    import hashlib
+    import json
+
+    root = Path(model_dir)
+    digest = hashlib.sha256()
+    pipeline = None
+    for name in ("model_index.json", "transformer/config.json"):
+        f = root / name
+        data = f.read_bytes() if f.is_file() else b""
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        if name == "model_index.json" and data:
+            try:
+                pipeline = json.loads(data).get("_class_name")
+            except ValueError:
+                pipeline = None
+    return {"pipeline": pipeline, "digest": digest.hexdigest()[:16], "path": str(root)}
+
+
+def next_request_dir(root: str, n: int = 1) -> str:
+    """A new ROOT/request-NNNN for an engine's n-th request: numbered after the highest one
+    already in ROOT (another engine's, perhaps one that crashed with a request unfinished) and
+    created here (mkdir fails on one that exists), so no directory is ever reused."""
+    import re
+
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    taken = [int(m.group(1)) for e in os.listdir(base) if (m := re.fullmatch(r"request-(\d+)", e))]
+    k = max(n, max(taken, default=0) + 1)
+    while True:
+        path = base / f"request-{k:04d}"
+        try:
+            path.mkdir()
+            return str(path)
+        except FileExistsError:  # claimed meanwhile by another engine on the same root
+            k += 1
+
+
+def save_progress(directory: str, request, checkpoint: dict | None, model: dict | None = None) -> Path:
     """Write the request and its last finished step atomically (a temporary file renamed
-    into place): a reader sees the previous step or this one, never half of one."""
+    into place): a reader sees the previous step or this one, never half of one. `model`:
+    `model_identity` of the model that runs it, checked by Engine.resume."""
     import torch
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     target = path / PROGRESS_FILE
     tmp = path / f".{PROGRESS_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
-    torch.save({"version": 1, "request": request, "checkpoint": checkpoint}, tmp)
+    data = {"version": 1, "request": request, "checkpoint": checkpoint}
+    if model is not None:
+        data["model"] = model
+    torch.save(data, tmp)
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, target)
     return target
 
 
-def load_progress(directory: str) -> tuple[Any, dict | None]:
-    """(request, checkpoint or None) from `save_progress`'s file; ValueError when absent."""
+def _safe_globals() -> list:
+    """What a progress file may name beyond weights_only's defaults (tensors, dicts, lists,
+    tuples, numbers, strings, bytes): the request's class, and NumPy arrays and scalars (a
+    scheduler's state may hold them). Nothing that can run code when unpickled."""
+    import numpy as np
+
+    from raydit.models.family import GenerationRequest
+
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # NumPy 1.x
+        from numpy.core import multiarray
+    dtypes = {type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUSV"}
+    return [GenerationRequest, multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *dtypes]
+
+
+def _check_zip(target: Path) -> None:
+    """torch.load reads the zip's members without checking their CRCs: a flipped byte in the
+    latents would resume into a wrong video. Check every member's CRC first."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(target) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise ValueError(f"{target}: not a raydit progress file ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # a damaged header: zlib.error, struct.error, ...
+        raise ValueError(f"{target}: corrupted: {type(exc).__name__}: {exc}; start the request again "
+                         "without --resume (or with another checkpoint directory)") from None
+    if bad is not None:
+        raise ValueError(f"{target}: corrupted: {bad} fails its CRC check; the file was damaged after it was "
+                         "written, so its progress cannot be trusted: start the request again without --resume "
+                         "(or with another checkpoint directory)")
+
+
+def load_progress(directory: str, with_model: bool = False):
+    """(request, checkpoint or None) from `save_progress`'s file; ValueError when absent,
+    damaged (every zip member's CRC is checked) or not one. `with_model`: (request,
+    checkpoint, model identity or None: a file written before it was recorded).
+    Loaded with weights_only=True: a crafted file cannot run code here."""
     import torch
 
     target = Path(directory) / PROGRESS_FILE
     if not target.is_file():
         raise ValueError(f"no saved progress in {str(directory)!r} (no {PROGRESS_FILE}); "
                          "give the directory a run wrote with --checkpoint-dir")
+    _check_zip(target)
     try:
-        data = torch.load(target, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_safe_globals()):
+            data = torch.load(target, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"{target}: not a raydit progress file ({type(exc).__name__}: {exc})") from None
+        import re
+
+        text = " ".join(str(exc).split())
+        unsafe = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
+        if unsafe:  # weights_only's refusal: the file names something that could run code
+            text = f"it names {unsafe.group(1)}, which a progress file never holds; not loaded"
+        raise ValueError(f"{target}: not a raydit progress file ({type(exc).__name__}: {text[:300]})") from None
     if not isinstance(data, dict) or data.get("version") != 1 or "request" not in data:
         raise ValueError(f"{target}: not a raydit progress file")
+    if with_model:
+        return data["request"], data["checkpoint"], data.get("model")
     return data["request"], data["checkpoint"]

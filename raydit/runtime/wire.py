@@ -60,6 +60,8 @@ def _map(value: Any, leaf: type, fn) -> Any:
         return fn(value)
     if isinstance(value, dict):
         return {k: _map(v, leaf, fn) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # a namedtuple: its fields by position
+        return type(value)(*(_map(v, leaf, fn) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(_map(v, leaf, fn) for v in value)
     return value

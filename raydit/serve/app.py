@@ -94,6 +94,13 @@ async def _validation_error(request: Request, exc: RequestValidationError):
     return _error(400, "; ".join(parts), first, "invalid_value")
 
 
+def _model_fps(spec) -> float:
+    """The frame rate a server without --fps writes and reads `seconds` at: the rate a model with
+    sound made it for (LTX-2: 24, so the video plays in sync with it), else 8."""
+    rate = float(spec.frame_rate or 8)
+    return int(rate) if rate.is_integer() else rate
+
+
 def _read_token_digest(options: dict) -> str:
     """On the replica: $RAYDIT_API_TOKEN, else the token file (never created here)."""
     from raydit.serve.auth import load_or_create_token
@@ -209,8 +216,11 @@ class VideoAPI:
             max_width=options.get("width") or spec.default_width,
             max_steps=max_steps,
             steps_limited_by=steps_by,
-            default_steps=min(options["default_steps"], max_steps),
-            fps=options["fps"],
+            # What a request leaves out: --default-steps, else the model's pipeline's own (as its guidance).
+            default_steps=min(options.get("default_steps") or self.engine.call_defaults["num_inference_steps"],
+                              max_steps),
+            default_guidance=self.engine.call_defaults["guidance_scale"],
+            fps=options.get("fps") or _model_fps(spec),
             vae_temporal=spec.vae_temporal,
             guidance_options=tuple(getattr(families().get(spec.family), "option_names", ())),
             cache=self.engine.cache,

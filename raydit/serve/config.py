@@ -66,7 +66,7 @@ def check_serve_options(opts: dict) -> None:
         raise ValueError(f"--port {opts['port']} must be between 1 and 65535")
     if opts["device"] not in DEVICES:
         raise ValueError(f"device {opts['device']!r} must be one of {', '.join(DEVICES)}")
-    if opts["default_steps"] > opts["max_steps"]:
+    if opts.get("default_steps") is not None and opts["default_steps"] > opts["max_steps"]:
         raise ValueError(
             f"--default-steps {opts['default_steps']} is more than --max-steps {opts['max_steps']}; "
             "raise --max-steps or lower --default-steps"

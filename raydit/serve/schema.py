@@ -93,7 +93,7 @@ class Limits:
     default_steps: int
     fps: int
     vae_temporal: int
-    default_guidance: float = 6.0
+    default_guidance: float = 6.0  # the server's is the model's pipeline's own (Engine.call_defaults)
     steps_limited_by: str = "--max-steps"
     guidance_options: tuple[str, ...] = ()  # the names of the guidance options the model takes
     cache: str | None = None  # the server's step-cache method (--cache); None: every step computed

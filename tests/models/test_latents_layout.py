@@ -117,7 +117,8 @@ def test_runner_output_latents_are_the_pipelines(family, tiny):
 @pytest.mark.parametrize("tiny", ["tiny-kandinsky5-i2v", "tiny-ltx2"])
 def test_generation_result_latents_are_the_pipelines(ray_local, tiny):
     """GenerationResult.latents (and audio_latents where the pipeline makes sound) from an Engine
-    with one worker, against diffusers' pipeline called directly; float32, to WORKER."""
+    with one worker, against diffusers' pipeline called directly; float32, to WORKER. The Engine
+    is given no guidance scale: its default must be the pipeline's."""
     import numpy as np
 
     from raydit.models.requests import png_to_image
@@ -125,6 +126,8 @@ def test_generation_result_latents_are_the_pipelines(ray_local, tiny):
 
     out, request = _calls(tiny)
     image = request.pop("image", None)
+    # Left out, the guidance is the Engine's default: the model's pipeline's own, as here (Family.call_defaults).
+    request.pop("guidance_scale")
     with Engine(model=tiny, device="cpu", workers=1, grow="never", show_plan=False) as engine:
         result = engine.generate(**request, image=None if image is None else png_to_image(image), progress=False)
     assert result.latents.dtype == np.float32

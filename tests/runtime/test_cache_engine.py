@@ -124,3 +124,19 @@ def test_a_bad_request_cache_is_one_line_and_the_engine_keeps_serving(engine):
         with pytest.raises(ValueError, match=message) as info:
             _gen(engine, **kw)
         assert "\n" not in str(info.value)
+
+
+def test_a_frame_count_the_vae_changes_is_said(engine, caplog):
+    """5 frames of the tiny CogVideoX are 2 latent frames, which its VAE (as diffusers' pipeline
+    runs it) decodes into 8: the video has 8 frames, and the Engine says so in one logged line
+    rather than hand back another count than asked without a word."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="raydit"):
+        result = _gen(engine, cache=None)
+    assert result.frames.shape[0] == 8
+    assert "num_frames 5 gave 8 frames, as diffusers' CogVideoXPipeline does" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="raydit"):
+        assert _gen(engine, cache=None, num_frames=1).frames.shape[0] == 1  # as asked: nothing said
+    assert "gave" not in caplog.text

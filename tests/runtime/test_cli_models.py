@@ -170,20 +170,23 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
             assert not torch.allclose(plain, expected, rtol=1e-2, atol=1e-2)
         if model == "tiny-hunyuan-i2v":
             assert summary["plan"]["world_size"] == 2 and summary["plan"]["cfg"] == 1
+            # no --guidance-scale: HunyuanVideoImageToVideoPipeline's default, 1.0 (embedded)
             request = GenerationRequest(prompt="a kite over the sea", num_frames=5, height=32, width=32,
-                                        num_inference_steps=2, seed=3, image=image_to_png(png))
+                                        num_inference_steps=2, seed=3, image=image_to_png(png), guidance_scale=1.0)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
         if model == "tiny-kandinsky5":
             assert summary["plan"]["world_size"] == 2
+            # no --guidance-scale: Kandinsky5T2VPipeline's default, 5.0
             request = GenerationRequest(prompt="a kite over the sea", negative_prompt="blur", num_frames=5,
-                                        height=32, width=32, num_inference_steps=2, seed=3)
+                                        height=32, width=32, num_inference_steps=2, seed=3, guidance_scale=5.0)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
         if model == "tiny-mochi":
             assert (summary["plan"]["world_size"], summary["plan"]["ulysses"]) == (2, 2) and summary["frames"][0] == 7
+            # no --guidance-scale: MochiPipeline's default, 4.5
             request = GenerationRequest(prompt="a kite over the sea", num_frames=7, height=32, width=32,
-                                        num_inference_steps=2, seed=3)
+                                        num_inference_steps=2, seed=3, guidance_scale=4.5)
             expected = run_steps(Runner(load_pipeline(model)), request, 2).latents
             torch.testing.assert_close(torch.from_numpy(np.load(latents)), expected, rtol=1e-4, atol=1e-4)
         if model == "tiny-skyreels-df":

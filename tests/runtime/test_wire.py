@@ -70,3 +70,16 @@ def test_a_checkpoint_that_travelled_resumes_exactly():
         assert t[1].device.type == "cpu"  # packed for the host: (marker, tensor, device)
     resumed = run_steps(runner, request, 5, checkpoint=from_wire(to_wire(checkpoint)))
     torch.testing.assert_close(resumed.latents, full.latents, rtol=0, atol=0)
+
+
+def test_a_namedtuple_in_a_checkpoint_travels_and_keeps_its_type():
+    """A namedtuple is a tuple: its fields are mapped like a tuple's items, and it comes back
+    as the same namedtuple (its constructor takes the fields by position, not one iterable)."""
+    import collections
+
+    Pair = collections.namedtuple("Pair", "tensor count")
+    x = torch.arange(4.0)
+    wire = to_wire({"carry": [Pair(x, 3)]})
+    assert isinstance(wire["carry"][0], Pair) and isinstance(wire["carry"][0].tensor, WireTensor)
+    back = from_wire(wire)["carry"][0]
+    assert isinstance(back, Pair) and back.count == 3 and torch.equal(back.tensor, x)

@@ -47,6 +47,12 @@ def test_videos_keep_their_sound_and_take_guidance_options(server, tmp_path):
         path = tmp_path / f"{video.id}.mp4"
         path.write_bytes(client.videos.download_content(video.id).read())
         frames[name] = read_mp4(str(path))
+        # Without --fps the server plays LTX-2's video at the rate its sound was made for (24), so
+        # the two are as long as each other (it wrote 8 fps once: a video three times its sound).
+        import imageio_ffmpeg
+
+        meta = next(imageio_ffmpeg.read_frames(str(path)))
+        assert meta["fps"] == 24 and float(done.seconds) == pytest.approx(frames[name].shape[0] / 24, rel=1e-5)
         audio = read_mp4_audio(str(path))
         assert audio is not None, f"{name}: the mp4 has no audio stream"
         waveform, rate = audio

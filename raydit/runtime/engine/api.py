@@ -21,9 +21,10 @@ from typing import Any, Callable
 import numpy as np
 
 from raydit.runtime.controller import Job
-from raydit.runtime.engine.validation import check_steps, round_frames
+from raydit.runtime.engine.validation import check_steps, note_frames, round_frames
+from raydit.runtime.errors import Interrupted
 from raydit.runtime.options import ENGINE_DEFAULT, call_controls, submit_signature
-from raydit.runtime.queue import Item, load_progress, save_progress
+from raydit.runtime.queue import Item, load_progress, model_identity, next_request_dir, save_progress
 from raydit.runtime.wire import from_wire, to_wire
 
 _SUBMIT = submit_signature()
@@ -149,7 +150,8 @@ class ApiPart:
 
     def _request(self, given: dict):
         """submit's request keywords -> the GenerationRequest: the model's defaults for what is
-        not given, the image as PNG, the Engine's step caching and fused LoRA unless named."""
+        not given (steps and guidance: its diffusers pipeline's own, `call_defaults`), the image
+        as PNG, the Engine's step caching and fused LoRA unless named."""
         from raydit.models.family import GenerationRequest, image_to_png
 
         if not self.replicas:
@@ -166,6 +168,7 @@ class ApiPart:
         return GenerationRequest(**{
             **given,
             "negative_prompt": given["negative_prompt"] or "",
+            **{name: value for name, value in self.call_defaults.items() if given[name] is None},
             "num_frames": self.spec.default_frames if num_frames is None else num_frames,
             "height": self.spec.default_height if given["height"] is None else given["height"],
             "width": self.spec.default_width if given["width"] is None else given["width"],
@@ -191,7 +194,15 @@ class ApiPart:
                progress: bool = True) -> GenerationResult:
         """Finish the request saved in `directory` (written with `checkpoint_dir`) from its
         last finished step, e.g. after the driver that ran it died; returns its result."""
-        request, checkpoint = load_progress(directory)
+        request, checkpoint, model = load_progress(directory, with_model=True)
+        # A file written before the model was recorded (model None) is taken as it is.
+        if model is not None:
+            mine = model_identity(self.model_dir)
+            if (model.get("pipeline"), model.get("digest")) != (mine["pipeline"], mine["digest"]):
+                raise ValueError(
+                    f"{directory}: saved by model {model.get('path')!r} ({model.get('pipeline')}, config "
+                    f"{model.get('digest')}), but this engine runs {mine['path']!r} ({mine['pipeline']}, config "
+                    f"{mine['digest']}); resume it with that model, or start the request again without --resume")
         self._check_request(request)
         job = None
         if checkpoint is not None:
@@ -232,9 +243,9 @@ class ApiPart:
             with self._capacity_lock:
                 self._submitted += 1
                 n = self._submitted
-            checkpoint_dir = os.path.join(self.checkpoint_dir, f"request-{n:04d}")
+            checkpoint_dir = next_request_dir(self.checkpoint_dir, n)
         if checkpoint_dir is not None and job is None:
-            save_progress(checkpoint_dir, request, None)  # the request itself, before step 0
+            save_progress(checkpoint_dir, request, None, model=self._model_identity)  # the request, before step 0
         with self._capacity_lock:
             self._tags += 1
             n = self._tags
@@ -301,7 +312,10 @@ class ApiPart:
             if item.callback is not None:
                 self._run_callback(item.callback, job)
             if item.checkpoint_dir is not None:
-                save_progress(item.checkpoint_dir, request, from_wire(job.checkpoint))
+                save_progress(item.checkpoint_dir, request, from_wire(job.checkpoint), model=self._model_identity)
+            if getattr(self, "_interrupted", False):  # Ctrl-C ended the Engine's block: stop here
+                where = f"; finish it with resume({item.checkpoint_dir!r})" if item.checkpoint_dir else ""
+                raise Interrupted(f"interrupted after step {job.step_index} of {job.num_steps or '?'}{where}")
 
         return on_step, bar
 
@@ -323,6 +337,8 @@ class ApiPart:
         timings["denoise"] = timings["denoise_seconds"]
         timings["decode"] = float(job.timings.get("decode_seconds", 0.0))
         timings["decode_ranks"] = int(job.timings.get("decode_ranks", 1))
+        if np.ndim(job.frames) == 4:
+            note_frames(self.model_dir, self.spec.vae_temporal, request.num_frames, int(np.shape(job.frames)[0]))
         return GenerationResult(
             # A copy the result owns: Ray's zero-copy array would pin the frames in the object
             # store for as long as the user keeps the result (raydit.runtime.raygc).

@@ -23,7 +23,7 @@ from raydit.runtime.engine.loras import LoraPart
 from raydit.planner.devicemodel import run_mode
 from raydit.runtime.engine.planning import PlanningPart, plan_brief
 from raydit.runtime.engine.replicas import Replica, ReplicasPart
-from raydit.runtime.engine.validation import num_train_timesteps, round_frames
+from raydit.runtime.engine.validation import family_of, num_train_timesteps, round_frames
 from raydit.runtime.options import EngineConfig, engine_signature
 from raydit.runtime.queue import Dispatcher
 
@@ -117,13 +117,16 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         if self.full_precision_steps and self.quantize:
             self.shard_weights = False  # the kept bf16 weights are whole on every rank
         # how the planner prices it
-        self.plan_mode = run_mode(self.quantize, self.attention, self.compile, self.full_precision_steps)
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model
         self.model_dir = str(resolve_model_dir(c.model))
         self.takes_image = takes_image(self.model_dir)
         self.spec = model_spec(self.model_dir)
+        # What a request leaves out of steps and guidance: the model's diffusers pipeline's own.
+        self.call_defaults = family_of(self.model_dir).call_defaults(self.model_dir)
+        self.plan_mode = run_mode(self.quantize, self.attention, self.compile, self.full_precision_steps,
+                                  steps=self.call_defaults["num_inference_steps"])
         frames = round_frames(self.model_dir, self.spec.vae_temporal, c.frames)
         self.spec.geometry(frames, c.height, c.width)
         self._geometry = (frames, c.height, c.width)
@@ -134,7 +137,12 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         self._forced = {"ulysses": c.ulysses, "ring": c.ring, "cfg": c.cfg}
         self._collective_timeout_s = c.collective_timeout_s
         self.checkpoint_dir = c.checkpoint_dir
+        # request-NNNN under checkpoint_dir: numbered after any an earlier engine left there
+        # (next_request_dir), so a second engine on the same root never overwrites one.
         self._submitted = 0
+        from raydit.runtime.queue import model_identity
+
+        self._model_identity = model_identity(self.model_dir)  # recorded in every checkpoint
         self._num_train_timesteps = num_train_timesteps(self.model_dir)
         self._grow = c.grow
         self.elastic = c.elastic

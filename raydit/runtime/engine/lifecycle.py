@@ -1,5 +1,6 @@
 """An Engine's lifetime: shutdown (queued requests cancelled, running ones awaited, actors
-killed, reservations released) and the context manager."""
+killed, reservations released) and the context manager (left by Ctrl-C: running requests stop
+at their next step)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ class LifecyclePart:
     def __enter__(self) -> "Engine":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            # Ctrl-C: running requests stop at their next step (each finished step is in its
+            # checkpoint directory, if it has one) instead of running to the end before shutdown.
+            self._interrupted = True
         self.shutdown()
 
     def __del__(self):  # a forgotten engine must not leave actors pinning GPUs

@@ -44,6 +44,20 @@ def round_frames(model_dir: str, vae_temporal: int, frames):
     return rounded
 
 
+def note_frames(model_dir: str, vae_temporal: int, asked: int, got: int) -> None:
+    """Say in one logged line when the video has another frame count than the request asked for
+    (as the model's diffusers pipeline gives it: CogVideoX's VAE decodes an even number of latent
+    frames into 4 per latent frame, so 5 frames come back as 8)."""
+    if asked == got:
+        return
+    from raydit.models.loading import pipeline_class
+
+    latent = (asked - 1) // vae_temporal + 1
+    logging.getLogger("raydit").warning(
+        "raydit: num_frames %d gave %d frames, as diffusers' %s does (its VAE decodes the %d latent frames "
+        "into %d)", asked, got, pipeline_class(Path(model_dir)), latent, got)
+
+
 def num_train_timesteps(model_dir: str) -> int | None:
     """The scheduler's training timesteps (the most inference steps it can take), read
     from the pipeline's scheduler config without loading anything."""

@@ -225,6 +225,24 @@ class HunyuanVideo15Family(Family):
         enabled = guider is None or getattr(guider, "_enabled", True)
         return enabled and not math.isclose(request.guidance_scale, 1.0)
 
+    def call_defaults(self, model_dir) -> dict:
+        """The pipeline's call takes no guidance_scale: its guider's scale is the default, from
+        the directory's guider config (ClassifierFreeGuidance's own default where it gives none)."""
+        import inspect
+        from pathlib import Path
+
+        from diffusers import ClassifierFreeGuidance
+
+        out = super().call_defaults(model_dir)
+        scale = inspect.signature(ClassifierFreeGuidance.__init__).parameters["guidance_scale"].default
+        config = Path(model_dir) / "guider" / "guider_config.json"
+        if config.is_file():
+            given = json.loads(config.read_text()).get("guidance_scale")
+            if isinstance(given, (int, float)) and not isinstance(given, bool):
+                scale = given
+        out["guidance_scale"] = float(scale)
+        return out
+
     def check_request(self, pipe, request) -> None:
         super().check_request(pipe, request)
         guider = getattr(pipe, "guider", None)
