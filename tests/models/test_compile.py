@@ -96,6 +96,7 @@ def compiled_vs_eager_worker(rank: int, world_size: int, cases, plans, inductor_
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time: stage one ran 21:42 at f797430)
 def test_compiled_blocks_match_eager_on_ulysses_and_ring_without_graph_breaks():
     """fullgraph=True: compiling a parallelized block with a graph break in it raises, so every
     result here is from blocks compiled whole, collectives included (as custom ops)."""

@@ -297,6 +297,7 @@ def test_image_input_errors_are_one_line_and_status_2(tmp_path):
         assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
 
 
+@pytest.mark.long  # the second stage (suite time: stage one ran 21:42 at f797430)
 def test_image_to_video_from_the_command_line_equals_one_process(ray_local, tmp_path):
     """`raydit generate --model tiny-i2v --image PNG` on 2 ranks (ring 2) writes the mp4 and the
     latents one process computes for the same image (rtol 1e-4, atol 1e-4)."""

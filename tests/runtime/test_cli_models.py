@@ -97,6 +97,7 @@ def address(ray_local):
     return ray_local.get_runtime_context().gcs_address
 
 
+@pytest.mark.long  # the second stage (suite time: stage one ran 21:42 at f797430)
 def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
     from PIL import Image
 

@@ -389,6 +389,7 @@ def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_
     assert "DiT block linear part" in report and "attention d64 torch-cpu " in report
 
 
+@pytest.mark.long  # the second stage (suite time: stage one ran 21:42 at f797430)
 def test_model_calibration_files_the_models_own_rates_and_the_planner_uses_them(fake_cluster, tmp_path, monkeypatch):
     """`raydit doctor --calibrate --model`: one actor loads the saved pipeline, times its own
     step at the request given and its attention at its shape; the entry is filed under the
