@@ -278,6 +278,13 @@ def sp_attention(
             f"q, k, v must share one (batch, heads, tokens, head_dim) shape; got "
             f"{tuple(q_BHSD.shape)}, {tuple(k_BHSD.shape)}, {tuple(v_BHSD.shape)}"
         )
+    if not q_BHSD.dtype == k_BHSD.dtype == v_BHSD.dtype or not q_BHSD.device == k_BHSD.device == v_BHSD.device:
+        # As torch's SDPA refuses; the Ulysses exchange packs q, k, v into one buffer and would
+        # cast k and v to q's dtype without a word.
+        raise ValueError(
+            f"q, k, v must share one dtype and device; got {q_BHSD.dtype} on {q_BHSD.device}, {k_BHSD.dtype} on "
+            f"{k_BHSD.device}, {v_BHSD.dtype} on {v_BHSD.device}: cast them to one before attention"
+        )
     B, H, S, D = q_BHSD.shape
     if S != layout.local_len:
         raise ValueError(

@@ -205,6 +205,10 @@ def test_sp_attention_input_errors():
         sp_attention(q, q[:, :3], q, mesh, SeqLayout((24,), 1))
     with pytest.raises(ValueError, match="head_chunks 0 must be an integer >= 1"):
         sp_attention(q, q, q, mesh, SeqLayout((24,), 1), head_chunks=0)
+    # One dtype for q, k and v (the Ulysses exchange would cast k and v to q's without a word).
+    with pytest.raises(ValueError, match="q, k, v must share one dtype and device; got torch.bfloat16 on cpu, "
+                                         "torch.float32 on cpu"):
+        sp_attention(q.bfloat16(), q, q.bfloat16(), mesh, SeqLayout((24,), 1))
 
 
 def test_build_mesh_without_process_group():
