@@ -228,7 +228,8 @@ def read_state_dict(pipeline_cls, path) -> dict:
 
 def check_state_dict(state_dict: Mapping, transformers: Mapping[str, Any], where: str) -> None:
     """Every tensor must belong to a transformer component and be a LoRA factor of one of its
-    linear layers with the layer's shape; ValueError naming the first one that is not.
+    linear layers with the layer's shape; ValueError naming every module the model lacks, else the
+    first tensor that does not fit.
 
     `transformers`: component name -> module (a real transformer, or one on the meta device)."""
     import torch
@@ -241,6 +242,16 @@ def check_state_dict(state_dict: Mapping, transformers: Mapping[str, Any], where
         )
     module = transformers["transformer"]
     modules = dict(module.named_modules())
+    # Every target the model lacks is named at once (not only the first): a user sees the whole
+    # mismatch in one line.
+    absent = sorted({m["module"] for k in state_dict if k.startswith("transformer.")
+                     for m in [_KEY.match(k.partition(".")[2])] if m is not None and m["module"] not in modules})
+    if absent:
+        shown = ", ".join(repr(a) for a in absent[:8]) + (f" and {len(absent) - 8} more" if len(absent) > 8 else "")
+        raise ValueError(
+            f"LoRA {where} targets {len(absent)} module{'s' if len(absent) > 1 else ''} this "
+            f"{type(module).__name__} does not have ({shown}); it is a LoRA for another model"
+        )
     for key, tensor in state_dict.items():
         prefix, _, inner = key.partition(".")
         if prefix != "transformer":
