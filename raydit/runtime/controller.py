@@ -415,7 +415,7 @@ class Controller:
         if counts and not node_died:
             job.failures_at_step += 1
             if job.failures_at_step >= 2:
-                reason = (f"the request failed at step {job.step_index} twice, on fresh workers each "
+                reason = (f"the request failed at {_at(job)} twice, on fresh workers each "
                           f"time (last: {failure}); not retrying it")
                 self._event("gave_up", reason=reason)
                 # The survivors left the group with the failure: the next request re-forms it
@@ -432,7 +432,7 @@ class Controller:
                 decision = self.policy.after_failure(job, survivors, free, self.replan, self.regroup_cost_s())
                 if decision.action == "fail":
                     self._event("gave_up", reason=decision.reason)
-                    raise RequestFailed(f"request failed at step {job.step_index}: {decision.reason}") from failure
+                    raise RequestFailed(f"request failed at {_at(job)}: {decision.reason}") from failure
                 if decision.action == "handback":
                     self._event("handed_back", step=job.step_index, reason=decision.reason)
                     raise HandBack(decision.reason)
@@ -468,24 +468,38 @@ class Controller:
         current = self.plan
         sp = current.ulysses * current.ring if current is not None else 1
         self._event("failure", step=job.step_index, lost=0, kind="oom", cause=str(oom))
+        figures = ""
+        if current is not None:
+            mem = getattr(current, "memory_gb_per_gpu", None)
+            figures = (f" on ulysses {current.ulysses} x ring {current.ring} x cfg {current.cfg}"
+                       + (f" (planned {mem:.1f} GB per device)" if mem else ""))
+        lost_while_forming = None
         with self.capacity_lock:
             self.group.reset_group()
             capacity = len(self.group.members) + self.group.free_slot_count()
             try:
                 plan = self.replan(capacity, min_sp=sp + 1)
             except (ValueError, TypeError) as exc:
-                figures = ""
-                if current is not None:
-                    mem = getattr(current, "memory_gb_per_gpu", None)
-                    figures = (f" on ulysses {current.ulysses} x ring {current.ring} x cfg {current.cfg}"
-                               + (f" (planned {mem:.1f} GB per device)" if mem else ""))
                 self._event("gave_up", reason=f"out of memory; {exc}")
                 raise OutOfMemory(
                     f"{oom}{figures}; no plan with more than {sp}-way sequence parallelism fits the "
                     f"{capacity} device(s) available: use fewer frames or a smaller size, or add devices"
                 ) from None
-            self.group.grow_to(plan)
-            self.group.form(plan, self.form_timeout_s)
+            try:
+                self.group.grow_to(plan)
+                self.group.form(plan, self.form_timeout_s)
+            except ValueError as exc:  # the larger plan's devices could not be reserved after all
+                self._event("gave_up", reason=f"out of memory; {exc}")
+                raise OutOfMemory(
+                    f"{oom}{figures}; the {plan.world_size} device(s) of a plan with more sequence "
+                    f"parallelism could not be reserved ({exc}): use fewer frames or a smaller size, "
+                    "or free devices"
+                ) from None
+            except WorkerFailure as failure:  # a member died while regrouping: recovered as any loss
+                lost_while_forming = failure
+        if lost_while_forming is not None:
+            self.recover(job, lost_while_forming, counts=False)
+            return
         self.on_plan(plan)
         job.prepared = False
         self._event("regrouped", reason="out of memory: more sequence parallelism", plan=_brief(plan),
@@ -532,6 +546,14 @@ class Controller:
             if self.tick(job) == "stepped" and on_step is not None:
                 on_step(job)
         return job
+
+
+def _at(job: Job) -> str:
+    """Where `job` failed, in words: its step, or the decode once every step is done (a
+    2-step request that fails in its decode did not fail at "step 2")."""
+    if job.num_steps is not None and job.step_index >= job.num_steps:
+        return f"the decode (after step {job.num_steps - 1})" if job.num_steps else "the decode"
+    return f"step {job.step_index}"
 
 
 def _brief(plan) -> dict:

@@ -62,6 +62,7 @@ class WorkerPool:
         self.last_step_seconds: float | None = None
         self.timings: dict[str, float] = {}
         self.suspect_nodes: set[str] = set()
+        self._unanswered: set[str] = set()  # suspect nodes a probe found silent (free_slots)
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
         # group is formed over holds exactly these (a rank that joins later gets them too).
         self.loras: dict = {}
@@ -185,7 +186,41 @@ class WorkerPool:
     def free_slots(self) -> dict[str, int]:
         """Free devices per node, leaving out nodes suspected dead since the last failure."""
         key = "GPU" if self.device == "cuda" else "CPU"
-        return {n: c for n, c in free_slots(key).items() if n not in self.suspect_nodes}
+        slots = free_slots(key)
+        self._clear_live_suspects(slots)
+        return {n: c for n, c in slots.items() if n not in self.suspect_nodes}
+
+    def _clear_live_suspects(self, slots: dict[str, int]) -> None:
+        """A suspect node that Ray still lists with free devices either died and is not yet
+        declared dead, or lost only a rank's process (a SIGKILL, the OOM killer) and is well.
+        Without telling the two apart, a node that lost its only rank's process stayed
+        suspect until the next failure: its devices never counted, and a replica with no
+        rank left could never be repaired on it. A task pinned to the node tells: a live
+        raylet runs it within PING_S. A node that answers is suspected no more; one that does
+        not is not asked again (Ray soon declares it dead)."""
+        ask = [n for n in self.suspect_nodes if n in slots and n not in self._unanswered]
+        if not ask:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(num_cpus=0, max_retries=0)(_node_id)
+        refs = {probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n
+                for n in ask}
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=PING_S)
+        answered = set()
+        for ref in ready:
+            try:
+                if ray.get(ref) == refs[ref]:
+                    answered.add(refs[ref])
+            except Exception:
+                pass
+        for ref in pending:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:
+                pass
+        self._unanswered |= set(ask) - answered
+        self.suspect_nodes = self.suspect_nodes - answered
 
     def member_counts(self) -> dict[str, int]:
         """Warm members per node id."""
@@ -229,13 +264,15 @@ class WorkerPool:
         while pending:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+            silent = None  # members found not answering a ping at this deadline
             if not ready and extensions < self.max_extensions:
                 # Every rank still answers from its second thread: slow (a loaded machine, a
                 # first call on fresh actors), not stopped; a rank waiting on a dead peer is
                 # freed by the collective's own timeout, which raises. Wait again, said in
                 # the log, up to max_extensions more deadlines before calling it stuck.
                 extensions += 1
-                if not _silent([m for m, r in zip(members, refs) if r in pending], timeout_s=PING_S):
+                silent = _silent([m for m, r in zip(members, refs) if r in pending], timeout_s=PING_S)
+                if not silent:
                     logger.warning("raydit: %s is past its %.1f s deadline; every rank answers, waiting "
                                    "%.1f s more (%d of %d) before dropping the stuck ones",
                                    where, timeout_s, timeout_s, extensions, self.max_extensions)
@@ -244,7 +281,8 @@ class WorkerPool:
             if not ready:
                 late = Failure(DEADLINE, "DeadlineExceeded",
                                f"{where} made no progress for {timeout_s:.1f} s (its deadline)")
-                lost, outcomes = self._settle(members, refs, settle_s=5.0, probe=True)
+                # Those found silent just now are not pinged again (another PING_S for each hang).
+                lost, outcomes = self._settle(members, refs, settle_s=5.0, probe=True, silent=silent)
                 self._raise(root_cause([late, *outcomes]), lost, where)
             try:
                 ray.get(ready[0])
@@ -269,7 +307,8 @@ class WorkerPool:
         self.reset_group()
         raise reported(failure, where)
 
-    def _settle(self, members: list, refs: list, settle_s: float, probe: bool = False) -> tuple[list, list]:
+    def _settle(self, members: list, refs: list, settle_s: float, probe: bool = False,
+                silent: list | None = None) -> tuple[list, list]:
         """After a failure, let every in-flight call finish before anything else touches the
         actors (destroying a process group under a running collective is undefined).
         Returns (lost members, one classified Failure per failed call).
@@ -286,8 +325,12 @@ class WorkerPool:
         pending = dict(zip(refs, members))
         rank_of = {id(m): r for r, m in enumerate(members)}
         lost, suspect, outcomes = [], set(), []
+        before = None  # free devices before the first drop (the release _drop_and_release waits for)
         if probe:
-            silent = _silent(list(pending.values()), timeout_s=PING_S)
+            if silent is None:  # `silent`: found by the caller's ping, past the deadline
+                silent = _silent(list(pending.values()), timeout_s=PING_S)
+            if silent:
+                before = free_slots("GPU" if self.device == "cuda" else "CPU")
             silent_ids = {id(m) for m in silent}
             for ref, m in list(pending.items()):
                 if id(m) in silent_ids:
@@ -340,15 +383,19 @@ class WorkerPool:
         if leaving:  # done before anything re-forms them (a join must not overlap the leave)
             ray.wait(leaving, num_returns=len(leaving), timeout=10.0)
         self.suspect_nodes = suspect
-        self._drop_and_release(lost)
+        self._unanswered = set()
+        self._drop_and_release(lost, before=before)
         return lost, outcomes
 
-    def _drop_and_release(self, lost: list, wait_s: float = 10.0) -> None:
+    def _drop_and_release(self, lost: list, wait_s: float = 10.0, before: dict | None = None) -> None:
         """Drop lost members; on nodes that are still healthy, wait (bounded) until Ray
-        reports their released devices free again, so the next plan can use them."""
+        reports their released devices free again, so the next plan can use them. `before`:
+        the free devices counted before some of `lost` were dropped already (silent ranks,
+        dropped as they were found): their release is waited for from that count, not from
+        one that may hold it already (which waited all of `wait_s` for a device that never came)."""
         key = "GPU" if self.device == "cuda" else "CPU"
         expect: dict[str, int] = {}
-        before = free_slots(key)
+        before = free_slots(key) if before is None else before
         for m in lost:
             if m.node_id not in self.suspect_nodes:
                 expect[m.node_id] = expect.get(m.node_id, 0) + 1
@@ -422,6 +469,11 @@ class WorkerPool:
         for m in list(self.members):
             self._drop(m)
         self.members, self.active = [], []
+
+
+def _node_id() -> str:
+    """The node a task runs on (free_slots' probe of a suspect node)."""
+    return ray.get_runtime_context().get_node_id()
 
 
 def _silent(members: list, timeout_s: float) -> list:
