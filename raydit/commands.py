@@ -264,12 +264,10 @@ def _check_saved_request(directory: str, o: dict) -> None:
         if key == "frames" and wanted != saved:  # job.json keeps the count as given, the run rounds it
             from raydit import model_spec
             from raydit.models.loading import resolve_model_dir
-            from raydit.runtime.engine.validation import family_of
+            from raydit.runtime.engine.validation import round_frames
 
             model_dir = str(resolve_model_dir(o["model"]))
-            vae_temporal = model_spec(model_dir).vae_temporal
-            if isinstance(wanted, int) and wanted >= 1 and (wanted - 1) % vae_temporal:
-                wanted = family_of(model_dir).round_frames(wanted, vae_temporal)
+            wanted = round_frames(model_dir, model_spec(model_dir).vae_temporal, wanted)
         if wanted != saved:
             differ.append(f"{key} {saved!r} (job.json: {o.get(key)!r})")
     if differ:

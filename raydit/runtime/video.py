@@ -70,6 +70,16 @@ def check_latents_path(path) -> None:
     check_output_path(audio_latents_path(text), "--save-latents (its audio beside it)", ".npy")
 
 
+DEFAULT_FPS = 8
+
+
+def playback_fps(frame_rate: float | None):
+    """The mp4 frame rate when none is asked for: the rate a model's sound was made for (LTX-2:
+    24, so the two play in sync), else DEFAULT_FPS; an int where the rate is whole."""
+    rate = float(frame_rate or DEFAULT_FPS)
+    return int(rate) if rate.is_integer() else rate
+
+
 def write_mp4(path: str, frames: np.ndarray, fps: int = 8, audio=None) -> None:
     """frames: uint8 [F, H, W, 3]; H and W even (raydit's sizes are multiples of 16).
     H.264 (libx264, preset X264_PRESET, CRF X264_CRF), yuv420p.

@@ -29,6 +29,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raydit.models.registry import families
+from raydit.runtime.video import playback_fps
 from raydit.serve.auth import TOKEN_ENV, bearer_ok, token_digest
 from raydit.serve.page import PAGE_HTML
 from raydit.serve.schema import Limits, RequestError, lora_error, parse_body, resolve, scheduler_step_limit
@@ -92,13 +93,6 @@ async def _validation_error(request: Request, exc: RequestValidationError):
         first = first or field
         parts.append(f"{field}: {err.get('msg')}")
     return _error(400, "; ".join(parts), first, "invalid_value")
-
-
-def _model_fps(spec) -> float:
-    """The frame rate a server without --fps writes and reads `seconds` at: the rate a model with
-    sound made it for (LTX-2: 24, so the video plays in sync with it), else 8."""
-    rate = float(spec.frame_rate or 8)
-    return int(rate) if rate.is_integer() else rate
 
 
 def _read_token_digest(options: dict) -> str:
@@ -220,7 +214,7 @@ class VideoAPI:
             default_steps=min(options.get("default_steps") or self.engine.call_defaults["num_inference_steps"],
                               max_steps),
             default_guidance=self.engine.call_defaults["guidance_scale"],
-            fps=options.get("fps") or _model_fps(spec),
+            fps=options.get("fps") or playback_fps(spec.frame_rate),  # as GenerationResult.save
             vae_temporal=spec.vae_temporal,
             guidance_options=tuple(getattr(families().get(spec.family), "option_names", ())),
             cache=self.engine.cache,

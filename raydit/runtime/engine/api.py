@@ -57,11 +57,10 @@ class GenerationResult:
     def save(self, path: str, fps: int | None = None) -> str:
         """Write the frames as an H.264 mp4 with imageio-ffmpeg, with the sound as an AAC stream
         when the model made one. fps None: the frame rate the sound was made for, else 8."""
-        from raydit.runtime.video import write_mp4
+        from raydit.runtime.video import playback_fps, write_mp4
 
         if fps is None:
-            rate = getattr(self.audio, "frame_rate", None) or 8
-            fps = int(rate) if float(rate).is_integer() else rate
+            fps = playback_fps(getattr(self.audio, "frame_rate", None))
         write_mp4(path, self.frames, fps=fps, audio=self.audio)
         return path
 
