@@ -350,8 +350,10 @@ def test_replicas_follow_the_queue(ray_local, engine4):
                    for seed in seeds}
         results = {seed: f.result(timeout=300) for seed, f in futures.items()}
         added = [e for e in engine.events if e["event"] == "replica_added"]
+        # Wait for both the event and the list: the test must not read one between the other.
         deadline = time.monotonic() + 60
-        while len(engine.replicas) > 1 and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+                len(engine.replicas) > 1 or not any(e["event"] == "replica_removed" for e in engine.events)):
             time.sleep(0.2)
         removed = [e for e in engine.events if e["event"] == "replica_removed"]
         left = [r.index for r in engine.replicas]

@@ -114,9 +114,11 @@ class ReplicasPart:
             return
         replica = dispatcher.take_idle_replica(self.scale_down_idle_s, keep=self.min_replicas)
         if replica is not None:
-            replica.pool.close()
+            # Said when it leaves the rotation, the moment `replicas` stops listing it; its
+            # actors and devices go back after (closing a pool takes seconds on a busy machine).
             self._event("replica_removed", replica=replica.index, idle=round(time.monotonic() - replica.idle_since, 3),
                         replicas=len(self.replicas))
+            replica.pool.close()
 
     def _warm_up(self, replicas=None) -> None:
         """One request at the planned size on every replica, before any user's: the kernel
