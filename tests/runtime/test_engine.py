@@ -322,6 +322,38 @@ def test_engines_sharing_one_process_keep_ray_until_the_last_closes(tmp_path):
     assert got == {"same": True, "up_with_second": True, "up_after_both": False}, got
 
 
+def test_submit_does_not_wait_behind_a_recovery(engine4):
+    """A recovery, a repair or a growth holds the engine's capacity lock while it regroups
+    (seconds to minutes); submit() only queues, so it returns while the lock is held, and the
+    request runs once the lock is let go."""
+    import threading
+
+    reference = _gen(engine4, seed=41)
+    held, release = threading.Event(), threading.Event()
+
+    def recovery():
+        with engine4._capacity_lock:
+            held.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=recovery, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    submitted: list = []
+    caller = threading.Thread(target=lambda: submitted.append(engine4.submit(
+        "a red fox running through fresh snow", num_inference_steps=STEPS, guidance_scale=6.0, seed=41)),
+        daemon=True)
+    caller.start()
+    caller.join(60)  # a generous bound: submit() does no work a recovery waits on
+    queued_while_held = not caller.is_alive()
+    release.set()
+    holder.join(30)
+    caller.join(120)
+    assert queued_while_held, "submit() waited for the capacity lock a recovery holds"
+    result = submitted[0].result(timeout=300)
+    torch.testing.assert_close(torch.from_numpy(result.latents), torch.from_numpy(reference.latents), rtol=RTOL, atol=ATOL)
+
+
 def test_replicas_follow_the_queue(ray_local, engine4):
     """max_replicas: a request that waited scale_up_wait_s brings a second replica (planned
     like the first, packed onto free slots), queued requests then run on both, and the extra

@@ -239,13 +239,13 @@ class ApiPart:
     def _enqueue(self, request, callback, progress, checkpoint_dir, job: Job | None = None,
                  tag: str | None = None, on_start: Callable | None = None) -> Future:
         if checkpoint_dir is None and self.checkpoint_dir is not None:
-            with self._capacity_lock:
+            with self._count_lock:
                 self._submitted += 1
                 n = self._submitted
             checkpoint_dir = next_request_dir(self.checkpoint_dir, n)
         if checkpoint_dir is not None and job is None:
             save_progress(checkpoint_dir, request, None, model=self._model_identity)  # the request, before step 0
-        with self._capacity_lock:
+        with self._count_lock:
             self._tags += 1
             n = self._tags
         item = Item(request=request, future=Future(), callback=callback, progress=progress,

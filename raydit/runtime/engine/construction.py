@@ -151,6 +151,9 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         self._dispatcher: Dispatcher | None = None
         # One recovery, repair or growth at a time takes from the cluster's free devices.
         self._capacity_lock = threading.RLock()
+        # Request numbering has a lock of its own: submit() must not wait behind a recovery,
+        # which holds the capacity lock while it regroups (seconds to minutes).
+        self._count_lock = threading.Lock()
         self.replicas: list[Replica] = []
         t0 = time.perf_counter()
         self.cluster = RayCluster.connect(
