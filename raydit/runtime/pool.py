@@ -459,9 +459,11 @@ class WorkerPool:
             return
         refs = [m.actor.leave_group.remote() for m in self.active]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        # A survivor that cannot even leave its group is stuck: drop it too.
-        stuck = [m for m, r in zip(self.active, refs) if r in pending]
-        for m in stuck:
+        # A survivor that cannot even leave its group is stuck, one whose process has died
+        # since (Ray answers for it: actor died) is gone: drop both, so the next `form`
+        # does not choose them and fail.
+        gone = [m for m, r in zip(self.active, refs) if r in pending or _died(r)]
+        for m in gone:
             self._drop(m)
         self.active = []
 
@@ -474,6 +476,15 @@ class WorkerPool:
 def _node_id() -> str:
     """The node a task runs on (free_slots' probe of a suspect node)."""
     return ray.get_runtime_context().get_node_id()
+
+
+def _died(ref) -> bool:
+    """Whether a finished call's actor is gone (its result is Ray's word that it died)."""
+    try:
+        ray.get(ref, timeout=0)
+    except Exception as exc:
+        return classify(exc).kind == LOST
+    return False
 
 
 def _silent(members: list, timeout_s: float) -> list:
