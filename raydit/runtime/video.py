@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 
 import numpy as np
 
@@ -48,6 +49,15 @@ def check_output_path(path, flag: str = "--out", suffix: str = ".mp4") -> None:
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {text!r} cannot be written: {parent!r} is not a writable directory; "
                          "choose another path")
+    # access() answers yes to root everywhere, /proc and /sys included: create (and remove) a
+    # file there to be sure.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".raydit-probe-", dir=parent)
+    except OSError as exc:
+        raise ValueError(f"{flag} {text!r} cannot be written: no file can be created in {parent!r} "
+                         f"({exc.strerror or exc}); choose another path") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def audio_latents_path(path: str) -> str:

@@ -81,6 +81,15 @@ def test_a_video_ffmpeg_cannot_write_is_an_error_and_leaves_no_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.mp4"]
 
 
+def test_an_output_path_no_file_can_be_created_in_is_refused_for_root_too():
+    """access() says yes to root everywhere; /proc takes no new file for anyone, so its path is
+    refused before the run whoever runs it (a video computed for nothing, otherwise)."""
+    from raydit.runtime.video import check_output_path
+
+    with pytest.raises(ValueError, match=r"--out '/proc/raydit-test\.mp4' cannot be written"):
+        check_output_path("/proc/raydit-test.mp4", "--out")
+
+
 @pytest.mark.parametrize("name,message", [
     ("v.txt", r"must end in \.mp4 .* e\.g\. .*v\.mp4$"),
     ("", r"must end in \.mp4"),
