@@ -77,8 +77,15 @@ def _close(result, ref):
     torch.testing.assert_close(torch.from_numpy(result.latents), ref, **TOL)
 
 
-def _first_replica_idle(engine):
-    # One request at a time goes to the fastest idle replica: replica 0 on a tie.
+def _first_replica_idle(engine, timeout_s=120):
+    """The replica the next request goes to: the fastest idle one, replica 0 on a tie. A
+    replica's thread marks it idle only after it has resolved its last request's future, so
+    a result in hand does not mean its replica is idle yet: a request submitted at once went
+    to the other one. Wait until every replica is idle (the one chosen is then the one used)."""
+    deadline = time.monotonic() + timeout_s
+    while any(r.busy for r in engine.replicas):
+        assert time.monotonic() < deadline, f"a replica stayed busy {timeout_s} s with nothing queued"
+        time.sleep(0.05)
     return min(engine.replicas, key=lambda r: (r.plan.predicted_step_seconds, r.index))
 
 
