@@ -104,17 +104,26 @@ def test_a_request_of_another_geometry_starts_after_the_batch_one_of_its_geometr
     """submit's on_start says when a replica starts a request, not when it is queued: one of
     another geometry queued behind a running batch starts once the batch is done (a server shows
     it `queued` until then), one of the batch's geometry queued behind it starts when it joins."""
-    started, lock = [], threading.Lock()
+    started, lock, submitted = [], threading.Lock(), {}
 
     def on_start(tag):
         def hook():
             with lock:
-                started.append((tag, first.done()))
+                # first's own hook may run before its submit returns (no future yet): not done
+                first = submitted.get("first")
+                started.append((tag, first is not None and first.done()))
         return hook
 
-    first = engine.submit(PROMPT, tag="first", on_start=on_start("first"), **_kwargs(31, 4, 5.0))
+    # first is held after its first step until the other two are queued (as _held_until), so
+    # a loaded machine that keeps this thread from submitting cannot let first finish alone
+    queued = threading.Event()
+    first = engine.submit(PROMPT, tag="first", on_start=on_start("first"), callback_on_step_end=_held_until(queued),
+                          **_kwargs(31, 4, 5.0))
+    with lock:
+        submitted["first"] = first
     other = engine.submit(PROMPT, num_frames=13, tag="other", on_start=on_start("other"), **_kwargs(32, 2, 5.0))
     joiner = engine.submit(PROMPT, tag="joiner", on_start=on_start("joiner"), **_kwargs(33, 2, 5.0))
+    queued.set()
     for f in (first, other, joiner):
         f.result(timeout=300)
     assert started == [("first", False), ("joiner", False), ("other", True)], started

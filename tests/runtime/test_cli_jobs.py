@@ -102,10 +102,17 @@ def test_save_latents_from_one_worker_and_a_4_rank_plan_agree(ray_local, tmp_pat
     assert (tmp_path / "usp.mp4").stat().st_size > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: each socket stays bound until all are chosen (one bound and
+    closed at a time, the kernel can hand the same port out twice)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _kill_tree(proc: subprocess.Popen, marker: str) -> None:
@@ -139,7 +146,7 @@ def test_ray_job_submit_generates_an_mp4(tmp_path):
     temp_dir = Path("/tmp") / f"rdt{os.getpid()}"
     # Every port this head opens is chosen here: the session's own local Ray already holds
     # Ray's default agent ports, and a second agent on them never comes up.
-    gcs_port, dash_port, agent_port, agent_grpc, metrics_port, env_port = (_free_port() for _ in range(6))
+    gcs_port, dash_port, agent_port, agent_grpc, metrics_port, env_port = _free_ports(6)
     env = dict(os.environ)
     ray_bin = str(Path(sys.executable).parent / "ray")
     head = subprocess.Popen(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_elastic import kill_at_step
 
 from raydit.models import lora
 from raydit.models.family import GenerationRequest
@@ -120,17 +121,10 @@ def test_a_rank_killed_mid_request_recovers_with_the_adapters(engine, references
     active (what the survivors and any replacement hold); then a fresh actor joins (growth
     back to the first plan) and gets the LoRA when the group forms (WorkerPool.form ->
     sync_loras): a LoRA missing on it would change the 2-rank latents (non-zero B)."""
-    import ray
-
     first = engine.plan
     victim = engine.group.active[1].actor
-
-    def kill_after_first_step(eng, step, timestep, kwargs):
-        if step == 0:
-            ray.kill(victim, no_restart=True)
-        return kwargs
-
-    result = _gen(engine, lora="a", callback_on_step_end=kill_after_first_step)
+    # ray.kill returns before the actor is dead: wait for it, or the request can finish first
+    result = _gen(engine, lora="a", callback_on_step_end=kill_at_step(victim, 0))
     kinds = [e["event"] for e in result.events]
     assert "regrouped" in kinds, kinds
     assert all(m.actor is not victim for m in engine.group.members)
@@ -150,8 +144,6 @@ def test_fused_lora_equals_unfused_and_survives_a_replaced_rank(ray_local, refer
     peft's layers; a request naming nothing runs with it. A rank killed mid-request is replaced
     by a fresh actor, which fuses a when the group forms: a rank without it changes the latents
     (non-zero B)."""
-    import ray
-
     from raydit.runtime.engine import Engine
 
     fused = Engine(model="tiny", workers=2, device="cpu", show_plan=False, loras={"a": lora_dirs["a"]},
@@ -170,13 +162,7 @@ def test_fused_lora_equals_unfused_and_survives_a_replaced_rank(ray_local, refer
             fused.unload_lora("a")
 
         victim = fused.group.active[1].actor
-
-        def kill_after_first_step(eng, step, timestep, kwargs):
-            if step == 0:
-                ray.kill(victim, no_restart=True)
-            return kwargs
-
-        result = _gen(fused, lora={"a": 0.5}, callback_on_step_end=kill_after_first_step)
+        result = _gen(fused, lora={"a": 0.5}, callback_on_step_end=kill_at_step(victim, 0))  # killed, and gone
         assert "regrouped" in [e["event"] for e in result.events]
         _close(result.latents, references["a05"])
         old = [m.actor for m in fused.group.members]
