@@ -59,7 +59,7 @@ def _rejoin_after_a_failed_join(rank: int, world: int) -> tuple[str, float]:
         return dist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False,
                              timeout=timedelta(seconds=seconds))
 
-    stores = [store() if rank == 0 else None for _ in range(2)]  # the next groups', on rank 0
+    stores = [store(seconds=60) if rank == 0 else None for _ in range(2)]  # the next groups', on rank 0
     ports = [s.port if s is not None else None for s in stores]
     dist.broadcast_object_list(ports, src=0)
     leave_default_group()
@@ -72,17 +72,19 @@ def _rejoin_after_a_failed_join(rank: int, world: int) -> tuple[str, float]:
         else:
             raise AssertionError("a join without its peer formed a group")
 
-    def join(attempt):
-        mine = stores[attempt] if rank == 0 else store(ports[attempt], master=False)
-        dist.init_process_group("gloo", store=mine, rank=rank, world_size=2, timeout=timedelta(seconds=5))
+    def join(attempt, seconds):
+        mine = stores[attempt] if rank == 0 else store(ports[attempt], master=False, seconds=60)
+        dist.init_process_group("gloo", store=mine, rank=rank, world_size=2, timeout=timedelta(seconds=seconds))
 
     try:
-        join(0)
+        join(0, 5)  # fails whatever the timing: 5 s keeps the test short
         first = "joined"
     except Exception as exc:  # noqa: BLE001 - named groups "0" and "1": each waits for the other
         first = type(exc).__name__ + ": " + str(exc)[:80]
     leave_default_group()  # what RankWorker.join_group does first
-    join(1)
+    # Must succeed: a generous timeout, since rank 1 reaches it about 2 s after rank 0 (its
+    # failed join first) and a loaded machine adds seconds more (5 s here once timed out).
+    join(1, 60)
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     return first, total.item()

@@ -20,10 +20,17 @@ SIZE = 32
 START_TIMEOUT_S = 420  # a cold Ray + Serve + 2 ranks: ~40 s on a quiet 2-core machine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reserved_port() -> socket.socket:
+    """A port for a server, held until the server is done with it: bound with SO_REUSEADDR and
+    never listening. `raydit serve`'s check and Serve's proxy (both SO_REUSEADDR) bind and listen
+    on it all the same; the kernel hands it to no other bind(0) or outgoing connection meanwhile.
+    (A port found free and released at once could be taken, in the tens of seconds before
+    Serve's proxy binds it, by any process asking the kernel for a free port: the Ray processes
+    started in between, the other xdist worker's.)"""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 class Server:
@@ -39,7 +46,8 @@ class Server:
         self.token_file = root / "secrets" / "api_token"
         self.lora_dir = root / "loras"
         self.lora_dir.mkdir(exist_ok=True)
-        self.port = _free_port()
+        self._port_hold = _reserved_port()
+        self.port = self._port_hold.getsockname()[1]
         self.proc: subprocess.Popen | None = None
         self.children: dict[int, float] = {}  # pid -> creation time (a reused pid is not ours)
         self.starts = 0
@@ -146,4 +154,5 @@ def running(srv: Server):
         yield srv
     finally:
         code = srv.stop()
+        srv._port_hold.close()
     assert code == 0, f"raydit serve exited {code} on SIGTERM:\n{srv.tail()}"

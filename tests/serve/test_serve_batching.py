@@ -20,7 +20,10 @@ import psutil  # noqa: E402,F401  (a declared test dependency: missing, the serv
 
 from serving import Server, running  # noqa: E402
 
-STEPS = 30  # long enough that all six are queued before the first one's steps are done
+STEPS = 30
+# A tiny-wan step takes about 20 ms on a quiet machine, less than a POST through Serve's proxy:
+# requests meant to share steps are queued while the replica is held by one of another geometry
+# (`_hold_the_replica`), which is then deleted, so they start together whatever the POSTs took.
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,19 @@ def _assert_same_video(a, b, what: str) -> None:
     assert diff.max() <= 16 and diff.mean() <= 0.05, f"{what}: max {diff.max()}, mean {diff.mean():.4f}"
 
 
+def _hold_the_replica(client):
+    """A request of another geometry (64x48: batched with none of the tests' 80x48 requests)
+    with 1000 steps (the most the server takes: tens of seconds), once it runs: the requests
+    created next wait together behind it until it is deleted."""
+    video = client.videos.create(prompt="a placeholder", size="64x48",
+                                 extra_body={"num_inference_steps": 1000, "num_frames": 9})
+    deadline = time.time() + 240
+    while time.time() < deadline and client.videos.retrieve(video.id).status != "in_progress":
+        time.sleep(0.1)
+    assert client.videos.retrieve(video.id).status == "in_progress"
+    return video
+
+
 def test_concurrent_requests_share_steps_and_each_is_its_own_video(server, tmp_path):
     client = server.client()
     before = _metric(server, "raydit_batched_requests_total")
@@ -61,8 +77,10 @@ def test_concurrent_requests_share_steps_and_each_is_its_own_video(server, tmp_p
         return client.videos.create(prompt="a red fox runs", extra_body={"num_inference_steps": STEPS, "seed": seed,
                                                                          "num_frames": frames})
 
+    hold = _hold_the_replica(client)
     with cf.ThreadPoolExecutor(7) as pool:
         created = list(pool.map(lambda s: create(s, 5 if s == 6 else 9), range(7)))
+    assert client.videos.delete(hold.id).deleted
     done = [client.videos.poll(v.id, poll_interval_ms=100) for v in created]
     assert all(v.status == "completed" for v in done), [(v.status, v.error) for v in done]
     same, other = done[:6], done[6]
@@ -87,8 +105,10 @@ def test_a_request_deleted_mid_batch_leaves_the_others_to_finish(server):
     client = server.client()
     videos = [client.videos.create(prompt="a lantern", extra_body={"num_inference_steps": 200, "seed": s,
                                                                    "num_frames": 9}) for s in range(3)]
+    # Deleted once all three have run steps (so together: one replica, one batch), not once the
+    # second alone has: a third that joins after the second left never shared a step with it.
     deadline = time.time() + 120
-    while time.time() < deadline and client.videos.retrieve(videos[1].id).progress < 2:
+    while time.time() < deadline and min(client.videos.retrieve(v.id).progress for v in videos) < 2:
         time.sleep(0.1)
     assert client.videos.delete(videos[1].id).deleted
     for v in (videos[0], videos[2]):
@@ -109,11 +129,12 @@ def test_a_request_joins_a_running_batch_and_one_with_a_lora_runs_apart(server, 
     assert r.status_code == 200, r.text
     client = server.client()
 
-    def create(seed, **extra):
-        return client.videos.create(prompt="a paper boat", extra_body={"num_inference_steps": 60, "seed": seed,
+    def create(seed, steps=60, **extra):
+        return client.videos.create(prompt="a paper boat", extra_body={"num_inference_steps": steps, "seed": seed,
                                                                        "num_frames": 9, **extra})
 
-    first = create(21)
+    # The first runs long enough (300 steps: seconds) that the second's POST lands mid-way.
+    first = create(21, steps=300)
     deadline = time.time() + 120
     while time.time() < deadline and client.videos.retrieve(first.id).progress < 5:
         time.sleep(0.05)
@@ -151,10 +172,14 @@ def test_a_rank_killed_mid_batch_loses_no_request(server, tmp_path):
     before = _metric(server, "raydit_recoveries_total")
 
     def create(seed):
-        return client.videos.create(prompt="a lighthouse", extra_body={"num_inference_steps": 40, "seed": seed,
+        return client.videos.create(prompt="a lighthouse", extra_body={"num_inference_steps": 120, "seed": seed,
                                                                        "num_frames": 9})
 
+    # All three start together behind a held replica and step in lockstep: once each has run a
+    # step, every one has over a hundred to go when the kill lands.
+    hold = _hold_the_replica(client)
     videos = [create(s) for s in (31, 32, 33)]
+    assert client.videos.delete(hold.id).deleted
     deadline = time.time() + 120
     while time.time() < deadline and min(client.videos.retrieve(v.id).progress for v in videos) < 2:
         time.sleep(0.05)

@@ -125,11 +125,18 @@ def test_where_the_server_cannot_listen_or_keep_videos_is_one_line_before_ray_st
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
+    # The --output-dir case gets past the port check first: a port of its own, held bound (not
+    # listening, SO_REUSEADDR: the check's bind succeeds), not the default 8000, which anything
+    # on the machine may listen on.
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYDIT_API_TOKEN")}
     cases = [
         (["--port", str(port)], f"--port {port} is in use on 127.0.0.1"),
         (["--host", "198.51.100.7"], "cannot listen on 198.51.100.7:8000"),
-        (["--output-dir", str(tmp_path / "afile")], "is a file; give a directory"),
+        (["--output-dir", str(tmp_path / "afile"), "--port", str(held.getsockname()[1])],
+         "is a file; give a directory"),
     ]
     try:
         for args, needle in cases:
@@ -143,6 +150,7 @@ def test_where_the_server_cannot_listen_or_keep_videos_is_one_line_before_ray_st
             assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
     finally:
         busy.close()
+        held.close()
 
 
 # -- token ---------------------------------------------------------------------------------------
