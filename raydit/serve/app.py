@@ -62,6 +62,22 @@ def video_file_response(path, filename: str, ranged: bool) -> Response:
     return VideoFileResponse(path, media_type="video/mp4", filename=filename)
 
 
+def check_range(header: str, size: int) -> None:
+    """A Range header Starlette's file response would refuse in plain text (400 with no
+    JSON, or a bare 416), refused here in OpenAI's error shape with the same status."""
+    from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
+
+    try:
+        VideoFileResponse._parse_range_header(header, size)
+    except MalformedRangeHeader as exc:
+        raise RequestError(f"Range {header!r}: {exc.content.removeprefix('Range header: ').rstrip('.')}; give bytes=START-END "
+                           f"within the video's {size} bytes", param="range") from None
+    except RangeNotSatisfiable:
+        raise RequestError(f"Range {header!r} starts beyond the video's {size} bytes; give bytes=START-END with "
+                           f"START below {size}", param="range", status=416, code="range_not_satisfiable",
+                           headers={"Content-Range": f"bytes */{size}"}) from None
+
+
 def _error(status: int, message: str, param: str | None = None, code: str | None = None,
            headers: dict | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -312,8 +328,10 @@ class VideoAPI:
                 f"video {video_id} is {job.status}; its content is ready when status is 'completed'",
                 param="video_id", status=409, code="not_ready",
             )
-        return video_file_response(self.service.store.video_path(video_id), f"{video_id}.mp4",
-                                   ranged="range" in request.headers)
+        path = self.service.store.video_path(video_id)
+        if "range" in request.headers and "if-range" not in request.headers:
+            check_range(request.headers["range"], os.path.getsize(path))
+        return video_file_response(path, f"{video_id}.mp4", ranged="range" in request.headers)
 
     @app.delete("/v1/videos/{video_id}")
     async def delete(self, request: Request, video_id: str):
