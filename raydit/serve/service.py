@@ -327,8 +327,8 @@ class VideoService:
                 continue
             with self._cond:
                 run.future = future
-                if run.stop == "deleted":
-                    future.cancel()  # deleted while it was being submitted
+                if run.stop is not None:
+                    future.cancel()  # deleted, or the server began to stop, while it was being submitted
             future.add_done_callback(lambda f, run=run: self._on_done(run, f))
 
     def _submit_args(self, run: _Running) -> dict:
@@ -392,7 +392,8 @@ class VideoService:
     def _finish(self, run: _Running, result, exc) -> None:
         job = run.job
         if run.stop == "deleted":
-            self._metrics.cancelled.inc()
+            if run.started:  # a DELETE of one still queued stopped nothing that ran
+                self._metrics.cancelled.inc()
             self.store.delete(job.id)  # anything written meanwhile
             return
         if run.stop == "shutdown":

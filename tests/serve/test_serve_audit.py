@@ -88,3 +88,110 @@ def test_a_good_range_and_no_range_still_serve_the_video(tmp_path):
     assert got == 206 and len(body) == 10 and headers["content-range"] == "bytes 10-19/1000"
     got, headers, body = _content(tmp_path, None)
     assert got == 200 and len(body) == 1000
+
+
+# -- the service's hand-off to the engine (no HTTP, no Ray: an engine with Engine.submit's
+# contract whose futures stay pending until the test starts or ends them) --------------------
+
+
+class _PendingEngine:
+    """Engine.submit's contract: a pending Future per request; `gate` holds submit itself."""
+
+    takes_image = False
+
+    def __init__(self):
+        import threading
+        from types import SimpleNamespace
+
+        self.replicas = [SimpleNamespace(index=0, plan=None, batch_size=0)]
+
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.submitted: list = []
+
+    def submit(self, **kwargs):
+        from concurrent.futures import Future
+
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        f = Future()
+        self.submitted.append((kwargs, f))
+        return f
+
+
+PARAMS = dict(prompt="a fox", negative_prompt="", num_frames=9, height=64, width=64, num_inference_steps=2,
+              guidance_scale=6.0, seed=0)
+
+
+def _until(cond, timeout=10.0):
+    import time
+
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_request_being_handed_to_the_engine_as_the_server_stops_is_cancelled_there(tmp_path):
+    """close() cancels the requests waiting in the engine's queue, but one the dispatch thread
+    was handing over at that moment (no engine future yet) was left in the engine's queue: a
+    replica started it during shutdown (and close waited for it)."""
+    import json
+    import threading
+
+    from raydit.serve.service import VideoService
+    from raydit.serve.store import VideoStore
+
+    engine = _PendingEngine()
+    engine.gate.clear()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+    job = service.create(dict(PARAMS))
+    assert engine.entered.wait(10)  # the dispatch thread is inside engine.submit
+    closer = threading.Thread(target=service.close, kwargs={"timeout_s": 5})
+    closer.start()
+    _until(lambda: service._closing)
+    engine.gate.set()
+    closer.join(30)
+    assert not closer.is_alive()
+    (_, future), = engine.submitted
+    assert future.cancelled(), "handed to the engine during shutdown and left to run"
+    assert json.loads((tmp_path / f"{job.id}.json").read_text())["status"] == "queued"
+
+
+def test_deleting_a_queued_video_does_not_count_as_stopping_a_running_one(tmp_path):
+    """raydit_cancelled_running ("Running requests stopped by a DELETE") counted a DELETE of a
+    video still waiting in the engine's queue, which stopped nothing that ran."""
+    from raydit.serve.service import VideoService
+    from raydit.serve.store import VideoStore
+
+    engine = _PendingEngine()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+
+    def cancelled_running() -> float:
+        return service._metrics.registry.get_sample_value("raydit_cancelled_running_total")
+
+    try:
+        running, queued = service.create(dict(PARAMS, seed=1)), service.create(dict(PARAMS, seed=2))
+        _until(lambda: len(engine.submitted) == 2)
+        (kw_running, f_running), (_, f_queued) = engine.submitted
+        f_running.set_running_or_notify_cancel()
+        kw_running["on_start"]()
+        assert service.get(running.id).status == "in_progress"
+        # The queued one: cancelled in the engine's queue, never started.
+        assert service.delete(queued.id)
+        assert f_queued.cancelled()
+        _until(lambda: queued.id not in service._running)
+        # The running one: its next step's callback refuses, and the engine ends it.
+        assert service.delete(running.id)
+        try:
+            kw_running["callback_on_step_end"](engine, 0, 999, {"num_steps": 2})
+        except Exception as exc:
+            f_running.set_exception(exc)
+        else:
+            raise AssertionError("the step callback of a deleted video did not stop it")
+        _until(lambda: not service._running)
+        _until(lambda: service._writes.empty() and cancelled_running() is not None and cancelled_running() >= 1)
+        assert cancelled_running() == 1.0
+    finally:
+        service.close(timeout_s=2)
