@@ -120,10 +120,11 @@ class VideoService:
         self.limits = limits
         self.max_queue = max_queue
         self._fixed_capacity = capacity
-        # Requests handed to the engine at once: one running and one waiting per replica it
+        # Requests handed to the engine at once: one running and one waiting per replica slot it
         # may have (an engine whose replicas follow the queue adds one when requests wait in
-        # its own queue, so they must reach it).
-        self.depth = 2 * max(self.capacity, int(getattr(engine, "max_replicas", 0) or 0))
+        # its own queue, so they must reach it; with step-level batching a replica has max_batch).
+        batch = max(1, int(getattr(engine, "max_batch", 1) or 1))
+        self.depth = 2 * max(self.capacity, int(getattr(engine, "max_replicas", 0) or 0) * batch)
         self._cond = threading.Condition()
         self._jobs: dict[str, VideoJob] = {}
         # Long-polling GETs, by video id: (their event loop, the event that wakes them).

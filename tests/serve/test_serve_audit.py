@@ -195,3 +195,30 @@ def test_deleting_a_queued_video_does_not_count_as_stopping_a_running_one(tmp_pa
         assert cancelled_running() == 1.0
     finally:
         service.close(timeout_s=2)
+
+
+def test_an_engine_that_may_grow_gets_a_waiting_request_per_slot_of_every_replica_it_may_have(tmp_path):
+    """raydit serve --max-batch 4 --max-replicas 4: the service handed the engine at most
+    2 x max(slots now, max_replicas) = 8 requests; two replicas' batches ran all 8, none waited
+    in the engine's queue, so its autoscaler (which follows that queue) never added the third
+    and fourth replica while requests waited in the service's queue."""
+    from types import SimpleNamespace
+
+    from raydit.serve.service import VideoService
+    from raydit.serve.store import VideoStore
+
+    engine = _PendingEngine()
+    engine.max_batch, engine.max_replicas = 4, 4
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=64)
+    try:
+        for i in range(40):
+            service.create(dict(PARAMS, seed=i))
+        engine.replicas.append(SimpleNamespace(index=1, plan=None, batch_size=0))  # the autoscaler added one
+        for kwargs, f in engine.submitted[:8]:  # two batches of 4 run
+            f.set_running_or_notify_cancel()
+            kwargs["on_start"]()
+        # Two per slot of the 4 replicas it may have: requests wait in the engine's own queue.
+        _until(lambda: len(engine.submitted) == 2 * 4 * 4)
+        assert service.counts()["in_progress"] == 8 and service.counts()["queued"] == 32
+    finally:
+        service.close(timeout_s=2)
