@@ -212,7 +212,11 @@ class Dispatcher:
 
     def _no_capacity(self, item: Item) -> NoCapacity:
         step = f" at step {item.job.step_index}" if item.job is not None and item.job.prepared else ""
-        return NoCapacity(f"request stopped{step}: {NO_CAPACITY} ({self._capacity()})")
+        try:
+            left = self._capacity()
+        except Exception as exc:  # the cluster could not be asked: the answer must still be given
+            left = f"what is left is unknown: {type(exc).__name__}: {exc}"
+        return NoCapacity(f"request stopped{step}: {NO_CAPACITY} ({left})")
 
     def _start(self, replica, item: Item) -> None:
         t = threading.Thread(target=self._run_on, args=(replica, item), name=f"raydit-replica-{replica.index}",
