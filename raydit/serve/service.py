@@ -397,7 +397,7 @@ class VideoService:
                 self._metrics.cancelled.inc()
             self.store.delete(job.id)  # anything written meanwhile
             return
-        if run.stop == "shutdown":
+        if run.stop == "shutdown" and exc is not None:  # stopped (or never started): kept for the next start
             with self._cond:
                 job.status, job.progress = "queued", 0
                 self.store.save(job)

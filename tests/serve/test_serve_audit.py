@@ -222,3 +222,45 @@ def test_an_engine_that_may_grow_gets_a_waiting_request_per_slot_of_every_replic
         assert service.counts()["in_progress"] == 8 and service.counts()["queued"] == 32
     finally:
         service.close(timeout_s=2)
+
+
+def test_a_video_that_finishes_while_the_server_stops_is_stored_not_run_again(tmp_path):
+    """close() flags the running requests to stop at their next step; one already past its last
+    step (decoding) finishes anyway. Its video was thrown away and the request stored as queued,
+    to be run again from the start by the next server."""
+    import json
+    import threading
+
+    import numpy as np
+
+    from raydit.serve.service import VideoService
+    from raydit.serve.store import VideoStore
+
+    class Result:
+        frames = np.zeros((9, 64, 64, 3), dtype=np.uint8)
+        timings = {"step_seconds": [0.1, 0.1]}
+        plan = type("Plan", (), {"ulysses": 1, "ring": 1, "cfg": 1, "world_size": 1})()
+
+    engine = _PendingEngine()
+    store = VideoStore(tmp_path)
+    service = VideoService(engine, store, LIMITS, max_queue=8)
+    job = service.create(dict(PARAMS))
+    _until(lambda: len(engine.submitted) == 1)
+    (kwargs, future), = engine.submitted
+    future.set_running_or_notify_cancel()
+    kwargs["on_start"]()
+    closer = threading.Thread(target=service.close, kwargs={"timeout_s": 30})
+    closer.start()
+    _until(lambda: service._closing)
+    future.set_result(Result())  # its decode ends after the stop was asked for
+    closer.join(60)
+    assert not closer.is_alive()
+    assert json.loads((tmp_path / f"{job.id}.json").read_text())["status"] == "completed"
+    assert store.video_path(job.id).is_file()
+    # A restarted service serves it and runs nothing again.
+    engine2 = _PendingEngine()
+    again = VideoService(engine2, store, LIMITS, max_queue=8)
+    try:
+        assert again.get(job.id).status == "completed" and not engine2.submitted
+    finally:
+        again.close(timeout_s=2)
