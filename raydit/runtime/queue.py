@@ -260,8 +260,8 @@ class Dispatcher:
                 item = self._items.popleft()
                 if not item.started:
                     item.future.cancel()
-                elif not item.future.done():
-                    item.future.set_exception(RuntimeError("engine shut down before the request ran"))
+                elif not item.future.done():  # handed back with its progress: it ran, unfinished
+                    item.future.set_exception(RuntimeError("engine shut down before the request finished"))
             self.cond.notify_all()
         me = threading.current_thread()
         for t in [self._thread, *self._running]:

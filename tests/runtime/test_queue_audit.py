@@ -41,3 +41,39 @@ def test_no_capacity_is_answered_even_when_the_cluster_cannot_say_what_is_left()
                 d.put(Item(request=name, future=Future())).result(timeout=30)
     finally:
         d.close(join_s=5)
+
+
+def test_a_handed_back_request_waiting_at_shutdown_is_told_it_did_not_finish():
+    """A request handed back with its progress and waiting for a replica when the engine shut
+    down was failed with "before the request ran": it had run (its steps up to the hand-back)."""
+    import threading
+    import time
+
+    from raydit.runtime.controller import Job
+    from raydit.runtime.errors import HandBack
+
+    release = threading.Event()
+    replicas = [R(0, Plan(1.0)), R(1, Plan(2.0))]
+
+    def execute(replica, item):
+        if item.request == "long":
+            release.wait(30)
+            return "long done"
+        item.job = item.job or Job(request=item.request)
+        item.job.step_index = 2
+        raise HandBack("no workers are left alive")
+
+    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "none")
+    long = d.put(Item(request="long", future=Future()))  # replica 0 (the faster)
+    handed = d.put(Item(request="handed", future=Future()))  # replica 1, which hands it back
+    deadline = time.time() + 30
+    while replicas[1].in_rotation or replicas[1].busy:
+        assert time.time() < deadline, "never handed back"
+        time.sleep(0.01)
+    closer = threading.Thread(target=d.close, kwargs={"join_s": 30})
+    closer.start()
+    with pytest.raises(RuntimeError, match="engine shut down before the request finished"):
+        handed.result(timeout=30)
+    release.set()
+    closer.join(30)
+    assert long.result(timeout=30) == "long done"
