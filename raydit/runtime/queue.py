@@ -148,9 +148,10 @@ class Dispatcher:
 
     # -- step-level batching -------------------------------------------------------------
 
-    def take_matching(self, match: Callable[[Any], bool], n: int) -> list[Item]:
+    def take_matching(self, match: Callable[[Any], bool], n: int, passing: bool = True) -> list[Item]:
         """Up to `n` queued items whose request `match`es, in queue order, taken out of the
-        queue and marked running (a cancelled one is dropped): they join a running batch."""
+        queue and marked running (a cancelled one is dropped): they join a running batch.
+        `passing` False: only those ahead of the first waiting item that does not match."""
         taken: list[Item] = []
         with self.cond:
             if self._closing:
@@ -159,6 +160,8 @@ class Dispatcher:
                 if len(taken) >= n:
                     break
                 if not match(item.request):
+                    if not passing and (item.started or not item.future.cancelled()):
+                        break  # it waits for a replica: nobody passes it
                     continue
                 self._items.remove(item)
                 if not item.started:
