@@ -329,8 +329,13 @@ class VideoAPI:
                 param="video_id", status=409, code="not_ready",
             )
         path = self.service.store.video_path(video_id)
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:  # deleted since it was looked up
+            raise RequestError(f"no video with id {video_id!r}", param="video_id", status=404,
+                               code="not_found") from None
         if "range" in request.headers and "if-range" not in request.headers:
-            check_range(request.headers["range"], os.path.getsize(path))
+            check_range(request.headers["range"], size)
         return video_file_response(path, f"{video_id}.mp4", ranged="range" in request.headers)
 
     @app.delete("/v1/videos/{video_id}")

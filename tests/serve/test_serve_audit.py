@@ -28,16 +28,18 @@ def test_seconds_and_num_frames_that_disagree_are_refused_naming_both():
     assert resolve(parse_body({"prompt": "x", "num_frames": 9}), LIMITS, TINY)["num_frames"] == 9
 
 
-def _content(tmp_path, range_header: str | None):
+def _content(tmp_path, range_header: str | None, written: bool = True):
     """GET /v1/videos/{id}/content's answer through the app (its exception handlers and the
-    route), with a stand-in service holding one completed video of 1000 bytes."""
+    route), with a stand-in service holding one completed video of 1000 bytes (`written`
+    False: its mp4 is gone, as after a DELETE between the lookup and the read)."""
     import asyncio
     from types import SimpleNamespace
 
     from raydit.serve import app as appmod
 
     path = tmp_path / "video_0123456789abcdef01234567.mp4"
-    path.write_bytes(os.urandom(1000))
+    if written:
+        path.write_bytes(os.urandom(1000))
     job = SimpleNamespace(status="completed")
     front = SimpleNamespace(
         _auth=lambda request: None, _job=lambda video_id: job,
@@ -88,6 +90,17 @@ def test_a_good_range_and_no_range_still_serve_the_video(tmp_path):
     assert got == 206 and len(body) == 10 and headers["content-range"] == "bytes 10-19/1000"
     got, headers, body = _content(tmp_path, None)
     assert got == 200 and len(body) == 1000
+
+
+@pytest.mark.parametrize("header", [None, "bytes=0-9"])
+def test_a_video_deleted_while_its_content_is_asked_for_is_a_404(tmp_path, header):
+    """A DELETE between the route's lookup of the video and its read of the mp4 left the route
+    reading a file that was gone: a 500 (Starlette's "File at path ... does not exist")."""
+    import json
+
+    got, headers, body = _content(tmp_path, header, written=False)
+    assert got == 404 and headers["content-type"] == "application/json", (got, body)
+    assert json.loads(body)["error"]["code"] == "not_found"
 
 
 # -- the service's hand-off to the engine (no HTTP, no Ray: an engine with Engine.submit's
