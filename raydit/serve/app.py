@@ -289,7 +289,7 @@ class VideoAPI:
         if order not in ("asc", "desc"):
             raise RequestError(f"order {order!r} must be 'asc' or 'desc'", param="order")
         jobs, has_more = self.service.list(after=after, limit=limit, order=order)
-        data = [j.to_object() for j in jobs]
+        data = [self.service.video_object(j) for j in jobs]
         return {
             "object": "list", "data": data, "has_more": has_more,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
@@ -315,7 +315,8 @@ class VideoAPI:
         """A video object; while it is unfinished, with the poll interval the server advises
         (OpenAI's `openai-poll-after-ms`, which the openai client follows)."""
         ms = self.service.poll_after_ms(job)
-        return JSONResponse(job.to_object(), headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
+        return JSONResponse(self.service.video_object(job),
+                            headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
 
     @app.get("/v1/videos/{video_id}/content")
     async def content(self, request: Request, video_id: str, variant: str = "video"):

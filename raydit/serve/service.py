@@ -199,6 +199,13 @@ class VideoService:
         with self._cond:
             return self._jobs.get(video_id)
 
+    def video_object(self, job: VideoJob) -> dict:
+        """The video object of `job` as one moment saw it: its status, progress and completion
+        time change together under the lock (read without it, a poll could see `completed`
+        with no completed_at)."""
+        with self._cond:
+            return job.to_object()
+
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[VideoJob], bool]:
         with self._cond:
             jobs = sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id), reverse=order == "desc")

@@ -277,3 +277,51 @@ def test_a_video_that_finishes_while_the_server_stops_is_stored_not_run_again(tm
         assert again.get(job.id).status == "completed" and not engine2.submitted
     finally:
         again.close(timeout_s=2)
+
+
+def test_a_video_object_never_shows_a_status_half_changed(tmp_path):
+    """GET /v1/videos/{id} (and the list) read the video's fields without the service's lock while
+    the writer thread changed status, progress and completed_at together under it: a poll could
+    see `completed` with completed_at null or progress 99 (39 such objects in 5 s of polling)."""
+    import json
+    import sys
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from raydit.serve import app as appmod
+    from raydit.serve.service import VideoService
+    from raydit.serve.store import VideoStore
+
+    engine = _PendingEngine()
+    engine.gate.clear()  # nothing reaches the engine: the test changes the video's status itself
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+    job = service.create(dict(PARAMS))
+    front = SimpleNamespace(service=service)
+    stop = threading.Event()
+
+    def writer():  # as the service's writer and on_start change a status: under its lock
+        while not stop.is_set():
+            with service._cond:
+                job.status, job.progress, job.completed_at = "in_progress", 99, None
+            with service._cond:
+                job.status, job.progress, job.completed_at = "completed", 100, time.time()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    torn = []
+    try:
+        for _ in range(100_000):
+            video = json.loads(appmod.VideoAPI.func_or_class._video_response(front, job).body)
+            done = video["status"] == "completed"
+            if done != (video["completed_at"] is not None) or done != (video["progress"] == 100):
+                torn.append(video)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+        engine.gate.set()
+        service.close(timeout_s=2)
+    assert not torn, f"{len(torn)} half-changed objects, e.g. {torn[0]}"
