@@ -524,10 +524,12 @@ class _Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
+        # Read under the service's lock (counts()): a scrape runs beside the threads that
+        # change the queue and the running requests.
         Gauge("raydit_queue_length", "Requests waiting for a replica", registry=r).set_function(
-            service._waiting_locked)
+            lambda: service.counts()["queued"])
         Gauge("raydit_requests_in_flight", "Requests running on the engine", registry=r).set_function(
-            service._started_locked)
+            lambda: service.counts()["in_progress"])
         Gauge("raydit_replicas", "Engine replicas serving the queue", registry=r).set_function(
             lambda: service.capacity)
         r.register(_ReplicaLayouts(service.engine))

@@ -325,3 +325,47 @@ def test_a_video_object_never_shows_a_status_half_changed(tmp_path):
         engine.gate.set()
         service.close(timeout_s=2)
     assert not torn, f"{len(torn)} half-changed objects, e.g. {torn[0]}"
+
+
+def test_metrics_are_read_under_the_lock_while_requests_start_and_finish(tmp_path):
+    """/metrics' queue-length and in-flight gauges counted the running requests without the
+    service's lock: a scrape while a request started or finished could raise "dictionary
+    changed size during iteration" (a 500 for the scraper; 12 in 20000 scrapes here)."""
+    import sys
+    import threading
+
+    from raydit.serve.service import VideoService, _Running
+    from raydit.serve.store import VideoStore
+
+    engine = _PendingEngine()
+    service = VideoService(engine, VideoStore(tmp_path), LIMITS, max_queue=8)
+    stop = threading.Event()
+
+    def churn():  # requests start and finish, as the dispatch thread and the engine's do: under the lock
+        i = 0
+        while not stop.is_set():
+            with service._cond:
+                service._running[f"r{i}"] = _Running(job=None)
+            with service._cond:
+                service._running.pop(f"r{i}", None)
+            i += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=churn)
+    thread.start()
+    failures = []
+    try:
+        for _ in range(10_000):
+            try:
+                service.metrics_text()
+            except RuntimeError as exc:
+                failures.append(exc)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+        service.close(timeout_s=2)
+    assert not failures, f"{len(failures)} scrapes failed: {failures[0]!r}"
+    text = service.metrics_text()[0].decode()
+    assert "raydit_queue_length 0.0" in text and "raydit_requests_in_flight 0.0" in text
