@@ -330,8 +330,8 @@ class VideoService:
             try:
                 future = self.engine.submit(**self._submit_args(run))
             except Exception as exc:  # refused by the engine (e.g. a layout it cannot run)
+                self._writes.put((run, None, exc))  # before the release, as _on_done
                 self._release(run)
-                self._writes.put((run, None, exc))
                 continue
             with self._cond:
                 run.future = future
@@ -380,10 +380,12 @@ class VideoService:
             self._cond.notify_all()
 
     def _on_done(self, run: _Running, future) -> None:
-        # Runs on the engine's thread: free the slot at once, write the video elsewhere.
-        self._release(run)
+        # Runs on the engine's thread: free the slot at once, write the video elsewhere. Queued
+        # for the writer before the release: close() ends the writer once nothing runs, so an
+        # outcome queued after that would never be stored.
         exc = future.exception() if not future.cancelled() else RequestStopped("cancelled")
         self._writes.put((run, None if exc else future.result(), exc))
+        self._release(run)
 
     def _write_loop(self) -> None:
         lower_thread_priority(WRITER_NICE)
