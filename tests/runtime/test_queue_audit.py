@@ -77,3 +77,21 @@ def test_a_handed_back_request_waiting_at_shutdown_is_told_it_did_not_finish():
     release.set()
     closer.join(30)
     assert long.result(timeout=30) == "long done"
+
+
+def test_take_matching_without_passing_stops_at_a_waiting_request_of_another_kind_but_not_a_cancelled_one():
+    """take_matching(passing=False), what a batch whose first request has left asks for: the
+    matching requests ahead of the first one of another kind that still waits; one cancelled
+    while it waited does not hold them back."""
+    d = Dispatcher([R(0, Plan(1.0), busy=True)], execute=lambda r, i: "ran", repair=lambda r: False,
+                   capacity=lambda: "none")
+    items = {name: Item(request=name, future=Future()) for name in ("k1", "x-cancelled", "k2", "x", "k3")}
+    with d.cond:
+        d._items.extend(items.values())
+    items["x-cancelled"].future.cancel()
+    try:
+        taken = d.take_matching(lambda r: r.startswith("k"), 5, passing=False)
+        assert [i.request for i in taken] == ["k1", "k2"]
+        assert [i.request for i in d.take_matching(lambda r: r.startswith("k"), 5)] == ["k3"]
+    finally:
+        d.close(join_s=5)
