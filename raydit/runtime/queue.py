@@ -148,9 +148,10 @@ class Dispatcher:
 
     # -- step-level batching -------------------------------------------------------------
 
-    def take_matching(self, match: Callable[[Any], bool], n: int) -> list[Item]:
+    def take_matching(self, match: Callable[[Any], bool], n: int, passing: bool = True) -> list[Item]:
         """Up to `n` queued items whose request `match`es, in queue order, taken out of the
-        queue and marked running (a cancelled one is dropped): they join a running batch."""
+        queue and marked running (a cancelled one is dropped): they join a running batch.
+        `passing` False: only those ahead of the first waiting item that does not match."""
         taken: list[Item] = []
         with self.cond:
             if self._closing:
@@ -159,6 +160,8 @@ class Dispatcher:
                 if len(taken) >= n:
                     break
                 if not match(item.request):
+                    if not passing and (item.started or not item.future.cancelled()):
+                        break  # it waits for a replica: nobody passes it
                     continue
                 self._items.remove(item)
                 if not item.started:
@@ -212,7 +215,11 @@ class Dispatcher:
 
     def _no_capacity(self, item: Item) -> NoCapacity:
         step = f" at step {item.job.step_index}" if item.job is not None and item.job.prepared else ""
-        return NoCapacity(f"request stopped{step}: {NO_CAPACITY} ({self._capacity()})")
+        try:
+            left = self._capacity()
+        except Exception as exc:  # the cluster could not be asked: the answer must still be given
+            left = f"what is left is unknown: {type(exc).__name__}: {exc}"
+        return NoCapacity(f"request stopped{step}: {NO_CAPACITY} ({left})")
 
     def _start(self, replica, item: Item) -> None:
         t = threading.Thread(target=self._run_on, args=(replica, item), name=f"raydit-replica-{replica.index}",
@@ -256,8 +263,8 @@ class Dispatcher:
                 item = self._items.popleft()
                 if not item.started:
                     item.future.cancel()
-                elif not item.future.done():
-                    item.future.set_exception(RuntimeError("engine shut down before the request ran"))
+                elif not item.future.done():  # handed back with its progress: it ran, unfinished
+                    item.future.set_exception(RuntimeError("engine shut down before the request finished"))
             self.cond.notify_all()
         me = threading.current_thread()
         for t in [self._thread, *self._running]:

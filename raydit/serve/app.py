@@ -62,6 +62,22 @@ def video_file_response(path, filename: str, ranged: bool) -> Response:
     return VideoFileResponse(path, media_type="video/mp4", filename=filename)
 
 
+def check_range(header: str, size: int) -> None:
+    """A Range header Starlette's file response would refuse in plain text (400 with no
+    JSON, or a bare 416), refused here in OpenAI's error shape with the same status."""
+    from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
+
+    try:
+        VideoFileResponse._parse_range_header(header, size)
+    except MalformedRangeHeader as exc:
+        raise RequestError(f"Range {header!r}: {exc.content.removeprefix('Range header: ').rstrip('.')}; give bytes=START-END "
+                           f"within the video's {size} bytes", param="range") from None
+    except RangeNotSatisfiable:
+        raise RequestError(f"Range {header!r} starts beyond the video's {size} bytes; give bytes=START-END with "
+                           f"START below {size}", param="range", status=416, code="range_not_satisfiable",
+                           headers={"Content-Range": f"bytes */{size}"}) from None
+
+
 def _error(status: int, message: str, param: str | None = None, code: str | None = None,
            headers: dict | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -273,7 +289,7 @@ class VideoAPI:
         if order not in ("asc", "desc"):
             raise RequestError(f"order {order!r} must be 'asc' or 'desc'", param="order")
         jobs, has_more = self.service.list(after=after, limit=limit, order=order)
-        data = [j.to_object() for j in jobs]
+        data = [self.service.video_object(j) for j in jobs]
         return {
             "object": "list", "data": data, "has_more": has_more,
             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
@@ -299,7 +315,8 @@ class VideoAPI:
         """A video object; while it is unfinished, with the poll interval the server advises
         (OpenAI's `openai-poll-after-ms`, which the openai client follows)."""
         ms = self.service.poll_after_ms(job)
-        return JSONResponse(job.to_object(), headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
+        return JSONResponse(self.service.video_object(job),
+                            headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
 
     @app.get("/v1/videos/{video_id}/content")
     async def content(self, request: Request, video_id: str, variant: str = "video"):
@@ -312,8 +329,15 @@ class VideoAPI:
                 f"video {video_id} is {job.status}; its content is ready when status is 'completed'",
                 param="video_id", status=409, code="not_ready",
             )
-        return video_file_response(self.service.store.video_path(video_id), f"{video_id}.mp4",
-                                   ranged="range" in request.headers)
+        path = self.service.store.video_path(video_id)
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:  # deleted since it was looked up
+            raise RequestError(f"no video with id {video_id!r}", param="video_id", status=404,
+                               code="not_found") from None
+        if "range" in request.headers and "if-range" not in request.headers:
+            check_range(request.headers["range"], size)
+        return video_file_response(path, f"{video_id}.mp4", ranged="range" in request.headers)
 
     @app.delete("/v1/videos/{video_id}")
     async def delete(self, request: Request, video_id: str):

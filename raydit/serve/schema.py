@@ -155,6 +155,14 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         width, height = parse_size(body.size)
     else:
         width, height = limits.max_width, limits.max_height
+    if body.num_frames is not None and body.seconds is not None:
+        # Both given: they must name one length (num_frames would silently win over seconds).
+        wanted = frames_for_seconds(body.seconds, limits.fps, limits.vae_temporal)
+        if wanted != body.num_frames:
+            raise RequestError(
+                f"seconds {body.seconds:g} and num_frames {body.num_frames} disagree: {body.seconds:g} s at "
+                f"{limits.fps} fps is {wanted} frames; give one of them", param="seconds",
+            )
     if body.num_frames is not None:
         frames, frames_param = body.num_frames, "num_frames"
     elif body.seconds is not None:

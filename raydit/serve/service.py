@@ -120,10 +120,11 @@ class VideoService:
         self.limits = limits
         self.max_queue = max_queue
         self._fixed_capacity = capacity
-        # Requests handed to the engine at once: one running and one waiting per replica it
+        # Requests handed to the engine at once: one running and one waiting per replica slot it
         # may have (an engine whose replicas follow the queue adds one when requests wait in
-        # its own queue, so they must reach it).
-        self.depth = 2 * max(self.capacity, int(getattr(engine, "max_replicas", 0) or 0))
+        # its own queue, so they must reach it; with step-level batching a replica has max_batch).
+        batch = max(1, int(getattr(engine, "max_batch", 1) or 1))
+        self.depth = 2 * max(self.capacity, int(getattr(engine, "max_replicas", 0) or 0) * batch)
         self._cond = threading.Condition()
         self._jobs: dict[str, VideoJob] = {}
         # Long-polling GETs, by video id: (their event loop, the event that wakes them).
@@ -197,6 +198,13 @@ class VideoService:
             return None
         with self._cond:
             return self._jobs.get(video_id)
+
+    def video_object(self, job: VideoJob) -> dict:
+        """The video object of `job` as one moment saw it: its status, progress and completion
+        time change together under the lock (read without it, a poll could see `completed`
+        with no completed_at)."""
+        with self._cond:
+            return job.to_object()
 
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[VideoJob], bool]:
         with self._cond:
@@ -322,13 +330,13 @@ class VideoService:
             try:
                 future = self.engine.submit(**self._submit_args(run))
             except Exception as exc:  # refused by the engine (e.g. a layout it cannot run)
+                self._writes.put((run, None, exc))  # before the release, as _on_done
                 self._release(run)
-                self._writes.put((run, None, exc))
                 continue
             with self._cond:
                 run.future = future
-                if run.stop == "deleted":
-                    future.cancel()  # deleted while it was being submitted
+                if run.stop is not None:
+                    future.cancel()  # deleted, or the server began to stop, while it was being submitted
             future.add_done_callback(lambda f, run=run: self._on_done(run, f))
 
     def _submit_args(self, run: _Running) -> dict:
@@ -372,10 +380,12 @@ class VideoService:
             self._cond.notify_all()
 
     def _on_done(self, run: _Running, future) -> None:
-        # Runs on the engine's thread: free the slot at once, write the video elsewhere.
-        self._release(run)
+        # Runs on the engine's thread: free the slot at once, write the video elsewhere. Queued
+        # for the writer before the release: close() ends the writer once nothing runs, so an
+        # outcome queued after that would never be stored.
         exc = future.exception() if not future.cancelled() else RequestStopped("cancelled")
         self._writes.put((run, None if exc else future.result(), exc))
+        self._release(run)
 
     def _write_loop(self) -> None:
         lower_thread_priority(WRITER_NICE)
@@ -392,10 +402,11 @@ class VideoService:
     def _finish(self, run: _Running, result, exc) -> None:
         job = run.job
         if run.stop == "deleted":
-            self._metrics.cancelled.inc()
+            if run.started:  # a DELETE of one still queued stopped nothing that ran
+                self._metrics.cancelled.inc()
             self.store.delete(job.id)  # anything written meanwhile
             return
-        if run.stop == "shutdown":
+        if run.stop == "shutdown" and exc is not None:  # stopped (or never started): kept for the next start
             with self._cond:
                 job.status, job.progress = "queued", 0
                 self.store.save(job)
@@ -515,10 +526,12 @@ class _Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
+        # Read under the service's lock (counts()): a scrape runs beside the threads that
+        # change the queue and the running requests.
         Gauge("raydit_queue_length", "Requests waiting for a replica", registry=r).set_function(
-            service._waiting_locked)
+            lambda: service.counts()["queued"])
         Gauge("raydit_requests_in_flight", "Requests running on the engine", registry=r).set_function(
-            service._started_locked)
+            lambda: service.counts()["in_progress"])
         Gauge("raydit_replicas", "Engine replicas serving the queue", registry=r).set_function(
             lambda: service.capacity)
         r.register(_ReplicaLayouts(service.engine))

@@ -29,7 +29,8 @@ class BatchingPart:
 
     def _execute_batch(self, replica: Any, first: Item, key) -> Any:
         """Run `first` and the queued requests of the same batch key that join it, each at
-        the step boundary after it arrives, up to the replica's batch limit; each leaves when
+        the step boundary after it arrives, up to the replica's batch limit (once `first` has
+        left, only those queued ahead of any request of another key); each leaves when
         its own steps are done (its future is resolved then). A request whose callback raises
         (a cancel) or whose own prepare or decode fails leaves alone; a failure of the shared
         step fails them all; a replica that must hand back gives every request back with its
@@ -66,7 +67,12 @@ class BatchingPart:
         try:
             while batch:
                 if len(batch) < limit:
-                    for item in self._dispatcher.take_matching(lambda r: self._batch_key(r) == key, limit - len(batch)):
+                    # Joiners may pass a request of another key queued before them only while the
+                    # batch's first request is in it: a batch fed by a stream of its own kind
+                    # would otherwise keep that request waiting for as long as the stream lasts.
+                    passing = any(it is first for it in batch)
+                    for item in self._dispatcher.take_matching(lambda r: self._batch_key(r) == key, limit - len(batch),
+                                                               passing=passing):
                         try:
                             admit(item)
                         except Exception as exc:  # taken from the queue: never left unanswered

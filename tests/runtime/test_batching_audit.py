@@ -1,0 +1,50 @@
+"""Step-level batching (Engine(max_batch=N)) against a real local Ray and the tiny Wan
+pipeline: cases an audit of raydit.runtime.engine.batching found."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+PROMPT = "a fox"
+
+
+@pytest.mark.long
+def test_a_stream_of_one_geometry_does_not_keep_a_request_of_another_waiting(ray_local):
+    """Requests of the running batch's key joined it at every step boundary, passing a request
+    of another key queued before them: while such requests kept arriving (a server under steady
+    traffic) that request never started. Joiners may pass it only while the batch's first request
+    runs (one queued behind a waiting request still joins then); after that the batch drains."""
+    from raydit.runtime.engine import Engine
+
+    order, lock, chain = [], threading.Lock(), []
+    queued = threading.Event()
+
+    def on_start(tag):
+        return lambda: order.append(tag)
+
+    with Engine(model="tiny-wan", workers=1, device="cpu", show_plan=False, max_batch=2) as engine:
+        def feeder(pipe, step, timestep, kwargs):
+            queued.wait(60)  # the other geometry's request is queued first (a loaded machine)
+            with lock:  # after every step of the batch, one more request of its geometry arrives
+                if len(chain) < 6:
+                    tag = f"k{len(chain)}"
+                    chain.append(engine.submit(PROMPT, num_inference_steps=3, seed=10 + len(chain), tag=tag,
+                                               on_start=on_start(tag), callback_on_step_end=feeder, progress=False))
+            return kwargs
+
+        first = engine.submit(PROMPT, num_inference_steps=3, seed=1, tag="first", on_start=on_start("first"),
+                              callback_on_step_end=feeder, progress=False)
+        other = engine.submit(PROMPT, num_frames=13, num_inference_steps=2, seed=2, tag="other",
+                              on_start=on_start("other"), progress=False)
+        queued.set()
+        first.result(timeout=300), other.result(timeout=300)
+        done = 0  # every request of the stream finished: none is left to bring another
+        while done < len(chain):
+            chain[done].result(timeout=300)
+            done += 1
+        futures = list(chain)
+    # k0 joined the first request's batch (passing `other`); the ones after it waited for `other`.
+    assert order[:3] == ["first", "k0", "other"], order
+    assert futures[0].result().batched_with == ["first"] and other.result().batched_with == []
