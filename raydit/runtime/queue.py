@@ -228,18 +228,28 @@ class Dispatcher:
         t.start()
 
     def _run_on(self, replica, item: Item) -> None:
-        handed_back = False
+        handed_back, outcome = False, None
         try:
             result = self._execute(replica, item)
         except HandBack as exc:
             handed_back = True
             item.handbacks.append(f"replica {replica.index}: {exc.reason}")
         except BaseException as exc:  # the caller of .result() sees it
-            if not item.future.done():
-                item.future.set_exception(exc)
+            outcome = (False, exc)
         else:
             if result is not RESOLVED:
-                item.future.set_result(result)
+                outcome = (True, result)
+        self._idle(replica, item, handed_back)
+        # Answered once the replica is idle again: whoever sees the result (and submits the
+        # next request at once, or reads `busy`) sees the replica free.
+        if outcome is not None and not item.future.done():
+            ok, value = outcome
+            if ok:
+                item.future.set_result(value)
+            else:
+                item.future.set_exception(value)
+
+    def _idle(self, replica, item: Item, handed_back: bool) -> None:
         with self.cond:
             replica.busy = False
             replica.idle_since = time.monotonic()

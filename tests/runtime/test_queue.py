@@ -148,3 +148,29 @@ def test_the_request_waiting_at_the_head_of_the_queue_can_be_cancelled():
     assert busy.result(timeout=10) == "busy" and after.result(timeout=10) == "after"
     assert waiting.cancelled() and ran == ["busy", "after"]
     d.close()
+
+
+def test_a_request_is_answered_after_its_replica_is_free_again():
+    """Whoever sees a request's result (a done callback, a caller submitting the next request
+    at once) sees its replica idle: the answer comes after the replica is marked free, for a
+    result and for an error alike."""
+    replicas = [R(0, Plan(1.0))]
+
+    def execute(replica, item):
+        if item.request == "bad":
+            raise ValueError("a request the worker refuses")
+        return item.request
+
+    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "none")
+    seen = []
+    for name in ("a", "bad"):
+        item = _item(name)
+        item.future.add_done_callback(lambda f: seen.append(replicas[0].busy))
+        future = d.put(item)
+        if name == "bad":
+            with pytest.raises(ValueError, match="refuses"):
+                future.result(timeout=10)
+        else:
+            assert future.result(timeout=10) == "a"
+    d.close()
+    assert seen == [False, False]
