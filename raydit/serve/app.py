@@ -65,10 +65,14 @@ def video_file_response(path, filename: str, ranged: bool) -> Response:
 def check_range(header: str, size: int) -> None:
     """A Range header Starlette's file response would refuse in plain text (400 with no
     JSON, or a bare 416), refused here in OpenAI's error shape with the same status."""
-    from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
+    try:  # Starlette's own parser (1.x), so the answer is the one it would give
+        from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
 
+        parse = VideoFileResponse._parse_range_header
+    except (ImportError, AttributeError):  # another Starlette: it answers bad ranges itself
+        return
     try:
-        VideoFileResponse._parse_range_header(header, size)
+        parse(header, size)
     except MalformedRangeHeader as exc:
         raise RequestError(f"Range {header!r}: {exc.content.removeprefix('Range header: ').rstrip('.')}; give bytes=START-END "
                            f"within the video's {size} bytes", param="range") from None
@@ -314,9 +318,8 @@ class VideoAPI:
     def _video_response(self, job) -> JSONResponse:
         """A video object; while it is unfinished, with the poll interval the server advises
         (OpenAI's `openai-poll-after-ms`, which the openai client follows)."""
-        ms = self.service.poll_after_ms(job)
-        return JSONResponse(self.service.video_object(job),
-                            headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
+        body, ms = self.service.video_state(job)  # one moment's: a finished video gets no interval
+        return JSONResponse(body, headers=None if ms is None else {"openai-poll-after-ms": str(ms)})
 
     @app.get("/v1/videos/{video_id}/content")
     async def content(self, request: Request, video_id: str, variant: str = "video"):

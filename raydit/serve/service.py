@@ -206,6 +206,12 @@ class VideoService:
         with self._cond:
             return job.to_object()
 
+    def video_state(self, job: VideoJob) -> tuple[dict, int | None]:
+        """`job`'s video object and the poll interval to advise with it, read at one moment
+        (an unfinished object with its interval; a finished one with none)."""
+        with self._cond:
+            return job.to_object(), self.poll_after_ms(job)
+
     def list(self, after: str | None = None, limit: int = 20, order: str = "desc") -> tuple[list[VideoJob], bool]:
         with self._cond:
             jobs = sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id), reverse=order == "desc")
