@@ -48,3 +48,37 @@ def test_a_stream_of_one_geometry_does_not_keep_a_request_of_another_waiting(ray
     # k0 joined the first request's batch (passing `other`); the ones after it waited for `other`.
     assert order[:3] == ["first", "k0", "other"], order
     assert futures[0].result().batched_with == ["first"] and other.result().batched_with == []
+
+
+def test_a_result_that_cannot_be_made_fails_its_request_alone_and_no_partner_hangs(ray_local):
+    """Making a finished request's result on the driver (a copy of its frames) can fail, e.g.
+    out of host memory. That exception left the batch loop: the dispatcher answered the batch's
+    first request with it and every partner's future was never resolved (a caller waiting on it
+    hung). Now the request whose result failed gets the error and its partners finish."""
+    from raydit.runtime.engine import Engine
+
+    with Engine(model="tiny-wan", workers=1, device="cpu", show_plan=False, max_batch=2) as engine:
+        made = engine._result
+        failed = []
+
+        def result_once_out_of_memory(replica, item):
+            if not failed:
+                failed.append(item.tag)
+                raise MemoryError("cannot allocate the frames' copy")
+            return made(replica, item)
+
+        engine._result = result_once_out_of_memory
+        queued = threading.Event()
+
+        def held(pipe, step, timestep, kwargs):
+            queued.wait(60)  # the partner is queued before the first request's second step
+            return kwargs
+
+        first = engine.submit(PROMPT, num_inference_steps=2, seed=1, tag="first", callback_on_step_end=held,
+                              progress=False)
+        partner = engine.submit(PROMPT, num_inference_steps=4, seed=2, tag="partner", progress=False)
+        queued.set()
+        with pytest.raises(MemoryError, match="frames' copy"):
+            first.result(timeout=300)
+        result = partner.result(timeout=300)
+        assert failed == ["first"] and "first" in result.batched_with

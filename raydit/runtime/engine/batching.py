@@ -108,7 +108,19 @@ class BatchingPart:
                             leave(item, exc)
                 elif what == "decoded":
                     item = by_job[id(did[0])]
-                    leave(item, result=self._result(replica, item))
+                    try:
+                        result = self._result(replica, item)
+                    except Exception as exc:  # its result could not be made (the frames' copy: memory)
+                        leave(item, exc)
+                    else:
+                        leave(item, result=result)
+        except HandBack:
+            raise
+        except BaseException as exc:  # nothing here expects it: no partner is left unanswered
+            for item in batch:
+                if item is not first and not item.future.done():
+                    item.future.set_exception(exc)
+            raise
         finally:
             replica.batch_size = 0
             for item in list(batch):
