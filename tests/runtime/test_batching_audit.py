@@ -50,6 +50,7 @@ def test_a_stream_of_one_geometry_does_not_keep_a_request_of_another_waiting(ray
     assert futures[0].result().batched_with == ["first"] and other.result().batched_with == []
 
 
+@pytest.mark.long  # an engine of its own (about 25 s): the second stage
 def test_a_result_that_cannot_be_made_fails_its_request_alone_and_no_partner_hangs(ray_local):
     """Making a finished request's result on the driver (a copy of its frames) can fail, e.g.
     out of host memory. That exception left the batch loop: the dispatcher answered the batch's
