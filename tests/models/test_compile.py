@@ -178,6 +178,7 @@ def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eage
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the second stage (suite time: stage one ran 19:07 at 2bd5ed4)
 def test_engine_compiles_once_per_worker_in_its_warmup_and_reports_it_apart(ray_local, eager_refs):
     """Engine(compile=True, warmup=True): the worker compiles in the warm-up request the
     Engine runs at its planned size before returning (`compile_seconds` of its event, not a

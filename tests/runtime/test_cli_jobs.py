@@ -78,6 +78,7 @@ def test_example_job_yaml_is_valid():
     assert cfg["prompt"] and cfg["model"] == "tiny" and cfg["workers"] == 2
 
 
+@pytest.mark.long  # the second stage (suite time: stage one ran 19:07 at 2bd5ed4)
 def test_save_latents_from_one_worker_and_a_4_rank_plan_agree(ray_local, tmp_path):
     """Two `raydit generate` processes on the session's Ray: 1 rank, and ulysses 2 x ring 2;
     the .npy latents they write agree, and the config file path is the one used."""
