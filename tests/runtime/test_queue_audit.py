@@ -4,25 +4,13 @@ audit of the dispatcher found."""
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import pytest
 
 from raydit.runtime.errors import NoCapacity
 from raydit.runtime.queue import Dispatcher, Item
 
-
-@dataclass(frozen=True)
-class Plan:
-    predicted_step_seconds: float
-
-
-@dataclass
-class R:
-    index: int
-    plan: Plan
-    busy: bool = False
-    in_rotation: bool = True
+from tests.runtime.test_queue import R, Plan  # the plain replicas test_queue drives
 
 
 def test_no_capacity_is_answered_even_when_the_cluster_cannot_say_what_is_left():
