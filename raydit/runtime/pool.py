@@ -23,6 +23,12 @@ from raydit.runtime.worker import RankWorker
 # How long a rank's second thread may take to answer a ping before it counts as silent
 # (stopped, wedged or gone); generous, since a loaded host answers late.
 PING_S = 5.0
+# How long free_slots waits for a suspect node's probe when that node is all there is (no
+# rank left, no other free device): the probe needs a fresh worker process, which a loaded
+# host starts in more than PING_S, and giving up then fails the request although the node
+# is well. A node that is really dead is declared so by Ray's health checks within this
+# (about 30 s by default), which ends its probe at once.
+SUSPECT_PROBE_S = 60.0
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +68,8 @@ class WorkerPool:
         self.last_step_seconds: float | None = None
         self.timings: dict[str, float] = {}
         self.suspect_nodes: set[str] = set()
-        self._unanswered: set[str] = set()  # suspect nodes a probe found silent (free_slots)
+        self._unanswered: set[str] = set()  # suspect nodes whose probe failed (free_slots)
+        self._probes: dict[str, Any] = {}  # suspect node -> its probe, still running or not yet read
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
         # group is formed over holds exactly these (a rank that joins later gets them too).
         self.loras: dict = {}
@@ -196,31 +203,56 @@ class WorkerPool:
         Without telling the two apart, a node that lost its only rank's process stayed
         suspect until the next failure: its devices never counted, and a replica with no
         rank left could never be repaired on it. A task pinned to the node tells: a live
-        raylet runs it within PING_S. A node that answers is suspected no more; one that does
-        not is not asked again (Ray soon declares it dead)."""
-        ask = [n for n in self.suspect_nodes if n in slots and n not in self._unanswered]
-        if not ask:
-            return
+        raylet runs it. A node that answers is suspected no more; one whose probe fails is
+        not asked again (Ray declared it dead, or cannot place work there).
+
+        Each suspect node is probed once. The first look waits PING_S for the answer; a probe
+        that has not answered by then stays out, and later looks read it without waiting,
+        so a node on a loaded host (whose raylet took longer to start the probe's worker)
+        counts again once it answers. When the suspect nodes are all there is (the pool has
+        no rank left and no other node has a free device) the answer decides whether the
+        request can run at all: that look waits up to SUSPECT_PROBE_S for it."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        ask = [n for n in self.suspect_nodes
+               if n in slots and n not in self._unanswered and n not in self._probes]
         probe = ray.remote(num_cpus=0, max_retries=0)(_node_id)
-        refs = {probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n
-                for n in ask}
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=PING_S)
-        answered = set()
-        for ref in ready:
-            try:
-                if ray.get(ref) == refs[ref]:
-                    answered.add(refs[ref])
-            except Exception:
-                pass
-        for ref in pending:
+        for n in ask:
+            self._probes[n] = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        waiting = {ref: n for n, ref in self._probes.items() if n in slots and n in self.suspect_nodes}
+        if not waiting:
+            return
+        alone = not self.members and not (set(slots) - self.suspect_nodes)
+        wait_s = SUSPECT_PROBE_S if alone else PING_S if ask else 0.0
+        deadline = time.monotonic() + wait_s
+        while waiting:
+            # Alone: the first node that answers is enough; otherwise wait for all (bounded).
+            ready, _ = ray.wait(list(waiting), num_returns=1 if alone else len(waiting),
+                                timeout=max(0.0, deadline - time.monotonic()))
+            answered = False
+            for ref in ready:
+                n = waiting.pop(ref)
+                del self._probes[n]
+                try:
+                    ok = ray.get(ref) == n
+                except Exception:
+                    ok = False
+                if ok:
+                    self.suspect_nodes = self.suspect_nodes - {n}
+                    answered = True
+                else:
+                    self._unanswered.add(n)
+            if answered or not ready or time.monotonic() >= deadline:
+                return
+
+    def _forget_probes(self) -> None:
+        """Cancel the probes of an earlier suspicion (a new failure names its own suspects)."""
+        for ref in self._probes.values():
             try:
                 ray.cancel(ref, force=True)
             except Exception:
                 pass
-        self._unanswered |= set(ask) - answered
-        self.suspect_nodes = self.suspect_nodes - answered
+        self._probes = {}
 
     def member_counts(self) -> dict[str, int]:
         """Warm members per node id."""
@@ -384,6 +416,7 @@ class WorkerPool:
             ray.wait(leaving, num_returns=len(leaving), timeout=10.0)
         self.suspect_nodes = suspect
         self._unanswered = set()
+        self._forget_probes()
         self._drop_and_release(lost, before=before)
         return lost, outcomes
 
@@ -468,6 +501,7 @@ class WorkerPool:
         self.active = []
 
     def close(self) -> None:
+        self._forget_probes()
         for m in list(self.members):
             self._drop(m)
         self.members, self.active = [], []

@@ -54,21 +54,41 @@ def test_devices_not_reservable_for_an_out_of_memory_regroup_report_out_of_memor
         run_ticks(ctrl, Job(Req(2)))
 
 
+def _slow_probe(delay_s: float):
+    """free_slots' probe of a suspect node, answering `delay_s` late: a loaded host whose
+    raylet takes that long to start the probe's worker (CI's two cores under two test
+    workers took longer than PING_S). Nested, so Ray ships it by value to the worker."""
+
+    def probe():
+        import time
+
+        import ray
+
+        time.sleep(delay_s)
+        return ray.get_runtime_context().get_node_id()
+
+    return probe
+
+
 @pytest.mark.long  # real Ray with a killed or stopped rank: the second stage
-def test_a_rank_process_killed_on_a_live_node_does_not_leave_the_engine_without_capacity(ray_local):
+def test_a_rank_process_killed_on_a_live_node_does_not_leave_the_engine_without_capacity(ray_local, monkeypatch):
     """A rank's process dies (SIGKILL: the OOM killer, a segfault) on a node that stays alive.
     Its node was suspected dead (rightly: Ray reports a dead node alive for a while), but the
     suspicion never ended, so the node's free devices never counted again: with its only rank
     gone, the replica could not be repaired and every request failed with NoCapacity although
-    the node was alive with free slots."""
+    the node was alive with free slots. Then (CI, stop 51) the probe that ends the suspicion
+    answered later than PING_S on a loaded host, and the request failed the same way: here
+    the probe answers 2 s past PING_S."""
     import os
     import signal
     import time
 
     import ray
 
+    import raydit.runtime.pool as pool_module
     from raydit.runtime.engine import Engine
 
+    monkeypatch.setattr(pool_module, "_node_id", _slow_probe(pool_module.PING_S + 2.0))
     engine = Engine(model="tiny", workers=1, device="cpu", grow="never", show_plan=False)
     try:
         engine.generate("a fox", num_inference_steps=2, seed=0, progress=False)
@@ -178,3 +198,42 @@ def test_a_decode_failing_twice_is_stopped_naming_the_decode_not_a_step_past_the
         run_ticks(ctrl, Job(Req(2)))
     # A 2-step request has steps 0 and 1: "failed at step 2" named a step that does not exist.
     assert "the decode" in str(info.value) and "step 2" not in str(info.value), str(info.value)
+
+
+@pytest.mark.long  # real Ray, probes that answer late: the second stage
+def test_a_suspect_node_whose_probe_answers_late_counts_again_once_it_answers(ray_local, monkeypatch):
+    """The probe of a suspect node that answers after PING_S, while the pool has ranks left,
+    does not hold free_slots up past PING_S, and its answer is read by a later look: the
+    node's devices count again (before, an unanswered probe was cancelled and the node left
+    out until the next failure). With no rank left and no other free device, the look waits
+    for the answer instead (the request depends on it)."""
+    import time
+
+    import raydit.runtime.pool as pool_module
+    from raydit.runtime.cluster import free_slots
+    from raydit.runtime.pool import WorkerPool
+
+    delay = pool_module.PING_S + 2.0
+    monkeypatch.setattr(pool_module, "_node_id", _slow_probe(delay))
+    node = next(iter(free_slots("CPU")))
+
+    pool = WorkerPool(model_dir="unused", device="cpu", dtype="float32", placement_timeout_s=10.0)
+    pool.members = ["a rank elsewhere"]  # not alone: the look does not wait for the late answer
+    pool.suspect_nodes = {node}
+    t0 = time.monotonic()
+    assert node not in pool.free_slots()
+    assert time.monotonic() - t0 < delay  # it gave up at PING_S, not at the answer
+    assert node not in pool.free_slots()  # a second look neither waits nor asks again
+    deadline = time.monotonic() + 120
+    while node not in pool.free_slots():  # the late answer is read by a later look
+        assert time.monotonic() < deadline, "the late probe's answer was never read"
+        time.sleep(0.5)
+    assert pool.suspect_nodes == set()
+
+    alone = WorkerPool(model_dir="unused", device="cpu", dtype="float32", placement_timeout_s=10.0)
+    alone.suspect_nodes = {node}  # no rank left, and the suspect node is all there is
+    assert node in alone.free_slots()  # waited past PING_S for the answer
+    assert alone.suspect_nodes == set()
+    alone.close()
+    pool.members = []
+    pool.close()
