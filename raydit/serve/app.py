@@ -35,6 +35,9 @@ from raydit.serve.page import PAGE_HTML
 from raydit.serve.schema import Limits, RequestError, lora_error, parse_body, resolve, scheduler_step_limit
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# A request body: the image as base64 in JSON (4/3 of its bytes) or a multipart file, plus a
+# megabyte for the fields. Larger bodies are refused before they are read into memory.
+MAX_BODY_BYTES = MAX_IMAGE_BYTES * 4 // 3 + 1024 * 1024
 # A finished video up to this size is sent as one body (no Range asked); larger ones stream.
 WHOLE_BODY_BYTES = 8 * 1024 * 1024
 app = FastAPI(title="raydit", summary="Video generation on Ray, OpenAI Videos API", docs_url="/docs",
@@ -147,9 +150,43 @@ def _decode_image(data: bytes, where: str) -> bytes:
     return out.getvalue()
 
 
+def _too_large(size: str) -> RequestError:
+    return RequestError(f"the request body is {size}; at most {MAX_BODY_BYTES} bytes (a reference image "
+                        f"of at most {MAX_IMAGE_BYTES} bytes and the fields)", status=413,
+                        code="request_too_large")
+
+
+async def _bounded(request: Request) -> Request:
+    """`request` with its body read, refused with a 413 past MAX_BODY_BYTES: at once by its
+    Content-Length, or as soon as a body sent in chunks (no length) grows past it, so that
+    no oversized upload is held in memory. The body is handed on as a fresh Request."""
+    length = request.headers.get("content-length")
+    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
+        raise _too_large(f"{int(length)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large(f"over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
+
+
 async def _read_body(request: Request) -> tuple[dict, bytes | None]:
     """Form (multipart or urlencoded) or JSON -> (fields, reference image as PNG or None)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype in ("multipart/form-data", "application/x-www-form-urlencoded", "application/json", ""):
+        request = await _bounded(request)
     image = None
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form()

@@ -262,6 +262,30 @@ def test_image_for_a_text_model_and_unknown_ids(server):
         server.client().videos.delete("video_" + "1" * 24)
 
 
+def test_a_body_over_the_limit_is_413_without_being_read_whole(server):
+    """A reference image is at most 20 MB; the body carrying it (as base64 in JSON) at most
+    MAX_BODY_BYTES. A larger body is refused with a 413 in OpenAI's error shape: by its
+    Content-Length before it is read, or, sent in chunks with no length, as soon as it grows
+    past the limit (before, the whole upload was read into memory and only then checked)."""
+    from raydit.serve.app import MAX_BODY_BYTES
+
+    big = b"x" * (MAX_BODY_BYTES + 1)
+    r = server.http("POST", "/v1/videos", data=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413, r.text
+    error = r.json()["error"]
+    assert error["code"] == "request_too_large" and f"{MAX_BODY_BYTES + 1} bytes" in error["message"], error
+
+    def chunks():  # no Content-Length: Transfer-Encoding chunked
+        for _ in range(MAX_BODY_BYTES // (1 << 20) + 2):
+            yield b"y" * (1 << 20)
+
+    r = server.http("POST", "/v1/videos", data=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+    # A body under the limit is still read and judged on its fields.
+    r = server.http("POST", "/v1/videos", json={"prompt": "x", "seconds": "banana"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seconds", r.text
+
+
 def test_example_client_script(server, tmp_path):
     """examples/openai_client.py, as a user runs it against the server."""
     script = Path(__file__).resolve().parents[2] / "examples" / "openai_client.py"
