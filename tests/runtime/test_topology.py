@@ -324,6 +324,7 @@ def test_plan_json_is_alone_on_stdout_when_ray_prints_to_the_driver(fake_cluster
 # -- calibration ------------------------------------------------------------------------------
 
 
+@pytest.mark.long  # the second stage: stage one ran 29:11 under load at 26e0658 (this one 72 s)
 def test_cpu_calibration_measures_caches_and_changes_the_plan(fake_cluster, tmp_path, monkeypatch):
     from raydit.doctor import format_report
     from raydit.runtime import calibrate, calibration_cache
