@@ -213,7 +213,7 @@ def test_a_suspect_node_whose_probe_answers_late_counts_again_once_it_answers(ra
     from raydit.runtime.cluster import free_slots
     from raydit.runtime.pool import WorkerPool
 
-    delay = pool_module.PING_S + 2.0
+    delay = pool_module.PING_S + 8.0  # well past PING_S: a loaded host's slow look is not mistaken for a wait
     monkeypatch.setattr(pool_module, "_node_id", _slow_probe(delay))
     node = next(iter(free_slots("CPU")))
 
