@@ -68,8 +68,8 @@ class WorkerPool:
         self.last_step_seconds: float | None = None
         self.timings: dict[str, float] = {}
         self.suspect_nodes: set[str] = set()
-        self._unanswered: set[str] = set()  # suspect nodes whose probe failed (free_slots)
-        self._probes: dict[str, Any] = {}  # suspect node -> its probe, still running or not yet read
+        # Suspect node -> its probe (free_slots), still running or not yet read; None: it failed.
+        self._probes: dict[str, Any] = {}
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
         # group is formed over holds exactly these (a rank that joins later gets them too).
         self.loras: dict = {}
@@ -214,12 +214,13 @@ class WorkerPool:
         request can run at all: that look waits up to SUSPECT_PROBE_S for it."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        ask = [n for n in self.suspect_nodes
-               if n in slots and n not in self._unanswered and n not in self._probes]
-        probe = ray.remote(num_cpus=0, max_retries=0)(_node_id)
-        for n in ask:
-            self._probes[n] = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-        waiting = {ref: n for n, ref in self._probes.items() if n in slots and n in self.suspect_nodes}
+        ask = [n for n in self.suspect_nodes if n in slots and n not in self._probes]
+        if ask:
+            probe = ray.remote(num_cpus=0, max_retries=0)(_node_id)
+            for n in ask:
+                self._probes[n] = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        waiting = {ref: n for n, ref in self._probes.items()
+                   if ref is not None and n in slots and n in self.suspect_nodes}
         if not waiting:
             return
         alone = not self.members and not (set(slots) - self.suspect_nodes)
@@ -232,16 +233,16 @@ class WorkerPool:
             answered = False
             for ref in ready:
                 n = waiting.pop(ref)
-                del self._probes[n]
                 try:
                     ok = ray.get(ref) == n
                 except Exception:
                     ok = False
                 if ok:
+                    del self._probes[n]
                     self.suspect_nodes = self.suspect_nodes - {n}
                     answered = True
                 else:
-                    self._unanswered.add(n)
+                    self._probes[n] = None  # not asked again
             if answered or not ready or time.monotonic() >= deadline:
                 return
 
@@ -249,7 +250,8 @@ class WorkerPool:
         """Cancel the probes of an earlier suspicion (a new failure names its own suspects)."""
         for ref in self._probes.values():
             try:
-                ray.cancel(ref, force=True)
+                if ref is not None:
+                    ray.cancel(ref, force=True)
             except Exception:
                 pass
         self._probes = {}
@@ -415,7 +417,6 @@ class WorkerPool:
         if leaving:  # done before anything re-forms them (a join must not overlap the leave)
             ray.wait(leaving, num_returns=len(leaving), timeout=10.0)
         self.suspect_nodes = suspect
-        self._unanswered = set()
         self._forget_probes()
         self._drop_and_release(lost, before=before)
         return lost, outcomes

@@ -185,8 +185,12 @@ async def _bounded(request: Request) -> Request:
 async def _read_body(request: Request) -> tuple[dict, bytes | None]:
     """Form (multipart or urlencoded) or JSON -> (fields, reference image as PNG or None)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype in ("multipart/form-data", "application/x-www-form-urlencoded", "application/json", ""):
-        request = await _bounded(request)
+    if ctype not in ("multipart/form-data", "application/x-www-form-urlencoded", "application/json", ""):
+        raise RequestError(
+            f"content-type {ctype!r} is not accepted; send multipart/form-data or application/json", status=415,
+            code="unsupported_media_type",
+        )
+    request = await _bounded(request)
     image = None
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form()
@@ -205,33 +209,29 @@ async def _read_body(request: Request) -> tuple[dict, bytes | None]:
             else:
                 data[key] = value
         return data, image
-    if ctype in ("application/json", ""):
+    # JSON
+    try:
+        data = await request.json()
+    except ValueError:
+        raise RequestError("the body is not valid JSON", param=None) from None
+    if not isinstance(data, dict):
+        raise RequestError("the body must be a JSON object of fields", param=None)
+    ref = data.pop("input_reference", None)
+    if ref is not None:
+        url = ref.get("image_url") if isinstance(ref, dict) else None
+        if not isinstance(url, str) or not url.startswith("data:image/") or "," not in url:
+            raise RequestError(
+                "input_reference: in JSON give {\"image_url\": \"data:image/png;base64,...\"} "
+                "(or upload a file with multipart/form-data); file ids and remote URLs are not fetched",
+                param="input_reference",
+            )
         try:
-            data = await request.json()
-        except ValueError:
-            raise RequestError("the body is not valid JSON", param=None) from None
-        if not isinstance(data, dict):
-            raise RequestError("the body must be a JSON object of fields", param=None)
-        ref = data.pop("input_reference", None)
-        if ref is not None:
-            url = ref.get("image_url") if isinstance(ref, dict) else None
-            if not isinstance(url, str) or not url.startswith("data:image/") or "," not in url:
-                raise RequestError(
-                    "input_reference: in JSON give {\"image_url\": \"data:image/png;base64,...\"} "
-                    "(or upload a file with multipart/form-data); file ids and remote URLs are not fetched",
-                    param="input_reference",
-                )
-            try:
-                raw = base64.b64decode(url.split(",", 1)[1], validate=True)
-            except (binascii.Error, ValueError):
-                raise RequestError("input_reference: the data URL is not valid base64",
-                                   param="input_reference") from None
-            image = _decode_image(raw, "input_reference")
-        return data, image
-    raise RequestError(
-        f"content-type {ctype!r} is not accepted; send multipart/form-data or application/json", status=415,
-        code="unsupported_media_type",
-    )
+            raw = base64.b64decode(url.split(",", 1)[1], validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError("input_reference: the data URL is not valid base64",
+                               param="input_reference") from None
+        image = _decode_image(raw, "input_reference")
+    return data, image
 
 
 @serve.deployment(

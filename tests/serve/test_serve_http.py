@@ -281,6 +281,9 @@ def test_a_body_over_the_limit_is_413_without_being_read_whole(server):
 
     r = server.http("POST", "/v1/videos", data=chunks(), headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+    # A content type the API does not take is refused by its header, whatever the body's size.
+    r = server.http("POST", "/v1/videos", data=big, headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
     # A body under the limit is still read and judged on its fields.
     r = server.http("POST", "/v1/videos", json={"prompt": "x", "seconds": "banana"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "seconds", r.text
