@@ -6,7 +6,7 @@ imported only when first asked for.
 
 from raydit import planner as _planner
 from raydit.planner import ClusterSpec, ModelSpec, NodeSpec, PlanError
-from raydit.planner.model import set_model_source as _set_model_source
+from raydit.planner.registry import set_model_source as _set_model_source
 
 __version__ = "0.1.0"
 

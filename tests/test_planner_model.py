@@ -437,7 +437,7 @@ def test_the_planner_looks_models_up_without_anyone_loading_the_families_first(t
     cfg = {"_class_name": "WanTransformer3DModel", "num_attention_heads": 12, "attention_head_dim": 128,
            "num_layers": 30, "patch_size": [1, 2, 2], "ffn_dim": 8960, "in_channels": 16}
     root = _pipeline_dir(tmp_path, cfg, "WanPipeline")
-    code = ("import sys; from raydit.planner.model import model_spec; "
+    code = ("import sys; from raydit.planner.registry import model_spec; "
             "mochi = model_spec('mochi-1'); wan = model_spec(sys.argv[1]); "
             "assert mochi.family == 'mochi' and mochi.decoder is not None and mochi.decoder.dropped_frames == 5; "
             "assert wan.family == 'wan' and wan.decoder == model_spec('wan2.1-t2v-1.3b').decoder; "

@@ -44,7 +44,7 @@ def families() -> dict[str, object]:
         return dict(_FAMILIES)
     with _LOCK:
         if not _FAMILIES:
-            from raydit.planner.model import register_models, register_spec_reader
+            from raydit.planner.registry import register_models, register_spec_reader
 
             package = importlib.import_module("raydit.models.families")
 

@@ -4,8 +4,9 @@
     result = plan("cogvideox-2b", 49, 480, 720, gpus=8)
     result.best.ulysses, result.best.ring, result.best.cfg, result.best.placement
 
-Layers: `model` (ModelSpec, geometry of a request; the built-in models and pipeline readers
-the model families register), `hardware` (device table), `cluster` (ClusterSpec), `cost` (step
+Layers: `model` (ModelSpec, geometry of a request), `registry` (the built-in models and
+pipeline readers the model families register; `model_spec`), `pipeline_dir` (a diffusers
+pipeline directory's configs and parameter counts, read without loading it), `hardware` (device table), `cluster` (ClusterSpec), `cost` (step
 time and memory model, with the formulas), `decode` (the VAE decode each spec's decoder
 costs), `layouts` (the mesh layouts every layer walks), `plans` (Plan, PlanResult: a plan as
 data), `judge` (one layout: feasible, placed, priced), `ranking` (best first), `search`
@@ -14,7 +15,8 @@ data), `judge` (one layout: feasible, placed, priced), `ranking` (best first), `
 
 from raydit.planner.cluster import ClusterSpec, NodeSpec
 from raydit.planner.hardware import DEVICE_TYPES, DeviceType, device_type
-from raydit.planner.model import BUILTIN_MODELS, ModelSpec, VideoGeometry, model_spec
+from raydit.planner.model import ModelSpec, VideoGeometry
+from raydit.planner.registry import BUILTIN_MODELS, model_spec
 from raydit.planner.plans import Plan, PlanError, PlanResult, Rank, Rejection
 from raydit.planner.search import plan
 

@@ -28,7 +28,7 @@ from raydit.planner.hardware import DEVICE_TYPES
 from raydit.planner.devicemodel import Mode
 from raydit.planner.judge import LayoutJudge, audio_note
 from raydit.planner.layouts import cfg_degrees, cfg_degrees_text
-from raydit.planner.model import model_spec
+from raydit.planner.registry import model_spec
 from raydit.planner.plans import Plan, PlanError, PlanResult, Rejection
 from raydit.planner.ranking import rank_plans
 

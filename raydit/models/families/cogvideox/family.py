@@ -158,7 +158,8 @@ class CogVideoXFamily(Family):
         return float(spec.layers * (4 * h * h + 2 * h * f))
 
     def spec_from_dir(self, path: Path, configs):
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, require, t5_params, transformer_config
 
         cfg, where = transformer_config(path, configs, lambda cls: cls.startswith("CogVideoX"), "a CogVideoX pipeline")
         heads, head_dim = attention_shape(cfg, where)

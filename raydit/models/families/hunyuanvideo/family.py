@@ -262,7 +262,8 @@ class HunyuanVideoFamily(Family):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (129 frames, 720 x 1280) unless the directory says otherwise
         (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "HunyuanVideoTransformer3DModel", "a HunyuanVideo pipeline")
         heads, head_dim = attention_shape(cfg, where)

@@ -172,7 +172,8 @@ class HunyuanVideo15Family(Family):
         absent keys: 16 x 128, 54 layers, patch 1, 16x / 4x VAE, 32 latent channels); request
         defaults: 121 frames at the 16:9 bucket of the transformer's target_size, unless the
         directory says otherwise (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "HunyuanVideo15Transformer3DModel", "a HunyuanVideo 1.5 pipeline")
         heads, head_dim = attention_shape(cfg, where)

@@ -232,7 +232,8 @@ class Kandinsky5Family(Family):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
         absent keys); request defaults: the pipeline's 121 frames at 512 x 768 unless the
         directory says otherwise (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, component_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import component_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "Kandinsky5Transformer3DModel", "a Kandinsky 5 pipeline")
         axes = [int(a) for a in cfg.get("axes_dims", (16, 24, 24))]

@@ -146,7 +146,8 @@ class LTXFamily(Family):
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (161 frames, 512 x 704) unless the directory says otherwise."""
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, t5_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, t5_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "LTXVideoTransformer3DModel", "an LTX pipeline")
         heads, head_dim = attention_shape(cfg, where)

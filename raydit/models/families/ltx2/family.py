@@ -132,7 +132,8 @@ class LTX2Family(Family):
         tokens per second as `init` makes them (audio_vae/ sample_rate / mel_hop_length /
         AUDIO_VAE_TEMPORAL_COMPRESSION, read at FRAME_RATE; without audio_vae/, the pipeline's
         16000 / 160). The vocoder turns mel frames into samples and sets no token count."""
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "LTX2VideoTransformer3DModel", "an LTX-2 pipeline")
         heads, head_dim = attention_shape(cfg, where)

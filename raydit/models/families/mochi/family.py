@@ -194,7 +194,8 @@ class MochiFamily(Family):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (19 frames, 480 x 848) unless the directory says otherwise
         (DEFAULTS_FILE); sizes from the weights' headers."""
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, t5_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, t5_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "MochiTransformer3DModel", "a Mochi pipeline")
         heads, head_dim = attention_shape(cfg, where)

@@ -471,7 +471,7 @@ class SkyReelsFamily(WanFamily):
         otherwise (DEFAULTS_FILE)."""
         import dataclasses
 
-        from raydit.planner.model import transformer_config
+        from raydit.planner.pipeline_dir import transformer_config
 
         cfg, _ = transformer_config(path, configs, "SkyReelsV2Transformer3DModel", "a SkyReels-V2 pipeline")
         as_wan = dict(configs, transformer=dict(cfg, _class_name="WanTransformer3DModel"))

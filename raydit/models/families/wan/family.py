@@ -200,7 +200,8 @@ class WanFamily(Family):
         (DEFAULTS_FILE); sizes from the weights' headers."""
         import json
 
-        from raydit.planner.model import ModelSpec, attention_shape, component_params, require, t5_params, transformer_config
+        from raydit.planner.model import ModelSpec
+        from raydit.planner.pipeline_dir import attention_shape, component_params, require, t5_params, transformer_config
 
         index = configs[""]
         name = "transformer" if "transformer" in configs else "transformer_2"
