@@ -104,7 +104,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
     if opts.get("cfg") not in (None, 1, 2, 4):  # the command line's choices; a --config file skips them
         raise ValueError(f"--cfg {opts['cfg']} must be 1, 2 or 4 (4: LTX-2's four guidance branches)")
-    from raydit.models.lora import lora_options
+    from raydit.models.lora_options import lora_options
 
     opts["lora_table"], opts["lora_choice"] = lora_options(opts)
     if opts.get("fuse_lora") and len(opts["lora_table"]) != 1:

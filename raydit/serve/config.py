@@ -86,7 +86,7 @@ def check_lora_options(opts: dict) -> None:
     """--lora-dir must be a directory (kept as an absolute path: the serving replica's working
     directory is not ours); --lora / --lora-scale as for `raydit generate`, resolved to
     absolute files in `opts["lora_table"]` / `opts["lora_choice"]`; --fuse-lora needs one --lora."""
-    from raydit.models.lora import lora_options
+    from raydit.models.lora_options import lora_options
 
     if opts.get("lora_dir") is not None:
         path = os.path.abspath(os.path.expanduser(str(opts["lora_dir"])))

@@ -195,12 +195,13 @@ def test_a_lora_on_the_attention_projections_equals_diffusers(tmp_path):
     visual self- and cross-attention), loaded through raydit, equals diffusers' pipeline with the
     same load_lora_weights / set_adapters (max relative difference 1e-5), and changes the result."""
     from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.loading import load_pipeline
 
     request = dict(prompt="a red fox", negative_prompt="blur", num_frames=5, height=32, width=32,
                    num_inference_steps=2, guidance_scale=5.0, seed=3)
     pipe = load_pipeline("tiny-kandinsky5")
-    path = lora.write_random_lora(pipe, tmp_path / "a", seed=1, rank=4, targets=("to_query", "to_key", "to_value"))
+    path = write_random_lora(pipe, tmp_path / "a", seed=1, rank=4, targets=("to_query", "to_key", "to_value"))
     lora.load(pipe, k5.FAMILY, lora.LoraSpec("a", str(lora.lora_file(path)), "transformer"))
     ref = load_pipeline("tiny-kandinsky5")
     base = k5.FAMILY.reference_latents(ref, GenerationRequest(**request))

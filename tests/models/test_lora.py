@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.lora_files import write_random_lora
 
 from raydit.models import conformance as harness
 from raydit.models import lora
@@ -70,11 +71,11 @@ def loras(tmp_path_factory):
     for model in REQUESTS:
         pipe = load_pipeline(model)
         root = tmp_path_factory.mktemp(f"lora-{model}")
-        out[model] = {name: str(lora.write_random_lora(pipe, root / name, seed=seed, rank=rank))
+        out[model] = {name: str(write_random_lora(pipe, root / name, seed=seed, rank=rank))
                       for name, seed, rank in (("a", 1, 4), ("b", 2, 2))}
     # A14B: a LoRA for the second expert (its own weights; same architecture here).
     pipe = load_pipeline("tiny-wan-a14b")
-    out["tiny-wan-a14b"]["low"] = str(lora.write_random_lora(
+    out["tiny-wan-a14b"]["low"] = str(write_random_lora(
         pipe, tmp_path_factory.mktemp("lora-a14b-low") / "low", seed=3, component="transformer_2"))
     return out
 
@@ -209,7 +210,7 @@ def test_bad_loras_are_refused_in_one_line_and_nothing_stays(loras, tmp_path):
     # A CogVideoX LoRA of another size: 4 heads x 16 instead of 2 x 16.
     from raydit.models.families.cogvideox.cases import cogvideox_pipeline
 
-    other = lora.write_random_lora(cogvideox_pipeline(str(resolve_model_dir("tiny")), num_attention_heads=4),
+    other = write_random_lora(cogvideox_pipeline(str(resolve_model_dir("tiny")), num_attention_heads=4),
                                    tmp_path / "other-size")
     cases = [
         (tmp_path / "missing", "does not exist"),

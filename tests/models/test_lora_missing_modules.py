@@ -3,6 +3,7 @@ one line naming every such module (not only the first), before anything is loade
 
 import pytest
 import torch
+from support.lora_files import write_random_lora
 
 from raydit.models import lora
 
@@ -15,7 +16,7 @@ def test_lora_refusal_names_every_missing_module(tmp_path):
 
     pipe = load_pipeline("tiny-wan")
     family = family_for_pipeline(pipe)
-    path = lora.lora_file(lora.write_random_lora(pipe, tmp_path / "a", seed=1, targets=("to_q", "to_k")))
+    path = lora.lora_file(write_random_lora(pipe, tmp_path / "a", seed=1, targets=("to_q", "to_k")))
     tensors = load_file(str(path))
     renamed = {}
     for key, value in tensors.items():  # blocks.0's to_q and to_k -> blocks.98 / blocks.99 (absent)

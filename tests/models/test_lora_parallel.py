@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.lora_files import write_random_lora
 
 from raydit.models import conformance as harness
-from raydit.models import lora
 from raydit.models.families.ltx2 import cases as ltx2_cases
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.runner import Runner
@@ -61,10 +61,10 @@ def cases(tmp_path_factory):
         pipe = load_pipeline(model)
         root = tmp_path_factory.mktemp(f"lora-par-{model}")
         targets = {"targets": LORA_TARGETS[model]} if model in LORA_TARGETS else {}
-        loras = {name: (str(lora.write_random_lora(pipe, root / name, seed=seed, **targets)), "transformer")
+        loras = {name: (str(write_random_lora(pipe, root / name, seed=seed, **targets)), "transformer")
                  for name, seed in (("a", 11), ("b", 12))}
         out.append(harness.RunnerCase(
-            f"lora-{model}", "raydit.models.lora:conformance_pipeline", heads,
+            f"lora-{model}", "support.lora_files:conformance_pipeline", heads,
             dict(request, lora={"a": 0.7, "b": 1.3}),
             dict(build=build, build_kwargs=kwargs, loras=loras), worlds=worlds))
     return out

@@ -198,11 +198,12 @@ def test_runner_refuses_fp8_on_cpu_unknown_modes_and_lora_switching(tiny_pipe):
 
 def test_a_lora_is_not_loaded_into_quantized_weights(tiny_pipe, tmp_path):
     from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.loading import load_pipeline
     from raydit.models.registry import family_for_pipeline
     from raydit.models.runner import Runner
 
-    path = lora.write_random_lora(tiny_pipe, tmp_path)
+    path = write_random_lora(tiny_pipe, tmp_path)
     pipe = load_pipeline("tiny")
     Runner(pipe, quantize="fp8-sim")
     with pytest.raises(ValueError, match="cannot be loaded into weights quantized fp8-sim already"):
@@ -217,6 +218,7 @@ def test_a_fused_lora_is_quantized_with_the_weights(mode, tiny_pipe, tmp_path, m
     their scales; on the CPU, the gates lifted for this test), and not the weight without the
     LoRA; the request runs."""
     from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.family import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.quantize import fake_fp8
@@ -227,7 +229,7 @@ def test_a_fused_lora_is_quantized_with_the_weights(mode, tiny_pipe, tmp_path, m
         from fp8_cpu import lift_fp8_gates
 
         lift_fp8_gates(monkeypatch)
-    path = str(lora.lora_file(lora.write_random_lora(tiny_pipe, tmp_path)))
+    path = str(lora.lora_file(write_random_lora(tiny_pipe, tmp_path)))
     plain = load_pipeline("tiny", dtype=torch.bfloat16)
     pipe = load_pipeline("tiny", dtype=torch.bfloat16)
     lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec("style", path, fuse_scale=1.0))

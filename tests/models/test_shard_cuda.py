@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA
     not (FP8 and INSTALLED), reason="needs a GPU of compute capability 8.9+ and torchao"))])
 def test_sharded_on_cuda_equals_unsharded_bit_for_bit(quantize):
     from raydit.models.loading import resolve_model_dir
-    from raydit.models.shard_conformance import quantized_shard_worker
+    from shard_conformance import quantized_shard_worker
     from raydit.parallel.testing import run_distributed
 
     model = (str(resolve_model_dir("tiny")), dict(prompt="a red fox", num_frames=5, height=32, width=32,

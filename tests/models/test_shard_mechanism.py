@@ -9,7 +9,7 @@ import torch
 
 
 def test_a_rank_holds_half_and_at_most_two_blocks_whole():
-    from raydit.models.shard_conformance import mechanism_worker
+    from shard_conformance import mechanism_worker
     from raydit.parallel.testing import run_distributed
 
     for out in run_distributed(mechanism_worker, 2):
@@ -24,13 +24,13 @@ def test_a_rank_holds_half_and_at_most_two_blocks_whole():
 
 
 def test_lora_loaded_after_sharding_and_rebuild_from_files(tmp_path):
-    from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.loading import load_pipeline, resolve_model_dir
-    from raydit.models.shard_conformance import late_lora_worker
+    from shard_conformance import late_lora_worker
     from raydit.parallel.testing import run_distributed
 
     model_dir = str(resolve_model_dir("tiny-wan"))
-    lora_dir = str(lora.write_random_lora(load_pipeline(model_dir), tmp_path / "late", seed=5))
+    lora_dir = str(write_random_lora(load_pipeline(model_dir), tmp_path / "late", seed=5))
     for out in run_distributed(late_lora_worker, 2, model_dir, lora_dir, timeout=600):
         assert torch.equal(out[False], out[True])
         assert out[(True, "from files")] and out[(True, "rebuilt")] and out[(False, "rebuilt")]
@@ -50,7 +50,7 @@ def test_batched_steps_sharded_equal_unsharded(plan):
     """Three Wan requests sharing steps (one joins at the second), on cfg 2: the gathers span
     both guidance groups (Ulysses 2 passed too, 72 s; left out for the suite's time)."""
     from raydit.models.loading import resolve_model_dir
-    from raydit.models.shard_conformance import batching_shard_worker
+    from shard_conformance import batching_shard_worker
     from raydit.parallel.testing import run_distributed
 
     base = dict(prompt="a red fox runs", num_frames=9, height=16, width=112)

@@ -42,11 +42,11 @@ def _model(name: str, height: int, width: int, guidance: float, dtypes: tuple) -
 def results(request):
     from fp8_cpu import lifted
 
-    from raydit.models.shard_conformance import quantized_shard_worker
+    from shard_conformance import quantized_shard_worker
     from raydit.parallel.testing import run_distributed
 
     if request.param == "fp8":  # torchao's FP8 tensors on the CPU, the gates lifted in the ranks (fp8_cpu)
-        return "fp8", run_distributed(lifted, WORLD, "raydit.models.shard_conformance:quantized_shard_worker",
+        return "fp8", run_distributed(lifted, WORLD, "shard_conformance:quantized_shard_worker",
                                       [_model("tiny", 32, 32, 6.0, ("bfloat16",))], quantize="fp8", timeout=600)
     models = [_model("tiny", 32, 32, 6.0, ("float32", "bfloat16")), _model("tiny-wan", 48, 80, 5.0, ("bfloat16",))]
     return "fp8-sim", run_distributed(quantized_shard_worker, WORLD, models, timeout=1200)
@@ -104,7 +104,7 @@ def test_batched_steps_sharded_under_fp8_sim_equal_unsharded():
     steps (one joins at the second), sharded against unsharded, bit for bit. One pipeline
     serves both runs: the sharded Runner finds it quantized by the first and shards it as it is."""
     from raydit.models.loading import resolve_model_dir
-    from raydit.models.shard_conformance import batching_shard_worker
+    from shard_conformance import batching_shard_worker
     from raydit.parallel.testing import run_distributed
 
     base = dict(prompt="a red fox runs", num_frames=5, height=32, width=32)
@@ -135,7 +135,7 @@ def test_compiled_batched_steps_sharded_under_fp8_equal_unsharded():
     base = dict(prompt="a red fox runs", num_frames=5, height=32, width=32)
     requests = [dict(base, num_inference_steps=3, guidance_scale=5.0, seed=1),
                 dict(base, num_inference_steps=3, guidance_scale=3.0, seed=2)]
-    out = run_distributed(lifted, WORLD, "raydit.models.shard_conformance:batching_shard_worker",
+    out = run_distributed(lifted, WORLD, "shard_conformance:batching_shard_worker",
                           "raydit.models.loading:load_pipeline", dict(model=str(resolve_model_dir("tiny"))),
                           requests, [0, 1], (2, 1, 1), dict(quantize="fp8", compile=True, dtype=torch.bfloat16),
                           timeout=900)

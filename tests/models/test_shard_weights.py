@@ -29,9 +29,9 @@ def _one_per_family(cases):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.loading import load_pipeline, resolve_model_dir
-    from raydit.models.shard_conformance import shard_worker
+    from shard_conformance import shard_worker
     from raydit.parallel.testing import run_distributed
 
     cases = _one_per_family(harness.family_cases()["runner"])
@@ -39,10 +39,10 @@ def results(tmp_path_factory):
     # (peft's `base_layer`) are sharded with the block.
     root = tmp_path_factory.mktemp("shard-lora")
     pipe = load_pipeline("tiny-wan")
-    loras = {name: (str(lora.write_random_lora(pipe, root / name, seed=seed)), "transformer")
+    loras = {name: (str(write_random_lora(pipe, root / name, seed=seed)), "transformer")
              for name, seed in (("a", 11), ("b", 12))}
     cases.append(harness.RunnerCase(
-        "lora-wan", "raydit.models.lora:conformance_pipeline", 6,
+        "lora-wan", "support.lora_files:conformance_pipeline", 6,
         dict(prompt="a red fox", num_frames=5, height=48, width=80, num_inference_steps=2, guidance_scale=5.0,
              seed=3, lora={"a": 0.7, "b": 1.3}),
         dict(build="raydit.models.families.wan.cases:wan_pipeline", build_kwargs=dict(base_dir=str(resolve_model_dir("tiny-wan"))),
@@ -95,7 +95,7 @@ def test_each_rank_holds_half_of_the_block_weights(results):
 def test_compiled_blocks_sharded_equal_unsharded():
     """compile=True: the gathers stay outside the compiled block forwards (module hooks); the
     graphs compiled for the unsharded run serve the sharded one (2 s against 117 s here)."""
-    from raydit.models.shard_conformance import shard_worker
+    from shard_conformance import shard_worker
     from raydit.parallel.testing import run_distributed
 
     case = next(c for c in harness.family_cases()["runner"] if c.name == "wan-t2v")
@@ -109,7 +109,7 @@ def test_compiled_blocks_sharded_equal_unsharded():
 def test_two_experts_sharded_equal_unsharded():
     """Wan 2.2 A14B: both experts' blocks sharded, the switch at step 2 (steps 0-1 on
     `transformer`, 2-3 on `transformer_2`), every plan of 2 ranks, float32 and bf16 (60 s)."""
-    from raydit.models.shard_conformance import shard_worker
+    from shard_conformance import shard_worker
     from raydit.parallel.testing import run_distributed
 
     case = next(c for c in harness.family_cases()["runner"] if c.name == "wan-a14b-resume-after-switch")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.lora_files import write_random_lora
 from test_elastic import kill_at_step
 
 from raydit.models import lora
@@ -33,8 +34,8 @@ GEN = dict(num_frames=5, height=32, width=32, num_inference_steps=3, guidance_sc
 def lora_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine-loras")
     pipe = load_pipeline("tiny")
-    dirs = {name: str(lora.write_random_lora(pipe, root / name, seed=seed)) for name, seed in (("a", 21), ("b", 22))}
-    dirs["wan"] = str(lora.write_random_lora(load_pipeline("tiny-wan"), root / "wan", seed=23))
+    dirs = {name: str(write_random_lora(pipe, root / name, seed=seed)) for name, seed in (("a", 21), ("b", 22))}
+    dirs["wan"] = str(write_random_lora(load_pipeline("tiny-wan"), root / "wan", seed=23))
     return dirs
 
 

@@ -121,10 +121,10 @@ def test_a_request_joins_a_running_batch_and_one_with_a_lora_runs_apart(server, 
     """A request created while another of its geometry is mid-way joins it at a step boundary
     (both records name each other) and is still its request's own video (its solo run gives the
     same frames); a request naming a LoRA the others do not is not batched with them."""
-    from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.loading import load_pipeline
 
-    lora.write_random_lora(load_pipeline("tiny-wan"), server.lora_dir / "wan-style", seed=5)
+    write_random_lora(load_pipeline("tiny-wan"), server.lora_dir / "wan-style", seed=5)
     r = server.http("POST", "/v1/loras", json={"path": "wan-style", "name": "wan-style"})
     assert r.status_code == 200, r.text
     client = server.client()

@@ -306,10 +306,10 @@ def test_lora_load_list_video_delete_and_bad_paths(server, tmp_path):
     from the same seed without it; DELETE unloads it, after which naming it is a 400; a path
     outside --lora-dir (.., a symlink) or a file that is not a LoRA is a 4xx naming the field,
     and the server keeps the adapters it had."""
-    from raydit.models import lora
+    from support.lora_files import write_random_lora
     from raydit.models.loading import load_pipeline
 
-    lora.write_random_lora(load_pipeline("tiny"), server.lora_dir / "style", seed=31)
+    write_random_lora(load_pipeline("tiny"), server.lora_dir / "style", seed=31)
     (server.lora_dir / "broken.safetensors").write_bytes(b"not a safetensors file")
     (tmp_path / "outside").mkdir()
     (server.lora_dir / "escape").symlink_to(tmp_path / "outside", target_is_directory=True)

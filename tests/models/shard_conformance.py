@@ -2,8 +2,9 @@
 
 `shard_worker` runs each runner case (raydit.models.conformance.RunnerCase) on every feasible
 plan of the world, unsharded and sharded, in each dtype, and returns the latents of both and
-what the sharded runs held of the weights (raydit.models.sharded). A module of its own, so
-spawned ranks import it (test modules are not importable there).
+what the sharded runs held of the weights (raydit.models.sharded). Not a test module: the
+tests beside it import it, and spawned ranks import it by name (tests/models is on the path
+multiprocessing gives them; a test module is not imported there).
 """
 
 from __future__ import annotations
