@@ -158,7 +158,7 @@ def test_decoder_flops_match_diffusers_count(model, vae_class, latents, video):
 def test_hunyuan_decode_counts_attention_calls_and_tiles():
     """decode_flops follows diffusers' framewise decode (5 latent frames a call, stride 3) and,
     tiled, its 32 x 32 latent tiles at stride 24; each call attends over its latent tokens."""
-    from raydit.models.families.hunyuanvideo.family import DECODER as HUNYUAN
+    from raydit.models.decoders import HUNYUAN_VIDEO_DECODER as HUNYUAN
     from raydit.planner.decode import decode_flops
 
     spec = BUILTIN_MODELS["hunyuanvideo"]

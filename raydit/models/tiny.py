@@ -1,5 +1,6 @@
 """What every family's built-in tiny pipeline shares: the cache, the atomic write, random
-weights, and a tokenizer and T5-style text encoder built in code (no download).
+weights, a tokenizer and T5-style text encoder built in code (no download), and the components
+more than one family's tiny pipeline holds (CLIP's text encoder, HunyuanVideo's VAE).
 
 Each family's module builds its own tiny pipeline from these (CogVideoX's `tiny`, Wan's
 `tiny-wan`, ...); the pipelines are written once in diffusers' own format and loaded with
@@ -206,6 +207,19 @@ def clip_text_encoder(vocab_size: int, hidden: int, seed: int):
                             num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77, pad_token_id=0,
                             bos_token_id=0, eos_token_id=1)
     return CLIPTextModel(config).eval()
+
+
+def hunyuan_video_vae(seed: int, latent_channels: int):
+    """A tiny AutoencoderKLHunyuanVideo (8x spatial, 4x temporal, 8 channels), seeded weights: the
+    VAE of HunyuanVideo's and Kandinsky 5's tiny pipelines."""
+    import torch
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    torch.manual_seed(seed)
+    return AutoencoderKLHunyuanVideo(
+        latent_channels=latent_channels, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
+        spatial_compression_ratio=8, temporal_compression_ratio=4,
+    ).eval()
 
 
 def resolve_builder(path: str):

@@ -64,12 +64,12 @@ from __future__ import annotations
 import json
 
 from raydit.models.adapter import ModelAdapter
+from raydit.models.decoders import HUNYUAN_VIDEO_DECODER
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
 from raydit.models.tiny import DEFAULTS_FILE
-from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -183,23 +183,6 @@ def apply_first_frame_split(handle, plan) -> None:
 TEXT_ENCODER_PARAMS = 8.03e9 + 0.12e9
 I2V_TEXT_ENCODER_PARAMS = 8.03e9 + 0.30e9 + 0.02e9 + 0.12e9
 
-# HunyuanVideo (AutoencoderKLHunyuanVideo, diffusers' default config = HunyuanVideo's: blocks
-# 128/256/512/512, 2 layers each, mid-block attention), counted with torch.utils.flop_counter
-# on the decoder built on the meta device (a throwaway script: `FlopCounterMode` around
-# `vae.decoder(torch.randn(1, 16, T, h, w, device="meta"))`, T x h x w = 3x8x8, 5x32x32,
-# 9x32x32 latents): 9x32x32 (33 x 256 x 256 out) 3.711e13 FLOP in convolutions + 1.9e10 in
-# linear layers, 1.716e7 FLOP per output pixel-frame (5x32x32: 1.754e7 incl. attention;
-# 3x8x8: 1.808e7, edges weigh more), plus the mid block's one-head attention over the call's
-# latent tokens, 4 N^2 x 512 FLOP (1.74e11 at N = 9216: the bmm count). diffusers decodes it
-# framewise (5 latent frames a call, stride 3) and, with enable_tiling() (the official
-# repository, xDiT and SGLang tile), in 32 x 32 latent tiles at stride 24. raydit splits it by
-# rows (issue 18). Halo counts by forward pre-hooks on the same meta-device decoder (5 x 32 x 32
-# latents, one call of 17 frames: 35 convolutions with a 1-row halo, 30 group norms; 2342 halo
-# values per output frame and column): per latent frame of the framewise decode (stride 3,
-# each output frame decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms.
-DECODER = DecoderShape(1.716e7, 3318, 11.7, 10.0, 128, 17, attention_channels=512,
-                        call_frames=5, call_stride=3, tile=32, tile_stride=24)
-
 
 def builtin_models() -> list:
     """The planner's built-in models of this family (raydit.planner.BUILTIN_MODELS)."""
@@ -243,7 +226,7 @@ class HunyuanVideoFamily(Family):
     batch_branches = False  # true CFG: two calls, as the pipeline makes them
     keeps_scheduler_dtype = True  # the pipelines' latents turn bf16 after the first step
     true_cfg = True
-    decoder = DECODER
+    decoder = HUNYUAN_VIDEO_DECODER  # shared with Kandinsky 5 (raydit.models.decoders)
     # The dual-stream block at 3072 wide, 1024 + 256 tokens: 912.9 MB -> 232; the single-stream
     # block 936.3 MB -> 238, taken (Family.elementwise_bytes).
     elementwise_bytes = 238.0

@@ -14,7 +14,7 @@ fixed numbers).
 from __future__ import annotations
 
 from raydit.models.families.hunyuanvideo.family import _IMAGE_EMB_LEN
-from raydit.models.tiny import clip_text_encoder, tiny_dir
+from raydit.models.tiny import clip_text_encoder, hunyuan_video_vae, tiny_dir
 
 TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
 TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
@@ -94,18 +94,6 @@ def tiny_transformer(seed: int, **overrides):
     return randomize(HunyuanVideoTransformer3DModel(**config), seed)
 
 
-def tiny_vae(seed: int, latent_channels: int = TINY_LATENT_CHANNELS):
-    """A tiny AutoencoderKLHunyuanVideo (Kandinsky 5 decodes with this VAE too)."""
-    import torch
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    torch.manual_seed(seed)
-    return AutoencoderKLHunyuanVideo(
-        latent_channels=latent_channels, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4,
-        spatial_compression_ratio=8, temporal_compression_ratio=4,
-    ).eval()
-
-
 def tiny_pipeline():
     """The tiny HunyuanVideoPipeline, built in memory."""
     from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
@@ -117,7 +105,7 @@ def tiny_pipeline():
         text_encoder=_llama_encoder(len(tok), SEED + 1),
         tokenizer=tok,
         transformer=tiny_transformer(SEED + 10),
-        vae=tiny_vae(SEED + 2),
+        vae=hunyuan_video_vae(SEED + 2, TINY_LATENT_CHANNELS),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),  # HunyuanVideo's
         text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,
@@ -182,7 +170,7 @@ def tiny_i2v_pipeline():
         text_encoder=_llava_encoder(tok, SEED + 4),
         tokenizer=tok,
         transformer=tiny_transformer(SEED + 11, image_condition_type="token_replace"),
-        vae=tiny_vae(SEED + 2),
+        vae=hunyuan_video_vae(SEED + 2, TINY_LATENT_CHANNELS),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
         text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
         tokenizer_2=tok_2,

@@ -57,10 +57,10 @@ from __future__ import annotations
 import json
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
+from raydit.models.decoders import HUNYUAN_VIDEO_DECODER
 from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE
-from raydit.models.families.hunyuanvideo.family import DECODER as HUNYUAN_DECODER
 
 VIDEO = 0  # the only part split across the visual blocks
 
@@ -211,7 +211,7 @@ class Kandinsky5Family(Family):
     batch_branches = False  # the pipelines call the transformer once per branch
     # Kandinsky 5 decodes with HunyuanVideo's VAE (AutoencoderKLHunyuanVideo), split by rows as
     # HunyuanVideo's is: priced as that decoder, split.
-    decoder = HUNYUAN_DECODER
+    decoder = HUNYUAN_VIDEO_DECODER
     # The visual blocks' modulation (visual_modulation.out_layer) stays in the run's dtype under quantize.
     quantize_keep = Family.quantize_keep + ("visual_modulation",)
 

@@ -9,7 +9,7 @@ HunyuanVideo's VAE (8x spatial, 4x temporal) with 4 channels; random weights.
 
 from __future__ import annotations
 
-from raydit.models.tiny import clip_text_encoder, tiny_dir
+from raydit.models.tiny import clip_text_encoder, hunyuan_video_vae, tiny_dir
 
 TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
 TINY_HEADS = 6  # Ulysses 1, 2, 3, 6; 4 and 5 ranks run ring or hybrid layouts
@@ -84,14 +84,13 @@ def tiny_pipeline(image: bool = False):
     """The tiny Kandinsky5T2VPipeline (or, `image`, Kandinsky5I2VPipeline), built in memory."""
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
 
-    from raydit.models.families.hunyuanvideo.tiny import tiny_vae  # Kandinsky 5 decodes with HunyuanVideo's VAE
     from raydit.models.tiny import SEED, tokenizer
 
     tok, tok_2 = qwen_tokenizer(), tokenizer(77)
     cls = Kandinsky5I2VPipeline if image else Kandinsky5T2VPipeline
     pipe = cls(
         transformer=tiny_transformer(SEED + 10),
-        vae=tiny_vae(SEED + 2, TINY_LATENT_CHANNELS),
+        vae=hunyuan_video_vae(SEED + 2, TINY_LATENT_CHANNELS),
         text_encoder=_qwen_encoder(len(tok), SEED + 1),
         tokenizer=tok,
         text_encoder_2=clip_text_encoder(len(tok_2), TINY_POOLED_DIM, SEED + 3),
