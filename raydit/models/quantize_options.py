@@ -120,3 +120,11 @@ def check_precision_options(opts: dict) -> None:
     refusal = quantize_lora_refusal(quantize, switching)
     if refusal:
         raise ValueError(refusal)
+
+
+def block_linear_params(spec, square: float, ffn: float) -> float:
+    """Weight elements of `spec.layers` blocks whose linear layers hold `square` h^2 + `ffn` h f
+    each (h: spec.hidden, f: spec.ffn_hidden): a family's Family.fp8_weight_params where its
+    blocks are all alike (the linears quantize "fp8" selects)."""
+    h, f = spec.hidden, spec.ffn_hidden
+    return float(spec.layers * (square * h * h + ffn * h * f))

@@ -123,3 +123,25 @@ def reference_call(request, *, negative_none: bool = False, **extra) -> dict:
                 width=request.width, num_inference_steps=request.num_inference_steps,
                 guidance_scale=request.guidance_scale,
                 generator=torch.Generator("cpu").manual_seed(request.seed), output_type="latent", **extra)
+
+
+def masked_prompt_branches(pipe, request, device, max_sequence_length: int) -> tuple[dict, dict | None]:
+    """Both guidance branches' text inputs from a pipeline whose `encode_prompt` gives (embeds,
+    mask, negative embeds, negative mask), as LTX-Video's and Mochi's do: the conditional branch,
+    and the unconditional one (None without guidance)."""
+    embeds, mask, negative, negative_mask = pipe.encode_prompt(
+        prompt=request.prompt,
+        negative_prompt=request.negative_prompt,
+        do_classifier_free_guidance=request.do_cfg,
+        max_sequence_length=max_sequence_length,
+        device=device,
+    )
+    cond = {"encoder_hidden_states": embeds, "encoder_attention_mask": mask}
+    uncond = {"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask} if request.do_cfg else None
+    return cond, uncond
+
+
+def round_frames_up(num_frames: int, vae_temporal: int) -> int:
+    """The frame count Wan's and Kandinsky 5's pipelines run for `num_frames`: num_frames // t *
+    t + 1 (their "Rounding to the nearest number"), at least 1."""
+    return max(num_frames // vae_temporal * vae_temporal + 1, 1)

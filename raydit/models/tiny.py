@@ -62,6 +62,18 @@ class WithDefaults:
         (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
 
 
+def request_defaults(path, pipeline_defaults) -> dict:
+    """A spec reader's request defaults for a pipeline directory, as ModelSpec fields
+    (default_frames, default_height, default_width): the pipeline's own (`pipeline_defaults`:
+    num_frames, height, width) unless the directory carries its own in DEFAULTS_FILE (the tiny
+    built-ins do)."""
+    defaults = dict(pipeline_defaults)
+    if (Path(path) / DEFAULTS_FILE).is_file():
+        defaults.update(json.loads((Path(path) / DEFAULTS_FILE).read_text()))
+    return dict(default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
+                default_width=int(defaults["width"]))
+
+
 def load_pipeline_dir(base_dir: str):
     """A tiny pipeline loaded from its directory with from_pretrained (as a real checkpoint
     is), quietly, its progress bar off."""

@@ -100,6 +100,15 @@ def t5_params(config: dict) -> float:
     return _t5_estimate(config)
 
 
+def t5_encoder_params(path: Path, configs: Mapping[str, dict]) -> float:
+    """Parameters of a pipeline directory's T5-style text encoder: from its weights' headers, else
+    estimated from its config, else 0 (no text encoder)."""
+    counted = component_params(path / "text_encoder")
+    if counted is not None:
+        return counted
+    return t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+
+
 def require(config: dict, key: str, where: str):
     """config[key], or a one-line ValueError naming the file and the key."""
     if key not in config:

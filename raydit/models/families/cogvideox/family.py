@@ -23,6 +23,7 @@ from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
 from raydit.models.family import Family, Prepared
+from raydit.models.quantize_options import block_linear_params
 from raydit.models.requests import png_to_image, reference_call
 from raydit.planner.model import DecoderShape
 
@@ -154,12 +155,12 @@ class CogVideoXFamily(Family):
 
     def fp8_weight_params(self, spec) -> float:
         # per block: the joint attention's q, k, v, out (4 h^2) and the FFN (2 h f)
-        h, f = spec.hidden, spec.ffn_hidden
-        return float(spec.layers * (4 * h * h + 2 * h * f))
+        return block_linear_params(spec, 4, 2)
 
     def spec_from_dir(self, path: Path, configs):
         from raydit.planner.model import ModelSpec
-        from raydit.planner.pipeline_dir import attention_shape, component_params, require, t5_params, transformer_config
+        from raydit.planner.pipeline_dir import (attention_shape, component_params, require, t5_encoder_params,
+                                                 transformer_config)
 
         cfg, where = transformer_config(path, configs, lambda cls: cls.startswith("CogVideoX"), "a CogVideoX pipeline")
         heads, head_dim = attention_shape(cfg, where)
@@ -175,9 +176,7 @@ class CogVideoXFamily(Family):
             positional = "learned"
         else:
             positional = "sinusoidal"
-        te = component_params(path / "text_encoder")
-        if te is None:
-            te = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        te = t5_encoder_params(path, configs)
         patch_t = cfg.get("patch_size_t")
         return ModelSpec(
             name=str(path), family=self.name, heads=heads, head_dim=head_dim, layers=layers,

@@ -61,7 +61,6 @@ tokens (padded length), n valid text tokens, H heads, D head dim, C = H*D.
 
 from __future__ import annotations
 
-import json
 
 from raydit.models.adapter import ModelAdapter
 from raydit.models.decoders import HUNYUAN_VIDEO_DECODER
@@ -69,7 +68,7 @@ from raydit.models.family import Family, Prepared
 from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.tiny import request_defaults
 
 VIDEO = 0  # the only part split across the blocks
 
@@ -260,9 +259,7 @@ class HunyuanVideoFamily(Family):
             # assistant-header tokens (the pipeline's default template).
             interleave = _INTERLEAVE.get(cfg.get("image_condition_type"), 1)
             text_tokens = _IMAGE_EMB_LEN // interleave + MAX_SEQUENCE_LENGTH - 4
-        defaults = dict(PIPELINE_DEFAULTS)
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        defaults = request_defaults(path, PIPELINE_DEFAULTS)
         # dual: attention 8 h^2 (video and text), two FFNs 4 h ffn, two adaptive norms 12 h^2;
         # single: qkv + mlp-in 3 h^2 + h ffn, out (h + ffn) h, adaptive norm 3 h^2.
         estimate = float(dual * (20 * hidden * hidden + 4 * hidden * ffn) + single * (7 * hidden * hidden + 2 * hidden * ffn))
@@ -274,9 +271,7 @@ class HunyuanVideoFamily(Family):
             in_channels=int(cfg.get("in_channels", 16)),
             params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]),
-            vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
+            **defaults, vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
             vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
             cfg_branches=1,
         )

@@ -53,9 +53,10 @@ import math
 
 from raydit.models.adapter import ModelAdapter
 from raydit.models.family import Family, Prepared
+from raydit.models.quantize_options import block_linear_params
 from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan, valid_text_counts
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.tiny import request_defaults
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
@@ -164,8 +165,7 @@ class HunyuanVideo15Family(Family):
 
     def fp8_weight_params(self, spec) -> float:
         # per (double-stream) block: video and text q, k, v, out (8 h^2), video and text FFN (4 h f)
-        h, f = spec.hidden, spec.ffn_hidden
-        return float(spec.layers * (8 * h * h + 4 * h * f))
+        return block_linear_params(spec, 8, 4)
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
@@ -183,9 +183,7 @@ class HunyuanVideo15Family(Family):
         vae = configs.get("vae", {})
         spatial = int(vae.get("spatial_compression_ratio", 16))
         height, width = default_size(int(cfg.get("target_size", 640)), spatial)
-        defaults = {"num_frames": DEFAULT_FRAMES, "height": height, "width": width}
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        defaults = request_defaults(path, {"num_frames": DEFAULT_FRAMES, "height": height, "width": width})
         # attention 8 h^2 (video and text), two FFNs 4 h ffn, two adaptive norms 12 h^2
         estimate = float(layers * (20 * hidden * hidden + 4 * hidden * ffn))
         encoders = sum(component_params(path / c) or 0.0 for c in ("text_encoder", "text_encoder_2", "image_encoder"))
@@ -196,8 +194,7 @@ class HunyuanVideo15Family(Family):
             in_channels=int(cfg.get("in_channels", 65)),
             params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]), vae_spatial=spatial,
+            **defaults, vae_spatial=spatial,
             vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
         )
 

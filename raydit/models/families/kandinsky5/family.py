@@ -59,8 +59,9 @@ import json
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.decoders import HUNYUAN_VIDEO_DECODER
 from raydit.models.family import Family, Prepared
-from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.quantize_options import block_linear_params
+from raydit.models.requests import check_frames, check_size, png_to_image, reference_call, round_frames_up
+from raydit.models.tiny import request_defaults
 
 VIDEO = 0  # the only part split across the visual blocks
 
@@ -215,18 +216,14 @@ class Kandinsky5Family(Family):
     # The visual blocks' modulation (visual_modulation.out_layer) stays in the run's dtype under quantize.
     quantize_keep = Family.quantize_keep + ("visual_modulation",)
 
-    @staticmethod
-    def round_frames(num_frames: int, vae_temporal: int) -> int:
-        # Kandinsky5T2VPipeline / I2V: num_frames // t * t + 1 ("Rounding to the nearest number").
-        return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+    round_frames = staticmethod(round_frames_up)  # Kandinsky5T2VPipeline / I2V's
 
     models = staticmethod(builtin_models)
 
     def fp8_weight_params(self, spec) -> float:
         # per visual block: self- and cross-attention's query, key, value, out (8 h^2) and the
         # feed-forward (2 h f); the text blocks and the modulation stay in bf16
-        h, f = spec.hidden, spec.ffn_hidden
-        return float(spec.layers * (8 * h * h + 2 * h * f))
+        return block_linear_params(spec, 8, 2)
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json (diffusers' defaults for
@@ -248,9 +245,7 @@ class Kandinsky5Family(Family):
         time_dim = int(cfg.get("time_dim", 512))
         patch = [int(p) for p in cfg.get("patch_size", (1, 2, 2))]
         vae = configs.get("vae", {})
-        defaults = dict(PIPELINE_DEFAULTS)
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        defaults = request_defaults(path, PIPELINE_DEFAULTS)
         # visual block: self- and cross-attention 8 h^2, FFN 2 h ffn, modulation 9 h time_dim;
         # text block: attention 4 h^2, FFN 2 h ffn, modulation 6 h time_dim
         estimate = float(layers * (8 * hidden * hidden + 2 * hidden * ffn + 9 * hidden * time_dim)
@@ -264,8 +259,7 @@ class Kandinsky5Family(Family):
             in_channels=2 * visual_dim + 1 if cfg.get("visual_cond", False) else visual_dim,
             params=component_params(path / "transformer") or estimate, text_encoder_params=encoders,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]), vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
+            **defaults, vae_spatial=int(vae.get("spatial_compression_ratio", 8)),
             vae_temporal=int(vae.get("temporal_compression_ratio", 4)),
         )
 

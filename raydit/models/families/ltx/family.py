@@ -28,12 +28,12 @@ Legend: B batch, L local video tokens, H heads, D head dim, C = H*D.
 
 from __future__ import annotations
 
-import json
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Family, Prepared
-from raydit.models.requests import check_frames, check_size, reference_call
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.quantize_options import block_linear_params
+from raydit.models.requests import check_frames, check_size, masked_prompt_branches, reference_call
+from raydit.models.tiny import request_defaults
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
@@ -140,14 +140,13 @@ class LTXFamily(Family):
     def fp8_weight_params(self, spec) -> float:
         # per block: self- and cross-attention's q, k, v, out (8 h^2; the caption is projected to
         # h before the blocks) and the FFN (2 h f)
-        h, f = spec.hidden, spec.ffn_hidden
-        return float(spec.layers * (8 * h * h + 2 * h * f))
+        return block_linear_params(spec, 8, 2)
 
     def spec_from_dir(self, path, configs):
         """Geometry from transformer/config.json and vae/config.json; the request defaults are
         the pipeline's (161 frames, 512 x 704) unless the directory says otherwise."""
         from raydit.planner.model import ModelSpec
-        from raydit.planner.pipeline_dir import attention_shape, component_params, t5_params, transformer_config
+        from raydit.planner.pipeline_dir import attention_shape, component_params, t5_encoder_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "LTXVideoTransformer3DModel", "an LTX pipeline")
         heads, head_dim = attention_shape(cfg, where)
@@ -157,12 +156,8 @@ class LTXFamily(Family):
         scaling = vae.get("spatio_temporal_scaling", [True, True, True, False])
         vae_spatial = vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * 2 ** sum(map(bool, scaling))
         vae_temporal = vae.get("temporal_compression_ratio") or int(vae.get("patch_size_t", 1)) * 2 ** sum(map(bool, scaling))
-        defaults = dict(PIPELINE_DEFAULTS)
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
-        encoder = component_params(path / "text_encoder")
-        if encoder is None:
-            encoder = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        defaults = request_defaults(path, PIPELINE_DEFAULTS)
+        encoder = t5_encoder_params(path, configs)
         # self- and cross-attention 8 h^2, FFN (4h) 8 h^2, per layer
         estimate = float(layers * 16 * hidden * hidden)
         return ModelSpec(
@@ -172,8 +167,7 @@ class LTXFamily(Family):
             in_channels=int(cfg.get("in_channels", 128)),
             params=component_params(path / "transformer") or estimate, text_encoder_params=encoder,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
+            **defaults, vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
         )
 
     def reference_latents(self, pipe, request):
@@ -197,16 +191,7 @@ class LTXFamily(Family):
         check_size(request, multiple, pipe.vae_spatial_compression_ratio, pipe.transformer_spatial_patch_size)
 
     def encode(self, pipe, request, device, dtype):
-        embeds, mask, negative, negative_mask = pipe.encode_prompt(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            do_classifier_free_guidance=request.do_cfg,
-            max_sequence_length=MAX_SEQUENCE_LENGTH,
-            device=device,
-        )
-        cond = {"encoder_hidden_states": embeds, "encoder_attention_mask": mask}
-        uncond = {"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask} if request.do_cfg else None
-        return cond, uncond
+        return masked_prompt_branches(pipe, request, device, MAX_SEQUENCE_LENGTH)
 
     def init(self, pipe, request, generator, device, dtype):
         import numpy as np

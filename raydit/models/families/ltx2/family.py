@@ -50,14 +50,13 @@ Legend: B batch, Lv / La video / audio tokens, Cv / Ca their latent channels.
 
 from __future__ import annotations
 
-import json
 
 from raydit.models.families.ltx2.adapter import LTX2Adapter
 from raydit.models.families.ltx2.guidance import MAX_SEQUENCE_LENGTH, OPTION_DEFAULTS, default_crf, guidance, guide
 from raydit.models.families.ltx2.guidance import max_sequence_length
 from raydit.models.family import Audio, Family, Prepared
 from raydit.models.requests import check_frames, check_size, reference_call
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.tiny import request_defaults
 from raydit.planner.model import DecoderShape
 
 PIPELINE_DEFAULTS = {"num_frames": 121, "height": 512, "width": 768}  # LTX2Pipeline.__call__'s
@@ -152,9 +151,7 @@ class LTX2Family(Family):
         steps = 2 ** sum(map(bool, scaling))
         vae_spatial = vae.get("spatial_compression_ratio") or int(vae.get("patch_size", 4)) * steps
         vae_temporal = vae.get("temporal_compression_ratio") or int(vae.get("patch_size_t", 1)) * steps
-        defaults = dict(PIPELINE_DEFAULTS)
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        defaults = request_defaults(path, PIPELINE_DEFAULTS)
 
         def params(*folders):
             counts = [component_params(path / f) for f in folders if (path / f).is_dir()]
@@ -170,8 +167,7 @@ class LTX2Family(Family):
             params=component_params(path / "transformer") or estimate,
             text_encoder_params=params("text_encoder", "connectors"),
             vae_params=params("vae", "audio_vae", "vocoder"),
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]), vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
+            **defaults, vae_spatial=int(vae_spatial), vae_temporal=int(vae_temporal),
             cfg_branches=self.max_branches, audio_heads=audio_heads, audio_head_dim=audio_head_dim,
             audio_ffn_hidden=4 * audio_hidden, audio_tokens_per_second=audio_per_second, frame_rate=FRAME_RATE,
         )

@@ -42,14 +42,13 @@ Legend: B batch, S local video tokens (this rank's chunk), Lv all video tokens, 
 
 from __future__ import annotations
 
-import json
 
 from raydit.models.adapter import ModelAdapter
 from raydit.models.family import Family, Prepared
-from raydit.models.requests import check_frames, check_size, reference_call
+from raydit.models.requests import check_frames, check_size, masked_prompt_branches, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.tiny import request_defaults
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the only part split across the blocks
@@ -195,7 +194,7 @@ class MochiFamily(Family):
         the pipeline's (19 frames, 480 x 848) unless the directory says otherwise
         (DEFAULTS_FILE); sizes from the weights' headers."""
         from raydit.planner.model import ModelSpec
-        from raydit.planner.pipeline_dir import attention_shape, component_params, t5_params, transformer_config
+        from raydit.planner.pipeline_dir import attention_shape, component_params, t5_encoder_params, transformer_config
 
         cfg, where = transformer_config(path, configs, "MochiTransformer3DModel", "a Mochi pipeline")
         heads, head_dim = attention_shape(cfg, where)
@@ -209,12 +208,8 @@ class MochiFamily(Family):
         spatial = 1
         for factor in vae.get("spatial_expansions", (2, 2, 2)):
             spatial *= int(factor)
-        defaults = dict(PIPELINE_DEFAULTS)
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
-        encoder = component_params(path / "text_encoder")
-        if encoder is None:
-            encoder = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        defaults = request_defaults(path, PIPELINE_DEFAULTS)
+        encoder = t5_encoder_params(path, configs)
         ffn = (4 * hidden * 2) // 3  # MochiTransformerBlock's SwiGLU inner width
         text_ffn = (4 * text_hidden * 2) // 3
         # video: q, k, v, out 4 h^2, SwiGLU 3 h ffn, adaptive norm 4 h^2; text: q, k, v to the
@@ -228,8 +223,7 @@ class MochiFamily(Family):
             positional="rotary", in_channels=int(cfg.get("in_channels", 12)),
             params=component_params(path / "transformer") or estimate, text_encoder_params=encoder,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]), vae_spatial=spatial, vae_temporal=temporal,
+            **defaults, vae_spatial=spatial, vae_temporal=temporal,
         )
 
     def reference_latents(self, pipe, request):
@@ -252,17 +246,7 @@ class MochiFamily(Family):
     def encode(self, pipe, request, device, dtype):
         """The T5 embeddings and masks of both branches (the negative prompt "" when none is
         given), in the text encoder's dtype, as the pipeline encodes them."""
-        embeds, mask, negative, negative_mask = pipe.encode_prompt(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            do_classifier_free_guidance=request.do_cfg,
-            max_sequence_length=MAX_SEQUENCE_LENGTH,
-            device=device,
-        )
-        positive = {"encoder_hidden_states": embeds, "encoder_attention_mask": mask}
-        if not request.do_cfg:
-            return positive, None
-        return positive, {"encoder_hidden_states": negative, "encoder_attention_mask": negative_mask}
+        return masked_prompt_branches(pipe, request, device, MAX_SEQUENCE_LENGTH)
 
     def init(self, pipe, request, generator, device, dtype):
         """Noise drawn in float32 and cast to the run's dtype (the pipeline's latents take the

@@ -29,8 +29,10 @@ Legend: B batch, L local video tokens, F latent frames, H heads, D head dim, C =
 
 from __future__ import annotations
 
-from raydit.models.adapter import GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.families.wan.family import VIDEO, WanFamily, WanSPAttnProcessor
+import dataclasses
+
+from raydit.models.adapter import ModelAdapter, SplitInput
+from raydit.models.families.wan.family import VIDEO, WanAdapter, WanFamily, WanSPAttnProcessor
 from raydit.models.family import Prepared
 from raydit.models.requests import png_to_image, reference_call
 from raydit.models.tiny import DEFAULTS_FILE
@@ -75,17 +77,11 @@ class SkyReelsSPAttnProcessor(WanSPAttnProcessor):
 class SkyReelsAdapter(ModelAdapter):
     name = "skyreels"
     transformer_classes = ("SkyReelsV2Transformer3DModel",)
-    plan = SequenceParallelPlan(
-        blocks="blocks",
-        # SkyReelsV2TransformerBlock.forward(hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask)
-        split_inputs=(
-            SplitInput("hidden_states", VIDEO),
-            # Diffusion forcing: [B, 6, L, C], a row per token; [B, 6, C] (one timestep) stays whole.
-            SplitInput("temb", VIDEO, dim=2, ndim=4, every_block=True),
-        ),
-        gather_outputs=(GatherOutput(0, VIDEO),),
-        attention="attn1",
-    )
+    # Wan's plan (SkyReelsV2TransformerBlock.forward(hidden_states, encoder_hidden_states, temb,
+    # rotary_emb, attention_mask)) but for temb: diffusion forcing's is [B, 6, L, C], a row per
+    # token, split on dim 2; [B, 6, C] (one timestep) stays whole.
+    plan = dataclasses.replace(WanAdapter.plan, split_inputs=(
+        SplitInput("hidden_states", VIDEO), SplitInput("temb", VIDEO, dim=2, ndim=4, every_block=True)))
     processor = SkyReelsSPAttnProcessor
 
 
@@ -469,8 +465,6 @@ class SkyReelsFamily(WanFamily):
         """Wan's geometry (the same transformer layout) read from the SkyReels-V2 configs; the
         request defaults are the pipelines' (97 frames, 544 x 960) unless the directory says
         otherwise (DEFAULTS_FILE)."""
-        import dataclasses
-
         from raydit.planner.pipeline_dir import transformer_config
 
         cfg, _ = transformer_config(path, configs, "SkyReelsV2Transformer3DModel", "a SkyReels-V2 pipeline")

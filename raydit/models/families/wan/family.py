@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput, attend
 from raydit.models.family import Family, Prepared
-from raydit.models.requests import check_frames, check_size, png_to_image, reference_call
-from raydit.models.tiny import DEFAULTS_FILE
+from raydit.models.quantize_options import block_linear_params
+from raydit.models.requests import check_frames, check_size, png_to_image, reference_call, round_frames_up
+from raydit.models.tiny import request_defaults
 from raydit.planner.model import DecoderShape
 
 VIDEO = 0  # the layout's only part
@@ -176,10 +177,7 @@ class WanFamily(Family):
     # 1024 tokens x 1536 channels (Family.elementwise_bytes says how it is counted).
     elementwise_bytes = 419.0
 
-    @staticmethod
-    def round_frames(num_frames: int, vae_temporal: int) -> int:
-        # WanPipeline / WanImageToVideoPipeline: num_frames // t * t + 1 ("Rounding to the nearest number").
-        return max(num_frames // vae_temporal * vae_temporal + 1, 1)
+    round_frames = staticmethod(round_frames_up)  # WanPipeline / WanImageToVideoPipeline's
 
     models = staticmethod(builtin_models)
 
@@ -187,8 +185,7 @@ class WanFamily(Family):
         # per block: self- and cross-attention's q, k, v, out (8 h^2; the text is projected to h
         # before the blocks) and the FFN (2 h f). The image-to-video models' image k / v (2 h^2 per
         # block where the transformer has them) are not counted: priced at bf16 bytes.
-        h, f = spec.hidden, spec.ffn_hidden
-        return float(spec.layers * (8 * h * h + 2 * h * f))
+        return block_linear_params(spec, 8, 2)
 
     def decoder_for(self, spec):
         """Wan 2.2's 16x VAE (TI2V-5B) is another decoder than Wan 2.1's 8x."""
@@ -201,7 +198,8 @@ class WanFamily(Family):
         import json
 
         from raydit.planner.model import ModelSpec
-        from raydit.planner.pipeline_dir import attention_shape, component_params, require, t5_params, transformer_config
+        from raydit.planner.pipeline_dir import (attention_shape, component_params, require, t5_encoder_params,
+                                                 transformer_config)
 
         index = configs[""]
         name = "transformer" if "transformer" in configs else "transformer_2"
@@ -213,13 +211,9 @@ class WanFamily(Family):
             raise ValueError(f"{where}: patch_size {cfg.get('patch_size')} has unequal height and width patches")
         vae = configs.get("vae", {})
         experts = sum(1 for c in ("transformer", "transformer_2") if (index.get(c) or [None])[0] is not None)
-        encoders = component_params(path / "text_encoder")
-        if encoders is None:
-            encoders = t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+        encoders = t5_encoder_params(path, configs)
         encoders += component_params(path / "image_encoder") or 0.0
-        defaults = dict(PIPELINE_DEFAULTS)
-        if (path / DEFAULTS_FILE).is_file():
-            defaults.update(json.loads((path / DEFAULTS_FILE).read_text()))
+        defaults = request_defaults(path, PIPELINE_DEFAULTS)
         hidden = heads * head_dim
         # attention 4 h^2 (self) + 4 h^2 (cross), FFN 2 h ffn, per layer
         estimate = float(layers * (8 * hidden * hidden + 2 * hidden * ffn))
@@ -229,9 +223,8 @@ class WanFamily(Family):
             positional="rotary", in_channels=int(cfg.get("in_channels", 16)),
             params=component_params(path / name) or estimate, text_encoder_params=encoders,
             vae_params=component_params(path / "vae") or 0.0,
-            default_frames=int(defaults["num_frames"]), default_height=int(defaults["height"]),
-            default_width=int(defaults["width"]),
-            vae_spatial=int(vae.get("scale_factor_spatial", 8)), vae_temporal=int(vae.get("scale_factor_temporal", 4)),
+            **defaults, vae_spatial=int(vae.get("scale_factor_spatial", 8)),
+            vae_temporal=int(vae.get("scale_factor_temporal", 4)),
             experts=max(1, experts),
         )
 
