@@ -10,6 +10,7 @@ Each family's module builds its own tiny pipeline from these (CogVideoX's `tiny`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import string
@@ -56,8 +57,6 @@ class WithDefaults:
         self.pipe, self.defaults = pipe, defaults
 
     def save_pretrained(self, directory) -> None:
-        import json
-
         self.pipe.save_pretrained(directory)
         (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(self.defaults, indent=1) + "\n")
 
