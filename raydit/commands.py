@@ -18,7 +18,7 @@ from raydit.runtime import options as _options
 def parse_guidance_options(items) -> tuple:
     """--guidance-option NAME=VALUE strings -> GenerationRequest.guidance_options (sorted pairs);
     VALUE: true/false, a number, or integers separated by commas (block indices)."""
-    from raydit.models.family import normalize_options
+    from raydit.models.requests import normalize_options
 
     out = {}
     for item in items or ():
@@ -138,7 +138,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     o = resolve_generate_options(args)
     # The image and the model are checked before Ray starts: a wrong pair costs nothing.
-    from raydit.models.family import image_to_png
+    from raydit.models.requests import image_to_png
     from raydit.models.loading import resolve_model_dir, takes_image
 
     resume = o.get("resume")

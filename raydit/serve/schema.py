@@ -217,7 +217,7 @@ def guidance_choice(value, limits: Limits) -> dict[str, Any]:
     ranges are the family's to check when the video starts (its error is the video's)."""
     import json
 
-    from raydit.models.family import normalize_options
+    from raydit.models.requests import normalize_options
 
     if isinstance(value, str):
         try:

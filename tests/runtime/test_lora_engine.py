@@ -20,7 +20,7 @@ import torch
 from test_elastic import kill_at_step
 
 from raydit.models import lora
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.runner import Runner
 

@@ -52,7 +52,7 @@ def test_an_option_both_commands_take_is_parsed_alike_by_both():
 
 
 def test_engine_keywords_submit_keywords_and_the_request_are_one_table():
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.runtime.engine import Engine, EngineConfig
 
     engine = list(inspect.signature(Engine).parameters)
