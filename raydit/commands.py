@@ -83,10 +83,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
             opts[key] = value
     if not opts.get("prompt"):
         raise ValueError("--prompt is required (on the command line or as 'prompt:' in --config)")
-    if opts.get("steps") is not None and opts["steps"] < 1:
-        raise ValueError(f"--steps {opts['steps']} must be at least 1")
-    if opts.get("fps") is not None and opts["fps"] < 1:
-        raise ValueError(f"--fps {opts['fps']} must be at least 1")
+    _options.check_given(opts, "generate")
     from raydit.runtime.video import check_latents_path, check_output_path
 
     # Where the results go is checked before the run, not found unwritable after it.
@@ -100,8 +97,6 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     true_cfg = opts.get("true_cfg_scale")
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
-    if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
     if opts.get("cfg") not in (None, 1, 2, 4):  # the command line's choices; a --config file skips them
         raise ValueError(f"--cfg {opts['cfg']} must be 1, 2 or 4 (4: LTX-2's four guidance branches)")
     from raydit.models.lora import lora_options
@@ -114,7 +109,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.models.quantize_options import check_precision_options
 
     check_precision_options(opts)
-    _options.check_shard_weights(opts)
+    _options.check_shard_weights(opts.get("shard_weights"), opts.get("fuse_lora"), opts.get("workers"))
     return opts
 
 
