@@ -238,9 +238,7 @@ def _saved_job(directory: str) -> dict:
 
 
 # job.json's request options -> the GenerationRequest field progress.pt holds each as.
-_SAVED_REQUEST_FIELDS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "seed": "seed",
-                         "steps": "num_inference_steps", "frames": "num_frames", "height": "height",
-                         "width": "width", "guidance_scale": "guidance_scale"}
+_SAVED_REQUEST_FIELDS = _options.request_fields("generate")
 
 
 def _check_saved_request(directory: str, o: dict) -> None:

@@ -139,6 +139,7 @@ class Option:
     request: str | None = None
     request_default: Any = _UNSET
     cli_request: bool = True
+    as_given: bool = True  # the command line's value is the request field's (not so: an image's path)
     control: bool = False  # steers submit's call (progress, callback ...), not a GenerationRequest field
     # Serve's POST /v1/videos field, named `request` (else `key`): {"annotation": type, and
     # pydantic Field's keyword arguments}; None: not a field.
@@ -197,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
            form={"annotation": int | None, "default": None, "ge": 0, "le": 2**63 - 1}),
     Option(None, request="callback_on_step_end", control=True),
     Option(None, request="progress", request_default=False, control=True),
-    Option("image", commands=_GEN, saved=True, request="image",
+    Option("image", commands=_GEN, saved=True, request="image", as_given=False,
            help="image (PNG, JPEG ...) conditioning an image-to-video model"),
     Option("guidance_scale_2", float, commands=_GEN, saved=True, request="guidance_scale_2",
            help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)"),
@@ -349,7 +350,22 @@ def _check_table() -> None:
         assert len(names) == len(set(names)), f"an Engine {attr} keyword declared twice"
 
 
+def _check_request_fields() -> None:
+    """The table's request options are GenerationRequest's fields, one to one."""
+    from dataclasses import fields
+
+    from raydit.models.requests import GenerationRequest
+
+    table = {o.request for o in OPTIONS if o.request is not None and not o.control}
+    have = {f.name for f in fields(GenerationRequest)}
+    if table != have:
+        raise RuntimeError(f"GenerationRequest's fields {sorted(have - table)} have no request option, and the "
+                           f"request options {sorted(table - have)} no GenerationRequest field: declare each in both "
+                           "(raydit.runtime.options.OPTIONS, raydit.models.requests.GenerationRequest)")
+
+
 _check_table()
+_check_request_fields()
 
 
 def options_of(command: str) -> list[Option]:
@@ -437,6 +453,13 @@ def engine_kwargs(opts: dict, command: str) -> dict:
             value = float(value)
         out[o.engine] = value
     return out
+
+
+def request_fields(command: str) -> dict[str, str]:
+    """`command`'s options whose value is the request field's as the line gives it -> that
+    GenerationRequest field (a saved run's request is compared with them)."""
+    return {o.key: o.request for o in options_of(command)
+            if o.request and o.cli_request and not o.control and o.action is None and o.as_given}
 
 
 def request_kwargs(opts: dict, command: str, **resolved) -> dict:
