@@ -86,6 +86,7 @@ PLAN_SHARED = ("model", "frames", "height", "width", "address", "ulysses", "ring
 def cmd_plan(args: argparse.Namespace) -> int:
     from raydit import plan  # the planner with the model families loaded (pipeline directories)
     from raydit.planner.devicemodel import run_mode
+    from raydit.planner.modes import DEFAULT_ATTENTION_MODE, DEFAULT_QUANTIZE_MODE
     from raydit.planner.report import format_plan_table
 
     if args.top < 0:
@@ -96,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         o, value = option(key), getattr(args, key)
         if o.check is not None and o.engine_value is None and value is not None:
             o.check(o.flag, value)
-    if args.full_precision_steps and args.quantize == "none" and args.attention == "bf16":
+    if args.full_precision_steps and (args.quantize, args.attention) == (DEFAULT_QUANTIZE_MODE, DEFAULT_ATTENTION_MODE):
         raise ValueError(f"--full-precision-steps {args.full_precision_steps} leaves the quantized modes for those "
                          "steps, and none is asked; add --quantize fp8 or --attention int8|fp8, or drop it")
     cluster = args.cluster

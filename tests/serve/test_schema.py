@@ -18,8 +18,8 @@ LIMITS = Limits(model="tiny", max_frames=17, max_height=32, max_width=32, max_st
 BASE = {"prompt": "a fox", "seed": 5}
 # Values that only this server's state makes valid (its plan's geometry, its LoRAs, its model's
 # guidance options); every other field gets one from its declared type and bounds.
-SERVER_VALUES = {"model": "not-served", "size": "16x16", "seconds": 1, "num_frames": 9, "num_inference_steps": 7, "lora": "style",
-                 "cache": "teacache", "cache_threshold": 0.3, "guidance_options": {"stg_scale": 0.5}}
+SERVER_VALUES = {"model": "not-served", "size": "16x16", "seconds": 1, "num_frames": 9, "num_inference_steps": 7,
+                 "lora": "style", "cache": "teacache", "cache_threshold": 0.3, "guidance_options": {"stg_scale": 0.5}}
 
 
 def _sample(name: str, spec: dict):
