@@ -37,7 +37,7 @@ def run(frames: int, height: int, width: int, layers: int, batches: list[int], i
         dtype_name: str) -> dict:
     import torch
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

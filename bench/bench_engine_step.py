@@ -65,7 +65,7 @@ def diffusers_steps(pipe, request: dict) -> list[float]:
 
 
 def runner_steps(runner, request: dict) -> list[float]:
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
 
     state = runner.prepare(GenerationRequest(**{k: v for k, v in request.items() if k != "max_sequence_length"}))
     out = []

@@ -182,7 +182,7 @@ def build(case: Case, units: int, device, dtype, smoke: bool):
 def time_steps(pipe, request: dict, steps: int, device, dtype, decode: bool) -> dict:
     import torch
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.runner import Runner
     from raydit.runtime.measure import timed_steps
 

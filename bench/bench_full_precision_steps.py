@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     import torch
 
     from raydit.models import conformance as harness
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.precision import relative_error
     from raydit.models.runner import Runner

@@ -295,7 +295,7 @@ def part_model(ctx: dict) -> dict:
 def part_runner(ctx: dict) -> dict:
     import torch
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.runner import Runner
 
     need("diffusers", "the Runner's pipeline")

@@ -168,7 +168,7 @@ def _diffusers_run(ctx: dict, pipe, warm_up: bool = True) -> dict:
 def _runner_run(ctx: dict, pipe, quantize, attention, compile_: bool) -> dict:
     import torch
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.runner import Runner
 
     device, outputs = ctx["device"], []

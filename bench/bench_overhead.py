@@ -56,7 +56,7 @@ def plain_rank(rank: int, world: int, port: int, model_dir: str, degrees: dict, 
     import torch.distributed as dist
 
     from raydit.models.loading import load_pipeline
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.runner import Runner
     from raydit.parallel import build_mesh
 

@@ -32,62 +32,72 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    """The plan's own flags here; those it shares with `raydit generate` / `serve` (their type,
+    choices, metavar) from raydit.runtime.options, with help saying what the plan does with them."""
     from raydit.planner.devicemodel import DEFAULT_STEPS
+    from raydit.planner.modes import DEFAULT_ATTENTION_MODE, DEFAULT_QUANTIZE_MODE
+    from raydit.runtime.options import add_flag, option
 
-    p.add_argument("--model", required=True,
-                   help="built-in name (e.g. cogvideox-2b, tiny) or a local diffusers pipeline directory")
-    p.add_argument("--frames", type=int, help="video frames (default: the model's)")
-    p.add_argument("--height", type=int, help="pixels (default: the model's)")
-    p.add_argument("--width", type=int, help="pixels (default: the model's)")
+    add_flag(p, option("model"), "built-in name (e.g. cogvideox-2b, tiny) or a local diffusers pipeline directory",
+             required=True)
+    add_flag(p, option("frames"), "video frames (default: the model's)")
+    add_flag(p, option("height"), "pixels (default: the model's)")
+    add_flag(p, option("width"), "pixels (default: the model's)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gpus", type=int, help="number of devices of --gpu-type")
     where.add_argument("--cluster", help="YAML file listing nodes, device types, counts, links")
-    where.add_argument("--address",
-                       help="plan for a running Ray cluster: HOST:PORT, or 'auto' (RAY_ADDRESS, "
-                            "else the local cluster); its GPUs, or CPU slots when it has none")
+    add_flag(where, option("address"), "plan for a running Ray cluster: HOST:PORT, or 'auto' (RAY_ADDRESS, "
+                                       "else the local cluster); its GPUs, or CPU slots when it has none")
     p.add_argument("--gpu-type", dest="gpu_type",
                    help="device type for --gpus (default H100; see raydit.planner.DEVICE_TYPES)")
     p.add_argument("--per-node", dest="per_node", type=int,
                    help="devices per node for --gpus (default: the type's usual node, 8 for H100)")
-    p.add_argument("--ulysses", type=int, help="force the Ulysses degree")
-    p.add_argument("--ring", type=int, help="force the ring degree")
-    p.add_argument("--cfg", type=int, help="force the CFG (guidance branch) degree: 1, 2, or 4 for LTX-2")
-    p.add_argument("--replicas", type=int, help="force the number of replicas")
+    add_flag(p, option("ulysses"), "force the Ulysses degree")
+    add_flag(p, option("ring"), "force the ring degree")
+    # No choices: the planner says which degrees share the model's guidance branches evenly.
+    add_flag(p, option("cfg"), "force the CFG (guidance branch) degree: 1, 2, or 4 for LTX-2", choices=None)
+    add_flag(p, option("replicas"), "force the number of replicas", aliases=False)
     p.add_argument("--world-size", dest="world_size", type=int,
                    help="only layouts that use exactly this many devices")
-    p.add_argument("--shard-weights", dest="shard_weights", action="store_true", default=None,
-                   help="every layout shards the transformer blocks' weights over its replica's ranks (default: "
-                        "the layouts that fit more devices with it)")
+    add_flag(p, option("shard_weights"), "every layout shards the transformer blocks' weights over its replica's "
+                                         "ranks (default: the layouts that fit more devices with it)")
     p.add_argument("--no-cfg", dest="guidance", action="store_false",
                    help="classifier-free guidance off: one branch per step, cfg 1")
-    p.add_argument("--quantize", choices=("none", "fp8"), default="none",
-                   help="price the GEMMs in fp8 (default none: bf16)")
-    p.add_argument("--attention", choices=("bf16", "int8", "fp8"), default="bf16",
-                   help="price the attention kernel in this precision (default bf16)")
-    p.add_argument("--compile", action="store_true", help="price the step compiled (fused elementwise ops)")
-    p.add_argument("--full-precision-steps", dest="full_precision_steps", type=int, default=0, metavar="N",
-                   help="with --quantize or 8-bit --attention: the first and last N of a request's --steps run "
-                        "in bf16; price the mean step and the bf16 weights kept beside the FP8 ones (never "
-                        "sharded)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="S",
-                   help=f"the request's steps the full-precision ones are priced over (default {DEFAULT_STEPS})")
+    add_flag(p, option("quantize"), "price the GEMMs in fp8 (default none: bf16; fp8-sim is priced as bf16: "
+                                    "emulated numerics, no speed)", default=DEFAULT_QUANTIZE_MODE)
+    add_flag(p, option("attention"), "price the attention kernel in this precision (default bf16; auto is "
+                                     "priced as bf16)", default=DEFAULT_ATTENTION_MODE)
+    add_flag(p, option("compile"), "price the step compiled (fused elementwise ops)", default=False)
+    add_flag(p, option("full_precision_steps"),
+             "with --quantize or 8-bit --attention: the first and last N of a request's --steps run in bf16; "
+             "price the mean step and the bf16 weights kept beside the FP8 ones (never sharded)", default=0)
+    add_flag(p, option("steps"), f"the request's steps the full-precision ones are priced over (default "
+                                 f"{DEFAULT_STEPS})", default=DEFAULT_STEPS, metavar="S")
     p.add_argument("--top", type=int, default=10,
                    help="feasible plans to list (default 10; 0 for all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+# `raydit plan`'s flags that are generate's / serve's options, checked by the table's checks.
+PLAN_SHARED = ("model", "frames", "height", "width", "address", "ulysses", "ring", "cfg", "replicas",
+               "shard_weights", "quantize", "attention", "compile", "full_precision_steps", "steps")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from raydit import plan  # the planner with the model families loaded (pipeline directories)
     from raydit.planner.devicemodel import run_mode
+    from raydit.planner.modes import DEFAULT_ATTENTION_MODE, DEFAULT_QUANTIZE_MODE
     from raydit.planner.report import format_plan_table
 
     if args.top < 0:
         raise ValueError(f"--top {args.top} must be 0 (all) or more")
-    if args.full_precision_steps < 0:
-        raise ValueError(f"--full-precision-steps {args.full_precision_steps} must be 0 or more")
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps} must be 1 or more")
-    if args.full_precision_steps and args.quantize == "none" and args.attention == "bf16":
+    from raydit.runtime.options import option
+
+    for key in PLAN_SHARED:
+        o, value = option(key), getattr(args, key)
+        if o.check is not None and o.engine_value is None and value is not None:
+            o.check(o.flag, value)
+    if args.full_precision_steps and (args.quantize, args.attention) == (DEFAULT_QUANTIZE_MODE, DEFAULT_ATTENTION_MODE):
         raise ValueError(f"--full-precision-steps {args.full_precision_steps} leaves the quantized modes for those "
                          "steps, and none is asked; add --quantize fp8 or --attention int8|fp8, or drop it")
     cluster = args.cluster

@@ -18,7 +18,7 @@ from raydit.runtime import options as _options
 def parse_guidance_options(items) -> tuple:
     """--guidance-option NAME=VALUE strings -> GenerationRequest.guidance_options (sorted pairs);
     VALUE: true/false, a number, or integers separated by commas (block indices)."""
-    from raydit.models.family import normalize_options
+    from raydit.models.requests import normalize_options
 
     out = {}
     for item in items or ():
@@ -83,10 +83,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
             opts[key] = value
     if not opts.get("prompt"):
         raise ValueError("--prompt is required (on the command line or as 'prompt:' in --config)")
-    if opts.get("steps") is not None and opts["steps"] < 1:
-        raise ValueError(f"--steps {opts['steps']} must be at least 1")
-    if opts.get("fps") is not None and opts["fps"] < 1:
-        raise ValueError(f"--fps {opts['fps']} must be at least 1")
+    _options.check_given(opts, "generate")
     from raydit.runtime.video import check_latents_path, check_output_path
 
     # Where the results go is checked before the run, not found unwritable after it.
@@ -100,8 +97,6 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     true_cfg = opts.get("true_cfg_scale")
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
-    if opts.get("device", "auto") not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"device {opts['device']!r} must be one of auto, cuda, cpu")
     if opts.get("cfg") not in (None, 1, 2, 4):  # the command line's choices; a --config file skips them
         raise ValueError(f"--cfg {opts['cfg']} must be 1, 2 or 4 (4: LTX-2's four guidance branches)")
     from raydit.models.lora_options import lora_options
@@ -114,7 +109,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     from raydit.models.quantize_options import check_precision_options
 
     check_precision_options(opts)
-    _options.check_shard_weights(opts)
+    _options.check_shard_weights(opts.get("shard_weights"), opts.get("fuse_lora"), opts.get("workers"))
     return opts
 
 
@@ -138,7 +133,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     o = resolve_generate_options(args)
     # The image and the model are checked before Ray starts: a wrong pair costs nothing.
-    from raydit.models.family import image_to_png
+    from raydit.models.requests import image_to_png
     from raydit.models.loading import resolve_model_dir, takes_image
 
     resume = o.get("resume")
@@ -243,9 +238,7 @@ def _saved_job(directory: str) -> dict:
 
 
 # job.json's request options -> the GenerationRequest field progress.pt holds each as.
-_SAVED_REQUEST_FIELDS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "seed": "seed",
-                         "steps": "num_inference_steps", "frames": "num_frames", "height": "height",
-                         "width": "width", "guidance_scale": "guidance_scale"}
+_SAVED_REQUEST_FIELDS = _options.request_fields("generate")
 
 
 def _check_saved_request(directory: str, o: dict) -> None:

@@ -153,3 +153,32 @@ def test_a_reader_that_goes_away_is_no_error():
     err = proc.stderr.read().decode()
     proc.stderr.close()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_shared_flags_are_generates_and_fp8_sim_is_priced_as_bf16(capsys):
+    """`raydit plan`'s flags that generate / serve also take are parsed as theirs (the options
+    table's type, action, choices: --quantize's list is the one list, fp8-sim included), and
+    --quantize fp8-sim is priced as bf16, as run_mode prices the Engine's fp8-sim."""
+    import argparse
+
+    from raydit.cli import PLAN_SHARED, build_parser
+    from raydit.planner.modes import ATTENTION_MODES, QUANTIZE_MODES
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {c: {a.dest: a for a in sub.choices[c]._actions if a.option_strings} for c in ("plan", "generate", "serve")}
+    for key in PLAN_SHARED:
+        plan, gen = flags["plan"][key], flags["generate"].get(key) or flags["serve"][key]
+        choices = None if key == "cfg" else gen.choices  # the planner names the degrees a model takes
+        assert (type(plan), plan.type, plan.choices, plan.option_strings[0]) == \
+            (type(gen), gen.type, choices, gen.option_strings[0]), key
+    assert flags["plan"]["quantize"].choices == list(QUANTIZE_MODES)
+    assert flags["plan"]["attention"].choices == list(ATTENTION_MODES)
+    base = ("plan", "--model", "wan2.1-t2v-1.3b", "--gpus", "2", "--json")
+    docs = {}
+    for quantize in ("none", "fp8-sim", "fp8"):
+        code, out, err = run(capsys, *base, "--quantize", quantize)
+        assert code == 0, err
+        docs[quantize] = json.loads(out)
+    assert docs["fp8-sim"]["best"] == docs["none"]["best"] != docs["fp8"]["best"]
+    code, out, err = run(capsys, *base, "--attention", "auto")
+    assert code == 0 and json.loads(out)["best"] == docs["none"]["best"], err

@@ -134,4 +134,4 @@ def test_full_precision_steps_on_the_command_line():
                          timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--steps 0 must be 1 or more" in lines[0], out.stderr
+    assert len(lines) == 1 and "--steps 0 must be a positive integer" in lines[0], out.stderr

@@ -15,8 +15,8 @@ import importlib
 _EXPORTS = {
     "DenoiseState": "raydit.models.family",
     "Family": "raydit.models.family",
-    "GenerationRequest": "raydit.models.family",
-    "image_to_png": "raydit.models.family",
+    "GenerationRequest": "raydit.models.requests",
+    "image_to_png": "raydit.models.requests",
     "Runner": "raydit.models.runner",
     "compile_blocks": "raydit.models.compile",
     "family_for_pipeline": "raydit.models.registry",

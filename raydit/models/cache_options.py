@@ -1,5 +1,5 @@
 """Step-cache options of a request (method and threshold): what a request may ask for,
-checked where the request is made (raydit.models.family.GenerationRequest, the CLI, the
+checked where the request is made (raydit.models.requests.GenerationRequest, the CLI, the
 service) without importing the cache itself (raydit.models.cache)."""
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class RunnerCase:
         return (1,) + (self.branch_degrees if self.cfg and world_size in cfg_world_sizes else ())
 
     def make_request(self):
-        from raydit.models.family import GenerationRequest
+        from raydit.models.requests import GenerationRequest
         from raydit.models.requests import checker_image, image_to_png
 
         image = None if self.image is None else image_to_png(checker_image(self.request["height"], self.request["width"]))
@@ -231,7 +231,7 @@ def batching_worker(rank: int, world_size: int, build: str, kwargs: dict, reques
                     plans: list[tuple[int, int, int]]) -> dict[str, list]:
     """`run_batched` of the requests under every (ulysses, ring, cfg) plan of this world:
     {plan: [latents per request]}."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.runner import Runner
 
     pipe = _resolve(build)(**kwargs)

@@ -35,130 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-# The request's image helpers live in raydit.models.requests; named here too, where the runtime,
-# the server and the tests have always taken them.
-from raydit.models.requests import checker_image, image_to_png, png_to_image, to_uint8_frames  # noqa: E402,F401
+from raydit.models.requests import to_uint8_frames
+
+# TRANSITIONAL: runtime/engine/api.py, runtime/engine/replicas.py and runtime/queue.py still take
+# these two from here; once they import raydit.models.requests, delete this line.
+from raydit.models.requests import GenerationRequest, image_to_png  # noqa: F401
 
 # Classifier-free guidance's two branches in the pipeline's order (uncond, cond): their index in
 # `Family.guidance_branches`, and the cfg rank that evaluates each on a mesh of cfg 2.
 UNCOND, COND = 0, 1
-
-
-def normalize_options(options) -> tuple[tuple[str, Any], ...]:
-    """Guidance options as a request keeps them: ((name, value), ...) sorted by name, lists made
-    tuples (a checkpoint's JSON form compares equal). Raises ValueError with one line for a
-    malformed name or value."""
-    import math
-
-    if options is None:
-        return ()
-    if isinstance(options, Mapping):
-        items = list(options.items())
-    elif isinstance(options, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 2 for e in options):
-        items = [tuple(e) for e in options]
-    else:
-        raise ValueError(f"guidance_options {options!r} must be a dict {{name: value}} or (name, value) pairs")
-    out = {}
-    for name, value in items:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"guidance option name {name!r} must be an identifier such as 'stg_scale'")
-        if name in out:
-            raise ValueError(f"guidance option {name!r} is given twice")
-        if isinstance(value, (list, tuple)):
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise ValueError(f"guidance option {name}={list(value)!r}: a list must hold integers (block indices)")
-            value = tuple(value)
-        elif isinstance(value, bool):
-            pass
-        elif isinstance(value, (int, float)):
-            if not math.isfinite(value):
-                raise ValueError(f"guidance option {name}={value!r} must be a finite number")
-        else:
-            raise ValueError(f"guidance option {name}={value!r} must be a number, a bool or a list of integers")
-        out[name] = value
-    return tuple(sorted(out.items()))
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerationRequest:
-    """One video request, the same for every family (a family ignores what it has no use for).
-
-    `image`: PNG bytes (see `image_to_png`) for image-to-video pipelines, else None.
-    `guidance_scale_2`: guidance of a second expert (Wan 2.2 A14B); None = guidance_scale.
-    `true_cfg_scale`: classifier-free guidance of a pipeline whose `guidance_scale` is embedded
-    in the model (HunyuanVideo): > 1 with a negative prompt runs the cond/uncond pair.
-    `guidance_options`: a family's further guidance knobs by name (a pipeline with several
-    guidance terms: their scales, the blocks a perturbed pass skips ...), given as a dict or
-    (name, value) pairs and kept as sorted pairs; a value is a number, a bool or a tuple of
-    integers. Each family says which names it takes and refuses the others (check_request).
-    """
-
-    prompt: str
-    negative_prompt: str = ""
-    num_frames: int
-    height: int
-    width: int
-    num_inference_steps: int = 50
-    guidance_scale: float = 6.0
-    guidance_scale_2: float | None = None
-    true_cfg_scale: float = 1.0
-    seed: int = 0
-    image: bytes | None = field(default=None, repr=False)
-    # LoRA adapters active for this request only: ((name, scale), ...), names of adapters
-    # loaded on every rank (raydit.models.lora); () is the base model.
-    lora: tuple[tuple[str, float], ...] = ()
-    # Step caching (raydit.models.cache): None (every step computed), "fbcache" or "teacache";
-    # cache_threshold None: the method's default.
-    cache: str | None = None
-    cache_threshold: float | None = None
-    guidance_options: tuple[tuple[str, Any], ...] = ()
-
-    def __post_init__(self):
-        import math
-
-        from raydit.models.lora import normalize_choice
-
-        # Normalized here, so a checkpoint's JSON form (lists) compares equal to the request.
-        object.__setattr__(self, "lora", normalize_choice(self.lora))
-        object.__setattr__(self, "guidance_options", normalize_options(self.guidance_options))
-
-        if not isinstance(self.prompt, str):
-            raise ValueError(f"prompt {self.prompt!r} must be a string")
-        if not isinstance(self.negative_prompt, str):
-            raise ValueError(f"negative_prompt {self.negative_prompt!r} must be a string")
-        for name in ("num_frames", "height", "width", "num_inference_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r} must be a positive integer")
-        if self.height % 8 or self.width % 8:
-            raise ValueError(f"height {self.height} and width {self.width} must be multiples of 8 (the VAE's scale)")
-        for name in ("guidance_scale", "guidance_scale_2", "true_cfg_scale"):
-            value = getattr(self, name)
-            if value is None and name == "guidance_scale_2":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} {value!r} must be a finite number >= 0 (1 disables guidance)")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed {self.seed!r} must be an integer in [0, 2**63)")
-        from raydit.models.cache_options import check_cache
-
-        check_cache(self.cache, self.cache_threshold)
-        if self.image is not None and not isinstance(self.image, bytes):
-            raise ValueError("request image must be PNG bytes; build requests with image_to_png(image)")
-
-    @property
-    def do_cfg(self) -> bool:
-        return self.guidance_scale > 1.0
-
-    def option(self, name: str, default=None):
-        """The value of guidance option `name`, or `default` when the request does not set it."""
-        return dict(self.guidance_options).get(name, default)
-
-    def to_dict(self) -> dict:
-        """Plain values for checkpoints and logs (the image as its bytes)."""
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 def cat_branches(branches: list) -> dict:

@@ -10,7 +10,7 @@ quantize:
   weights and activations rounded to FP8 with the "fp8" mode's scales, then dequantized and
   multiplied in the run's dtype. CPU tests check the wiring with it.
 
-attention: the local attention kernel's mode (raydit.parallel.kernels.ATTENTION_MODES).
+attention: the local attention kernel's mode. Both lists: raydit.planner.modes.
 
 full_precision_steps: N >= 0; the first N and the last N steps of every request run without
 the quantized modes (the FP8 linears on their unquantized weights, kept for it; attention on
@@ -19,7 +19,8 @@ the run dtype's kernels), the rest as asked. 0 (the default): every step as aske
 
 from __future__ import annotations
 
-QUANTIZE_MODES = ("none", "fp8", "fp8-sim")
+from raydit.planner.modes import ATTENTION_MODES, DEFAULT_ATTENTION_MODE, QUANTIZE_MODES
+
 # The scales' granularity: "row" one per output row of a weight and one per token of an
 # activation (the default: a token's quantization is then the same on any split of the
 # sequence, so every plan quantizes as one rank does); "tensor" one per tensor (an activation's
@@ -75,9 +76,7 @@ def quantize_lora_refusal(mode: str | None, switching: list[str]) -> str | None:
 
 def check_attention(mode) -> str:
     """The attention mode a run asked for (None: the default) -> one of
-    raydit.parallel.kernels.ATTENTION_MODES; ValueError (one line listing them) otherwise."""
-    from raydit.parallel.kernels import ATTENTION_MODES, DEFAULT_ATTENTION_MODE
-
+    raydit.planner.modes.ATTENTION_MODES; ValueError (one line listing them) otherwise."""
     if mode is None:
         return DEFAULT_ATTENTION_MODE
     if not isinstance(mode, str) or mode not in ATTENTION_MODES:
@@ -96,7 +95,7 @@ def check_full_precision_steps(steps, quantize: str | None, attention: str | Non
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"full_precision_steps {steps!r} must be a whole number >= 0 (the first and last N steps "
                          "of a request run without the quantized modes)")
-    if steps and check_quantize(quantize) is None and check_attention(attention) == "bf16":
+    if steps and check_quantize(quantize) is None and check_attention(attention) == DEFAULT_ATTENTION_MODE:
         raise ValueError(f"full_precision_steps {steps} needs a quantized mode to leave (quantize fp8 / fp8-sim, or "
                          "attention auto / int8 / fp8); every step already runs in full precision: drop it")
     if steps and check_quantize(quantize) is not None and shard_weights:

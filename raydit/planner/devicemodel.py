@@ -42,8 +42,8 @@ from pathlib import Path
 
 from raydit.planner.model import ModelSpec, VideoGeometry
 
-QUANTIZE_MODES = ("none", "fp8")
-ATTENTION_MODES = ("bf16", "int8", "fp8")
+from raydit.planner.modes import PRICED_ATTENTION_MODES as ATTENTION_MODES  # noqa: E402  (the priced ones)
+from raydit.planner.modes import PRICED_QUANTIZE_MODES as QUANTIZE_MODES  # noqa: E402
 TABLE_DIR = Path(__file__).with_name("tables")
 TABLE_VERSION = 1
 # Bytes per token and channel one layer's non-GEMM, non-attention ops move in eager mode where

@@ -216,7 +216,7 @@ def measure_model(model_dir, device: str = "cpu", *, frames: int | None = None, 
     Returns the entry filed under the spec's calibration_key."""
     import torch
 
-    from raydit.models.family import GenerationRequest, checker_image, image_to_png
+    from raydit.models.requests import GenerationRequest, checker_image, image_to_png
     from raydit.models.loading import load_pipeline, takes_image
     from raydit.models.runner import Runner
     from raydit.parallel.kernels import measure_kernels

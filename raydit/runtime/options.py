@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from raydit.planner.modes import ATTENTION_MODES, QUANTIZE_MODES
+
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # Engine(dtype=): torch's names
 COMMANDS = ("generate", "serve")
@@ -137,6 +139,7 @@ class Option:
     request: str | None = None
     request_default: Any = _UNSET
     cli_request: bool = True
+    as_given: bool = True  # the command line's value is the request field's (not so: an image's path)
     control: bool = False  # steers submit's call (progress, callback ...), not a GenerationRequest field
     # Serve's POST /v1/videos field, named `request` (else `key`): {"annotation": type, and
     # pydantic Field's keyword arguments}; None: not a field.
@@ -185,6 +188,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("width", int, commands=_BOTH, saved=True, engine="width", request="width",
            help={"serve": "largest width served (default: the model's)"}),
     Option("steps", int, commands=_GEN, saved=True, request="num_inference_steps", request_default=None,
+           check=positive_int,
            help="denoising steps (default: the model's diffusers pipeline's, e.g. 50; Mochi 64, LTX-2 30)",
            form={"annotation": int | None, "default": None, "ge": 1}),
     Option("guidance_scale", float, commands=_GEN, saved=True, request="guidance_scale", request_default=None,
@@ -194,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
            form={"annotation": int | None, "default": None, "ge": 0, "le": 2**63 - 1}),
     Option(None, request="callback_on_step_end", control=True),
     Option(None, request="progress", request_default=False, control=True),
-    Option("image", commands=_GEN, saved=True, request="image",
+    Option("image", commands=_GEN, saved=True, request="image", as_given=False,
            help="image (PNG, JPEG ...) conditioning an image-to-video model"),
     Option("guidance_scale_2", float, commands=_GEN, saved=True, request="guidance_scale_2",
            help="guidance of the second expert (Wan 2.2 A14B; default: --guidance-scale)"),
@@ -250,14 +254,14 @@ OPTIONS: tuple[Option, ...] = (
                  "serve": "regional torch.compile of the transformer blocks on every rank; the first video of "
                           "each size compiles. Not with per-request LoRAs (--lora without --fuse-lora, --lora-dir)"}),
     # FP8 linear layers and the attention kernels' mode change the numbers: saved with a run.
-    Option("quantize", commands=_BOTH, saved=True, choices=("none", "fp8", "fp8-sim"), engine="quantize",
+    Option("quantize", commands=_BOTH, saved=True, choices=QUANTIZE_MODES, engine="quantize",
            help={"generate": "FP8 linear layers in the transformer blocks on every rank: fp8 (torchao; NVIDIA GPUs of "
                              "compute capability 8.9+; pip install torchao), fp8-sim (the same numbers emulated on any "
                              "device: numerics only, no speed) or none (default); not with unfused --lora",
                  "serve": "FP8 linear layers in the transformer blocks on every rank: fp8 (torchao; NVIDIA GPUs of "
                           "compute capability 8.9+), fp8-sim (emulated on any device: numerics only, no speed) or "
                           "none (default). Not with per-request LoRAs (--lora without --fuse-lora, --lora-dir)"}),
-    Option("attention", commands=_BOTH, saved=True, metavar="MODE", engine="attention",
+    Option("attention", commands=_BOTH, saved=True, choices=ATTENTION_MODES, metavar="MODE", engine="attention",
            help="attention kernels: bf16 (default: the run's dtype), auto (the fastest that passed its float64 "
                 "check), int8 or fp8 (8-bit QK^T; raydit.parallel.lowbit)"),
     Option("full_precision_steps", int, commands=_BOTH, saved=True, metavar="N", engine="full_precision_steps",
@@ -312,7 +316,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("out", commands=_GEN, defaults={"generate": "video.mp4"}, help="mp4 to write (default video.mp4)"),
     Option("save_latents", commands=_GEN, help="write the final latents (the pipeline's output_type='latent'): "
            ".npy (video; with sound also NAME.audio.npy) or .npz (latents, audio_latents)"),
-    Option("fps", int, commands=_BOTH, defaults={"generate": None, "serve": None},
+    Option("fps", int, commands=_BOTH, defaults={"generate": None, "serve": None}, check=positive_int,
            help={"generate": "mp4 frame rate (default 8, or the rate a model's sound was made for)",
                  "serve": "frames per second of the mp4 and of `seconds` (default 8, or the rate a model's sound "
                           "was made for: LTX-2 24)"}),
@@ -346,7 +350,22 @@ def _check_table() -> None:
         assert len(names) == len(set(names)), f"an Engine {attr} keyword declared twice"
 
 
+def _check_request_fields() -> None:
+    """The table's request options are GenerationRequest's fields, one to one."""
+    from dataclasses import fields
+
+    from raydit.models.requests import GenerationRequest
+
+    table = {o.request for o in OPTIONS if o.request is not None and not o.control}
+    have = {f.name for f in fields(GenerationRequest)}
+    if table != have:
+        raise RuntimeError(f"GenerationRequest's fields {sorted(have - table)} have no request option, and the "
+                           f"request options {sorted(table - have)} no GenerationRequest field: declare each in both "
+                           "(raydit.runtime.options.OPTIONS, raydit.models.requests.GenerationRequest)")
+
+
 _check_table()
+_check_request_fields()
 
 
 def options_of(command: str) -> list[Option]:
@@ -358,25 +377,49 @@ def options_of(command: str) -> list[Option]:
 # -- the command line and config files -----------------------------------------------------------
 
 
+def option(key: str) -> Option:
+    """The table's entry of command-line option `key`."""
+    for o in OPTIONS:
+        if o.key == key:
+            return o
+    raise ValueError(f"option {key!r} is not in raydit.runtime.options.OPTIONS")
+
+
+def add_flag(parser, o: Option, help: str = "", aliases: bool = True, **overrides) -> None:
+    """`o`'s flag on an argparse parser, its type, action, choices and metavar from the table;
+    default None unless `overrides` (another command's default ...) say otherwise; `aliases`:
+    its further flags too (`--min-replicas`)."""
+    kwargs: dict = {"dest": o.key}
+    if o.action is not None:
+        kwargs["action"] = o.action
+        if o.action == "store_true":
+            kwargs["default"] = None
+    elif o.type in (int, float):
+        kwargs["type"] = o.type
+    if o.choices is not None:
+        kwargs["choices"] = list(o.choices)
+    if o.metavar is not None:
+        kwargs["metavar"] = o.metavar
+    if help:
+        kwargs["help"] = help
+    kwargs.update(overrides)
+    parser.add_argument(o.flag, *(o.flags if aliases else ()), **kwargs)
+
+
 def add_arguments(parser, command: str) -> None:
     """`command`'s flags on an argparse parser; every default None (`command_defaults` and the
     config file fill in what is not given)."""
     for o in options_of(command):
-        if not o.on_line:
-            continue
-        kwargs: dict = {"dest": o.key}
-        if o.action is not None:
-            kwargs["action"] = o.action
-            if o.action == "store_true":
-                kwargs["default"] = None
-        elif o.type in (int, float):
-            kwargs["type"] = o.type
-        for name in ("choices", "metavar"):
-            if getattr(o, name) is not None:
-                kwargs[name] = list(getattr(o, name)) if name == "choices" else getattr(o, name)
-        if o.help_for(command):
-            kwargs["help"] = o.help_for(command)
-        parser.add_argument(o.flag, *o.flags, **kwargs)
+        if o.on_line:
+            add_flag(parser, o, o.help_for(command))
+
+
+def check_given(opts: dict, command: str) -> None:
+    """The table's checks of `command`'s options that the line or a file gave (the Engine's
+    are checked again by EngineConfig, the request's by GenerationRequest: other boundaries)."""
+    for o in options_of(command):
+        if o.check is not None and o.engine_value is None and opts.get(o.key) is not None:
+            o.check(o.flag, opts[o.key])
 
 
 def config_types(command: str) -> dict[str, type]:
@@ -410,6 +453,13 @@ def engine_kwargs(opts: dict, command: str) -> dict:
             value = float(value)
         out[o.engine] = value
     return out
+
+
+def request_fields(command: str) -> dict[str, str]:
+    """`command`'s options whose value is the request field's as the line gives it -> that
+    GenerationRequest field (a saved run's request is compared with them)."""
+    return {o.key: o.request for o in options_of(command)
+            if o.request and o.cli_request and not o.control and o.action is None and o.as_given}
 
 
 def request_kwargs(opts: dict, command: str, **resolved) -> dict:
@@ -452,6 +502,7 @@ def _engine_post_init(self) -> None:
     from raydit.models.cache_options import check_cache
 
     check_cache(self.cache, self.cache_threshold)
+    check_shard_weights(self.shard_weights, self.fuse_lora, self.workers)
 
 
 def _make_engine_config():
@@ -499,15 +550,14 @@ def submit_signature(progress: bool = False, tag: bool = True) -> inspect.Signat
     return inspect.Signature(params)
 
 
-def check_shard_weights(opts: dict) -> None:
-    """--shard-weights' own checks (generate and serve), before Ray starts."""
-    if opts.get("shard_weights") not in (None, True, False):  # a --config file can give anything
-        raise ValueError(f"shard_weights {opts['shard_weights']!r} must be true or false")
-    if not opts.get("shard_weights"):
-        return
-    if opts.get("fuse_lora"):
-        raise ValueError("--shard-weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
-                         "from the checkpoint files, without it); drop --fuse-lora or --shard-weights")
-    if opts.get("workers") == 1:
-        raise ValueError("--shard-weights needs 2 or more ranks per replica to share the weights, --workers is 1 "
-                         "(every weight is resident on one rank anyway); drop --shard-weights or raise --workers")
+def check_shard_weights(shard_weights, fuse_lora=None, workers=None) -> None:
+    """shard_weights' rules, written once: EngineConfig checks them where an Engine is made, and
+    the command line (generate, serve) calls this with its options before Ray starts."""
+    if shard_weights not in (None, True, False):  # a --config file or a caller can give anything
+        raise ValueError(f"shard_weights {shard_weights!r} must be True, False or None (the planner's choice)")
+    if shard_weights and fuse_lora:
+        raise ValueError("shard_weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
+                         "from the checkpoint files, without it); drop fuse_lora or shard_weights")
+    if shard_weights and workers == 1:
+        raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
+                         "(every weight is resident on one rank anyway); drop shard_weights or use more workers")

@@ -102,7 +102,7 @@ def check_lora_options(opts: dict) -> None:
             raise ValueError(f"{flag} {opts[flag]!r} must be true or false")
     from raydit.runtime.options import check_shard_weights
 
-    check_shard_weights(opts)
+    check_shard_weights(opts.get("shard_weights"), opts.get("fuse_lora"), opts.get("workers"))
     if opts.get("compile"):
         # Compiled blocks would recompile at every switch of adapters (Dynamo guards on peft's
         # layers); one fused LoRA is plain weights.

@@ -18,7 +18,8 @@ from typing import Annotated, Any, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError
 
-from raydit.runtime.options import form_fields
+from raydit.runtime.options import OPTIONS, form_fields
+
 
 class RequestError(ValueError):
     """A request the server refuses: HTTP status, the field (OpenAI's `param`), a message."""
@@ -67,6 +68,15 @@ def _video_create() -> type[BaseModel]:
 
 
 VideoCreate = _video_create()
+# The form's fields that are no request field, and the request fields `resolve` makes of each.
+FORM_INPUTS = {"model": (), "size": ("width", "height"), "seconds": ("num_frames",)}
+# The form's request fields: form name -> GenerationRequest's field. Every field of the form is
+# here or in FORM_INPUTS, so none is accepted and then dropped.
+FORM_REQUEST = {o.form_name: o.request for o in OPTIONS if o.form is not None and o.request is not None}
+_unread = set(VideoCreate.model_fields) - set(FORM_REQUEST) - set(FORM_INPUTS)
+if _unread:
+    raise RuntimeError(f"POST /v1/videos fields {sorted(_unread)} reach no request field: give their option a "
+                       "`request` in raydit.runtime.options, or read them in raydit.serve.schema.resolve")
 # raydit's own fields, sent by the openai client through `extra_body`.
 RAYDIT_FIELDS = tuple(n for n in VideoCreate.model_fields if n not in ("prompt", "model", "size", "seconds"))
 
@@ -194,8 +204,9 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
     except ValueError as exc:
         param = frames_param if str(exc).startswith("frames") else "size"
         raise RequestError(f"{param}: {exc}", param=param) from None
-    return {
-        "prompt": body.prompt,
+    # What the server works out from the body and its limits; every other request field of the
+    # form goes to the engine as the body set it (left out where not set: the engine's default).
+    params = {
         "negative_prompt": body.negative_prompt or "",
         "num_frames": frames,
         "height": height,
@@ -208,6 +219,10 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         "lora": lora_choice(body.lora, loras, fused),
         "guidance_options": guidance_choice(body.guidance_options, limits),
     }
+    for name, request in FORM_REQUEST.items():
+        if request not in params and name in body.model_fields_set:
+            params[request] = getattr(body, name)
+    return params
 
 
 def guidance_choice(value, limits: Limits) -> dict[str, Any]:
@@ -217,7 +232,7 @@ def guidance_choice(value, limits: Limits) -> dict[str, Any]:
     ranges are the family's to check when the video starts (its error is the video's)."""
     import json
 
-    from raydit.models.family import normalize_options
+    from raydit.models.requests import normalize_options
 
     if isinstance(value, str):
         try:

@@ -107,7 +107,7 @@ def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) 
     between requests) gives the latents the unsharded pipeline gives with it; close() then
     rebuilds the weights from the checkpoint files exactly."""
     from raydit.models import lora
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.registry import family_for_pipeline
     from raydit.models.runner import Runner
@@ -138,7 +138,7 @@ def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, 
     """Step-level batching (Runner.step_batch) on one plan, unsharded and sharded (both with
     `runner_kwargs`, e.g. a quantize mode): {False | True: [final latents per request]}."""
     from raydit.models.conformance import MeshPlan, run_batched
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.runner import Runner
     from raydit.models.tiny import resolve_builder
 
@@ -189,7 +189,7 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
     - "from files": the sharded run rebuilds from the checkpoint files;
     - "held": (the block bytes this rank's shards hold, the blocks' full bytes);
     - "side stream": the sharded run posted its gathers from a side stream (CUDA)."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.quantize import quantized
     from raydit.models.runner import Runner

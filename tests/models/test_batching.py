@@ -26,7 +26,7 @@ from raydit.models.families.skyreels import tiny as skyreels_tiny
 from raydit.models.families.wan import cases as wan_cases
 from raydit.models.families.wan import tiny as wan_tiny
 
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.runner import Runner
 
 BUILD = "raydit.models.families.wan.cases:wan_pipeline"

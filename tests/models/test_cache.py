@@ -22,7 +22,7 @@ import torch
 from raydit.models import conformance as harness
 from raydit.models.cache import CACHED_STEPS
 from raydit.models.cache_options import check_cache
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.runner import Runner
 
 WORLDS = (1, 2, 3, 4)

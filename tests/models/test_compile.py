@@ -130,7 +130,7 @@ SECOND = dict(GEN, seed=8)  # the same shapes, no caching
 def eager_refs():
     """The tiny pipeline's latents and cached steps for FIRST and SECOND, eager, one process."""
     from raydit.models.cache import CACHED_STEPS
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
@@ -154,7 +154,7 @@ def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eage
     from torch._dynamo.utils import counters
 
     from raydit.models.cache import CACHED_STEPS
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

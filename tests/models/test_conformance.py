@@ -223,7 +223,7 @@ def test_runner_matches_diffusers_pipeline_bit_for_bit_in_bf16(runner_cases, cas
 
 def test_runner_without_guidance_matches_diffusers_pipeline(base_dir):
     """guidance_scale 1: one branch, no negative prompt (the pipeline's other path)."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
 
     pipe = cogvideox_cases.cogvideox_pipeline(base_dir)
     request = GenerationRequest(prompt="still water", num_frames=9, height=64, width=64,

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from raydit.models.families.ltx import cases, tiny
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.runner import Runner
 
 

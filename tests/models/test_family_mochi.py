@@ -14,7 +14,7 @@ import torch
 
 from raydit.models import conformance as harness
 from raydit.models.families.mochi import cases, family, tiny
-from raydit.models.family import GenerationRequest, checker_image
+from raydit.models.requests import GenerationRequest, checker_image
 from raydit.models.runner import Runner
 
 REQUEST = dict(prompt="a red fox runs", num_frames=7, height=32, width=48, num_inference_steps=2, seed=3)
@@ -61,7 +61,7 @@ def test_bad_requests_are_refused_in_one_line(base_dir, change, message):
 
 
 def test_an_image_is_refused(base_dir):
-    from raydit.models.family import image_to_png
+    from raydit.models.requests import image_to_png
 
     runner = Runner(cases.mochi_pipeline(base_dir))
     image = image_to_png(checker_image(32, 48))

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from raydit.models.family import GenerationRequest, checker_image, image_to_png
+from raydit.models.requests import GenerationRequest, checker_image, image_to_png
 from raydit.models.loading import load_pipeline
 from raydit.models.registry import family_for_class
 

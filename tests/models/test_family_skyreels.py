@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.family import GenerationRequest, checker_image, image_to_png
+from raydit.models.requests import GenerationRequest, checker_image, image_to_png
 from raydit.models.families.skyreels import cases, family, tiny
 from raydit.models.runner import Runner
 

@@ -15,7 +15,7 @@ import torch
 from raydit.models import conformance as harness
 from raydit.models.adapter import GatherOutput, SequenceParallelPlan, SplitInput
 from raydit.models.families.wan import cases, family, tiny
-from raydit.models.family import GenerationRequest, checker_image, image_to_png
+from raydit.models.requests import GenerationRequest, checker_image, image_to_png
 from raydit.models.registry import get_adapter, supported_transformers
 from raydit.models.runner import Runner
 from raydit.parallel.mesh import build_mesh

@@ -32,7 +32,7 @@ def _pipe():
 
 
 def _request(name):
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
 
     return GenerationRequest(**REQUESTS[name])
 

@@ -42,7 +42,7 @@ CASES = [pytest.param(("fp8-sim", "cpu"), id="fp8-sim-cpu"),
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_first_and_last_steps_are_the_unquantized_models_bit_for_bit(case, monkeypatch):
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
@@ -74,7 +74,7 @@ def test_batched_requests_at_different_steps_each_run_their_own_precision(quanti
     a full-precision step and the other not, so the batch splits in two calls; each request
     equals itself alone under the same setting (where the unquantized batch equals its requests
     alone bit for bit, the same ops per row)."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
@@ -94,7 +94,7 @@ def test_8bit_attention_runs_bf16_kernels_at_the_ends():
     those ends are not int8's: the run differs from the int8 run, and from the run with only
     the first two steps in bf16 (the last step's own change is below bf16's rounding of the
     latents here: DDIM's last step scales the model output by sqrt(1 - alpha), near 0)."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
     from raydit.parallel.attention import full_precision_attention
@@ -179,7 +179,7 @@ def test_compiled_runs_warm_up_both_variants_and_equal_the_compiled_steps_by_han
     fp8-sim Runner in the middle, bit for bit (the same Inductor code)."""
     from torch._dynamo.utils import counters
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

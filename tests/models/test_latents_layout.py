@@ -95,7 +95,7 @@ def test_runner_output_latents_are_the_pipelines(family, tiny):
     """Runner.output_latents (what the worker hands the Engine) against diffusers' pipeline
     called directly, on the family's first tiny pipeline, in float32 on one process."""
     from raydit.models.conformance import run_steps
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

@@ -16,7 +16,7 @@ from support.lora_files import write_random_lora
 from raydit.models import conformance as harness
 from raydit.models import lora
 from raydit.models.families.ltx2 import cases as ltx2_cases
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.registry import family_for_pipeline
 from raydit.models.runner import Runner

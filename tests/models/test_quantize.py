@@ -170,7 +170,7 @@ def tiny_pipe():
 
 
 def test_runner_refuses_fp8_on_cpu_unknown_modes_and_lora_switching(tiny_pipe):
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
@@ -219,7 +219,7 @@ def test_a_fused_lora_is_quantized_with_the_weights(mode, tiny_pipe, tmp_path, m
     LoRA; the request runs."""
     from raydit.models import lora
     from support.lora_files import write_random_lora
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.quantize import fake_fp8
     from raydit.models.registry import family_for_pipeline
@@ -348,7 +348,7 @@ def test_step_batching_and_step_caching_run_under_fp8(mode, monkeypatch):
 
         lift_fp8_gates(monkeypatch)
     from raydit.models.cache import CACHED_STEPS
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
@@ -379,7 +379,7 @@ def test_a_compiled_fp8_sim_runner_is_not_changed_by_a_plain_one_in_the_process(
     compiled Runner ran in the same process: a notebook comparing modes, a bench). The
     fp8-sim linears are a class of their own now (FakeFp8Linear), which Dynamo does guard.
     Rule: bit for bit, the same Runner before and after."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

@@ -103,7 +103,7 @@ def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error(device):
 
 
 def test_runner_runs_a_request_under_fp8(device):
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

@@ -199,7 +199,7 @@ def test_a_request_joining_a_running_batch_never_regroups_it():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.runtime.engine.api import ApiPart
     from raydit.runtime.queue import Item
 

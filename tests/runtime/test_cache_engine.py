@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from raydit.models.cache import CACHED_STEPS
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.runner import Runner
 

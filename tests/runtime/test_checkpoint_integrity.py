@@ -88,7 +88,7 @@ def test_a_progress_file_that_would_run_code_is_refused_without_running_it(tmp_p
 
 
 def test_what_save_progress_writes_loads_back_with_weights_only(tmp_path):
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
 
     request = GenerationRequest(prompt=PROMPT, num_frames=9, height=64, width=64, image=b"\x89PNG",
                                 lora=(("style", 0.5),), guidance_options={"stg_scale": 1.0})
@@ -126,7 +126,7 @@ def test_a_new_request_directory_is_numbered_after_the_highest_one_there(tmp_pat
 @pytest.fixture(scope="module")
 def engine_root(ray_local, tmp_path_factory):
     """A tiny engine checkpointing under a root where a crashed engine left request-0001."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.runtime.engine import Engine
 
     root = tmp_path_factory.mktemp("ckroot")
@@ -242,7 +242,7 @@ def test_every_familys_checkpoint_loads_back_with_weights_only(tmp_path):
     weights_only: a type one family keeps that the allowed list lacks would refuse its resumes."""
     from raydit import model_spec
     from raydit.models.conformance import run_steps
-    from raydit.models.family import GenerationRequest, checker_image, image_to_png
+    from raydit.models.requests import GenerationRequest, checker_image, image_to_png
     from raydit.models.loading import load_pipeline, resolve_model_dir
     from raydit.models.registry import families
     from raydit.models.runner import Runner

@@ -207,7 +207,7 @@ def test_a_file_where_a_directory_is_due_and_back_are_named_so(tmp_path):
     """--checkpoint-dir naming a file said "[Errno 17] File exists"; --image naming a
     directory said it did not exist."""
     from raydit.commands import _save_job
-    from raydit.models.family import image_to_png
+    from raydit.models.requests import image_to_png
 
     afile = tmp_path / "afile"
     afile.write_text("")

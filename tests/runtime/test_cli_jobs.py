@@ -281,7 +281,7 @@ def test_verify_refuses_a_tolerance_or_step_count_before_ray_starts(tmp_path):
 def _write_png(path, height=64, width=64):
     from PIL import Image
 
-    from raydit.models.family import checker_image
+    from raydit.models.requests import checker_image
 
     Image.fromarray(checker_image(height, width)).save(path)
     return path
@@ -310,7 +310,7 @@ def test_image_to_video_from_the_command_line_equals_one_process(ray_local, tmp_
     """`raydit generate --model tiny-i2v --image PNG` on 2 ranks (ring 2) writes the mp4 and the
     latents one process computes for the same image (rtol 1e-4, atol 1e-4)."""
     from raydit.models.conformance import run_steps
-    from raydit.models.family import GenerationRequest, image_to_png
+    from raydit.models.requests import GenerationRequest, image_to_png
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 

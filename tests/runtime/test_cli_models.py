@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline, resolve_model_dir
 
 
@@ -102,7 +102,7 @@ def test_generate_tiny_hunyuan_ltx_and_wan_write_mp4s(address, tmp_path):
     from PIL import Image
 
     from raydit.models.conformance import run_steps
-    from raydit.models.family import image_to_png
+    from raydit.models.requests import image_to_png
     from raydit.models.runner import Runner
     from raydit.runtime.video import read_mp4
 

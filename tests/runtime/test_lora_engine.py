@@ -21,7 +21,7 @@ from support.lora_files import write_random_lora
 from test_elastic import kill_at_step
 
 from raydit.models import lora
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.runner import Runner
 

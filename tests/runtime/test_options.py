@@ -52,7 +52,7 @@ def test_an_option_both_commands_take_is_parsed_alike_by_both():
 
 
 def test_engine_keywords_submit_keywords_and_the_request_are_one_table():
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.runtime.engine import Engine, EngineConfig
 
     engine = list(inspect.signature(Engine).parameters)
@@ -68,6 +68,44 @@ def test_engine_keywords_submit_keywords_and_the_request_are_one_table():
     from raydit.serve.schema import RAYDIT_FIELDS
 
     assert set(RAYDIT_FIELDS) <= set(submit)
+
+
+@pytest.mark.parametrize("entry", [o for o in options.OPTIONS if o.request and not o.control],
+                         ids=lambda o: o.request)
+def test_every_request_option_is_everywhere_its_entry_says(entry):
+    """Nothing here is listed by hand: each request option of the table is a GenerationRequest
+    field and a key of its to_dict, a keyword of Engine.submit, a flag and a config-file key of
+    the commands that take it, and a field of serve's form that reaches the request, where its
+    entry declares a form."""
+    from raydit.jobconfig import GENERATE_OPTIONS
+    from raydit.models.requests import GenerationRequest
+    from raydit.runtime.engine import Engine
+    from raydit.serve.config import SERVE_OPTIONS
+    from raydit.serve.schema import FORM_REQUEST, VideoCreate
+
+    assert entry.request in {f.name for f in dataclasses.fields(GenerationRequest)}
+    request = GenerationRequest(prompt="a cat", num_frames=9, height=16, width=16)
+    assert entry.request in request.to_dict()
+    assert entry.request in inspect.signature(Engine.submit).parameters
+    for command, keys in (("generate", GENERATE_OPTIONS), ("serve", SERVE_OPTIONS)):
+        if command not in entry.commands:
+            continue
+        if entry.in_file:
+            assert entry.key in keys, (command, entry.key)
+        if entry.on_line:
+            assert entry.key in _flags(_parser(command)), (command, entry.key)
+        if entry.cli_request:
+            given = options.request_kwargs({entry.key: "given"}, command)
+            assert given == {entry.request: "given"}, (command, entry.key)
+    if entry.form is not None:
+        assert entry.form_name in VideoCreate.model_fields and FORM_REQUEST[entry.form_name] == entry.request
+
+
+def test_a_request_field_without_an_option_is_refused_at_import(monkeypatch):
+    """GenerationRequest and the table are held one to one when raydit.runtime.options loads."""
+    monkeypatch.setattr(options, "OPTIONS", tuple(o for o in options.OPTIONS if o.request != "true_cfg_scale"))
+    with pytest.raises(RuntimeError, match=r"GenerationRequest's fields \['true_cfg_scale'\] have no request option"):
+        options._check_request_fields()
 
 
 @pytest.mark.parametrize("kwargs, needle", [

@@ -26,7 +26,7 @@ GEN = dict(num_frames=5, height=32, width=32, num_inference_steps=4, guidance_sc
 @pytest.mark.slow
 @pytest.mark.long  # the second stage: stage one ran 29:11 under load at 26e0658 (this one 80 s)
 def test_a_rank_lost_under_fp8_sim_is_replaced_and_the_run_resumes_quantized(ray_local):
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
     from raydit.runtime.engine import Engine
@@ -75,7 +75,7 @@ def test_full_precision_steps_run_on_every_rank_as_on_one(ray_local):
     weights (Mode.keep_bf16, never sharded), and the video equals one process's Runner under the
     same settings within the runtime tests' float32 tolerance; the ends ran unquantized (the
     run differs from fp8-sim without them by more than that tolerance)."""
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
     from raydit.planner.devicemodel import Mode

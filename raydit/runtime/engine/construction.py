@@ -105,14 +105,6 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
             check_quantize_device(self.quantize, c.device)
         # shard_weights: True: each rank of a replica keeps 1/N of every transformer block's
         # weights (raydit.models.sharded); False: never; None: where the planner needs it.
-        if c.shard_weights not in (None, True, False):
-            raise ValueError(f"shard_weights {c.shard_weights!r} must be True, False or None (the planner's choice)")
-        if c.shard_weights and c.fuse_lora:
-            raise ValueError("shard_weights cannot keep a LoRA fused into the weights (a regroup rebuilds the shards "
-                             "from the checkpoint files, without it); drop fuse_lora or shard_weights")
-        if c.shard_weights and c.workers == 1:
-            raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
-                             "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
         self.shard_weights = c.shard_weights
         if self.full_precision_steps and self.quantize:
             self.shard_weights = False  # the kept bf16 weights are whole on every rank
