@@ -19,6 +19,7 @@ from raydit.runtime.cluster import RayCluster, free_slots
 from raydit.runtime.errors import WorkerFailure, reported
 from raydit.runtime.failures import DEADLINE, LOST, Failure, classify, root_cause
 from raydit.runtime.worker import RankWorker
+from raydit.planner.runconfig import RunConfig
 
 # How long a rank's second thread may take to answer a ping before it counts as silent
 # (stopped, wedged or gone); generous, since a loaded host answers late.
@@ -56,7 +57,8 @@ class WorkerPool:
     one (fresh store, fresh port) over warm actors, reusing their loaded pipelines.
     """
 
-    def __init__(self, *, model_dir: str, device: str, dtype: str, placement_timeout_s: float):
+    def __init__(self, *, model_dir: str, device: str, dtype: str, placement_timeout_s: float,
+                 run: RunConfig | None = None, loras: dict | None = None):
         self.model_dir = model_dir
         self.device = device
         self.dtype = dtype
@@ -72,18 +74,11 @@ class WorkerPool:
         self._probes: dict[str, Any] = {}
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
         # group is formed over holds exactly these (a rank that joins later gets them too).
-        self.loras: dict = {}
-        # Regional torch.compile of every rank's transformer blocks (Engine(compile=True)).
-        self.compile = False
-        # FP8 linear layers (None, "fp8", "fp8-sim") and the attention mode of every rank's
-        # Runner (Engine(quantize=..., attention=...)); a re-formed group quantizes the same.
-        self.quantize: str | None = None
-        self.full_precision_steps = 0  # the first and last N steps of a request without the quantized modes
-        self.attention: str | None = None
+        self.loras: dict = dict(loras or {})
+        # The run's modes (raydit.planner.runconfig.RunConfig), the same for every group the
+        # pool forms; each form's plan travels beside them.
+        self.run = run if run is not None else RunConfig()
         self.quantized: list[int] = []  # per rank of the group: the linear layers its Runner quantized
-        # Sharded transformer weights (Engine(shard_weights=...)): True / False forces it, None
-        # takes the plan's choice (Plan.shard_weights: the layout fits only sharded).
-        self.shard_weights: bool | None = None
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -96,6 +91,11 @@ class WorkerPool:
         pool = cls(**kwargs)
         pool.timings = pool.add(size, [_node_of(p) for p in list(placement or [])[:size]])
         return pool
+
+    @property
+    def compile(self) -> bool:
+        """Whether every rank compiles its blocks (the controller's deadline for a prepare)."""
+        return self.run.compile
 
     @property
     def actors(self) -> list:
@@ -161,16 +161,6 @@ class WorkerPool:
         if self.active:
             self.reset_group(timeout_s)
         chosen = _assign(self.members, getattr(plan, "placement", None), world)
-        degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
-                   # idle weights (inactive expert, encoders) kept in host memory
-                   "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
-                   "compile": int(self.compile),
-                   "quantize": self.quantize, "attention": self.attention,
-                   "full_precision_steps": self.full_precision_steps,
-                   "shard_weights": int(bool(getattr(plan, "shard_weights", False) if self.shard_weights is None
-                                             else self.shard_weights) and world > 1),
-                   # the audio length from which the plan splits an audio stream's tokens (None: never)
-                   "audio_split_tokens": getattr(plan, "audio_split_tokens", None)}
         backend = "nccl" if self.device == "cuda" else "gloo"
         # Every rank of the group holds the engine's LoRA adapters (free where it has them).
         self._call_all([m.actor.sync_loras.remote(self.loras) for m in chosen], timeout_s + 120.0, chosen, "form")
@@ -178,7 +168,7 @@ class WorkerPool:
         if world > 1:
             addr = self._call_all([chosen[0].actor.open_store.remote(timeout_s)], timeout_s + 10.0, chosen[:1], "form")[0]
         refs = [
-            m.actor.join_group.remote(rank, world, addr, degrees, backend, timeout_s)
+            m.actor.join_group.remote(rank, world, addr, plan, self.run, backend, timeout_s)
             for rank, m in enumerate(chosen)
         ]
         # The workers' own rendezvous timeout is `timeout_s`: they fail (a recoverable

@@ -20,7 +20,7 @@ from raydit.runtime.engine.api import ApiPart
 from raydit.runtime.engine.batching import BatchingPart
 from raydit.runtime.engine.lifecycle import LifecyclePart
 from raydit.runtime.engine.loras import LoraPart
-from raydit.planner.devicemodel import run_mode
+from raydit.planner.runconfig import RunConfig
 from raydit.runtime.engine.planning import PlanningPart, plan_brief
 from raydit.runtime.engine.replicas import Replica, ReplicasPart
 from raydit.runtime.engine.validation import family_of, num_train_timesteps, round_frames
@@ -85,24 +85,15 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         from raydit.planner import model_spec
 
         self.config = c
-        self.compile = c.compile
-        # FP8 linear layers on every rank (raydit.models.quantize) and the attention mode,
-        # checked before Ray: fp8 on an explicit CPU run is refused here, on a resolved device below.
-        from raydit.models.quantize_options import (
-            check_attention,
-            check_full_precision_steps,
-            check_quantize,
-            check_quantize_device,
-        )
+        from raydit.models.quantize_options import check_quantize_device
 
-        self.quantize = check_quantize(c.quantize)
-        self.attention = check_attention(c.attention)
-        # The first and last N steps of every request without the quantized modes (a quantized
-        # run then keeps its linears' bf16 weights, unsharded: run_mode's keep_bf16).
-        self.full_precision_steps = check_full_precision_steps(c.full_precision_steps, self.quantize,
-                                                               self.attention, c.shard_weights)
+        # The run's modes, checked once here, before Ray, and constant for the Engine's life: the
+        # pool, every worker and every Runner get this very object (RunConfig). fp8 on an
+        # explicit CPU run is refused here, on a resolved device below.
+        self.run_config = RunConfig(compile=c.compile, quantize=c.quantize, attention=c.attention,
+                                    full_precision_steps=c.full_precision_steps, shard_weights=c.shard_weights)
         if c.device == "cpu":
-            check_quantize_device(self.quantize, c.device)
+            check_quantize_device(self.run_config.quantize, c.device)
         # shard_weights: True: each rank of a replica keeps 1/N of every transformer block's
         # weights (raydit.models.sharded); False: never; None: where the planner needs it.
         if c.shard_weights not in (None, True, False):
@@ -113,10 +104,6 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         if c.shard_weights and c.workers == 1:
             raise ValueError("shard_weights needs 2 or more workers per replica to share the weights, workers is 1 "
                              "(every weight is resident on one rank anyway); drop shard_weights or use more workers")
-        self.shard_weights = c.shard_weights
-        if self.full_precision_steps and self.quantize:
-            self.shard_weights = False  # the kept bf16 weights are whole on every rank
-        # how the planner prices it
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model
@@ -125,8 +112,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         self.spec = model_spec(self.model_dir)
         # What a request leaves out of steps and guidance: the model's diffusers pipeline's own.
         self.call_defaults = family_of(self.model_dir).call_defaults(self.model_dir)
-        self.plan_mode = run_mode(self.quantize, self.attention, self.compile, self.full_precision_steps,
-                                  steps=self.call_defaults["num_inference_steps"])
+        self.plan_mode = self.run_config.mode(steps=self.call_defaults["num_inference_steps"])
         frames = round_frames(self.model_dir, self.spec.vae_temporal, c.frames)
         self.spec.geometry(frames, c.height, c.width)
         self._geometry = (frames, c.height, c.width)
@@ -161,7 +147,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
         )
         try:
             self.device = self.cluster.resolve_device(c.device)
-            check_quantize_device(self.quantize, self.device)  # a GPU's capability: its Runner checks
+            check_quantize_device(self.run_config.quantize, self.device)  # a GPU's capability: its Runner checks
             self.dtype = c.dtype or ("bfloat16" if self.device == "cuda" else "float32")
             if c.workers is not None:
                 # Fail early, naming the numbers, when K replicas of N cannot fit.
@@ -170,7 +156,7 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
                 self.spec, frames=frames, height=c.height, width=c.width, device=self.device,
                 workers=c.workers, ulysses=c.ulysses, ring=c.ring, cfg=c.cfg,
                 # re-plans after a loss take the planner's choice: one survivor runs unsharded
-                shard_weights=self.shard_weights, mode=self.plan_mode,
+                shard_weights=self.run_config.shard_weights, mode=self.plan_mode,
             )
             plan = self.plan_result.best
             if c.show_plan:

@@ -78,7 +78,7 @@ class LoraPart:
     def _refuse_if_compiled(self, names: list) -> None:
         # peft's layers in a compiled block: every switch of adapters or scales would
         # recompile the blocks (Dynamo guards on them). A fused LoRA is plain weights.
-        if self.compile and names:
+        if self.run_config.compile and names:
             raise ValueError(
                 f"LoRA {', '.join(map(str, names))} cannot be switched per request on compiled blocks (compile=True); "
                 "fuse one LoRA into the weights (fuse_lora / --fuse-lora) or drop compile"
@@ -88,7 +88,8 @@ class LoraPart:
         # A fused LoRA is quantized with the weights; a switched one is refused (quantize_options).
         from raydit.models.quantize_options import quantize_lora_refusal
 
-        refusal = quantize_lora_refusal(self.quantize, [f"LoRA {', '.join(map(str, names))}"] if names else [])
+        switching = [f"LoRA {', '.join(map(str, names))}"] if names else []
+        refusal = quantize_lora_refusal(self.run_config.quantize, switching)
         if refusal:
             raise ValueError(refusal)
 

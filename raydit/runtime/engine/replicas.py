@@ -37,15 +37,10 @@ class ReplicasPart:
         list as soon as it holds actors, so a failure below still closes them."""
         pool = WorkerPool.start(
             plan.world_size, placement=placement, model_dir=self.model_dir, device=self.device, dtype=self.dtype,
-            placement_timeout_s=self._placement_timeout_s,
+            placement_timeout_s=self._placement_timeout_s, run=self.run_config, loras=self._loras,
         )
         replica = Replica(index=index, pool=pool, plan=plan)
         add(replica)
-        pool.loras = dict(self._loras)
-        pool.compile = self.compile
-        pool.quantize, pool.attention = self.quantize, self.attention
-        pool.full_precision_steps = self.full_precision_steps
-        pool.shard_weights = self.shard_weights
         seconds = pool.form(plan, self._collective_timeout_s)
         self._timings.setdefault("group_seconds", seconds)
         return replica
