@@ -315,6 +315,14 @@ class WorkerPool:
         if m in self.active:
             self.active.remove(m)
 
+    def drop_dead(self) -> list:
+        """Drop the members whose process died since their last call (between requests) and
+        release their devices, before anything is asked of them; returns them."""
+        gone = probing.dead(self.members, timeout_s=probing.PING_S)
+        if gone:
+            self._drop_and_release(gone)
+        return gone
+
     def reset_group(self, timeout_s: float = 30.0) -> None:
         """After a failure: survivors destroy their broken process group."""
         if not self.active:

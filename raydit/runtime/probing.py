@@ -197,6 +197,15 @@ def died(ref) -> bool:
     return False
 
 
+def dead(members: list, timeout_s: float) -> list:
+    """Members whose actor Ray reports dead: their ping fails with the actor's death (a process
+    killed between requests). One that is only slow to answer is not among them."""
+    refs = {m.actor.ping.remote(): m for m in members}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    gone = {id(refs[ref]) for ref in ready if died(ref)}
+    return [m for m in members if id(m) in gone]
+
+
 def silent(members: list, timeout_s: float) -> list:
     """Members whose actor does not answer a ping (its second thread) within `timeout_s`."""
     refs = {m.actor.ping.remote(): m for m in members}
