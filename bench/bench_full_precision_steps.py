@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import benchlib  # noqa: E402
+from raydit.planner.runconfig import RunConfig
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,14 +80,14 @@ def main(argv=None) -> int:
     rows = [{"run": "bf16", "full_steps": args.steps, "error": relative_error(latents(plain), reference)}]
     print(f"bf16 (its own error): {rows[0]['error']:.4f}", flush=True)
     for n in args.n:
-        runner = Runner(load_pipeline(model, dtype=bf16), device=device, dtype=bf16, quantize=args.mode,
-                        full_precision_steps=n)
+        runner = Runner(load_pipeline(model, dtype=bf16), device=device, dtype=bf16,
+                        run=RunConfig(quantize=args.mode, full_precision_steps=n))
         full = min(2 * n, args.steps)
         rows.append({"run": f"{args.mode}, full_precision_steps {n}", "full_steps": full,
                      "error": relative_error(latents(runner), reference)})
         print(f"{rows[-1]['run']}: {rows[-1]['error']:.4f} ({full} of {args.steps} steps unquantized)", flush=True)
         del runner
-    quantized = Runner(load_pipeline(model, dtype=bf16), device=device, dtype=bf16, quantize=args.mode)
+    quantized = Runner(load_pipeline(model, dtype=bf16), device=device, dtype=bf16, run=RunConfig(quantize=args.mode))
     S = args.steps
     for n in [n for n in args.n if n > 0]:
         middle = set(range(S // 2 - n, S // 2 + n))

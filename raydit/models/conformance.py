@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from raydit.models.tiny import resolve_builder as _resolve
 from raydit.planner.layouts import mesh_layouts
+from raydit.planner.runconfig import GroupModes
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,7 @@ def runner_worker(
                 mesh = prefix_mesh(plan)
                 if mesh is None:
                     continue
-                runner = Runner(pipe, mesh, parallel_options=case.options)
+                runner = Runner(pipe, mesh, group=GroupModes(parallel_options=case.options))
                 try:
                     outputs[(case.name, str(plan), "fresh")] = run_steps(runner, request, case.steps).latents
                     if case.name in checkpoints:

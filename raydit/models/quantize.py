@@ -23,7 +23,7 @@ dequantized q(W) * s_W in the run's dtype, and the layer's forward rounds x the 
 the product runs in the run's dtype (numerics only, no speed; an all-zero row gets scale 1):
 an fp8-sim linear is a FakeFp8Linear, an nn.Linear whose forward rounds its input.
 
-Full-precision steps (Runner(full_precision_steps=N)): a transformer quantized with
+Full-precision steps (Runner(run=RunConfig(full_precision_steps=N))): a transformer quantized with
 `keep_unquantized=True` keeps each quantized linear's weight as it was before the rounding (a
 non-persistent buffer, UNQUANTIZED_BUFFER: it moves with the module and is in no state dict);
 inside `unquantized(...)` those linears run on it as plain linears (fp8-sim's input rounding

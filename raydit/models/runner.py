@@ -32,68 +32,46 @@ from raydit.models.requests import GenerationRequest
 from raydit.models.scheduler_state import live_scheduler_state, load_scheduler_state, pack_scheduler_state
 from raydit.models.lora import activate as activate_lora
 from raydit.models.lora import fused as fused_loras
-from raydit.models.quantize_options import (
-    DEFAULT_FP8_GRANULARITY,
-    check_attention,
-    check_full_precision_steps,
-    check_granularity,
-    check_quantize,
-    check_quantize_device,
-    quantize_lora_refusal,
-)
+from raydit.models.prepare import prepare_pipeline, release
+from raydit.models.quantize_options import quantize_lora_refusal
 from raydit.models.precision import run_precision
 from raydit.models.text_encoding import (
     EncodeFailed,
     broadcast_branches,
-    drop_encoders,
-    is_encoding_rank,
     replica_size,
-    restore_encoders,
 )
+from raydit.planner.runconfig import GroupModes, RunConfig
 
 
 class Runner:
     """Runs one pipeline's requests step by step, alone or as one rank of a mesh."""
 
     def __init__(self, pipe, mesh=None, device="cpu", dtype: torch.dtype = torch.float32,
-                 offload_idle: bool = False, compile: bool = False, init_dtype: torch.dtype | None = None,
-                 parallel_options: dict | None = None, quantize: str | None = None, attention: str | None = None,
-                 fp8_granularity: str = DEFAULT_FP8_GRANULARITY, shard_weights: bool = False,
-                 full_precision_steps: int = 0):
-        """init_dtype: draw each request's initial state (its noise, the image's latents) as a
+                 run: RunConfig | None = None, group: GroupModes | None = None,
+                 init_dtype: torch.dtype | None = None):
+        """run: the run's modes (raydit.planner.runconfig.RunConfig, the same on every rank for
+        the Engine's life; default: none). group: what the group's plan adds (GroupModes:
+        sharded weights, idle weights in host memory, the adapter's parallel options; the
+        Engine's ranks derive it with RunConfig.for_group); default: `run`'s shard_weights as
+        given, nothing else. The model is made ready by raydit.models.prepare (quantized,
+        sharded, placed, parallelized, compiled) once, here.
+        init_dtype: draw each request's initial state (its noise, the image's latents) as a
         run in that dtype does, then carry on in `dtype`: a float64 reference of a bf16 run
         starts from the bf16 run's very noise (raydit verify; CogVideoX and HunyuanVideo 1.5
         draw their noise in the run's dtype, and bf16 and float64 draws differ).
-        parallel_options: the plan's further choices for the model (its adapter's `options`,
-        e.g. audio_split_tokens: raydit.planner.plans.Plan), given to `parallelize`.
-        quantize: None / "none", "fp8" or "fp8-sim" (raydit.models.quantize_options): the
-        transformer blocks' linear layers quantized once, here, after the cast to `dtype`
-        (fp8_granularity: their scales per "row" or per "tensor"). attention: the attention
-        kernels' mode (raydit.parallel.kernels.ATTENTION_MODES): an 8-bit mode routes every
-        attention through sp_attention's kernels, on one rank too.
-        shard_weights: each rank of the replica keeps 1/N of every transformer block's weights
-        and gathers a block's full weights just before it runs (raydit.models.sharded); sharded
-        before the pipeline goes to the device, so the full model never does.
-        full_precision_steps: N; the first N and the last N steps of every request run without
-        the quantized modes (the FP8 linears on their unquantized weights, which quantize then
-        keeps beside the FP8 ones; attention on the run dtype's kernels), each such step equal
-        to the unquantized model's step bit for bit."""
+        full_precision_steps N (RunConfig): the first N and the last N steps of every request
+        run without the quantized modes (the FP8 linears on their unquantized weights, which
+        quantize then keeps beside the FP8 ones; attention on the run dtype's kernels), each
+        such step equal to the unquantized model's step bit for bit."""
         from raydit.models.registry import family_for_pipeline
 
-        self.quantize = check_quantize(quantize)
-        self.fp8_granularity = check_granularity(fp8_granularity)
-        self.attention = check_attention(attention)
-        self.full_precision_steps = check_full_precision_steps(full_precision_steps, self.quantize, self.attention,
-                                                               shard_weights)
-        device_ = torch.device(device)
-        if self.quantize == "fp8":
-            on_gpu = device_.type == "cuda"
-            check_quantize_device(self.quantize, device_.type,
-                                  torch.cuda.get_device_capability(device_) if on_gpu else None,
-                                  torch.cuda.get_device_name(device_) if on_gpu else None)
-            if dtype != torch.bfloat16:
-                raise ValueError(f"quantize 'fp8' runs in bfloat16 (torchao's FP8 layers), not {dtype}; "
-                                 "use dtype bfloat16, or quantize fp8-sim to check FP8 numerics in another dtype")
+        run = RunConfig() if run is None else run
+        if not isinstance(run, RunConfig):
+            raise ValueError(f"run {run!r} must be a raydit.planner.runconfig.RunConfig")
+        group = GroupModes(shard_weights=bool(run.shard_weights)) if group is None else group
+        self.run = run
+        self.quantize, self.attention = run.quantize, run.attention
+        self.full_precision_steps, self.fp8_granularity = run.full_precision_steps, run.fp8_granularity
         self.family = family_for_pipeline(pipe)
         self.branch_degree = 1 if mesh is None else mesh.cfg
         most = self.family.max_branches
@@ -102,133 +80,29 @@ class Runner:
             raise ValueError(f"cfg_degree {mesh.cfg} does not divide the {most} guidance branches a "
                              f"{type(pipe).__name__} step runs at most; use {fits}")
         self.cfg_parallel = self.branch_degree > 1
-        # Text encoding once per replica (raydit.models.text_encoding): only the encoding
-        # rank holds the encoders; the others drop them before the pipeline goes to the
-        # device, and a rank that dropped them reloads them when a re-plan makes it rank 0.
-        self.encodes = is_encoding_rank(mesh)
-        if not self.encodes:
-            drop_encoders(pipe, self.family)
-        else:
-            restore_encoders(pipe)  # nothing to do unless an earlier mesh made it drop them
-        self.sharded = []
         self._model_calls: dict = {}  # id(state.branches) -> idle passes per step (sharded weights)
-        if shard_weights:
-            self._shard(pipe, mesh, dtype, device_)
-        elif self.quantize is not None:
-            self._quantize(pipe, dtype, device_, stay=True)
-        self.pipe = pipe.to(device)
-        # Cast only when needed: diffusers warns on any .to(dtype) after loading.
-        if any(t.dtype != dtype for t in self.family.transformers(pipe)):
-            self.pipe = pipe.to(dtype=dtype)
+        self.handles, self.sharded, self.compiled = [], [], []
+        self._step_cache = None  # raydit.models.cache.StepCache, installed by the first cached request
+        self._prepared = prepare_pipeline(pipe, self.family, mesh, torch.device(device), dtype, run, group)
+        self.pipe = self._prepared.pipe
+        self.encodes, self.offload_idle = self._prepared.encodes, self._prepared.offload_idle
+        self.quantized, self.sharded = self._prepared.quantized, self._prepared.sharded
+        self.handles, self.compiled = self._prepared.handles, self._prepared.compiled
+        self.attention_mesh = self._prepared.attention_mesh
         self.device = torch.device(device)
         self.dtype = dtype
-        # FP8 linear layers (raydit.models.quantize): quantized above (`_quantize`, or
-        # `_shard`), before offloading, parallelizing and compiling. In place and kept by the
-        # pipeline: the next Runner on it (a regroup, a recovery) finds its weights quantized;
-        # a fresh worker's Runner quantizes its own the same way.
-        from raydit.models.quantize import quantized
-
-        self.quantized = [quantized(t) for t in self.family.transformers(pipe)] if self.quantize else []
-        if self.full_precision_steps and self.quantize:
-            from raydit.models.quantize import keeps_unquantized
-
-            if not all(keeps_unquantized(t) for t in self.family.transformers(pipe)):
-                raise ValueError(f"full_precision_steps {self.full_precision_steps}: this pipeline's transformer was "
-                                 "quantized without keeping its unquantized weights; load it again")
-        if self.quantize is None and any(quantized(t) is not None for t in self.family.transformers(pipe)):
-            raise ValueError("this pipeline's transformer is quantized already; load it again to run it "
-                             "without quantize")
         self.init_dtype = init_dtype or dtype
         self.mesh = mesh
-        # The plan keeps idle weights in host memory (planner: Plan.offload_idle_gb): the
-        # encoders live on the CPU except while a request is prepared, and only the expert a
-        # step runs is on the device.
-        self.offload_idle = offload_idle and self.device.type != "cpu"
-        if self.offload_idle:
-            for module in self.family.encoders(pipe):
-                module.to("cpu")
-            for transformer in self.family.transformers(pipe)[1:]:
-                transformer.to("cpu")
-        self.handles = []
         self._last_state: DenoiseState | None = None
-        self._step_cache = None  # raydit.models.cache.StepCache, installed by the first cached request
-        # The mesh attention runs on: the plan's, or for an 8-bit mode a one-rank sequence mesh
-        # where the plan splits no sequence (held here: custom ops find meshes by weak key).
-        self.attention_mesh = mesh
-        if self.attention != "bf16":
-            from raydit.parallel.mesh import with_attention
-
-            self.attention_mesh = with_attention(mesh, self.attention)
-        if self.attention_mesh is not None and (self.attention_mesh.sp > 1 or self.attention != "bf16"):
-            from raydit.models.registry import parallelize
-
-            try:
-                for transformer in self.family.transformers(pipe):
-                    self.handles.append(parallelize(transformer, self.attention_mesh, parallel_options))
-            except BaseException:
-                self.close()
-                raise
-        # compile: regional torch.compile of every transformer's blocks (raydit.models.compile);
-        # the first request of each shape compiles them in `prepare` (the warm-up), so steps
-        # are timed without it. `warmup_seconds`: the last prepare's warm-up (0: none needed).
-        self.compiled = []
+        # compile: the first request of each shape compiles the blocks in `prepare` (the
+        # warm-up), so steps are timed without it. `warmup_seconds`: the last prepare's warm-up
+        # (0: none needed).
         self.warmup_seconds = 0.0
         self._warm: set = set()
-        if compile:
-            from raydit.models.compile import compile_blocks
-
-            try:
-                for transformer in self.family.transformers(pipe):
-                    self.compiled.append(compile_blocks(transformer))
-            except BaseException:
-                self.close()
-                raise
 
     @property
     def transformer(self):
         return self.family.transformers(self.pipe)[0]
-
-    def _quantize(self, pipe, dtype: torch.dtype, device: torch.device, stay: bool) -> None:
-        """Every transformer's block linears quantized (raydit.models.quantize) from the weights
-        cast to the run's dtype (the scales are the run dtype's weights'), on `device`, one
-        linear at a time: the device never holds a transformer unquantized (a model that fits
-        only in FP8 loads), and every rank rounds the same numbers on the same kind of device.
-        stay: the quantized linears stay on the device (the pipeline follows them); else each
-        goes back to the host (the sharded path lays its shards out there)."""
-        from raydit.models.quantize import quantize_transformer
-
-        if any(t.dtype != dtype for t in self.family.transformers(pipe)):
-            pipe.to(dtype=dtype)  # the cast the pipeline gets anyway, done before the rounding
-        for transformer in self.family.transformers(pipe):
-            quantize_transformer(transformer, self.quantize, self.fp8_granularity, keep=self.family.quantize_keep,
-                                 device=device, stay=stay, keep_unquantized=bool(self.full_precision_steps))
-
-    def _shard(self, pipe, mesh, dtype: torch.dtype, device: torch.device) -> None:
-        """Every transformer's blocks sharded over the replica, in the run's dtype (quantized
-        first where the run quantizes), where the pipeline is now (host memory on a worker)."""
-        from raydit.models.lora import fused
-        from raydit.models.sharded import check_shardable, shard_transformer
-
-        check_shardable(mesh)
-        if fused(pipe):
-            raise ValueError(f"shard_weights cannot keep LoRA {', '.join(fused(pipe))} fused into the weights: a "
-                             "regroup rebuilds the shards from the checkpoint files, without it; drop fuse_lora "
-                             "(the adapter then runs unfused) or shard_weights")
-        if any(t.dtype != dtype for t in self.family.transformers(pipe)):
-            pipe.to(dtype=dtype)  # what the unsharded path does after moving it
-        if self.quantize is not None:
-            # Quantized before sharding, on the device as the unsharded path quantizes, each
-            # linear back in host memory after: the shards hold the rounded bytes (fp8-sim:
-            # plain tensors in the run's dtype), the same on every rank.
-            self._quantize(pipe, dtype, device, stay=False)
-        try:
-            for transformer in self.family.transformers(pipe):
-                self.sharded.append(shard_transformer(transformer, mesh))
-        except BaseException:
-            for sharded in self.sharded:
-                sharded.remove()
-            self.sharded = []
-            raise
 
     def close(self) -> None:
         """Restore the unparallelized transformers (sharded weights rebuilt whole: from the
@@ -236,16 +110,10 @@ class Runner:
         if self._step_cache is not None:
             self._step_cache.remove()
             self._step_cache = None
-        for compiled in getattr(self, "compiled", ()):  # the step cache wrapped the compiled forwards
-            compiled.remove()
-        self.compiled = []
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-        for sharded in getattr(self, "sharded", ()):
-            sharded.remove()
-        self.sharded = []
-
+        prepared = getattr(self, "_prepared", None)
+        if prepared is not None:  # the step cache wrapped the compiled forwards: removed first
+            release(prepared)
+        self.handles, self.sharded, self.compiled = [], [], []
     # -- prepare -------------------------------------------------------------------------
     def _branches(self, request: GenerationRequest, positive: dict, negative: dict | None) -> tuple[tuple, int]:
         """(the model inputs of the transformer calls that evaluate this rank's share of the

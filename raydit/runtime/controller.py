@@ -238,6 +238,8 @@ class Controller:
         an application failure, `RequestFailed` when recovery gives up, `HandBack` when this
         replica cannot go on."""
         try:
+            if not job.prepared and self._found_dead(lambda failure: self.recover(job, failure, **_FOUND)):
+                return "recovered"
             if not self.group.active:
                 self.ensure_group(job)
                 return "recovered"
@@ -267,6 +269,9 @@ class Controller:
         `failed_job` on the exception."""
         lead = jobs[0]
         try:
+            if not lead.prepared and self._found_dead(
+                    lambda failure: self._recover_batch(jobs, lambda: self.recover(lead, failure, **_FOUND))):
+                return self._lost_states(jobs)
             if not self.group.active:
                 self.ensure_group(lead)
                 return self._lost_states(jobs)
@@ -286,6 +291,21 @@ class Controller:
         except OutOfMemory as oom:
             self._recover_batch(jobs, lambda: self.recover_oom(lead, oom))
             return self._lost_states(jobs)
+
+    def _found_dead(self, recover: Callable[[WorkerFailure], None]) -> bool:
+        """Before a job is (re-)prepared: ranks whose process died since their last call
+        (between requests) are dropped first, and `recover` regroups on what is left, so no
+        call fails on them (which would count toward the request's repeat rule)."""
+        drop_dead = getattr(self.group, "drop_dead", None)
+        if drop_dead is None:
+            return False
+        with self.capacity_lock:
+            gone = drop_dead()
+        if not gone:
+            return False
+        self._event("rank_lost", lost=len(gone), reason="its process died since its last call")
+        recover(WorkerFailure(f"{len(gone)} rank(s) died since their last call", lost=gone))
+        return True
 
     @staticmethod
     def _recover_batch(jobs: list[Job], recover: Callable[[], None]) -> None:
@@ -389,6 +409,7 @@ class Controller:
         survivors plus free devices. True when it has a group again."""
         with self.capacity_lock:
             self.group.reset_group()
+            getattr(self.group, "drop_dead", list)()  # a rank that died since: not re-formed over
             capacity = len(self.group.members) + self.group.free_slot_count()
             if capacity < 1:
                 return False
@@ -402,13 +423,15 @@ class Controller:
         self.on_plan(plan)
         return True
 
-    def recover(self, job: Job, failure: WorkerFailure, counts: bool = True) -> None:
+    def recover(self, job: Job, failure: WorkerFailure, counts: bool = True, failed: bool = True) -> None:
         """Regroup on what is left and resume `job` from its last checkpoint. `counts`:
-        the failure happened in the job's own call (it counts toward the repeat rule)."""
+        the failure happened in the job's own call (it counts toward the repeat rule).
+        `failed` False: no call failed (ranks found dead before one, said by `rank_lost`)."""
         t_fail = time.perf_counter()
         lost = len(failure.lost)
         kind = failure.failure.kind if failure.failure is not None else "lost"
-        self._event("failure", step=job.step_index, lost=lost, kind=kind, cause=str(failure))
+        if failed:
+            self._event("failure", step=job.step_index, lost=lost, kind=kind, cause=str(failure))
         # A node's death is the cluster's doing, not the request's: it does not count
         # toward the repeat rule (two node losses at one step are not a poisoned request).
         node_died = getattr(self.group, "lost_to_dead_nodes", lambda f: False)(failure)
@@ -476,6 +499,7 @@ class Controller:
         lost_while_forming = None
         with self.capacity_lock:
             self.group.reset_group()
+            getattr(self.group, "drop_dead", list)()  # a rank that died since: not re-formed over
             capacity = len(self.group.members) + self.group.free_slot_count()
             try:
                 plan = self.replan(capacity, min_sp=sp + 1)
@@ -546,6 +570,9 @@ class Controller:
             if self.tick(job) == "stepped" and on_step is not None:
                 on_step(job)
         return job
+
+
+_FOUND = {"counts": False, "failed": False}  # ranks found dead before any call failed on them
 
 
 def _at(job: Job) -> str:

@@ -17,18 +17,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydit.runtime.cluster import RayCluster, free_slots
 from raydit.runtime.errors import WorkerFailure, reported
-from raydit.runtime.failures import DEADLINE, LOST, Failure, classify, root_cause
+from raydit.runtime import probing
+from raydit.runtime.failures import DEADLINE, Failure, classify, root_cause
 from raydit.runtime.worker import RankWorker
-
-# How long a rank's second thread may take to answer a ping before it counts as silent
-# (stopped, wedged or gone); generous, since a loaded host answers late.
-PING_S = 5.0
-# How long free_slots waits for a suspect node's probe when that node is all there is (no
-# rank left, no other free device): the probe needs a fresh worker process, which a loaded
-# host starts in more than PING_S, and giving up then fails the request although the node
-# is well. A node that is really dead is declared so by Ray's health checks within this
-# (about 30 s by default), which ends its probe at once.
-SUSPECT_PROBE_S = 60.0
+from raydit.planner.runconfig import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +48,8 @@ class WorkerPool:
     one (fresh store, fresh port) over warm actors, reusing their loaded pipelines.
     """
 
-    def __init__(self, *, model_dir: str, device: str, dtype: str, placement_timeout_s: float):
+    def __init__(self, *, model_dir: str, device: str, dtype: str, placement_timeout_s: float,
+                 run: RunConfig | None = None, loras: dict | None = None):
         self.model_dir = model_dir
         self.device = device
         self.dtype = dtype
@@ -67,23 +60,14 @@ class WorkerPool:
         self.kernel = None
         self.last_step_seconds: float | None = None
         self.timings: dict[str, float] = {}
-        self.suspect_nodes: set[str] = set()
-        # Suspect node -> its probe (free_slots), still running or not yet read; None: it failed.
-        self._probes: dict[str, Any] = {}
+        self.suspects = probing.Suspects()  # nodes suspected dead since the last failure
         # The engine's LoRA adapters (name -> raydit.models.lora.LoraSpec): every rank a
         # group is formed over holds exactly these (a rank that joins later gets them too).
-        self.loras: dict = {}
-        # Regional torch.compile of every rank's transformer blocks (Engine(compile=True)).
-        self.compile = False
-        # FP8 linear layers (None, "fp8", "fp8-sim") and the attention mode of every rank's
-        # Runner (Engine(quantize=..., attention=...)); a re-formed group quantizes the same.
-        self.quantize: str | None = None
-        self.full_precision_steps = 0  # the first and last N steps of a request without the quantized modes
-        self.attention: str | None = None
+        self.loras: dict = dict(loras or {})
+        # The run's modes (raydit.planner.runconfig.RunConfig), the same for every group the
+        # pool forms; each form's plan travels beside them.
+        self.run = run if run is not None else RunConfig()
         self.quantized: list[int] = []  # per rank of the group: the linear layers its Runner quantized
-        # Sharded transformer weights (Engine(shard_weights=...)): True / False forces it, None
-        # takes the plan's choice (Plan.shard_weights: the layout fits only sharded).
-        self.shard_weights: bool | None = None
         # How long the survivors of a failure get to finish their in-flight call. Ray
         # reports the death of an actor on a lost node only once it declares the node dead
         # (about 14 s with default health checks), so this must cover that.
@@ -96,6 +80,11 @@ class WorkerPool:
         pool = cls(**kwargs)
         pool.timings = pool.add(size, [_node_of(p) for p in list(placement or [])[:size]])
         return pool
+
+    @property
+    def compile(self) -> bool:
+        """Whether every rank compiles its blocks (the controller's deadline for a prepare)."""
+        return self.run.compile
 
     @property
     def actors(self) -> list:
@@ -161,16 +150,6 @@ class WorkerPool:
         if self.active:
             self.reset_group(timeout_s)
         chosen = _assign(self.members, getattr(plan, "placement", None), world)
-        degrees = {"ulysses": plan.ulysses, "ring": plan.ring, "cfg": plan.cfg,
-                   # idle weights (inactive expert, encoders) kept in host memory
-                   "offload_idle": int(getattr(plan, "offload_idle_gb", 0.0) > 0),
-                   "compile": int(self.compile),
-                   "quantize": self.quantize, "attention": self.attention,
-                   "full_precision_steps": self.full_precision_steps,
-                   "shard_weights": int(bool(getattr(plan, "shard_weights", False) if self.shard_weights is None
-                                             else self.shard_weights) and world > 1),
-                   # the audio length from which the plan splits an audio stream's tokens (None: never)
-                   "audio_split_tokens": getattr(plan, "audio_split_tokens", None)}
         backend = "nccl" if self.device == "cuda" else "gloo"
         # Every rank of the group holds the engine's LoRA adapters (free where it has them).
         self._call_all([m.actor.sync_loras.remote(self.loras) for m in chosen], timeout_s + 120.0, chosen, "form")
@@ -178,7 +157,7 @@ class WorkerPool:
         if world > 1:
             addr = self._call_all([chosen[0].actor.open_store.remote(timeout_s)], timeout_s + 10.0, chosen[:1], "form")[0]
         refs = [
-            m.actor.join_group.remote(rank, world, addr, degrees, backend, timeout_s)
+            m.actor.join_group.remote(rank, world, addr, plan, self.run, backend, timeout_s)
             for rank, m in enumerate(chosen)
         ]
         # The workers' own rendezvous timeout is `timeout_s`: they fail (a recoverable
@@ -194,67 +173,16 @@ class WorkerPool:
         """Free devices per node, leaving out nodes suspected dead since the last failure."""
         key = "GPU" if self.device == "cuda" else "CPU"
         slots = free_slots(key)
-        self._clear_live_suspects(slots)
-        return {n: c for n, c in slots.items() if n not in self.suspect_nodes}
+        return self.suspects.leave_out(slots, has_members=bool(self.members))
 
-    def _clear_live_suspects(self, slots: dict[str, int]) -> None:
-        """A suspect node that Ray still lists with free devices either died and is not yet
-        declared dead, or lost only a rank's process (a SIGKILL, the OOM killer) and is well.
-        Without telling the two apart, a node that lost its only rank's process stayed
-        suspect until the next failure: its devices never counted, and a replica with no
-        rank left could never be repaired on it. A task pinned to the node tells: a live
-        raylet runs it. A node that answers is suspected no more; one whose probe fails is
-        not asked again (Ray declared it dead, or cannot place work there).
+    @property
+    def suspect_nodes(self) -> set[str]:
+        """Nodes suspected dead since the last failure (left out of free_slots until cleared)."""
+        return self.suspects.nodes
 
-        Each suspect node is probed once. The first look waits PING_S for the answer; a probe
-        that has not answered by then stays out, and later looks read it without waiting,
-        so a node on a loaded host (whose raylet took longer to start the probe's worker)
-        counts again once it answers. When the suspect nodes are all there is (the pool has
-        no rank left and no other node has a free device) the answer decides whether the
-        request can run at all: that look waits up to SUSPECT_PROBE_S for it."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        ask = [n for n in self.suspect_nodes if n in slots and n not in self._probes]
-        if ask:
-            probe = ray.remote(num_cpus=0, max_retries=0)(_node_id)
-            for n in ask:
-                self._probes[n] = probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-        waiting = {ref: n for n, ref in self._probes.items()
-                   if ref is not None and n in slots and n in self.suspect_nodes}
-        if not waiting:
-            return
-        alone = not self.members and not (set(slots) - self.suspect_nodes)
-        wait_s = SUSPECT_PROBE_S if alone else PING_S if ask else 0.0
-        deadline = time.monotonic() + wait_s
-        while waiting:
-            # Alone: the first node that answers is enough; otherwise wait for all (bounded).
-            ready, _ = ray.wait(list(waiting), num_returns=1 if alone else len(waiting),
-                                timeout=max(0.0, deadline - time.monotonic()))
-            answered = False
-            for ref in ready:
-                n = waiting.pop(ref)
-                try:
-                    ok = ray.get(ref) == n
-                except Exception:
-                    ok = False
-                if ok:
-                    del self._probes[n]
-                    self.suspect_nodes = self.suspect_nodes - {n}
-                    answered = True
-                else:
-                    self._probes[n] = None  # not asked again
-            if answered or not ready or time.monotonic() >= deadline:
-                return
-
-    def _forget_probes(self) -> None:
-        """Cancel the probes of an earlier suspicion (a new failure names its own suspects)."""
-        for ref in self._probes.values():
-            try:
-                if ref is not None:
-                    ray.cancel(ref, force=True)
-            except Exception:
-                pass
-        self._probes = {}
+    @suspect_nodes.setter
+    def suspect_nodes(self, nodes) -> None:
+        self.suspects.nodes = set(nodes)
 
     def member_counts(self) -> dict[str, int]:
         """Warm members per node id."""
@@ -305,7 +233,7 @@ class WorkerPool:
                 # freed by the collective's own timeout, which raises. Wait again, said in
                 # the log, up to max_extensions more deadlines before calling it stuck.
                 extensions += 1
-                silent = _silent([m for m, r in zip(members, refs) if r in pending], timeout_s=PING_S)
+                silent = probing.silent([m for m, r in zip(members, refs) if r in pending], timeout_s=probing.PING_S)
                 if not silent:
                     logger.warning("raydit: %s is past its %.1f s deadline; every rank answers, waiting "
                                    "%.1f s more (%d of %d) before dropping the stuck ones",
@@ -340,106 +268,6 @@ class WorkerPool:
             raise WorkerFailure(f"{failure.kind}: {failure.one_line()[:300]}", lost=lost, failure=failure)
         self.reset_group()
         raise reported(failure, where)
-
-    def _settle(self, members: list, refs: list, settle_s: float, probe: bool = False,
-                silent: list | None = None) -> tuple[list, list]:
-        """After a failure, let every in-flight call finish before anything else touches the
-        actors (destroying a process group under a running collective is undefined).
-        Returns (lost members, one classified Failure per failed call).
-
-        A survivor whose collective failed leaves its process group at once: closing its
-        connections is what unblocks a peer still waiting on it (a ring receive, say),
-        instead of that peer waiting out the collective timeout. A member whose call ends
-        in an actor error is dead; one still running after `settle_s` is stuck. Both are
-        dropped (killed, reservation released). `probe` (a missed deadline): members that
-        do not answer a ping from their second thread within PING_S are stuck (stopped,
-        wedged) and dropped first, which breaks their peers' collectives. Nodes of the
-        dead go into `suspect_nodes`: until Ray notices a node's death it still reports
-        that node's devices as free."""
-        pending = dict(zip(refs, members))
-        rank_of = {id(m): r for r, m in enumerate(members)}
-        lost, suspect, outcomes = [], set(), []
-        before = None  # free devices before the first drop (the release _drop_and_release waits for)
-        if probe:
-            if silent is None:  # `silent`: found by the caller's ping, past the deadline
-                silent = _silent(list(pending.values()), timeout_s=PING_S)
-            if silent:
-                before = free_slots("GPU" if self.device == "cuda" else "CPU")
-            silent_ids = {id(m) for m in silent}
-            for ref, m in list(pending.items()):
-                if id(m) in silent_ids:
-                    pending.pop(ref)
-                    lost.append(m)
-                    outcomes.append(Failure(DEADLINE, "DeadlineExceeded", "rank stopped answering",
-                                            rank=rank_of.get(id(m))))
-                    self._drop(m)
-        start = time.monotonic()
-        deadline = start + settle_s
-        aborted = False
-        said = False
-        leaving = []  # survivors leaving their broken group (which unblocks their peers)
-        while pending and time.monotonic() < deadline:
-            if not said and time.monotonic() - start > 10.0:
-                # A node that died without closing its connections is declared dead only
-                # after Ray's health checks give up (about 30 s by default): say why we wait.
-                said = True
-                logger.warning("raydit: %s rank(s) have not answered since a peer failed; waiting up to "
-                               "%.0f s more (a lost node is declared dead by Ray's health checks)",
-                               len(pending), max(0.0, deadline - time.monotonic()))
-            if not aborted and self.device == "cuda" and time.monotonic() - start > 2.0:
-                # NCCL survivors may hang rather than fail: abort their communicators
-                # from the actor's second thread.
-                for m in pending.values():
-                    m.actor.abort_group.remote()
-                aborted = True
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
-            for ref in ready:
-                m = pending.pop(ref)
-                try:
-                    ray.get(ref)
-                    continue
-                except Exception as exc:
-                    failure = classify(exc, rank=rank_of.get(id(m)))
-                    # Ray says "killed ... by ray.kill" past the first line the Failure keeps.
-                    killed_by_us = "ray.kill" in str(exc)
-                outcomes.append(failure)
-                if failure.kind == LOST:
-                    lost.append(m)
-                    if not killed_by_us:
-                        suspect.add(m.node_id)
-                    continue
-                leaving.append(m.actor.leave_group.remote())
-        for ref, m in pending.items():
-            lost.append(m)
-            suspect.add(m.node_id)
-            outcomes.append(Failure(DEADLINE, "DeadlineExceeded", f"rank still busy {settle_s:.0f} s after a peer failed",
-                                    rank=rank_of.get(id(m))))
-        if leaving:  # done before anything re-forms them (a join must not overlap the leave)
-            ray.wait(leaving, num_returns=len(leaving), timeout=10.0)
-        self.suspect_nodes = suspect
-        self._forget_probes()
-        self._drop_and_release(lost, before=before)
-        return lost, outcomes
-
-    def _drop_and_release(self, lost: list, wait_s: float = 10.0, before: dict | None = None) -> None:
-        """Drop lost members; on nodes that are still healthy, wait (bounded) until Ray
-        reports their released devices free again, so the next plan can use them. `before`:
-        the free devices counted before some of `lost` were dropped already (silent ranks,
-        dropped as they were found): their release is waited for from that count, not from
-        one that may hold it already (which waited all of `wait_s` for a device that never came)."""
-        key = "GPU" if self.device == "cuda" else "CPU"
-        expect: dict[str, int] = {}
-        before = free_slots(key) if before is None else before
-        for m in lost:
-            if m.node_id not in self.suspect_nodes:
-                expect[m.node_id] = expect.get(m.node_id, 0) + 1
-            self._drop(m)
-        deadline = time.monotonic() + wait_s
-        while expect and time.monotonic() < deadline:
-            now = free_slots(key)
-            if all(now.get(n, 0) >= before.get(n, 0) + k for n, k in expect.items()):
-                return
-            time.sleep(0.1)
 
     def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None,
                 slot: int = 0) -> dict:
@@ -487,6 +315,14 @@ class WorkerPool:
         if m in self.active:
             self.active.remove(m)
 
+    def drop_dead(self) -> list:
+        """Drop the members whose process died since their last call (between requests) and
+        release their devices, before anything is asked of them; returns them."""
+        gone = probing.dead(self.members, timeout_s=probing.PING_S)
+        if gone:
+            self._drop_and_release(gone)
+        return gone
+
     def reset_group(self, timeout_s: float = 30.0) -> None:
         """After a failure: survivors destroy their broken process group."""
         if not self.active:
@@ -496,44 +332,16 @@ class WorkerPool:
         # A survivor that cannot even leave its group is stuck, one whose process has died
         # since (Ray answers for it: actor died) is gone: drop both, so the next `form`
         # does not choose them and fail.
-        gone = [m for m, r in zip(self.active, refs) if r in pending or _died(r)]
+        gone = [m for m, r in zip(self.active, refs) if r in pending or probing.died(r)]
         for m in gone:
             self._drop(m)
         self.active = []
 
     def close(self) -> None:
-        self._forget_probes()
+        self.suspects.forget_probes()
         for m in list(self.members):
             self._drop(m)
         self.members, self.active = [], []
-
-
-def _node_id() -> str:
-    """The node a task runs on (free_slots' probe of a suspect node)."""
-    return ray.get_runtime_context().get_node_id()
-
-
-def _died(ref) -> bool:
-    """Whether a finished call's actor is gone (its result is Ray's word that it died)."""
-    try:
-        ray.get(ref, timeout=0)
-    except Exception as exc:
-        return classify(exc).kind == LOST
-    return False
-
-
-def _silent(members: list, timeout_s: float) -> list:
-    """Members whose actor does not answer a ping (its second thread) within `timeout_s`."""
-    refs = {m.actor.ping.remote(): m for m in members}
-    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    answered = set()
-    for ref in ready:
-        try:
-            ray.get(ref)
-            answered.add(id(refs[ref]))
-        except Exception:
-            pass
-    return [m for m in members if id(m) not in answered]
 
 
 def _assign(members: list[Member], placement, world: int) -> list[Member]:

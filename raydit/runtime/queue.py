@@ -54,7 +54,9 @@ class Item:
 
 
 class Dispatcher:
-    """Runs `execute(replica, item)` for each item on a thread per running replica.
+    """Hands each item to `runner.run(replica, item, queue)` (the Engine's RequestRunner; the
+    queue is this dispatcher, which batch partners are taken from) on a thread per running
+    replica.
 
     `replicas`: objects with `index`, `busy`, `in_rotation` and `plan` (the fastest idle
     one, by predicted step time, goes first). `repair(replica) -> bool` tries to make an
@@ -62,10 +64,10 @@ class Dispatcher:
     when nothing is.
     """
 
-    def __init__(self, replicas: list, execute: Callable, repair: Callable, capacity: Callable[[], str],
+    def __init__(self, replicas: list, runner: Any, repair: Callable, capacity: Callable[[], str],
                  retry_repair_s: float = 2.0):
         self.replicas = replicas
-        self._execute = execute
+        self._runner = runner
         self._repair = repair
         self._capacity = capacity
         self.retry_repair_s = retry_repair_s
@@ -230,7 +232,7 @@ class Dispatcher:
     def _run_on(self, replica, item: Item) -> None:
         handed_back, outcome = False, None
         try:
-            result = self._execute(replica, item)
+            result = self._runner.run(replica, item, self)
         except HandBack as exc:
             handed_back = True
             item.handbacks.append(f"replica {replica.index}: {exc.reason}")
@@ -352,7 +354,7 @@ def _safe_globals() -> list:
     scheduler's state may hold them). Nothing that can run code when unpickled."""
     import numpy as np
 
-    from raydit.models.family import GenerationRequest
+    from raydit.models.requests import GenerationRequest
 
     try:
         from numpy._core import multiarray

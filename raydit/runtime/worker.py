@@ -166,15 +166,17 @@ class RankWorker:
         rank: int,
         world_size: int,
         addr: tuple[str, int] | None,
-        degrees: dict[str, int],
+        plan: Any,
+        run: Any,
         backend: str,
         timeout_s: float,
     ) -> dict[str, Any]:
-        """Join a fresh process group and parallelize the warm pipeline for `degrees`."""
+        """Join a fresh process group and make the warm pipeline run `plan` (a raydit.planner
+        Plan: its degrees and choices) in the run's modes (`run`, a RunConfig)."""
         with self._group_lock:
-            return self._join_group(rank, world_size, addr, degrees, backend, timeout_s)
+            return self._join_group(rank, world_size, addr, plan, run, backend, timeout_s)
 
-    def _join_group(self, rank, world_size, addr, degrees, backend, timeout_s) -> dict[str, Any]:
+    def _join_group(self, rank, world_size, addr, plan, run, backend, timeout_s) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
 
@@ -201,22 +203,15 @@ class RankWorker:
                 device_id=self._device() if backend == "nccl" else None,
             )
             mesh = build_mesh(
-                ulysses=degrees["ulysses"], ring=degrees["ring"], cfg=degrees["cfg"], replicas=1,
+                ulysses=plan.ulysses, ring=plan.ring, cfg=plan.cfg, replicas=1,
                 timeout=timedelta(seconds=timeout_s),
             )
-        self._runner = Runner(
-            self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
-            offload_idle=bool(degrees.get("offload_idle")),
-            compile=bool(degrees.get("compile")),  # regional torch.compile (raydit.models.compile)
-            quantize=degrees.get("quantize"),  # FP8 linear layers (raydit.models.quantize), on every rank
-            attention=degrees.get("attention"),
-            full_precision_steps=degrees.get("full_precision_steps") or 0,
-            # each rank keeps 1/N of the blocks' weights; the previous runner's close() rebuilt
-            # them whole from the checkpoint files (raydit.models.sharded)
-            shard_weights=bool(degrees.get("shard_weights")) and mesh is not None,
-            parallel_options={"audio_split_tokens": degrees.get("audio_split_tokens")} if mesh is not None else None,
-        )
-        return {"rank": rank, "kernel": self._choose_kernel(ring=degrees["ring"] if mesh is not None else 1,
+        # The plan's choices for this group (sharded weights over 2+ ranks, idle weights in host
+        # memory, the audio split); the previous runner's close() rebuilt sharded weights whole.
+        group = run.for_group(plan, world_size if mesh is not None else 1)
+        self._runner = Runner(self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
+                              run=run, group=group)
+        return {"rank": rank, "kernel": self._choose_kernel(ring=plan.ring if mesh is not None else 1,
                                                             mode=self._runner.attention),
                 # linear layers this rank runs quantized (every transformer; 0 without quantize)
                 "quantized": sum(len(q.names) for q in self._runner.quantized)}

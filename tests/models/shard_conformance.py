@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from raydit.models.conformance import feasible_plans, prefix_mesh, run_steps
+from raydit.planner.runconfig import GroupModes, RunConfig
 
 
 def shard_worker(rank: int, world_size: int, cases: list, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
@@ -34,8 +35,8 @@ def shard_worker(rank: int, world_size: int, cases: list, dtypes: tuple[str, ...
                 mesh = prefix_mesh(plan)
                 key = (case.name, str(plan), dtype_name)
                 for sharded in (False, True):
-                    runner = Runner(pipe, mesh, dtype=dtype, parallel_options=case.options, shard_weights=sharded,
-                                    compile=compile)
+                    runner = Runner(pipe, mesh, dtype=dtype, run=RunConfig(shard_weights=sharded, compile=compile),
+                                    group=GroupModes(shard_weights=sharded, parallel_options=case.options))
                     try:
                         if sharded:
                             full = sum(h.handle.layouts[i].total for h in runner.sharded
@@ -120,7 +121,7 @@ def late_lora_worker(rank: int, world_size: int, model_dir: str, lora_dir: str) 
     for sharded in (False, True):
         pipe = load_pipeline(model_dir)
         before = {n: p.detach().clone() for n, p in pipe.transformer.named_parameters()}
-        runner = Runner(pipe, mesh, shard_weights=sharded)
+        runner = Runner(pipe, mesh, run=RunConfig(shard_weights=sharded))
         lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec("late", str(lora.lora_file(lora_dir)), "transformer"))
         out[(sharded, "from files")] = bool(runner.sharded) and runner.sharded[0].source is not None
         try:
@@ -146,7 +147,7 @@ def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, 
     mesh = prefix_mesh(MeshPlan(*plan))
     out = {}
     for sharded in (False, True):
-        runner = Runner(pipe, mesh, shard_weights=sharded, **(runner_kwargs or {}))
+        runner = Runner(pipe, mesh, run=RunConfig(shard_weights=sharded, **(runner_kwargs or {})))
         try:
             out[sharded] = [s.latents for s in run_batched(runner, [GenerationRequest(**q) for q in requests], joins)]
         finally:
@@ -208,7 +209,8 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
                 key = (model_dir, str(plan), dtype_name)
                 for sharded in (False, True):
                     pipe = load_pipeline(model_dir)
-                    runner = Runner(pipe, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=sharded)
+                    runner = Runner(pipe, mesh, device=device, dtype=dtype,
+                                    run=RunConfig(quantize=quantize, shard_weights=sharded))
                     try:
                         if sharded:
                             out[key + ("from files",)] = all(s.source is not None for s in runner.sharded)
@@ -227,14 +229,16 @@ def quantized_shard_worker(rank: int, world_size: int, models: list, quantize: s
                     # The gather-back path (a model built in memory has no files): the quantized
                     # weights come back as they are, not rounded again.
                     gathered = load_pipeline(model_dir)
-                    runner = Runner(gathered, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)
+                    runner = Runner(gathered, mesh, device=device, dtype=dtype,
+                                    run=RunConfig(quantize=quantize, shard_weights=True))
                     for s in runner.sharded:
                         s.source = None
                     runner.close()
                     out[key + ("gathered",)] = plain_parameters(gathered.transformer)
                     done = quantized(pipe.transformer)
                     out[key + ("marked",)] = None if done is None else (len(done.names), len(done.skipped))
-                    runner = Runner(pipe, mesh, device=device, dtype=dtype, quantize=quantize, shard_weights=True)
+                    runner = Runner(pipe, mesh, device=device, dtype=dtype,
+                                    run=RunConfig(quantize=quantize, shard_weights=True))
                     try:
                         out[key + ("resumed",)] = run_steps(runner, request, None, checkpoint=checkpoint).latents.cpu()
                     finally:

@@ -24,6 +24,7 @@ from raydit.models.cache import CACHED_STEPS
 from raydit.models.cache_options import check_cache
 from raydit.models.requests import GenerationRequest
 from raydit.models.runner import Runner
+from raydit.planner.runconfig import GroupModes
 
 WORLDS = (1, 2, 3, 4)
 CFG_WORLDS = (2, 4)
@@ -150,7 +151,7 @@ def cache_worker(rank: int, world_size: int, cases, checkpoints) -> dict:
             mesh = harness.prefix_mesh(plan)
             if mesh is None:
                 continue
-            runner = Runner(pipe, mesh, parallel_options=case.options)
+            runner = Runner(pipe, mesh, group=GroupModes(parallel_options=case.options))
             try:
                 quantities.clear()
                 state = harness.run_steps(runner, request, CHECKPOINT_STEP)

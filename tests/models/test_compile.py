@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
+from raydit.planner.runconfig import RunConfig
 
 LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
 PLANS = (harness.MeshPlan(2, 1), harness.MeshPlan(1, 2))  # Ulysses 2, ring 2
@@ -145,7 +146,7 @@ def eager_refs():
 
 @pytest.mark.slow
 def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eager_refs):
-    """Runner(compile=True): the first request of a shape compiles in prepare (reported as
+    """Runner(run=RunConfig(compile=True)): the first request of a shape compiles in prepare (reported as
     `warmup_seconds`, not in a step), a second request of the same shape compiles nothing,
     and both give the eager latents, step caching (fbcache: the first block's compiled
     forward under the cache's wrapper) included. LoRA requests are refused."""
@@ -158,7 +159,7 @@ def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eage
     from raydit.models.loading import load_pipeline
     from raydit.models.runner import Runner
 
-    runner = Runner(load_pipeline("tiny"), compile=True)
+    runner = Runner(load_pipeline("tiny"), run=RunConfig(compile=True))
     try:
         for i, (gen, (want, cached)) in enumerate(zip((FIRST, SECOND), eager_refs)):
             state = runner.prepare(GenerationRequest(prompt=PROMPT, **gen))

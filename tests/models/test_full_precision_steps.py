@@ -21,6 +21,7 @@ from test_quantize import assert_batched_as_alone
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
+from raydit.planner.runconfig import RunConfig
 
 GEN = dict(prompt="a red fox running through fresh snow", num_frames=5, height=32, width=32, guidance_scale=6.0)
 
@@ -52,11 +53,11 @@ def test_the_first_and_last_steps_are_the_unquantized_models_bit_for_bit(case, m
     bf16 = torch.bfloat16
     request = GenerationRequest(num_inference_steps=5, seed=4, **GEN)
     plain = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16)
-    quantized = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize)
+    quantized = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, run=RunConfig(quantize=quantize))
     out = {}
     for n in (2, 3):
-        runner = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16, quantize=quantize,
-                        full_precision_steps=n)
+        runner = Runner(load_pipeline("tiny", dtype=bf16), device=device, dtype=bf16,
+                        run=RunConfig(quantize=quantize, full_precision_steps=n))
         out[n] = harness.run_steps(runner, request, None).latents
     assert torch.equal(out[2], harness.run_switching(plain, quantized, request, {0, 1, 3, 4}))
     assert not torch.equal(out[2], harness.run_switching(plain, quantized, request, {0, 1}))  # the last steps count too
@@ -82,7 +83,8 @@ def test_batched_requests_at_different_steps_each_run_their_own_precision(quanti
     requests = [GenerationRequest(num_inference_steps=4, seed=s, **GEN) for s in (1, 2)]
     out = {}
     for q, n in ((None, 0), (quantize, 1)):
-        runner = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize=q, full_precision_steps=n)
+        runner = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16,
+                        run=RunConfig(quantize=q, full_precision_steps=n))
         out[q, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
         out[q, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
     assert_batched_as_alone(out, quantize)
@@ -101,9 +103,10 @@ def test_8bit_attention_runs_bf16_kernels_at_the_ends():
 
     bf16 = torch.bfloat16
     request = GenerationRequest(num_inference_steps=5, seed=5, **GEN)
-    ends = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, attention="int8", full_precision_steps=2)
+    ends = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16,
+                  run=RunConfig(attention="int8", full_precision_steps=2))
     latents = harness.run_steps(ends, request, None).latents
-    int8 = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, attention="int8")
+    int8 = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, run=RunConfig(attention="int8"))
 
     def by_hand(full):
         state = int8.prepare(request)
@@ -136,9 +139,9 @@ def test_refusals_name_the_value_and_the_fix():
     assert check_full_precision_steps(None, None, None) == 0
     # a pipeline quantized by an earlier Runner without keeping its weights
     tiny_pipe = load_pipeline("tiny")
-    Runner(tiny_pipe, dtype=torch.float32, quantize="fp8-sim")
+    Runner(tiny_pipe, dtype=torch.float32, run=RunConfig(quantize="fp8-sim"))
     with pytest.raises(ValueError, match="quantized without keeping its unquantized weights; load it again"):
-        Runner(tiny_pipe, dtype=torch.float32, quantize="fp8-sim", full_precision_steps=1)
+        Runner(tiny_pipe, dtype=torch.float32, run=RunConfig(quantize="fp8-sim", full_precision_steps=1))
 
 
 def test_generate_serve_and_job_config_pass_it_to_the_engine(tmp_path):
@@ -187,16 +190,17 @@ def test_compiled_runs_warm_up_both_variants_and_equal_the_compiled_steps_by_han
     request = GenerationRequest(num_inference_steps=4, seed=6, **GEN)
     runners = []
     try:
-        ends = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize="fp8-sim", full_precision_steps=1,
-                      compile=True)
+        ends = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16,
+                      run=RunConfig(quantize="fp8-sim", full_precision_steps=1, compile=True))
         runners.append(ends)
         state = ends.prepare(request)
         graphs = counters["stats"]["unique_graphs"]
         while not state.done:
             state = ends.step(state)
         assert counters["stats"]["unique_graphs"] == graphs, "a step compiled a graph"
-        plain = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, compile=True)
-        quantized = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize="fp8-sim", compile=True)
+        plain = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, run=RunConfig(compile=True))
+        quantized = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16,
+                           run=RunConfig(quantize="fp8-sim", compile=True))
         runners += [plain, quantized]
         assert torch.equal(state.latents, harness.run_switching(plain, quantized, request, {0, 3}))
     finally:

@@ -27,6 +27,7 @@ from fp8_cpu import MODES
 
 from raydit.models import conformance as harness
 from raydit.models.precision import BF16_ERROR_FACTOR, relative_error
+from raydit.planner.runconfig import RunConfig
 
 # Quantized block linears of each family's main forward case: its blocks' attention and
 # feed-forward linears at multiples of 16 features (LTX's tiny width 72 has none; LTX-2's
@@ -176,18 +177,18 @@ def test_runner_refuses_fp8_on_cpu_unknown_modes_and_lora_switching(tiny_pipe):
 
     with pytest.raises(ValueError, match="quantize 'fp8' runs FP8 GEMMs on NVIDIA GPUs of compute capability 8.9 "
                                          "or newer, not on cpu; there use quantize fp8-sim"):
-        Runner(tiny_pipe, quantize="fp8")
+        Runner(tiny_pipe, run=RunConfig(quantize="fp8"))
     with pytest.raises(ValueError, match="quantize 'int8' is not a mode; use one of: none, fp8, fp8-sim"):
-        Runner(tiny_pipe, quantize="int8")
+        Runner(tiny_pipe, run=RunConfig(quantize="int8"))
     with pytest.raises(ValueError, match="attention 'fp16' is not a mode; use one of: bf16, auto, int8, fp8"):
-        Runner(tiny_pipe, attention="fp16")
+        Runner(tiny_pipe, run=RunConfig(attention="fp16"))
     with pytest.raises(ValueError, match="fp8_granularity 'block'"):
-        Runner(tiny_pipe, quantize="fp8-sim", fp8_granularity="block")
-    assert Runner(tiny_pipe, attention="int8").attention == "int8"
-    assert Runner(tiny_pipe).attention == "bf16" and Runner(tiny_pipe, quantize="none").quantize is None
+        Runner(tiny_pipe, run=RunConfig(quantize="fp8-sim", fp8_granularity="block"))
+    assert Runner(tiny_pipe, run=RunConfig(attention="int8")).attention == "int8"
+    assert Runner(tiny_pipe).attention == "bf16" and Runner(tiny_pipe, run=RunConfig(quantize="none")).quantize is None
 
     pipe = load_pipeline("tiny")
-    runner = Runner(pipe, quantize="fp8-sim")
+    runner = Runner(pipe, run=RunConfig(quantize="fp8-sim"))
     request = GenerationRequest(prompt="a fox", num_frames=5, height=32, width=32, num_inference_steps=2,
                                 lora=(("style", 1.0),))
     with pytest.raises(ValueError, match="quantize 'fp8-sim' cannot switch LoRA adapters per request.*fuse_lora"):
@@ -205,7 +206,7 @@ def test_a_lora_is_not_loaded_into_quantized_weights(tiny_pipe, tmp_path):
 
     path = write_random_lora(tiny_pipe, tmp_path)
     pipe = load_pipeline("tiny")
-    Runner(pipe, quantize="fp8-sim")
+    Runner(pipe, run=RunConfig(quantize="fp8-sim"))
     with pytest.raises(ValueError, match="cannot be loaded into weights quantized fp8-sim already"):
         lora.load(pipe, family_for_pipeline(pipe), lora.LoraSpec(name="style", path=str(lora.lora_file(path))))
 
@@ -236,7 +237,7 @@ def test_a_fused_lora_is_quantized_with_the_weights(mode, tiny_pipe, tmp_path, m
     projections = [n for n, m in pipe.transformer.named_modules() if n.endswith(("attn1.to_q", "attn1.to_v"))]
     assert projections
     fused = {n: pipe.transformer.get_submodule(n).weight.detach().clone() for n in projections}
-    runner = Runner(pipe, dtype=torch.bfloat16, quantize=mode)
+    runner = Runner(pipe, dtype=torch.bfloat16, run=RunConfig(quantize=mode))
     for name in projections:
         weight = pipe.transformer.get_submodule(name).weight
         if mode == "fp8":  # torchao's Float8Tensor: FP8 bytes and float32 row scales
@@ -358,7 +359,8 @@ def test_step_batching_and_step_caching_run_under_fp8(mode, monkeypatch):
                                cache_threshold=1.3, **{**gen, "num_inference_steps": 4})
     out = {}
     for quantize in (None, mode):
-        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), dtype=torch.bfloat16, quantize=quantize)
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), dtype=torch.bfloat16,
+                        run=RunConfig(quantize=quantize))
         out[quantize, "batched"] = [s.latents for s in harness.run_batched(runner, requests, [0, 1])]
         out[quantize, "alone"] = [harness.run_steps(runner, r, None).latents for r in requests]
         state = harness.run_steps(runner, cached, None)
@@ -386,8 +388,8 @@ def test_a_compiled_fp8_sim_runner_is_not_changed_by_a_plain_one_in_the_process(
     bf16 = torch.bfloat16
     request = GenerationRequest(prompt="a red fox", num_frames=5, height=32, width=32, num_inference_steps=3,
                                 guidance_scale=6.0, seed=6)
-    quantized = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, quantize="fp8-sim", compile=True)
-    plain = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, compile=True)
+    quantized = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, run=RunConfig(quantize="fp8-sim", compile=True))
+    plain = Runner(load_pipeline("tiny", dtype=bf16), dtype=bf16, run=RunConfig(compile=True))
     try:
         before = harness.run_steps(quantized, request, None).latents
         unquantized = harness.run_steps(plain, request, None).latents

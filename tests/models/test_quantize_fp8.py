@@ -25,6 +25,7 @@ from fp8_cpu import INSTALLED, TORCHAO, WHY, lift_fp8_gates
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
+from raydit.planner.runconfig import RunConfig
 
 CUDA = torch.cuda.is_available()
 FP8 = CUDA and torch.cuda.get_device_capability() >= (8, 9)
@@ -110,7 +111,8 @@ def test_runner_runs_a_request_under_fp8(device):
     request = GenerationRequest(prompt="a red fox", num_frames=5, height=32, width=32, num_inference_steps=3, seed=1)
     latents = {}
     for mode in (None, "fp8"):
-        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), device=device, dtype=torch.bfloat16, quantize=mode)
+        runner = Runner(load_pipeline("tiny", dtype=torch.bfloat16), device=device, dtype=torch.bfloat16,
+                        run=RunConfig(quantize=mode))
         latents[mode] = harness.run_steps(runner, request, None).latents.float().cpu()
     assert torch.isfinite(latents["fp8"]).all()
     assert 1e-3 <= relative_error(latents["fp8"], latents[None]) <= 0.2
@@ -123,7 +125,8 @@ def test_runner_refuses_fp8_on_a_gpu_before_sm89():
     from raydit.models.runner import Runner
 
     with pytest.raises(ValueError, match="needs compute capability 8.9 or newer"):
-        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
+        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16,
+               run=RunConfig(quantize="fp8"))
 
 
 @pytest.mark.gpu
@@ -133,7 +136,8 @@ def test_runner_names_the_install_when_torchao_is_missing():
     from raydit.models.runner import Runner
 
     with pytest.raises(ValueError, match="needs torchao, which is not installed: pip install torchao"):
-        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16, quantize="fp8")
+        Runner(load_pipeline("tiny", dtype=torch.bfloat16), device="cuda", dtype=torch.bfloat16,
+               run=RunConfig(quantize="fp8"))
 
 
 @pytest.mark.gpu
@@ -161,7 +165,7 @@ def test_the_gpu_never_holds_the_transformer_unquantized():
     assert linears > 1.05e9
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    runner = Runner(pipe, device="cuda", dtype=torch.bfloat16, quantize="fp8")
+    runner = Runner(pipe, device="cuda", dtype=torch.bfloat16, run=RunConfig(quantize="fp8"))
     peak = torch.cuda.max_memory_allocated() - before
     assert peak < linears, (peak, linears)
     assert type(runner.transformer.blocks[0].ffn.net[2].weight).__name__ == "Float8Tensor"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from raydit.planner.runconfig import RunConfig
 
 
 def test_a_rank_holds_half_and_at_most_two_blocks_whole():
@@ -41,7 +42,7 @@ def test_runner_refuses_sharding_on_one_rank():
     from raydit.models.loading import load_pipeline
 
     with pytest.raises(ValueError, match="shard_weights needs a replica of 2 or more ranks.*drop shard_weights") as info:
-        Runner(load_pipeline("tiny-wan"), None, shard_weights=True)
+        Runner(load_pipeline("tiny-wan"), None, run=RunConfig(shard_weights=True))
     assert "\n" not in str(info.value)
 
 

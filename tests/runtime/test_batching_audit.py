@@ -59,7 +59,7 @@ def test_a_result_that_cannot_be_made_fails_its_request_alone_and_no_partner_han
     from raydit.runtime.engine import Engine
 
     with Engine(model="tiny-wan", workers=1, device="cpu", show_plan=False, max_batch=2) as engine:
-        made = engine._result
+        made = engine.runner.result
         failed = []
 
         def result_once_out_of_memory(replica, item):
@@ -68,7 +68,7 @@ def test_a_result_that_cannot_be_made_fails_its_request_alone_and_no_partner_han
                 raise MemoryError("cannot allocate the frames' copy")
             return made(replica, item)
 
-        engine._result = result_once_out_of_memory
+        engine.runner.result = result_once_out_of_memory
         queued = threading.Event()
 
         def held(pipe, step, timestep, kwargs):

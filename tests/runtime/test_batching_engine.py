@@ -200,16 +200,18 @@ def test_a_request_joining_a_running_batch_never_regroups_it():
     from types import SimpleNamespace
 
     from raydit.models.requests import GenerationRequest
-    from raydit.runtime.engine.api import ApiPart
+    from raydit.runtime.engine.events import EventLog
+    from raydit.runtime.engine.execute import RequestRunner
     from raydit.runtime.queue import Item
 
     grown = []
     replica = SimpleNamespace(index=0, plan=None, controller=SimpleNamespace(
         maybe_grow=lambda plan, steps, job: grown.append(steps)))
-    engine = SimpleNamespace(elastic=True, _grow="always", events=[], _event=lambda kind, **data: None)
+    runner = RequestRunner(batching=None, events=EventLog(), model_dir="unused", vae_temporal=4, model_identity={},
+                           may_grow=True, pipe=None)
     request = GenerationRequest(prompt=PROMPT, num_frames=9, height=32, width=32, num_inference_steps=3)
     for alone in (False, True):
         item = Item(request=request, future=Future())
-        job = ApiPart._begin(engine, replica, item, slot=0, alone=alone)
+        job = runner.begin(replica, item, slot=0, alone=alone)
         assert job.slot == 0 and not job.prepared
     assert grown == [3]  # the lone request only

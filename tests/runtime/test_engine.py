@@ -333,7 +333,7 @@ def test_submit_does_not_wait_behind_a_recovery(engine4):
     held, release = threading.Event(), threading.Event()
 
     def recovery():
-        with engine4._capacity_lock:
+        with engine4.replicas_part.capacity_lock:
             held.set()
             release.wait(120)
 

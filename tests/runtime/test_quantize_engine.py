@@ -17,6 +17,7 @@ import torch
 from test_elastic import kill_at_step
 
 from raydit.models.precision import relative_error
+from raydit.planner.runconfig import RunConfig
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 PROMPT = "a kite over a windy beach"
@@ -89,7 +90,7 @@ def test_full_precision_steps_run_on_every_rank_as_on_one(ray_local):
     request = GenerationRequest(prompt=PROMPT, **GEN)
     one = {}
     for n in (0, 1):
-        runner = Runner(load_pipeline("tiny"), quantize="fp8-sim", full_precision_steps=n)
+        runner = Runner(load_pipeline("tiny"), run=RunConfig(quantize="fp8-sim", full_precision_steps=n))
         state = runner.prepare(request)
         while not state.done:
             state = runner.step(state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from types import SimpleNamespace
 from dataclasses import dataclass
 
 import pytest
@@ -33,6 +34,11 @@ def _item(name):
     return Item(request=name, future=Future())
 
 
+
+def _runner(execute):
+    """The dispatcher hands each item to a runner part: this one runs `execute(replica, item)`."""
+    return SimpleNamespace(run=lambda replica, item, queue: execute(replica, item))
+
 def test_a_handed_back_request_resumes_on_another_replica_with_its_progress():
     replicas = [R(0, Plan(1.0)), R(1, Plan(2.0))]
     ran = []
@@ -46,7 +52,7 @@ def test_a_handed_back_request_resumes_on_another_replica_with_its_progress():
             raise HandBack("no workers are left alive")
         return (item.request, replica.index)
 
-    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "none")
+    d = Dispatcher(replicas, _runner(execute), repair=lambda r: False, capacity=lambda: "none")
     a = d.put(_item("a"))
     assert a.result(timeout=10) == ("a", 1)
     assert ran == [(0, "a", 0), (1, "a", 3)]  # resumed at step 3, not from scratch
@@ -64,7 +70,7 @@ def test_a_repaired_replica_comes_back_into_rotation():
         repairs.append(r.index)
         return len(repairs) >= 1
 
-    d = Dispatcher(replicas, lambda r, item: item.request, repair=repair, capacity=lambda: "none")
+    d = Dispatcher(replicas, _runner(lambda r, item: item.request), repair=repair, capacity=lambda: "none")
     assert d.put(_item("x")).result(timeout=10) == "x"
     assert repairs == [0] and replicas[0].in_rotation
     d.close()
@@ -76,7 +82,7 @@ def test_no_replica_and_no_repair_fails_with_no_capacity_instead_of_waiting():
     def execute(replica, item):
         raise HandBack("no workers are left alive")
 
-    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "replica 0: 0 rank(s); 0 free")
+    d = Dispatcher(replicas, _runner(execute), repair=lambda r: False, capacity=lambda: "replica 0: 0 rank(s); 0 free")
     fut = d.put(_item("x"))
     with pytest.raises(NoCapacity, match="no workers are left alive and no free devices.*replica 0: 0 rank"):
         fut.result(timeout=10)
@@ -94,7 +100,7 @@ def test_requests_run_in_submission_order_each_once_across_replicas():
             seen.append(item.request)
         return item.request
 
-    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "")
+    d = Dispatcher(replicas, _runner(execute), repair=lambda r: False, capacity=lambda: "")
     futures = [d.put(_item(i)) for i in range(6)]
     gate.set()
     assert [f.result(timeout=10) for f in futures] == list(range(6))
@@ -132,7 +138,7 @@ def test_the_request_waiting_at_the_head_of_the_queue_can_be_cancelled():
             gate.wait(10)
         return item.request
 
-    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "")
+    d = Dispatcher(replicas, _runner(execute), repair=lambda r: False, capacity=lambda: "")
     busy = d.put(_item("busy"))
     waiting = d.put(_item("waiting"))
     after = d.put(_item("after"))
@@ -161,7 +167,7 @@ def test_a_request_is_answered_after_its_replica_is_free_again():
             raise ValueError("a request the worker refuses")
         return item.request
 
-    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "none")
+    d = Dispatcher(replicas, _runner(execute), repair=lambda r: False, capacity=lambda: "none")
     seen = []
     for name in ("a", "bad"):
         item = _item(name)

@@ -4,6 +4,7 @@ audit of the dispatcher found."""
 from __future__ import annotations
 
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,11 @@ from raydit.runtime.queue import Dispatcher, Item
 from tests.runtime.test_queue import R, Plan  # the plain replicas test_queue drives
 
 
+
+def _runner(execute):
+    """The dispatcher hands each item to a runner part: this one runs `execute(replica, item)`."""
+    return SimpleNamespace(run=lambda replica, item, queue: execute(replica, item))
+
 def test_no_capacity_is_answered_even_when_the_cluster_cannot_say_what_is_left():
     """The no-capacity answer names what is left (the Engine asks Ray for the free devices);
     when that question raised (Ray's state API unreachable), it escaped the dispatcher's loop:
@@ -21,7 +27,7 @@ def test_no_capacity_is_answered_even_when_the_cluster_cannot_say_what_is_left()
     def capacity():
         raise ConnectionError("GCS unreachable")
 
-    d = Dispatcher([R(0, Plan(1.0), in_rotation=False)], execute=lambda r, i: "ran", repair=lambda r: False,
+    d = Dispatcher([R(0, Plan(1.0), in_rotation=False)], _runner(lambda r, i: "ran"), repair=lambda r: False,
                    capacity=capacity)
     try:
         for name in ("a", "b"):
@@ -51,7 +57,7 @@ def test_a_handed_back_request_waiting_at_shutdown_is_told_it_did_not_finish():
         item.job.step_index = 2
         raise HandBack("no workers are left alive")
 
-    d = Dispatcher(replicas, execute, repair=lambda r: False, capacity=lambda: "none")
+    d = Dispatcher(replicas, _runner(execute), repair=lambda r: False, capacity=lambda: "none")
     long = d.put(Item(request="long", future=Future()))  # replica 0 (the faster)
     handed = d.put(Item(request="handed", future=Future()))  # replica 1, which hands it back
     deadline = time.time() + 30
@@ -71,7 +77,7 @@ def test_take_matching_without_passing_stops_at_a_waiting_request_of_another_kin
     """take_matching(passing=False), what a batch whose first request has left asks for: the
     matching requests ahead of the first one of another kind that still waits; one cancelled
     while it waited does not hold them back."""
-    d = Dispatcher([R(0, Plan(1.0), busy=True)], execute=lambda r, i: "ran", repair=lambda r: False,
+    d = Dispatcher([R(0, Plan(1.0), busy=True)], _runner(lambda r, i: "ran"), repair=lambda r: False,
                    capacity=lambda: "none")
     items = {name: Item(request=name, future=Future()) for name in ("k1", "x-cancelled", "k2", "x", "k3")}
     with d.cond:

@@ -85,10 +85,10 @@ def test_a_rank_process_killed_on_a_live_node_does_not_leave_the_engine_without_
 
     import ray
 
-    import raydit.runtime.pool as pool_module
+    import raydit.runtime.probing as probing
     from raydit.runtime.engine import Engine
 
-    monkeypatch.setattr(pool_module, "_node_id", _slow_probe(pool_module.PING_S + 2.0))
+    monkeypatch.setattr(probing, "node_id", _slow_probe(probing.PING_S + 2.0))
     engine = Engine(model="tiny", workers=1, device="cpu", grow="never", show_plan=False)
     try:
         engine.generate("a fox", num_inference_steps=2, seed=0, progress=False)
@@ -125,18 +125,18 @@ def test_a_stopped_rank_is_dropped_without_waiting_for_a_release_already_seen(ra
     import signal
     import time
 
-    import raydit.runtime.pool as pool_module
+    import raydit.runtime.probing as probing
     from raydit.runtime.engine import Engine
 
     pings = []
-    silent = pool_module._silent
+    silent = probing.silent
 
     def counted(members, timeout_s):
         out = silent(members, timeout_s)
         pings.append(len(out))
         return out
 
-    monkeypatch.setattr(pool_module, "_silent", counted)
+    monkeypatch.setattr(probing, "silent", counted)
 
     engine = Engine(model="tiny", workers=2, device="cpu", grow="never", show_plan=False, step_timeout_s=3.0)
     stopped = []
@@ -209,12 +209,12 @@ def test_a_suspect_node_whose_probe_answers_late_counts_again_once_it_answers(ra
     for the answer instead (the request depends on it)."""
     import time
 
-    import raydit.runtime.pool as pool_module
+    import raydit.runtime.probing as probing
     from raydit.runtime.cluster import free_slots
     from raydit.runtime.pool import WorkerPool
 
-    delay = pool_module.PING_S + 8.0  # well past PING_S: a loaded host's slow look is not mistaken for a wait
-    monkeypatch.setattr(pool_module, "_node_id", _slow_probe(delay))
+    delay = probing.PING_S + 8.0  # well past PING_S: a loaded host's slow look is not mistaken for a wait
+    monkeypatch.setattr(probing, "node_id", _slow_probe(delay))
     node = next(iter(free_slots("CPU")))
 
     pool = WorkerPool(model_dir="unused", device="cpu", dtype="float32", placement_timeout_s=10.0)

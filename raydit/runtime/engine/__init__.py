@@ -4,7 +4,7 @@
 its docstring); its settings are an `EngineConfig` (raydit.runtime.options).
 """
 
-from raydit.runtime.engine.api import GenerationResult
+from raydit.runtime.engine.result import GenerationResult
 from raydit.runtime.engine.construction import Engine
 from raydit.runtime.engine.replicas import Replica
 from raydit.runtime.engine.validation import check_steps, round_frames

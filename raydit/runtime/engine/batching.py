@@ -10,10 +10,18 @@ from raydit.runtime.errors import HandBack
 from raydit.runtime.queue import RESOLVED, Item
 
 
-class BatchingPart:
-    """The Engine's step-level batching (a part of raydit.runtime.engine.Engine)."""
+class Batching:
+    """Which requests share steps (their batch key), how many a replica carries, and running
+    a batch on a replica for the request runner (`runner`: its begin / step_hooks / result)."""
 
-    def _batch_key(self, request):
+    def __init__(self, model_dir: str, max_batch: int, planning, event):
+        self.model_dir = model_dir
+        self.max_batch = max_batch
+        self.planning = planning
+        self._event = event
+        self._family = None  # the model's Family, for batch keys (looked up once)
+
+    def key(self, request):
         """Requests with equal keys share steps on a replica (Family.batch_key); None: alone."""
         if self.max_batch <= 1:
             return None
@@ -21,13 +29,11 @@ class BatchingPart:
             self._family = family_of(self.model_dir)
         return self._family.batch_key(None, request)  # the driver holds no pipeline
 
-    def _batch_limit(self, replica: Any) -> int:
+    def limit(self, replica: Any) -> int:
         """The most requests `replica` carries per step: max_batch, within its plan's memory."""
-        from raydit.planner.judge import batch_capacity
+        return self.planning.batch_limit(self.max_batch, replica.plan)
 
-        return min(self.max_batch, batch_capacity(self.plan_result, replica.plan))
-
-    def _execute_batch(self, replica: Any, first: Item, key) -> Any:
+    def run(self, runner, queue, replica: Any, first: Item, key) -> Any:
         """Run `first` and the queued requests of the same batch key that join it, each at
         the step boundary after it arrives, up to the replica's batch limit (once `first` has
         left, only those queued ahead of any request of another key); each leaves when
@@ -35,15 +41,15 @@ class BatchingPart:
         (a cancel) or whose own prepare or decode fails leaves alone; a failure of the shared
         step fails them all; a replica that must hand back gives every request back with its
         progress. Returns RESOLVED: every future is set here."""
-        limit = self._batch_limit(replica)
+        limit = self.limit(replica)
         batch: list[Item] = []
         hooks: dict[int, tuple] = {}
 
         def admit(item: Item) -> None:
             used = {it.job.slot for it in batch}
             slot = min(s for s in range(limit) if s not in used)
-            self._begin(replica, item, slot, alone=not batch)
-            hooks[id(item)] = self._step_hooks(item)
+            runner.begin(replica, item, slot, alone=not batch)
+            hooks[id(item)] = runner.step_hooks(item)
             item.batched_with = []
             if batch:
                 self._event("batch_joined", replica=replica.index, tag=item.tag, slot=slot,
@@ -71,8 +77,7 @@ class BatchingPart:
                     # batch's first request is in it: a batch fed by a stream of its own kind
                     # would otherwise keep that request waiting for as long as the stream lasts.
                     passing = any(it is first for it in batch)
-                    for item in self._dispatcher.take_matching(lambda r: self._batch_key(r) == key, limit - len(batch),
-                                                               passing=passing):
+                    for item in queue.take_matching(lambda r: self.key(r) == key, limit - len(batch), passing=passing):
                         try:
                             admit(item)
                         except Exception as exc:  # taken from the queue: never left unanswered
@@ -86,7 +91,7 @@ class BatchingPart:
                     what, did = replica.controller.tick_batch(jobs)
                 except HandBack:  # every request left goes back with its progress; `first`, if
                     # still here, by the dispatcher (which requeues no finished request)
-                    self._dispatcher.hand_back([it for it in batch if it is not first])
+                    queue.hand_back([it for it in batch if it is not first])
                     raise
                 except Exception as exc:
                     failed = getattr(exc, "failed_job", None)
@@ -109,7 +114,7 @@ class BatchingPart:
                 elif what == "decoded":
                     item = by_job[id(did[0])]
                     try:
-                        result = self._result(replica, item)
+                        result = runner.result(replica, item)
                     except Exception as exc:  # its result could not be made (the frames' copy: memory)
                         leave(item, exc)
                     else:

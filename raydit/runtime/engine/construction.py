@@ -1,34 +1,46 @@
-"""The Engine: its construction, and the rooms it is built of (one module each).
+"""The Engine: a thin facade over its parts (one module each), built here.
 
     options.EngineConfig   its settings, declared once with the command line's and serve's
+    planner.RunConfig      the run's modes, built once here and given unchanged to every rank
     validation             what is checked before Ray starts (frames, steps, the family)
-    replicas               replicas: start, controllers, warm-up, autoscaling, repair
-    planning               re-planning after a loss or a join; regroup; fitting a request
-    api                    generate / submit / resume, the request's checks, one request's run
-    batching               step-level batching of requests that share a batch key
-    loras                  the LoRA table every rank holds
-    lifecycle              shutdown and the context manager
+    events                 the event log every part records to
+    loras                  LoraTable: the LoRA table every rank holds
+    planning               Planning: the model's spec, its plans, re-planning, fitting a request
+    replicas               Replicas: start, controllers, repair, LoRA sync, regroup; Autoscaler
+    api                    Requests: a call made a request, its checks, its queue
+    execute                RequestRunner: one request's run on a replica (the dispatcher's worker)
+    batching               Batching: step-level batching of requests that share a batch key
+    lifecycle              Lifecycle: shutdown in order, the context manager
+    result                 GenerationResult
+
+No part reads another's private state: each gets the parts it uses at construction.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 from raydit.runtime.cluster import RayCluster
-from raydit.runtime.engine.api import ApiPart
-from raydit.runtime.engine.batching import BatchingPart
-from raydit.runtime.engine.lifecycle import LifecyclePart
-from raydit.runtime.engine.loras import LoraPart
-from raydit.planner.devicemodel import run_mode
-from raydit.runtime.engine.planning import PlanningPart, plan_brief
-from raydit.runtime.engine.replicas import Replica, ReplicasPart
+from raydit.runtime.engine.api import Requests
+from raydit.runtime.engine.batching import Batching
+from raydit.runtime.engine.events import EventLog
+from raydit.runtime.engine.execute import RequestRunner
+from raydit.runtime.engine.lifecycle import Lifecycle
+from raydit.runtime.engine.loras import LoraTable
+from raydit.runtime.engine.planning import Planning, plan_brief
+from raydit.runtime.engine.replicas import Autoscaler, PoolSettings, Replicas
+from raydit.runtime.engine.result import GenerationResult
 from raydit.runtime.engine.validation import family_of, num_train_timesteps, round_frames
-from raydit.runtime.options import EngineConfig, engine_signature
-from raydit.runtime.queue import Dispatcher
+from raydit.runtime.options import EngineConfig, call_controls, engine_signature, submit_signature
+from raydit.planner.runconfig import RunConfig
+from raydit.runtime.queue import Dispatcher, model_identity
+
+_SUBMIT = submit_signature()
+_GENERATE = submit_signature(progress=True, tag=False)
+_CONTROLS = call_controls()
 
 
-class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, LifecyclePart):
+class Engine:
     """Warm Ray actors running one model: one or more replicas, each a parallel plan.
 
     >>> with Engine(model="tiny", workers=2, device="cpu") as engine:
@@ -82,133 +94,248 @@ class Engine(ApiPart, BatchingPart, ReplicasPart, PlanningPart, LoraPart, Lifecy
 
     def _construct(self, c) -> None:
         from raydit.models.loading import resolve_model_dir, takes_image
+        from raydit.models.quantize_options import check_quantize_device
         from raydit.planner import model_spec
 
         self.config = c
-        self.compile = c.compile
-        # FP8 linear layers on every rank (raydit.models.quantize) and the attention mode,
-        # checked before Ray: fp8 on an explicit CPU run is refused here, on a resolved device below.
-        from raydit.models.quantize_options import (
-            check_attention,
-            check_full_precision_steps,
-            check_quantize,
-            check_quantize_device,
-        )
-
-        self.quantize = check_quantize(c.quantize)
-        self.attention = check_attention(c.attention)
-        # The first and last N steps of every request without the quantized modes (a quantized
-        # run then keeps its linears' bf16 weights, unsharded: run_mode's keep_bf16).
-        self.full_precision_steps = check_full_precision_steps(c.full_precision_steps, self.quantize,
-                                                               self.attention, c.shard_weights)
+        self.lifecycle = Lifecycle()
+        # The run's modes, checked once here, before Ray, and constant for the Engine's life: the
+        # pool, every worker and every Runner get this very object. fp8 on an explicit CPU run is
+        # refused here, on a resolved device below.
+        self.run_config = RunConfig(compile=c.compile, quantize=c.quantize, attention=c.attention,
+                                    full_precision_steps=c.full_precision_steps, shard_weights=c.shard_weights)
         if c.device == "cpu":
-            check_quantize_device(self.quantize, c.device)
-        # shard_weights: True: each rank of a replica keeps 1/N of every transformer block's
-        # weights (raydit.models.sharded); False: never; None: where the planner needs it.
-        self.shard_weights = c.shard_weights
-        if self.full_precision_steps and self.quantize:
-            self.shard_weights = False  # the kept bf16 weights are whole on every rank
-        # how the planner prices it
+            check_quantize_device(self.run_config.quantize, c.device)
         # Resolve the model and check the request before touching Ray: a typo costs no
         # cluster start.
         self.model = c.model
         self.model_dir = str(resolve_model_dir(c.model))
         self.takes_image = takes_image(self.model_dir)
-        self.spec = model_spec(self.model_dir)
+        spec = model_spec(self.model_dir)
         # What a request leaves out of steps and guidance: the model's diffusers pipeline's own.
         self.call_defaults = family_of(self.model_dir).call_defaults(self.model_dir)
-        self.plan_mode = run_mode(self.quantize, self.attention, self.compile, self.full_precision_steps,
-                                  steps=self.call_defaults["num_inference_steps"])
-        frames = round_frames(self.model_dir, self.spec.vae_temporal, c.frames)
-        self.spec.geometry(frames, c.height, c.width)
-        self._geometry = (frames, c.height, c.width)
+        frames = round_frames(self.model_dir, spec.vae_temporal, c.frames)
+        spec.geometry(frames, c.height, c.width)
         # Step caching for every request (off by default; checked by EngineConfig).
         self.cache, self.cache_threshold = c.cache, c.cache_threshold
-        self._init_loras(c.loras, c.fuse_lora)  # checked against the model before Ray starts
-        self._workers = c.workers
-        self._forced = {"ulysses": c.ulysses, "ring": c.ring, "cfg": c.cfg}
-        self._collective_timeout_s = c.collective_timeout_s
         self.checkpoint_dir = c.checkpoint_dir
-        # request-NNNN under checkpoint_dir: numbered after any an earlier engine left there
-        # (next_request_dir), so a second engine on the same root never overwrites one.
-        self._submitted = 0
-        from raydit.runtime.queue import model_identity
-
-        self._model_identity = model_identity(self.model_dir)  # recorded in every checkpoint
-        self._num_train_timesteps = num_train_timesteps(self.model_dir)
-        self._grow = c.grow
         self.elastic = c.elastic
-        self.events: list[dict] = []
-        self._timings: dict[str, float] = {}
-        self._dispatcher: Dispatcher | None = None
-        # One recovery, repair or growth at a time takes from the cluster's free devices.
-        self._capacity_lock = threading.RLock()
-        # Request numbering has a lock of its own: submit() must not wait behind a recovery,
-        # which holds the capacity lock while it regroups (seconds to minutes).
-        self._count_lock = threading.Lock()
-        self.replicas: list[Replica] = []
+        self.max_batch = c.max_batch
+        self.min_replicas, self.max_replicas = c.replicas, c.max_replicas or c.replicas
+        self._events = EventLog()
+        self.loras_table = LoraTable(self.model_dir, self.run_config, c.loras, c.fuse_lora)  # checked before Ray
         t0 = time.perf_counter()
         self.cluster = RayCluster.connect(
             address=c.address, want_workers=None if c.workers is None else c.workers * c.replicas
         )
+        self.lifecycle.add(self.cluster.close)
+        self.replicas_part = None
         try:
             self.device = self.cluster.resolve_device(c.device)
-            check_quantize_device(self.quantize, self.device)  # a GPU's capability: its Runner checks
+            check_quantize_device(self.run_config.quantize, self.device)  # a GPU's capability: its Runner checks
             self.dtype = c.dtype or ("bfloat16" if self.device == "cuda" else "float32")
             if c.workers is not None:
                 # Fail early, naming the numbers, when K replicas of N cannot fit.
                 self.cluster.cluster_spec(self.device, c.workers * c.replicas)
-            self.plan_result = self.cluster.plan(
-                self.spec, frames=frames, height=c.height, width=c.width, device=self.device,
-                workers=c.workers, ulysses=c.ulysses, ring=c.ring, cfg=c.cfg,
-                # re-plans after a loss take the planner's choice: one survivor runs unsharded
-                shard_weights=self.shard_weights, mode=self.plan_mode,
-            )
-            plan = self.plan_result.best
+            self.planning = Planning(
+                self.cluster, spec, self.device, (frames, c.height, c.width),
+                self.run_config.mode(steps=self.call_defaults["num_inference_steps"]),
+                {"ulysses": c.ulysses, "ring": c.ring, "cfg": c.cfg}, c.workers, c.grow, self._events)
+            self.planning.with_adapter_bytes(self.loras_table.adapter_bytes())
+            # re-plans after a loss take the planner's choice: one survivor runs unsharded
+            plan = self.planning.plan_start(workers=c.workers, ulysses=c.ulysses, ring=c.ring, cfg=c.cfg,
+                                            shard_weights=self.run_config.shard_weights).best
             if c.show_plan:
                 print(self.describe_plan(), flush=True)
-            self._timings["plan_seconds"] = time.perf_counter() - t0
-            self._placement_timeout_s = c.placement_timeout_s
+            self.replicas_part = Replicas(
+                PoolSettings(model_dir=self.model_dir, device=self.device, dtype=self.dtype, run=self.run_config,
+                             placement_timeout_s=c.placement_timeout_s, collective_timeout_s=c.collective_timeout_s,
+                             step_timeout_s=c.step_timeout_s, elastic=c.elastic, grow=c.grow, workers=c.workers),
+                self.planning, self.loras_table, self._events.events, self._events)
+            self.replicas_part.timings["plan_seconds"] = time.perf_counter() - t0
             for k in range(c.replicas):
                 # The first replica goes where the plan placed it; the others are packed
                 # onto what is left (each is checked against the cluster when reserved).
-                self._start_replica(k, plan, plan.placement if k == 0 else None, self.replicas.append)
+                self.replicas_part.start(k, plan, plan.placement if k == 0 else None)
         except BaseException:
-            for r in self.replicas:
-                r.pool.close()
-            self.replicas = []
-            self.cluster.close()
+            if self.replicas_part is not None:
+                self.replicas_part.close()
+            self.lifecycle.shutdown()
             raise
-        for key, value in self.replicas[0].pool.timings.items():
-            self._timings[key] = value
-        self._timings["startup_seconds"] = time.perf_counter() - t0
-        self._step_timeout_s = c.step_timeout_s
-        for r in self.replicas:
-            self._attach_controller(r)
-        self._dispatcher = Dispatcher(self.replicas, self._execute, self._repair, self._capacity_left)
-        self.max_batch = c.max_batch
-        self._tags = 0
-        self._family = None  # the model's Family, for batch keys (looked up once)
-        # Replicas that follow the queue: between `replicas` and `max_replicas`.
-        self.min_replicas, self.max_replicas = c.replicas, c.max_replicas or c.replicas
-        self.scale_up_wait_s, self.scale_down_idle_s = float(c.scale_up_wait_s), float(c.scale_down_idle_s)
-        self._warmup = c.warmup
-        self._next_index = c.replicas
-        self._autoscaler: threading.Thread | None = None
-        self._stop_scaling = threading.Event()
-        self._event(
-            "started", plan=plan_brief(plan), replicas=len(self.replicas),
-            seconds=self._timings["startup_seconds"],
-        )
-        if c.warmup:
+        timings = self.replicas_part.timings
+        for key, value in self.replicas_part.items[0].pool.timings.items():
+            timings[key] = value
+        timings["startup_seconds"] = time.perf_counter() - t0
+        for r in self.replicas_part.items:
+            self.replicas_part.attach_controller(r)
+        self.runner = RequestRunner(
+            Batching(self.model_dir, c.max_batch, self.planning, self._events), self._events, self.model_dir,
+            spec.vae_temporal, model_identity(self.model_dir), may_grow=c.elastic and c.grow != "never", pipe=self)
+        self._dispatcher = Dispatcher(self.replicas_part.items, self.runner, self.replicas_part.repair,
+                                      self.replicas_part.capacity_left)
+        self.requests = Requests(
+            model=self.model, model_dir=self.model_dir, takes_image=self.takes_image,
+            call_defaults=self.call_defaults, cache=self.cache, cache_threshold=self.cache_threshold,
+            checkpoint_dir=self.checkpoint_dir, num_train_timesteps=num_train_timesteps(self.model_dir),
+            model_identity=model_identity(self.model_dir), planning=self.planning, loras=self.loras_table,
+            replicas=self.replicas_part, queue=self._dispatcher, events=self._events)
+        warm_up = (lambda replicas: self.runner.warm_up(replicas, self.requests.warm_up_request(), timings)
+                   ) if c.warmup else None
+        self.autoscaler = Autoscaler(self.replicas_part, self._dispatcher, self.min_replicas, self.max_replicas,
+                                     c.scale_up_wait_s, c.scale_down_idle_s, c.replicas, warm_up, self._events)
+        # Shut down in this order: no new replica, the queue drained, the actors, the cluster.
+        self.lifecycle.add(self.replicas_part.close, first=True)
+        self.lifecycle.add(self._dispatcher.close, first=True)
+        self.lifecycle.add(self.autoscaler.stop, first=True)
+        self._events("started", plan=plan_brief(plan), replicas=len(self.replicas_part.items),
+                     seconds=timings["startup_seconds"])
+        if warm_up is not None:
             try:
-                self._warm_up()
+                warm_up(self.replicas_part.items)
             except BaseException:
                 self.shutdown()
                 raise
-        if self.max_replicas > self.min_replicas:
-            self._autoscaler = threading.Thread(target=self._autoscale_loop, name="raydit-autoscale", daemon=True)
-            self._autoscaler.start()
+        self.autoscaler.start()
+
+    # -- what a user (and the tests, serve and the CLI) read --------------------------------
+
+    @property
+    def replicas(self) -> list:
+        return self.replicas_part.items if self.replicas_part is not None else []
+
+    @property
+    def events(self) -> list[dict]:
+        return self._events.events
+
+    @property
+    def group(self):
+        """The first replica's worker pool (the only one unless replicas > 1)."""
+        return self.replicas[0].pool if self.replicas else None
+
+    @property
+    def controller(self):
+        return self.replicas[0].controller if self.replicas else None
+
+    @property
+    def plan(self):
+        return self.replicas[0].plan if self.replicas else None
+
+    @property
+    def plan_result(self):
+        return self.planning.plan_result
+
+    @property
+    def spec(self):
+        return self.planning.spec
+
+    @property
+    def kernel(self) -> str:
+        return self.group.kernel
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return dict(self.replicas_part.timings)
+
+    def describe_plan(self) -> str:
+        return self.planning.describe()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def generate(self, *args, **kwargs) -> GenerationResult:
+        """Generate one video and wait for it: `submit(...).result()`, with a progress bar by
+        default. `image` (a PIL image, a path or a uint8 array) conditions an image-to-video
+        pipeline."""
+        call = _GENERATE.bind(self, *args, **kwargs)
+        call.apply_defaults()
+        # By name: generate has no `tag`, so its parameters do not line up with submit's.
+        return self.submit(**{k: v for k, v in call.arguments.items() if k != "self"}).result()
+
+    def submit(self, *args, **kwargs):
+        """Queue a request; returns a future whose `.result()` is the GenerationResult.
+
+        Requests start in submission order on the fastest idle replica, each exactly once:
+        a request interrupted by a lost rank resumes from its last finished step, on
+        another replica if its own cannot go on. `checkpoint_dir`: write the request and
+        each finished step there (default: a directory per request under the Engine's
+        `checkpoint_dir`, if any); `Engine.resume(dir)` finishes it. `lora`: None (the base
+        model), the name of a loaded LoRA (scale 1.0) or {name: scale, ...}: active for this
+        request only. `cache` (None, "fbcache", "teacache") and `cache_threshold` override the
+        Engine's step caching for this request only (left out: the Engine's; a method given
+        without a threshold takes that method's default). `true_cfg_scale` > 1 with a
+        negative prompt runs true classifier-free guidance where guidance is embedded in the
+        model (HunyuanVideo). `guidance_options`: the family's further guidance knobs,
+        {name: value} (GenerationRequest.guidance_options; LTX-2: stg_scale, modality_scale ...)."""
+        call = _SUBMIT.bind(self, *args, **kwargs)
+        call.apply_defaults()
+        given = {k: v for k, v in call.arguments.items() if k != "self"}
+        control = {k: given.pop(k) for k in _CONTROLS}
+        request = self.requests.build(given)
+        self.requests.check(request)
+        return self.requests.enqueue(request, control["callback_on_step_end"], control["progress"],
+                                     control["checkpoint_dir"], tag=control["tag"], on_start=control["on_start"])
+
+    def resume(self, directory: str, callback_on_step_end=None, progress: bool = True) -> GenerationResult:
+        """Finish the request saved in `directory` (written with `checkpoint_dir`) from its
+        last finished step, e.g. after the driver that ran it died; returns its result."""
+        return self.requests.resume(directory, callback_on_step_end, progress)
+
+    def regroup(self, ulysses: int | None = None, ring: int | None = None, cfg: int | None = None):
+        """Re-plan a single-replica engine's warm workers with other degrees (fewer ranks is
+        fine), keeping the actors and their loaded weights; an infeasible layout is refused
+        with the planner's reason. Not while requests are running."""
+        return self.replicas_part.regroup(self._dispatcher.cond, ulysses, ring, cfg)
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+
+    def loras(self) -> dict[str, str]:
+        """The loaded LoRA adapters: name -> path of the .safetensors file."""
+        return self.loras_table.paths()
+
+    @property
+    def fused_lora(self) -> dict[str, float] | None:
+        """{name: scale} of the LoRA fused into the weights (fuse_lora), or None."""
+        return self.loras_table.fused_lora
+
+    def load_lora(self, path, name: str | None = None, target: str = "transformer") -> str:
+        """Load a LoRA on every rank of every replica (once; requests then choose it by name
+        with `lora=`). `target`: "transformer", "transformer_2" (Wan 2.2 A14B's low-noise
+        expert) or "both". Waits for running requests to finish. Returns the name."""
+        return self.loras_table.load(path, name, target, self._sync_loras)
+
+    def unload_lora(self, name: str) -> None:
+        """Unload a LoRA from every rank; later requests cannot name it."""
+        self.loras_table.unload(name, self._sync_loras)
+
+    def _sync_loras(self, table: dict, previous: dict) -> None:
+        self.replicas_part.sync_loras(self._dispatcher.cond, table, previous)
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Cancel queued requests, wait for running ones, kill the actors, release their
+        reservations, disconnect what we connected."""
+        lifecycle = getattr(self, "lifecycle", None)
+        if lifecycle is not None:
+            lifecycle.shutdown()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and getattr(self, "runner", None):
+            # Ctrl-C: running requests stop at their next step (each finished step is in its
+            # checkpoint directory, if it has one) instead of running to the end before shutdown.
+            self.runner.interrupted = True
+        self.shutdown()
+
+    def __del__(self):  # a forgotten engine must not leave actors pinning GPUs
+        try:
+            if getattr(self, "replicas_part", None) is not None and self.replicas:
+                self.shutdown()
+        except Exception:
+            pass
 
 
 Engine.__init__.__signature__ = engine_signature()
+Engine.generate.__signature__ = _GENERATE
+Engine.submit.__signature__ = _SUBMIT

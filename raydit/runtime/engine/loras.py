@@ -1,39 +1,52 @@
 """The LoRA table of an Engine: the adapters every rank of every replica holds (name ->
 LoraSpec), the one fused into the weights (fuse_lora), and loading / unloading between
-requests."""
+requests (the replicas do the syncing: `sync(table)` given to load / unload)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import threading
+from typing import Callable
 
 
-class LoraPart:
-    """The Engine's LoRA table (a part of raydit.runtime.engine.Engine)."""
+class LoraTable:
+    """The Engine's LoRA adapters, checked against the model on the driver (no Ray)."""
 
-    def _init_loras(self, loras: dict | None, fuse_lora) -> None:
-        """LoRA adapters (name -> LoraSpec), checked against the model before Ray starts;
-        every rank of every replica loads them once (WorkerPool.form). fuse_lora (True, a
-        name or {name: scale}): the engine's one LoRA merged into the weights on every rank
-        (no per-step cost); every request then runs with it."""
-        from raydit.models.lora import adapter_bytes, fuse_choice
+    def __init__(self, model_dir: str, run_config, loras: dict | None, fuse_lora):
+        """loras: name -> path (or {"path": P, "target": T}); every rank of every replica loads
+        them once (WorkerPool.form). fuse_lora (True, a name or {name: scale}): the engine's one
+        LoRA merged into the weights on every rank (no per-step cost); every request then runs
+        with it."""
+        from raydit.models.lora import fuse_choice
 
-        self._loras: dict = {}
-        self._lora_lock = threading.Lock()
+        self.model_dir = model_dir
+        self.run_config = run_config
+        self._table: dict = {}
+        self._lock = threading.Lock()
         for name, entry in (loras or {}).items():
-            spec = self._lora_spec(entry, name)
-            self._loras[spec.name] = spec
-        self._fused = fuse_choice(fuse_lora, self._loras)
+            spec = self.spec_for(entry, name)
+            self._table[spec.name] = spec
+        self._fused = fuse_choice(fuse_lora, self._table)
         if self._fused is not None:
             name, scale = self._fused
-            self._loras[name] = dataclasses.replace(self._loras[name], fuse_scale=scale)
-        self._refuse_if_compiled([n for n in self._loras if self._fused is None or n != self._fused[0]])
-        self._refuse_if_quantized([n for n in self._loras if self._fused is None or n != self._fused[0]])
-        # The planner counts the adapters' bytes on every rank (0 for a fused one).
-        self.spec = dataclasses.replace(self.spec, adapter_bytes=float(sum(adapter_bytes(s) for s in self._loras.values())))
+            self._table[name] = dataclasses.replace(self._table[name], fuse_scale=scale)
+        switched = [n for n in self._table if self._fused is None or n != self._fused[0]]
+        self._refuse_if_compiled(switched)
+        self._refuse_if_quantized(switched)
 
-    def _lora_spec(self, entry, name: str | None = None):
+    @property
+    def table(self) -> dict:
+        """name -> LoraSpec (a copy)."""
+        return dict(self._table)
+
+    def adapter_bytes(self, table: dict | None = None) -> float:
+        """The adapters' bytes on every rank (0 for a fused one), as the planner counts them."""
+        from raydit.models.lora import adapter_bytes
+
+        return float(sum(adapter_bytes(s) for s in (self._table if table is None else table).values()))
+
+    def spec_for(self, entry, name: str | None = None):
         """A path (or {"path": P, "target": T}) -> a LoraSpec checked against this model on
         the driver (raydit.models.lora.check_for_model: no weights loaded, no Ray)."""
         from raydit.models import lora
@@ -50,12 +63,12 @@ class LoraPart:
             raise ValueError(f"LoRA target {target!r} is not one of {', '.join(lora.TARGETS)}")
         spec = lora.LoraSpec(name=lora.check_name(name if name is not None else lora.default_name(entry)),
                              path=str(lora.lora_file(entry)), target=target)
-        if spec.name in self._loras:
+        if spec.name in self._table:
             raise ValueError(f"a LoRA named {spec.name!r} is already loaded; unload it first or give another name")
         lora.check_for_model(self.model_dir, spec)
         return spec
 
-    def _fused_default(self, lora):
+    def fused_default(self, lora):
         """On a fused engine a request that names no LoRA runs with the fused one."""
         from raydit.models.lora import normalize_choice
 
@@ -68,6 +81,23 @@ class LoraPart:
         """{name: scale} of the LoRA fused into the weights (fuse_lora), or None."""
         return None if self._fused is None else {self._fused[0]: self._fused[1]}
 
+    def check_request(self, request) -> None:
+        """A request's LoRA: the fused one on a fused engine, else loaded ones only."""
+        if self._fused is not None and request.lora != (self._fused,):
+            name, scale = self._fused
+            raise ValueError(
+                f"this engine serves LoRA {name!r} fused into its weights at scale {scale:g} (fuse_lora / "
+                f"--fuse-lora), so every request runs with it; this one asks for "
+                f"{dict(request.lora) or 'the base model'}: leave lora out (or give {{{name!r}: {scale:g}}}), "
+                "or use an engine without fuse_lora to switch adapters per request"
+            )
+        for name, _ in request.lora:
+            if name not in self._table:
+                raise ValueError(
+                    f"LoRA {name!r} is not loaded; loaded: {', '.join(sorted(self._table)) or 'none'} "
+                    "(load it with Engine.load_lora(path, name) or --lora PATH)"
+                )
+
     def _refuse_if_fused(self, what: str) -> None:
         if self._fused is not None:
             raise ValueError(
@@ -78,7 +108,7 @@ class LoraPart:
     def _refuse_if_compiled(self, names: list) -> None:
         # peft's layers in a compiled block: every switch of adapters or scales would
         # recompile the blocks (Dynamo guards on them). A fused LoRA is plain weights.
-        if self.compile and names:
+        if self.run_config.compile and names:
             raise ValueError(
                 f"LoRA {', '.join(map(str, names))} cannot be switched per request on compiled blocks (compile=True); "
                 "fuse one LoRA into the weights (fuse_lora / --fuse-lora) or drop compile"
@@ -88,75 +118,33 @@ class LoraPart:
         # A fused LoRA is quantized with the weights; a switched one is refused (quantize_options).
         from raydit.models.quantize_options import quantize_lora_refusal
 
-        refusal = quantize_lora_refusal(self.quantize, [f"LoRA {', '.join(map(str, names))}"] if names else [])
+        switching = [f"LoRA {', '.join(map(str, names))}"] if names else []
+        refusal = quantize_lora_refusal(self.run_config.quantize, switching)
         if refusal:
             raise ValueError(refusal)
 
-    def loras(self) -> dict[str, str]:
+    def paths(self) -> dict[str, str]:
         """The loaded LoRA adapters: name -> path of the .safetensors file."""
-        return {name: spec.path for name, spec in self._loras.items()}
+        return {name: spec.path for name, spec in self._table.items()}
 
-    def load_lora(self, path, name: str | None = None, target: str = "transformer") -> str:
-        """Load a LoRA on every rank of every replica (once; requests then choose it by name
-        with `lora=`). `target`: "transformer", "transformer_2" (Wan 2.2 A14B's low-noise
-        expert) or "both". Waits for running requests to finish. Returns the name."""
+    def load(self, path, name: str | None, target: str, sync: Callable[[dict, dict], None]) -> str:
+        """Check and add an adapter; `sync(table, previous)` makes every rank hold the new
+        table (raising leaves this one as it was). Returns its name."""
         self._refuse_if_fused("load a LoRA")
         self._refuse_if_compiled([name or str(path)])
         self._refuse_if_quantized([name or str(path)])
-        with self._lora_lock:
-            spec = self._lora_spec({"path": path, "target": target}, name)
-            self._sync_loras({**self._loras, spec.name: spec})
+        with self._lock:
+            spec = self.spec_for({"path": path, "target": target}, name)
+            table = {**self._table, spec.name: spec}
+            sync(table, dict(self._table))
+            self._table = table
             return spec.name
 
-    def unload_lora(self, name: str) -> None:
-        """Unload a LoRA from every rank; later requests cannot name it."""
+    def unload(self, name: str, sync: Callable[[dict, dict], None]) -> None:
         self._refuse_if_fused("unload a LoRA")
-        with self._lora_lock:
-            if name not in self._loras:
-                raise ValueError(f"LoRA {name!r} is not loaded; loaded: {', '.join(sorted(self._loras)) or 'none'}")
-            self._sync_loras({n: s for n, s in self._loras.items() if n != name})
-
-    def _sync_loras(self, table: dict) -> None:
-        """Make every member of every replica hold `table`, between requests: each replica is
-        claimed as it becomes idle (the dispatcher starts nothing on it meanwhile). On a
-        failure every rank goes back to the previous table and the error is raised."""
-        import ray
-
-        if not self.replicas:
-            raise RuntimeError("engine is shut down; create a new Engine")
-        cond = self._dispatcher.cond
-        claimed: list = []
-        with cond:
-            while len(claimed) < len(self.replicas):
-                for r in self.replicas:
-                    if r not in claimed and not r.busy:
-                        r.busy = True
-                        claimed.append(r)
-                if len(claimed) < len(self.replicas):
-                    cond.wait(timeout=1.0)
-        try:
-            previous = dict(self._loras)
-            actors = [m.actor for r in self.replicas for m in r.pool.members]
-            try:
-                ray.get([a.sync_loras.remote(table) for a in actors], timeout=300)
-            except Exception as exc:
-                from raydit.runtime.failures import classify
-
-                try:
-                    ray.get([a.sync_loras.remote(previous) for a in actors], timeout=300)
-                except Exception:  # a rank that cannot even go back is replaced at the next form
-                    for r in self.replicas:
-                        r.pool.reset_group()
-                raise ValueError(classify(exc).message) from None
-            self._loras = dict(table)
-            from raydit.models.lora import adapter_bytes
-
-            self.spec = dataclasses.replace(self.spec, adapter_bytes=float(sum(adapter_bytes(s) for s in table.values())))
-            for r in self.replicas:
-                r.pool.loras = dict(table)
-            self._event("loras", loaded=sorted(table))
-        finally:
-            with cond:
-                for r in claimed:
-                    r.busy = False
-                cond.notify_all()
+        with self._lock:
+            if name not in self._table:
+                raise ValueError(f"LoRA {name!r} is not loaded; loaded: {', '.join(sorted(self._table)) or 'none'}")
+            table = {n: s for n, s in self._table.items() if n != name}
+            sync(table, dict(self._table))
+            self._table = table
