@@ -353,7 +353,7 @@ def test_memory_falls_with_sp():
 def test_mixed_cluster_file(tmp_path):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "cluster" / "mixed.yaml"
+    path = Path(__file__).resolve().parents[2] / "cluster" / "mixed.yaml"
     result = plan("cogvideox-5b", cluster=str(path))
     for p in result.candidates[:30]:
         check_invariants(result, p)

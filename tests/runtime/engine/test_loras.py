@@ -17,12 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_elastic import kill_at_step
 
 from raydit.models import lora
 from raydit.models.family import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.runner import Runner
+
+from support.actors import kill_at_step
 
 RTOL, ATOL = 1e-4, 1e-4
 PROMPT = "a red fox running through fresh snow"

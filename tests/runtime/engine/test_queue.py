@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import pytest
 
@@ -15,18 +14,7 @@ from raydit.runtime.controller import Job
 from raydit.runtime.errors import HandBack, NoCapacity
 from raydit.runtime.queue import Dispatcher, Item, load_progress, save_progress
 
-
-@dataclass(frozen=True)
-class Plan:
-    predicted_step_seconds: float
-
-
-@dataclass
-class R:
-    index: int
-    plan: Plan
-    busy: bool = False
-    in_rotation: bool = True
+from support.replicas import Plan, R
 
 
 def _item(name):

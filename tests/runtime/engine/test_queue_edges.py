@@ -10,7 +10,7 @@ import pytest
 from raydit.runtime.errors import NoCapacity
 from raydit.runtime.queue import Dispatcher, Item
 
-from tests.runtime.test_queue import R, Plan  # the plain replicas test_queue drives
+from support.replicas import Plan, R
 
 
 def test_no_capacity_is_answered_even_when_the_cluster_cannot_say_what_is_left():
