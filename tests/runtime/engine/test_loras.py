@@ -2,7 +2,7 @@
 
 One 2-rank engine (ulysses x ring x cfg as planned) with a LoRA loaded at start: switching
 it on, off and on gives each request its one-process reference (rtol 1e-4, atol 1e-4 in
-float32, as tests/runtime/test_engine.py), a base request after a LoRA request equals the
+float32, as tests/runtime/engine/test_engine.py), a base request after a LoRA request equals the
 first base request bit for bit, a LoRA loaded later mixes with the first at other scales,
 bad input is refused in one line and the engine keeps serving, and a rank killed mid-request
 is replaced by a fresh actor that loads the adapters before the request resumes.
