@@ -128,11 +128,11 @@ _SLOW_FILES = (  # seconds from the full run of 2026-11-26 14:03 (two streams, 2
     "tests/models/test_conformance.py",  # ~470: one spawned group runs every family's plans
     "tests/runtime/test_cli_jobs.py",  # ~260
     "tests/test_bench.py",  # ~200
-    "tests/runtime/test_engine.py",  # ~150
+    "tests/runtime/engine/test_engine.py",  # ~150
     "tests/models/test_compile.py",  # ~150
     "tests/models/test_vae_parallel.py",  # ~145
     "tests/models/test_cache.py",  # ~130
-    "tests/runtime/test_lora_engine.py",  # ~120
+    "tests/runtime/engine/test_loras.py",  # ~120
     "tests/runtime/test_faults.py",  # ~110
     "tests/runtime/test_elastic_families.py",  # ~110
     "tests/models/test_batching.py",  # ~100

@@ -119,7 +119,7 @@ def test_compiled_blocks_match_eager_on_ulysses_and_ring_without_graph_breaks():
             torch.testing.assert_close(compiled, eager, **forward_tol(eager), msg=lambda m: f"rank {rank} {key}: {m}")
 
 
-# The tiny engine's request of tests/runtime/test_cache_engine.py: fbcache at 1.3 caches 1 of 4
+# The tiny engine's request of tests/runtime/engine/test_cache.py: fbcache at 1.3 caches 1 of 4
 # steps with every decision >= 10% from the threshold, so compiled rounding cannot flip one.
 PROMPT = "a red fox running through fresh snow"
 GEN = dict(num_frames=5, height=32, width=32, num_inference_steps=4, guidance_scale=6.0)

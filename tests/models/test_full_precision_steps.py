@@ -17,11 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 from fp8_cpu import INSTALLED, MODES, TORCHAO, WHY, lift_fp8_gates
-from test_quantize import assert_batched_as_alone
 
 from raydit.models import conformance as harness
 from raydit.models.precision import relative_error
 from raydit.planner.runconfig import RunConfig
+
+from support.quantize import assert_batched_as_alone
 
 GEN = dict(prompt="a red fox running through fresh snow", num_frames=5, height=32, width=32, guidance_scale=6.0)
 

@@ -29,6 +29,8 @@ from raydit.models import conformance as harness
 from raydit.models.precision import BF16_ERROR_FACTOR, relative_error
 from raydit.planner.runconfig import RunConfig
 
+from support.quantize import assert_batched_as_alone
+
 # Quantized block linears of each family's main forward case: its blocks' attention and
 # feed-forward linears at multiples of 16 features (LTX's tiny width 72 has none; LTX-2's
 # 24-wide audio stream and its 24-wide cross-modal projections stay).
@@ -318,19 +320,6 @@ def test_generate_and_serve_pass_quantize_and_attention_to_the_engine(tmp_path):
     check_precision_options({"quantize": "fp8-sim", "lora_table": {"a": object()}, "fuse_lora": True})
     takes = set(inspect.signature(Engine).parameters)
     assert {"quantize", "attention"} <= takes
-
-
-def assert_batched_as_alone(out: dict, mode: str) -> None:
-    """out[(m, "batched" / "alone")]: each request's latents batched and alone, unquantized (m
-    None) and under `mode`. Where the unquantized batch equals its requests alone bit for bit
-    (the same ops per row), so must the mode's (per-token scales: a neighbour changes none);
-    at least one request must be such."""
-    exact = 0
-    for i, (batched, alone) in enumerate(zip(out[None, "batched"], out[None, "alone"])):
-        if torch.equal(batched, alone):
-            assert torch.equal(out[mode, "batched"][i], out[mode, "alone"][i]), f"request {i}"
-            exact += 1
-    assert exact > 0
 
 
 @pytest.mark.slow

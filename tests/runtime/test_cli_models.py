@@ -9,7 +9,7 @@
   real mp4; the HunyuanVideo run uses true CFG on 2 ranks, the HunyuanVideo image-to-video
   run (token_replace: the image's latent frame split with the video tokens) sequence
   parallelism on 2 ranks, and the latents of both equal one process's
-  (rtol 1e-4, atol 1e-4, float32, as tests/runtime/test_engine.py).
+  (rtol 1e-4, atol 1e-4, float32, as tests/runtime/engine/test_engine.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.actors import kill_and_wait
+
 STEPS = 4
 TOL = dict(rtol=1e-4, atol=1e-4)
 PROMPT = "a kite over a windy beach"
@@ -60,35 +62,6 @@ def _remove_node_and_wait(cluster, node, timeout=60):
     raise AssertionError(f"node {node.node_id} was not declared dead within {timeout} s")
 
 
-def _kill_actor_and_wait(actor, timeout=60):
-    import time
-
-    import ray
-
-    ray.kill(actor, no_restart=True)  # returns before the actor is dead
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            ray.get(actor.ping.remote(), timeout=5)
-        except ray.exceptions.GetTimeoutError:
-            continue  # a slow answer (a loaded machine) does not say it is gone: ask again
-        except ray.exceptions.RayActorError:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the killed actor still answers")
-
-
-def kill_at_step(actor, at: int):
-    """A callback_on_step_end that kills `actor` (and waits until it is gone) when step `at` ends."""
-
-    def callback(engine, step, timestep, kwargs):
-        if step == at:
-            _kill_actor_and_wait(actor)
-        return kwargs
-
-    return callback
-
-
 def test_1_node_removed_mid_generation_finishes_with_same_latents(story):
     engine, cluster = story["engine"], story["cluster"]
     assert engine.plan.world_size == 4
@@ -127,7 +100,7 @@ def test_3_killed_actor_is_replaced_and_the_run_resumes(story):
 
     def kill_actor(eng, step, timestep, kwargs):
         if step == 2:
-            _kill_actor_and_wait(victim)
+            kill_and_wait(victim)
         return kwargs
 
     result = _gen(engine, 5, kill_actor)

@@ -9,10 +9,10 @@ Engine, pool and checkpoints as CogVideoX's (tests/runtime/test_elastic.py, test
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
+
+from support.actors import kill_and_wait
 
 STEPS = 3
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -33,22 +33,6 @@ CASES = {
 }
 
 
-def _kill_and_wait(actor, timeout=60):
-    import ray
-
-    ray.kill(actor, no_restart=True)  # returns before the actor is dead
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            ray.get(actor.ping.remote(), timeout=5)
-        except ray.exceptions.GetTimeoutError:
-            continue  # a slow answer (a loaded machine) does not say it is gone: ask again
-        except Exception:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the killed actor still answers")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(CASES))
 def test_rank_killed_mid_generation_resumes_with_the_same_latents(ray_local, model):
@@ -62,7 +46,7 @@ def test_rank_killed_mid_generation_resumes_with_the_same_latents(ray_local, mod
 
         def kill_rank_0(eng, step, timestep, kwargs):
             if step == 2:
-                _kill_and_wait(victim)
+                kill_and_wait(victim)
             return kwargs
 
         result = engine.generate("a paper boat", callback_on_step_end=kill_rank_0, **request)

@@ -1,5 +1,5 @@
 """Recovery paths found wanting in an audit: each test was seen failing before its fix.
-Controller tests run against the dummy worker group of test_controller (no Ray)."""
+Controller tests run against the dummy worker group of tests/support/controller.py (no Ray)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from raydit.runtime.controller import Controller, Job
 from raydit.runtime.errors import OutOfMemory, RequestFailed, WorkerFailure
 
-from tests.runtime.test_controller import DummyGroup, Req, replan_for, run_ticks
+from support.controller import DummyGroup, Req, replan_for, run_ticks
 
 RELEASE_WAIT_S = 120.0  # a wait for released devices that ends only when they are seen free
 

@@ -8,7 +8,7 @@ import pytest
 
 from raydit.planner import DEVICE_TYPES, ClusterSpec, NodeSpec, device_type
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", ["H100", "H200", "A100-40GB", "A100-80GB", "L40S", "L40", "A10G",

@@ -2,7 +2,7 @@
 
 One 2-rank engine on the tiny CogVideoX pipeline with `cache="fbcache"` as its default. Each
 request's final latents equal the one-process Runner's with the same request (rtol 1e-4,
-atol 1e-4 in float32, as tests/runtime/test_engine.py) and `timings["cached_steps"]` equals
+atol 1e-4 in float32, as tests/runtime/engine/test_engine.py) and `timings["cached_steps"]` equals
 the one-process count exactly. The thresholds cache 1 of the 4 steps of this request (the
 decision quantities of one process are fbcache 1.55, 1.11, 1.52 against 1.3 and teacache
 1.88, 0.94 against 1.3: every one at least 15% from its threshold, so float32 rounding of a

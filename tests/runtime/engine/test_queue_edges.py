@@ -11,7 +11,7 @@ import pytest
 from raydit.runtime.errors import NoCapacity
 from raydit.runtime.queue import Dispatcher, Item
 
-from tests.runtime.test_queue import R, Plan  # the plain replicas test_queue drives
+from support.replicas import Plan, R
 
 
 

@@ -8,7 +8,6 @@ import threading
 import time
 from concurrent.futures import Future
 from types import SimpleNamespace
-from dataclasses import dataclass
 
 import pytest
 
@@ -16,18 +15,7 @@ from raydit.runtime.controller import Job
 from raydit.runtime.errors import HandBack, NoCapacity
 from raydit.runtime.queue import Dispatcher, Item, load_progress, save_progress
 
-
-@dataclass(frozen=True)
-class Plan:
-    predicted_step_seconds: float
-
-
-@dataclass
-class R:
-    index: int
-    plan: Plan
-    busy: bool = False
-    in_rotation: bool = True
+from support.replicas import Plan, R
 
 
 def _item(name):

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_elastic import kill_at_step
 
 from raydit.models.precision import relative_error
 from raydit.planner.runconfig import RunConfig
+
+from support.actors import kill_at_step
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 PROMPT = "a kite over a windy beach"

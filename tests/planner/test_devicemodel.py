@@ -274,7 +274,7 @@ def test_doctor_says_why_a_cached_entry_is_not_used(tmp_path):
 def test_full_precision_steps_price_the_requests_mean_step():
     """Mode(full_precision_steps=N, steps=S): 2N of S steps run in the unquantized mode (bf16
     GEMMs and attention, compiled as the rest), so a step is priced as the request's mean,
-    part by part; the memory of the kept weights is Mode.keep_bf16's (test_planner_sharding)."""
+    part by part; the memory of the kept weights is Mode.keep_bf16's (planner/test_sharding.py)."""
     t = dm.table_for("H100")
     spec = model_spec("wan2.1-t2v-1.3b")
     geo = spec.geometry()

@@ -2,7 +2,7 @@
 
 One 2-rank engine (ulysses x ring x cfg as planned) with a LoRA loaded at start: switching
 it on, off and on gives each request its one-process reference (rtol 1e-4, atol 1e-4 in
-float32, as tests/runtime/test_engine.py), a base request after a LoRA request equals the
+float32, as tests/runtime/engine/test_engine.py), a base request after a LoRA request equals the
 first base request bit for bit, a LoRA loaded later mixes with the first at other scales,
 bad input is refused in one line and the engine keeps serving, and a rank killed mid-request
 is replaced by a fresh actor that loads the adapters before the request resumes.
@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import torch
 from support.lora_files import write_random_lora
-from test_elastic import kill_at_step
 
 from raydit.models import lora
 from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.runner import Runner
+
+from support.actors import kill_at_step
 
 RTOL, ATOL = 1e-4, 1e-4
 PROMPT = "a red fox running through fresh snow"

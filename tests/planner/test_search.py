@@ -312,7 +312,7 @@ def test_bad_arguments(kwargs, message):
 
 def test_big_model_on_t4_is_rejected_for_memory():
     with pytest.raises(PlanError) as info:
-        plan("wan2.1-t2v-14b", gpus=4, gpu_type="T4", shard_weights=False)  # fits sharded (test_planner_sharding)
+        plan("wan2.1-t2v-14b", gpus=4, gpu_type="T4", shard_weights=False)  # fits sharded (planner/test_sharding.py)
     msg = str(info.value)
     assert "the largest device offered (T4) has 16 GB; the weights alone do not fit" in msg
     assert "at best:" in msg
@@ -353,7 +353,7 @@ def test_memory_falls_with_sp():
 def test_mixed_cluster_file(tmp_path):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "cluster" / "mixed.yaml"
+    path = Path(__file__).resolve().parents[2] / "cluster" / "mixed.yaml"
     result = plan("cogvideox-5b", cluster=str(path))
     for p in result.candidates[:30]:
         check_invariants(result, p)

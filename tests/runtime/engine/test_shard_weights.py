@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_elastic import kill_at_step
+
+from support.actors import kill_at_step
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 

@@ -11,7 +11,7 @@ import pytest
 
 from raydit.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv):
