@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from raydit.parallel.kernels import KERNELS, AttentionKernel, default_kernel, plain_kernel
-from raydit.parallel.lowbit import KERNELS as LOWBIT_KERNELS
+from raydit.parallel.kernels.lowbit import KERNELS as LOWBIT_KERNELS
 from raydit.parallel.mesh import ParallelMesh, check_layout, mesh_key, mesh_of_key
 from raydit.parallel.opaque import fresh
 from raydit.parallel.sharding import SeqLayout, select_ranges
