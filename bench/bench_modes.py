@@ -1,7 +1,7 @@
 """Faster modes on one GPU, with what each costs in quality (issue 39): one run, one script.
 
 Modes: raydit's `quantize` (none / fp8: the transformer blocks' linears in FP8 through torchao)
-and `attention` (bf16 / int8 / fp8: raydit.parallel.lowbit), eager or compiled.
+and `attention` (bf16 / int8 / fp8: raydit.parallel.kernels.lowbit), eager or compiled.
 
 Parts, each reported as it finishes and written to docs/benchmarks/modes.json (`--out`):
 1. kernels: each attention kernel at real shapes, bf16, (1, 12, 32760, 128) Wan 1.3B and
@@ -77,7 +77,8 @@ def rel(x, ref) -> float:
 def part_kernels(ctx: dict) -> dict:
     import torch
 
-    from raydit.parallel import kernels, lowbit
+    from raydit.parallel import kernels
+    from raydit.parallel.kernels import lowbit
 
     device, out = ctx["device"], {}
     names = ["torch-cudnn", "int8-triton", "fp8-triton"] if device.type == "cuda" else ["torch-cpu", "int8-torch", "fp8-torch"]

@@ -242,7 +242,7 @@ class Sweep:
         F = torch.nn.functional
         aten = torch.ops.aten
         plain, lse, int8, fp8, fa2 = [], [], [], [], []
-        lowbit = {}  # raydit's 8-bit kernels (raydit.parallel.lowbit), those that pass their float64 check
+        lowbit = {}  # raydit's 8-bit kernels (raydit.parallel.kernels.lowbit), those that pass their float64 check
         if self.device == "cuda":
             try:
                 from raydit.parallel import kernels as K
@@ -288,7 +288,7 @@ class Sweep:
                     try:
                         t = self.timed(lambda: fn(q, k, v, d ** -0.5), repeats=5)
                         rows.append(dict(row, tflops=_sig(flop / t / 1e12), kernel=name,
-                                         source=self.source(f"raydit.parallel.lowbit {name} (quantization included)")))
+                                         source=self.source(f"raydit.parallel.kernels.lowbit {name} (quantization included)")))
                     except Exception:
                         pass
         att = self.table.setdefault("attention", {})

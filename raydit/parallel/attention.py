@@ -32,10 +32,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from raydit.parallel.kernels import KERNELS, AttentionKernel, default_kernel, plain_kernel
-from raydit.parallel.lowbit import KERNELS as LOWBIT_KERNELS
+from raydit.parallel.kernels.lowbit import KERNELS as LOWBIT_KERNELS
+from raydit.parallel.kernels.sparse import VideoMask
 from raydit.parallel.mesh import ParallelMesh, check_layout, mesh_key, mesh_of_key
 from raydit.parallel.opaque import fresh
 from raydit.parallel.sharding import SeqLayout, select_ranges
+from raydit.parallel.sparse_ring import block_positions, ring_tally, sparse_kernel, sparse_ring_attention
 
 # Set inside `full_precision_attention()`: sp_attention runs the run dtype's kernels whatever its
 # mesh's attention mode (a Runner's full-precision steps). Read when sp_attention runs, also
@@ -187,6 +189,7 @@ class RingComm:
         # Point-to-point ops need contiguous buffers; empty_like would copy odd strides.
         block = block.contiguous()
         recv = torch.empty(block.shape, dtype=block.dtype, device=block.device)
+        ring_tally.add(block)
         self._ops.append(dist.P2POp(dist.isend, block, self._next, self._group))
         self._ops.append(dist.P2POp(dist.irecv, recv, self._prev, self._group))
         self._in_flight += [block, recv]
@@ -261,6 +264,7 @@ def sp_attention(
     scale: float | None = None,
     kernel: AttentionKernel | None = None,
     head_chunks: int | None = None,
+    sparse: VideoMask | None = None,
 ) -> Tensor:
     """Full (non-causal) attention over the whole sp-sharded sequence; local shard in and out.
 
@@ -271,6 +275,9 @@ def sp_attention(
     kernel: the LSE kernel for every layout; None: the fastest that passed the float64 check
     on (device, dtype, D) (raydit.parallel.kernels), and with ring degree 1, where no lse is
     merged, torch's scaled_dot_product_attention.
+    sparse: a sparse-attention mask in global token positions (raydit.parallel.sparse_ring):
+    every layout then runs the block-sparse kernel, and the ring sends a K/V block only to
+    the ranks that attend it; `kernel` must be None.
     """
     check_layout(mesh, layout)
     if q_BHSD.dim() != 4 or k_BHSD.shape != q_BHSD.shape or v_BHSD.shape != q_BHSD.shape:
@@ -303,7 +310,15 @@ def sp_attention(
         raise ValueError(f"head_chunks {head_chunks!r} must be an integer >= 1 (1: no overlap)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    if sparse is not None and kernel is not None:
+        raise ValueError(f"kernel {kernel.name!r} and sparse attention were both given; the sparse mask runs "
+                         "its own kernel: pass kernel=None")
+    if sparse is not None and sparse.total_tokens != layout.total_len:
+        raise ValueError(f"the sparse mask covers {sparse.total_tokens} tokens but the layout holds "
+                         f"{layout.total_len} ({layout.part_lengths}); build the mask for this sequence")
     if torch.compiler.is_compiling():
+        if sparse is not None:
+            raise ValueError("sparse attention does not run under torch.compile yet; run it eager")
         # Dynamo cannot trace the async collectives below: one opaque op instead, so the
         # transformer block around it stays one graph (raydit.parallel.opaque).
         if kernel is not None and KERNELS.get(kernel.name) is not kernel.fn:
@@ -318,7 +333,9 @@ def sp_attention(
     # The attention mode (mesh.attention) picks the LSE kernel; where that is a full-precision
     # kernel (bf16, or what auto measured fastest), ring 1 may run torch's SDPA instead.
     plain = None
-    if kernel is None:
+    if sparse is not None:
+        pass
+    elif kernel is None:
         kernel = default_kernel(q_BHSD.device, q_BHSD.dtype, D, "bf16" if _FULL_PRECISION else mesh.attention)
         if mesh.ring == 1 and kernel.name not in LOWBIT_KERNELS:
             plain = plain_kernel(q_BHSD.device, q_BHSD.dtype, D)
@@ -326,6 +343,11 @@ def sp_attention(
     block_ranges = ring_block_ranges(layout, U, mesh.ring)
 
     def attend(q_BcTD: Tensor, k_BcTD: Tensor, v_BcTD: Tensor) -> Tensor:
+        if sparse is not None:
+            if mesh.ring == 1:  # pad tokens sit at position -1, which the mask never allows
+                pos = block_positions(layout, U, 0)
+                return sparse_kernel(q_BcTD, k_BcTD, v_BcTD, pos, pos, sparse, scale)[0].to(q_BcTD.dtype)
+            return sparse_ring_attention(q_BcTD, k_BcTD, v_BcTD, mesh, layout, sparse, scale, merge_attention)
         if mesh.ring == 1:
             ranges = block_ranges[0]
             k_real, v_real = select_ranges(k_BcTD, ranges, 2), select_ranges(v_BcTD, ranges, 2)

@@ -213,7 +213,7 @@ def plan(model, frames: int | None = None, height: int | None = None, width: int
     if not isinstance(mode, Mode):
         raise ValueError(f"mode must be a raydit.planner.devicemodel.Mode, got {type(mode).__name__}")
     # CPU slots ("shm") run the 8-bit attention modes' torch kernels (their numbers, no speed);
-    # a GPU without FP8 runs no FP8 kernel (raydit.parallel.lowbit.candidates).
+    # a GPU without FP8 runs no FP8 kernel (raydit.parallel.kernels.lowbit.candidates).
     for what, asked, cpu_lacks in (("quantize fp8", mode.quantize == "fp8", True),
                                    ("attention fp8", mode.attention == "fp8", False)):
         lacking = sorted({n.device.name for n in cl.nodes if n.device.fp8 is False

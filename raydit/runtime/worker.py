@@ -236,7 +236,7 @@ class RankWorker:
         head_dim = head_dim if isinstance(head_dim, int) else None
         dtype = getattr(torch, self._dtype_name)
         lse_kernel = kernel_choice(self._device(), dtype, head_dim, mode)
-        from raydit.parallel.lowbit import KERNELS as LOWBIT_KERNELS
+        from raydit.parallel.kernels.lowbit import KERNELS as LOWBIT_KERNELS
 
         if lse_kernel.name not in LOWBIT_KERNELS and ring == 1 and plain_kernel(self._device(), dtype, lse_kernel.head_dim) is not None:
             return "sdpa"

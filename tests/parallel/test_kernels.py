@@ -77,7 +77,7 @@ def fakes(monkeypatch):
         monkeypatch.setitem(KERNELS, name, fn)
 
     def candidates(*names):
-        monkeypatch.setattr(kernels, "candidate_kernels", lambda device, dtype=None, mode="bf16": list(names))
+        monkeypatch.setattr(kernels.choice, "candidate_kernels", lambda device, dtype=None, mode="bf16": list(names))
 
     return candidates
 

@@ -1,4 +1,4 @@
-"""8-bit attention (raydit.parallel.lowbit): its lse, its float64 check, its choice, and every
+"""8-bit attention (raydit.parallel.kernels.lowbit): its lse, its float64 check, its choice, and every
 sequence-parallel layout against one process under the same mode.
 
 Rules used: the torch implementations are the 8-bit scheme itself, so where two runs feed the
@@ -16,7 +16,8 @@ import math
 import pytest
 import torch
 
-from raydit.parallel import kernels, lowbit
+from raydit.parallel import kernels
+from raydit.parallel.kernels import lowbit
 from raydit.parallel.attention import merge_attention, sp_attention
 from raydit.parallel.kernels import _exact
 from raydit.parallel.mesh import build_mesh, gather_sequence, with_attention

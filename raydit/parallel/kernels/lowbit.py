@@ -113,9 +113,9 @@ QUANT_ROWS = 32
 
 
 def _triton_kernels():
-    """(attention kernel, quantization kernel) of raydit.parallel.lowbit_triton, imported on
+    """(attention kernel, quantization kernel) of raydit.parallel.kernels.lowbit_triton, imported on
     first use (Triton is imported only there)."""
-    from raydit.parallel import lowbit_triton
+    from raydit.parallel.kernels import lowbit_triton
 
     return lowbit_triton.attn_8bit, lowbit_triton.quant
 
@@ -143,7 +143,7 @@ def attention_triton(q: Tensor, k: Tensor, v: Tensor, scale: float, mode: str) -
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     args = (p["q8"], p["k8"], p["v"], p["sq"], p["sk"], vs, out, lse, p["correction"], Sq, Sk)
     if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's CPU interpreter cannot autotune: one tile
-        from raydit.parallel.lowbit_triton import TILES
+        from raydit.parallel.kernels.lowbit_triton import TILES
 
         m, n, _, _ = TILES[0]
         attn.fn[(triton_cdiv(Sq, m), B * H)](*args, D=D, FP8=fp8, BLOCK_M=m, BLOCK_N=n)

@@ -1,4 +1,4 @@
-"""The Triton kernels of raydit.parallel.lowbit (CUDA; imported only when one runs).
+"""The Triton kernels of raydit.parallel.kernels.lowbit (CUDA; imported only when one runs).
 
 Legend: B batch, H heads, S / Sq / Sk tokens, D head dim; tensors (B, H, S, D) contiguous but
 where strides are passed. lowbit's module doc gives the scheme these compute.
