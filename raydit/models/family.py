@@ -137,6 +137,9 @@ class Family:
     # GEMMs and the attention kernel excluded; bench/bench_opsweep.py --count-blocks); 0: not
     # counted (raydit.planner.devicemodel's default stands in). The planner's ModelSpec.elementwise_bytes.
     elementwise_bytes: float = 0.0
+    # Kernels those ops launch per block and transformer call in eager mode, counted with them
+    # (ModelSpec.elementwise_launches; 0: raydit.planner.devicemodel's default stands in).
+    elementwise_launches: int = 0
 
     def fp8_weight_params(self, spec) -> float:
         """Weight elements of one of `spec`'s transformers that quantize "fp8" keeps in one byte:

@@ -66,7 +66,8 @@ def families() -> dict[str, object]:
 
 
 def _with_decoder(family, spec):
-    """The spec with its family's decoder, its blocks' elementwise bytes and its FP8 weight count
+    """The spec with its family's decoder, its blocks' elementwise bytes and launches, whether it
+    batches the guidance branches, and its FP8 weight count
     (the planner prices the decode, the step's non-GEMM ops and fp8's weights with them), where
     the spec does not give its own."""
     import dataclasses
@@ -75,6 +76,10 @@ def _with_decoder(family, spec):
         spec = dataclasses.replace(spec, decoder=family.decoder_for(spec))
     if not spec.elementwise_bytes and family.elementwise_bytes:
         spec = dataclasses.replace(spec, elementwise_bytes=float(family.elementwise_bytes))
+    if not spec.elementwise_launches and family.elementwise_launches:
+        spec = dataclasses.replace(spec, elementwise_launches=int(family.elementwise_launches))
+    if family.batch_branches and not spec.batched_branches:
+        spec = dataclasses.replace(spec, batched_branches=True)
     if not spec.fp8_params:
         # from the widths; never more than the parameters counted (a directory's weights)
         spec = dataclasses.replace(spec, fp8_params=min(float(family.fp8_weight_params(spec)), spec.params))

@@ -48,12 +48,15 @@ TABLE_DIR = Path(__file__).with_name("tables")
 TABLE_VERSION = 1
 # Bytes per token and channel one layer's non-GEMM, non-attention ops move in eager mode where
 # the model's own count is missing: HunyuanVideo's (the middle of the three counted: CogVideoX
-# 84, HunyuanVideo 238, Wan 419; raydit.planner.model.ELEMENTWISE_BYTES).
+# 84, HunyuanVideo 238, Wan 419; each family's Family.elementwise_bytes).
 DEFAULT_ELEMENTWISE_BYTES = 238.0
-# Elementwise kernel launches per layer in eager mode (counted with the bytes: CogVideoX 33,
-# HunyuanVideo 48 single / 81 dual, Wan 83); the middle one.
+# Elementwise kernel launches per layer and transformer call in eager mode where the model's own
+# count is missing (counted with the bytes: CogVideoX 33, HunyuanVideo 48 single / 81 dual, Wan
+# 83); the middle one.
 ELEMENTWISE_LAUNCHES = 81
-GEMM_LAUNCHES = 8  # q, k, v, out, FFN in and out; cross-attention adds 4
+GEMM_LAUNCHES = 6  # q, k, v, out, FFN in and out; cross-attention adds CROSS_LAUNCHES
+CROSS_LAUNCHES = 5  # its q, k, v, out GEMMs and its attention kernel
+ATTENTION_LAUNCHES = 1  # the self-attention kernel
 FP8_QUANT_BYTES = 3  # quantizing one bf16 activation element outside the GEMM: read 2, write 1
 # The steps of a request a plan prices full-precision steps over where it is not told: raydit's
 # default request (`--steps`, raydit.runtime.options) and diffusers' for most video pipelines.
@@ -321,7 +324,7 @@ class StepOps:
     elementwise: float
     quantize: float  # fp8: the activations' quantization outside the GEMMs
     audio: float
-    launches: float  # launch costs not already in the parts above
+    launches: float  # every kernel launch of the step, launch_us each: per layer and transformer call
     attention_per_layer: float  # one layer's self-attention (the kernel that runs at ring 1)
     attention_lse_per_layer: float  # the same with the LSE kernel a ring runs
 
@@ -339,6 +342,11 @@ class StepOps:
 def elementwise_bytes(spec: ModelSpec) -> float:
     """Bytes per token and channel one layer's elementwise ops move in eager mode."""
     return spec.elementwise_bytes or DEFAULT_ELEMENTWISE_BYTES
+
+
+def elementwise_launches(spec: ModelSpec) -> int:
+    """Kernels one layer's elementwise ops launch per transformer call in eager mode."""
+    return spec.elementwise_launches or ELEMENTWISE_LAUNCHES
 
 
 def step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: int, mode: Mode = BF16) -> StepOps:
@@ -364,27 +372,29 @@ def _step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: in
     def gemm(rows, n, k):
         if not rows:
             return 0.0
-        return table.gemm(rows, n, k, dtype).seconds(2 * rows * n * k, (rows * k + k * n) * e_in + rows * n * 2)
+        return table.gemm(rows, n, k, dtype).seconds(2 * rows * n * k, (rows * k + k * n) * e_in + rows * n * 2, 0)
 
     layer = 4 * gemm(m, h, h) + gemm(m, f, h) + gemm(m, h, f)
     quant_elems = 3 * m * h + m * f  # inputs of q/k/v (one read), out, FFN in and out
-    launches = GEMM_LAUNCHES
+    launches = GEMM_LAUNCHES + ATTENTION_LAUNCHES
     cross = 0.0
     if X:
         layer += 2 * gemm(m, h, h) + 2 * gemm(b * X, h, h)
         quant_elems += 2 * m * h + b * X * h
-        launches += 4
-        cross = L * table.attention(spec.head_dim, X, "bf16").seconds(4 * m * X * h, 0.0)
+        launches += CROSS_LAUNCHES
+        cross = L * table.attention(spec.head_dim, X, "bf16").seconds(4 * m * X * h, 0.0, 0)
     kernel = "bf16" if mode.attention == "bf16" else mode.attention
     attn_flop = 4 * b * S * S * h
-    per_layer = table.attention(spec.head_dim, S, kernel).seconds(attn_flop, 0.0)
+    per_layer = table.attention(spec.head_dim, S, kernel).seconds(attn_flop, 0.0, 0)
     lse_kernel = "bf16-lse" if mode.attention == "bf16" else mode.attention
-    per_layer_lse = table.attention(spec.head_dim, S, lse_kernel).seconds(attn_flop, 0.0)
+    per_layer_lse = table.attention(spec.head_dim, S, lse_kernel).seconds(attn_flop, 0.0, 0)
     keep = table.compiled_fraction if mode.compile else 1.0
-    ew = table.elementwise().seconds(0.0, keep * elementwise_bytes(spec) * m * h * L, keep * ELEMENTWISE_LAUNCHES * L)
+    ew = table.elementwise().seconds(0.0, keep * elementwise_bytes(spec) * m * h * L, 0)
+    launches += keep * elementwise_launches(spec)
     quant = 0.0
     if dtype == "fp8" and not mode.compile:
-        quant = table.elementwise().seconds(0.0, FP8_QUANT_BYTES * quant_elems * L, 5 * L)
+        quant = table.elementwise().seconds(0.0, FP8_QUANT_BYTES * quant_elems * L, 0)
+        launches += 5
     audio = 0.0
     if spec.audio_hidden and geo.audio_tokens:
         from raydit.planner.cost import audio_work
@@ -392,7 +402,10 @@ def _step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: in
         whole, split = audio_work(spec, geo, 1, 1, batch, 0.0, 0)
         ha = spec.audio_hidden
         audio = (whole + split) / (table.gemm(b * geo.audio_tokens, ha, ha, dtype).tflops * 1e12)
-    return StepOps(L * layer, L * per_layer, cross, ew, quant, audio, L * launches * table.launch_us * 1e-6,
+    # Every launch of a layer happens once per transformer call: a batched model (CogVideoX) runs
+    # its guidance branches as one call, the others one call per branch.
+    calls = 1 if spec.batched_branches else b
+    return StepOps(L * layer, L * per_layer, cross, ew, quant, audio, calls * L * launches * table.launch_us * 1e-6,
                    per_layer, per_layer_lse)
 
 

@@ -130,6 +130,12 @@ class ModelSpec:
     # rotary, residuals, activations) move in eager mode, counted on the family's diffusers block;
     # 0: not counted (raydit.planner.devicemodel.DEFAULT_ELEMENTWISE_BYTES stands in).
     elementwise_bytes: float = 0.0
+    # Kernels one layer's non-GEMM, non-attention ops launch per transformer call in eager mode,
+    # counted with elementwise_bytes; 0: not counted (devicemodel.ELEMENTWISE_LAUNCHES stands in).
+    elementwise_launches: int = 0
+    # True: the guidance branches run as one batch, one transformer call a step (CogVideoX);
+    # False: one call per branch (the launches of a step count once per call).
+    batched_branches: bool = False
     # The family's VAE decoder as the cost model prices it; None: not counted, decoded on one
     # rank (raydit.planner.decode prices a Wan-2.1-like decoder per pixel for it).
     decoder: DecoderShape | None = None
@@ -168,6 +174,12 @@ class ModelSpec:
                              f"got {self.fp8_params!r}")
         if self.fp8_weights not in (True, False):
             raise ValueError(f"model {self.name!r}: fp8_weights must be True or False, got {self.fp8_weights!r}")
+        if isinstance(self.elementwise_launches, bool) or not isinstance(self.elementwise_launches, int) \
+                or self.elementwise_launches < 0:
+            raise ValueError(f"model {self.name!r}: elementwise_launches must be an integer >= 0, "
+                             f"got {self.elementwise_launches!r}")
+        if self.batched_branches not in (True, False):
+            raise ValueError(f"model {self.name!r}: batched_branches must be True or False, got {self.batched_branches!r}")
         if self.keeps_bf16 not in (True, False):
             raise ValueError(f"model {self.name!r}: keeps_bf16 must be True or False, got {self.keeps_bf16!r}")
         if self.decoder is not None and not isinstance(self.decoder, DecoderShape):

@@ -151,6 +151,7 @@ class CogVideoXFamily(Family):
     decoder = DECODER
     # CogVideoXBlock at 1920 wide, 1024 + 226 tokens: 202.3 MB (Family.elementwise_bytes).
     elementwise_bytes = 84.0
+    elementwise_launches = 32  # per block and call (bench/bench_blockcounts.py; one call runs the batch of two)
     models = staticmethod(builtin_models)
 
     def fp8_weight_params(self, spec) -> float:

@@ -229,6 +229,8 @@ class HunyuanVideoFamily(Family):
     # The dual-stream block at 3072 wide, 1024 + 256 tokens: 912.9 MB -> 232; the single-stream
     # block 936.3 MB -> 238, taken (Family.elementwise_bytes).
     elementwise_bytes = 238.0
+    # bench/bench_blockcounts.py: 82 launches a dual-stream block, 49 a single-stream one; 20 and 40 of them.
+    elementwise_launches = 60
     models = staticmethod(builtin_models)
 
     def fp8_weight_params(self, spec) -> float:

@@ -159,6 +159,10 @@ class HunyuanVideo15Family(Family):
     image_pipelines = (I2V,)
     adapter = HunyuanVideo15Adapter
     batch_branches = False  # the guider's batches: one call per branch, as the pipeline makes them
+    # Per video token and channel, and kernels per block and call, of the block's ops besides GEMMs and
+    # attention in eager bf16: bench/bench_blockcounts.py (the family's tiny forward case, FFN at the released ratio).
+    elementwise_bytes = 343.6
+    elementwise_launches = 85
     keeps_scheduler_dtype = True  # as the pipelines' loops (they cast back on Apple's mps only)
     decoder = DECODER
     models = staticmethod(builtin_models)

@@ -210,6 +210,10 @@ class Kandinsky5Family(Family):
     image_pipelines = (I2V,)
     adapter = Kandinsky5Adapter
     batch_branches = False  # the pipelines call the transformer once per branch
+    # Per video token and channel, and kernels per block and call, of the block's ops besides GEMMs and
+    # attention in eager bf16: bench/bench_blockcounts.py (the family's tiny forward case, FFN at the released ratio; the modulation in float32, as diffusers loads it).
+    elementwise_bytes = 440.8
+    elementwise_launches = 75
     # Kandinsky 5 decodes with HunyuanVideo's VAE (AutoencoderKLHunyuanVideo), split by rows as
     # HunyuanVideo's is: priced as that decoder, split.
     decoder = HUNYUAN_VIDEO_DECODER

@@ -134,6 +134,10 @@ class LTXFamily(Family):
     image_pipelines = ("LTXImageToVideoPipeline",)
     adapter = LTXAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
+    # Per video token and channel, and kernels per block and call, of the block's ops besides GEMMs and
+    # attention in eager bf16: bench/bench_blockcounts.py (the family's tiny forward case, FFN at the released ratio).
+    elementwise_bytes = 359.7
+    elementwise_launches = 76
     decoder = DECODER
     models = staticmethod(builtin_models)
 

@@ -106,6 +106,10 @@ class LTX2Family(Family):
     image_pipelines = ("LTX2ImageToVideoPipeline",)
     adapter = LTX2Adapter
     batch_branches = False  # different passes, not one batch (group_calls batches the cfg pair alone)
+    # Per video token and channel, and kernels per block and call, of the block's ops besides GEMMs and
+    # attention in eager bf16: bench/bench_blockcounts.py (the family's tiny forward case, FFN at the released ratio; the audio stream's ops in the launches, its bytes not (they do not grow with the video)).
+    elementwise_bytes = 494.5
+    elementwise_launches = 248
     max_branches = 4  # negative, positive, STG, modality (module docstring)
     # LTX-2's video VAE (AutoencoderKLLTX2Video, diffusers' default config = LTX-2's), counted with
     # torch.utils.flop_counter on the meta device, 3 x 8 x 8 latents (17 x 256 x 256 out): 1.5030e12

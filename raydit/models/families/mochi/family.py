@@ -177,6 +177,10 @@ class MochiFamily(Family):
     pipelines = (PIPELINE,)
     adapter = MochiAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
+    # Per video token and channel, and kernels per block and call, of the block's ops besides GEMMs and
+    # attention in eager bf16: bench/bench_blockcounts.py (the family's tiny forward case, FFN at the released ratio; its attention loops over the batch's samples, so at the pipeline's batch of two).
+    elementwise_bytes = 406.7
+    elementwise_launches = 145
     batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask")
     decoder = DECODER
     models = staticmethod(builtin_models)

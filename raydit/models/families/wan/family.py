@@ -176,6 +176,7 @@ class WanFamily(Family):
     # WanTransformerBlock at 1536 wide (modulation, norms and rotary in float32): 658.8 MB over
     # 1024 tokens x 1536 channels (Family.elementwise_bytes says how it is counted).
     elementwise_bytes = 419.0
+    elementwise_launches = 78  # per block and call (bench/bench_blockcounts.py; it counts 385 bytes on the tiny block)
 
     round_frames = staticmethod(round_frames_up)  # WanPipeline / WanImageToVideoPipeline's
 
