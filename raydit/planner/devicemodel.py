@@ -226,8 +226,21 @@ class DeviceTable:
         return self.provenance.startswith("measured") or bool(self.data.get("replaces_figures"))
 
     def describe(self) -> str:
-        """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130)'."""
-        return f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch})"
+        """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130): elementwise
+        4086 GB/s (carried from ...), launch 10.5 us (...), compiled 0.186 of the elementwise
+        work'. The Engine's start-up plan table and `raydit plan` print it: the rates a prediction
+        used, with where the figures that were not measured on this type came from."""
+        notes = []
+        for key, label in (("elementwise_gb_s", "elementwise {:g} GB/s"), ("launch_us", "launch {:g} us"),
+                           ("compiled_fraction", "compiled {:g} of the elementwise work")):
+            entry = self.data.get(key)
+            text = label.format(self._figure(key))
+            source = entry.get("source", "") if isinstance(entry, dict) else ""
+            if source and not source.startswith("measured"):
+                text += f" ({source.split(' (')[0].split(':')[0]})"
+            notes.append(text)
+        return (f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch}): "
+                + ", ".join(notes))
 
     def _figure(self, key: str) -> float:
         return _value(self.data.get(key), key)
