@@ -2,7 +2,12 @@ r"""A device model built from measurements of the ops a DiT step runs: a rooflin
 
 Every op of a step is priced on the roofline of its class,
 
-    t_op = max(FLOP / rate, bytes / bandwidth) + launches x t_launch
+    t_op = max(FLOP / rate, bytes / bandwidth)
+
+plus, once per layer and transformer call, its kernels' launches x t_launch (`launch_us`): the
+GEMMs, the attention kernels and the family's counted elementwise launches
+(ModelSpec.elementwise_launches); a model that batches its guidance branches makes one call a
+step (ModelSpec.batched_branches), the others one per branch.
 
 with the class's own rate (`Roofline`):
 
