@@ -2,7 +2,12 @@ r"""A device model built from measurements of the ops a DiT step runs: a rooflin
 
 Every op of a step is priced on the roofline of its class,
 
-    t_op = max(FLOP / rate, bytes / bandwidth) + launches x t_launch
+    t_op = max(FLOP / rate, bytes / bandwidth)
+
+plus, once per layer and transformer call, its kernels' launches x t_launch (`launch_us`): the
+GEMMs, the attention kernels and the family's counted elementwise launches
+(ModelSpec.elementwise_launches); a model that batches its guidance branches makes one call a
+step (ModelSpec.batched_branches), the others one per branch.
 
 with the class's own rate (`Roofline`):
 
@@ -226,8 +231,21 @@ class DeviceTable:
         return self.provenance.startswith("measured") or bool(self.data.get("replaces_figures"))
 
     def describe(self) -> str:
-        """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130)'."""
-        return f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch})"
+        """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130): elementwise
+        4086 GB/s (carried from ...), launch 10.5 us (...), compiled 0.186 of the elementwise
+        work'. The Engine's start-up plan table and `raydit plan` print it: the rates a prediction
+        used, with where the figures that were not measured on this type came from."""
+        notes = []
+        for key, label in (("elementwise_gb_s", "elementwise {:g} GB/s"), ("launch_us", "launch {:g} us"),
+                           ("compiled_fraction", "compiled {:g} of the elementwise work")):
+            entry = self.data.get(key)
+            text = label.format(self._figure(key))
+            source = entry.get("source", "") if isinstance(entry, dict) else ""
+            if source and not source.startswith("measured"):
+                text += f" ({source.split(' (')[0].split(':')[0]})"
+            notes.append(text)
+        return (f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch}): "
+                + ", ".join(notes))
 
     def _figure(self, key: str) -> float:
         return _value(self.data.get(key), key)

@@ -77,7 +77,7 @@ def test_a_step_is_the_sum_of_its_ops():
     ops = dm.step_ops(t, spec, geo, b)
 
     def g(rows, n, k):
-        return t.gemm(rows, n, k).seconds(2 * rows * n * k, (rows * k + k * n) * 2 + rows * n * 2)
+        return t.gemm(rows, n, k).seconds(2 * rows * n * k, (rows * k + k * n) * 2 + rows * n * 2, 0)
 
     assert ops.gemm == pytest.approx(L * (6 * g(m, h, h) + g(m, f, h) + g(m, h, f) + 2 * g(b * X, h, h)))
     assert ops.attention == pytest.approx(L * 4 * b * S * S * h / (t.attention(128, S).tflops * 1e12))
@@ -89,6 +89,17 @@ def test_a_step_is_the_sum_of_its_ops():
     compiled = dm.step_ops(t, spec, geo, b, dm.Mode(compile=True))
     assert compiled.elementwise == pytest.approx(ops.elementwise * t.compiled_fraction)
     assert compiled.gemm == ops.gemm and compiled.attention == ops.attention
+    # Launches: every kernel of a layer once per transformer call; Wan calls once per branch
+    # (b calls), CogVideoX runs its branches as one batch (one call).
+    per_call = dm.GEMM_LAUNCHES + dm.ATTENTION_LAUNCHES + dm.CROSS_LAUNCHES + spec.elementwise_launches
+    assert spec.elementwise_launches == 78 and not spec.batched_branches
+    assert ops.launches == pytest.approx(b * L * per_call * t.launch_us * 1e-6)
+    assert compiled.launches == pytest.approx(b * L * (per_call - (1 - t.compiled_fraction) * 78) * t.launch_us * 1e-6)
+    cog = model_spec("cogvideox-2b")
+    assert cog.batched_branches
+    cog_ops = dm.step_ops(t, cog, cog.geometry(), 2)
+    assert cog_ops.launches == pytest.approx(
+        cog.layers * (dm.GEMM_LAUNCHES + dm.ATTENTION_LAUNCHES + cog.elementwise_launches) * t.launch_us * 1e-6)
     fp8 = dm.step_ops(t, spec, geo, b, dm.Mode(quantize="fp8"))
     assert fp8.gemm < ops.gemm and fp8.quantize > 0
     assert dm.step_ops(t, spec, geo, b, dm.Mode(quantize="fp8", compile=True)).quantize == 0
