@@ -83,8 +83,7 @@ class RunnerCase:
         return (1,) + (self.branch_degrees if self.cfg and world_size in cfg_world_sizes else ())
 
     def make_request(self):
-        from raydit.models.requests import GenerationRequest
-        from raydit.models.requests import checker_image, image_to_png
+        from raydit.models.requests import GenerationRequest, checker_image, image_to_png
 
         image = None if self.image is None else image_to_png(checker_image(self.request["height"], self.request["width"]))
         return GenerationRequest(**self.request, image=image)

@@ -37,8 +37,9 @@ from typing import Any, Callable, Mapping
 
 from raydit.models.requests import to_uint8_frames
 
-# TRANSITIONAL: runtime/engine/api.py, runtime/engine/replicas.py and runtime/queue.py still take
-# these two from here; once they import raydit.models.requests, delete this line.
+# TRANSITIONAL: runtime/engine/api.py, runtime/engine/replicas.py, runtime/queue.py and
+# models/runner.py still take these two from here; once they import raydit.models.requests,
+# delete this line.
 from raydit.models.requests import GenerationRequest, image_to_png  # noqa: F401
 
 # Classifier-free guidance's two branches in the pipeline's order (uncond, cond): their index in

@@ -13,10 +13,15 @@ table and nowhere else:
 - the Engine's keyword arguments (`EngineConfig`, the one config object of an Engine:
   `Engine(**kw)` builds it) and those of `Engine.submit` / `Engine.generate`
   (`submit_signature()`);
-- resolved command options -> the Engine's arguments (`engine_kwargs(opts, command)`).
+- resolved command options -> the Engine's arguments (`engine_kwargs(opts, command)`);
+- `raydit plan`'s flags it shares with these commands (`add_flag(parser, option(key))`);
+- serve's request resolution passes every form field on (raydit.serve.schema.FORM_REQUEST);
+- the command lines' checks of given values (`check_given`), EngineConfig's of its fields.
 
 Adding an option is one entry: say which commands take it (`commands`), which Engine keyword
 it sets (`engine`, with its `default` and a `check`), and which request keyword (`request`).
+A request option is also GenerationRequest's field (raydit.models.requests: the models layer
+cannot import this table), held one to one with the table when this module loads.
 Pure Python: no torch, no Ray (the command line builds its parser from it).
 """
 

@@ -13,8 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from raydit.models.requests import checker_image
-from raydit.models.requests import GenerationRequest, image_to_png
+from raydit.models.requests import GenerationRequest, checker_image, image_to_png
 from raydit.models.families.hunyuanvideo import cases, family, tiny
 from raydit.models.requests import png_to_image
 from raydit.models.runner import Runner

@@ -14,8 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from raydit.models.requests import checker_image
-from raydit.models.requests import GenerationRequest, image_to_png
+from raydit.models.requests import GenerationRequest, checker_image, image_to_png
 from raydit.models.families.kandinsky5 import cases as k5_cases
 from raydit.models.families.kandinsky5 import family as k5
 from raydit.models.families.kandinsky5 import tiny as k5_tiny

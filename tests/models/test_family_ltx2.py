@@ -93,8 +93,7 @@ def test_the_image_crf_needs_pyav_or_zero():
         pytest.skip("PyAV is installed: the re-compression runs")
     except ImportError:
         pass
-    from raydit.models.requests import checker_image
-    from raydit.models.requests import image_to_png
+    from raydit.models.requests import checker_image, image_to_png
 
     pipe = cases.ltx2_pipeline(str(tiny.tiny_i2v_pipeline_dir()))
     request = dataclasses.replace(REQUEST, image=image_to_png(checker_image(32, 416)), guidance_options={})
