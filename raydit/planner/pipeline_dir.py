@@ -95,18 +95,13 @@ def component_params(folder: Path) -> float | None:
     return _param_count(folder)
 
 
-def t5_params(config: dict) -> float:
-    """Parameter estimate of a T5-style encoder from its config (when no weights are there)."""
-    return _t5_estimate(config)
-
-
 def t5_encoder_params(path: Path, configs: Mapping[str, dict]) -> float:
     """Parameters of a pipeline directory's T5-style text encoder: from its weights' headers, else
     estimated from its config, else 0 (no text encoder)."""
     counted = component_params(path / "text_encoder")
     if counted is not None:
         return counted
-    return t5_params(configs["text_encoder"]) if "text_encoder" in configs else 0.0
+    return _t5_estimate(configs["text_encoder"]) if "text_encoder" in configs else 0.0
 
 
 def require(config: dict, key: str, where: str):

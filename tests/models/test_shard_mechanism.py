@@ -11,6 +11,7 @@ from raydit.planner.runconfig import RunConfig
 
 def test_a_rank_holds_half_and_at_most_two_blocks_whole():
     from shard_conformance import mechanism_worker
+
     from raydit.parallel.testing import run_distributed
 
     for out in run_distributed(mechanism_worker, 2):
@@ -25,9 +26,10 @@ def test_a_rank_holds_half_and_at_most_two_blocks_whole():
 
 
 def test_lora_loaded_after_sharding_and_rebuild_from_files(tmp_path):
-    from support.lora_files import write_random_lora
-    from raydit.models.loading import load_pipeline, resolve_model_dir
     from shard_conformance import late_lora_worker
+    from support.lora_files import write_random_lora
+
+    from raydit.models.loading import load_pipeline, resolve_model_dir
     from raydit.parallel.testing import run_distributed
 
     model_dir = str(resolve_model_dir("tiny-wan"))
@@ -52,6 +54,7 @@ def test_batched_steps_sharded_equal_unsharded(plan):
     both guidance groups (Ulysses 2 passed too, 72 s; left out for the suite's time)."""
     from raydit.models.loading import resolve_model_dir
     from shard_conformance import batching_shard_worker
+
     from raydit.parallel.testing import run_distributed
 
     base = dict(prompt="a red fox runs", num_frames=9, height=16, width=112)

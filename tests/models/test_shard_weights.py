@@ -29,9 +29,10 @@ def _one_per_family(cases):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from support.lora_files import write_random_lora
-    from raydit.models.loading import load_pipeline, resolve_model_dir
     from shard_conformance import shard_worker
+    from support.lora_files import write_random_lora
+
+    from raydit.models.loading import load_pipeline, resolve_model_dir
     from raydit.parallel.testing import run_distributed
 
     cases = _one_per_family(harness.family_cases()["runner"])
