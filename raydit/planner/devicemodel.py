@@ -49,6 +49,7 @@ from raydit.planner.model import ModelSpec, VideoGeometry
 
 from raydit.planner.modes import PRICED_ATTENTION_MODES as ATTENTION_MODES  # noqa: E402  (the priced ones)
 from raydit.planner.modes import PRICED_QUANTIZE_MODES as QUANTIZE_MODES  # noqa: E402
+from raydit.planner.modes import DEFAULT_ATTENTION_MODE, EIGHT_BIT_ATTENTION_MODES, FP8_PRICED_QUANTIZE_MODES
 TABLE_DIR = Path(__file__).with_name("tables")
 TABLE_VERSION = 1
 # Bytes per token and channel one layer's non-GEMM, non-attention ops move in eager mode where
@@ -144,8 +145,9 @@ def run_mode(quantize: str | None, attention: str | None, compile: bool | None, 
     "int8" / "fp8" at their own rates. With full-precision steps a quantized run keeps the
     linears' bf16 weights too (Mode.keep_bf16), and a step is priced as the mean step of a
     request of `steps` steps, its first and last N at bf16 rates (Mode.full_precision_share)."""
-    return Mode(quantize="fp8" if quantize == "fp8" else "none",
-                attention=attention if attention in ("int8", "fp8") else "bf16", compile=bool(compile),
+    return Mode(quantize="fp8" if quantize in FP8_PRICED_QUANTIZE_MODES else "none",
+                attention=attention if attention in EIGHT_BIT_ATTENTION_MODES else DEFAULT_ATTENTION_MODE,
+                compile=bool(compile),
                 keep_bf16=bool(full_precision_steps) and quantize not in (None, "none"),
                 full_precision_steps=int(full_precision_steps or 0), steps=steps)
 
