@@ -21,7 +21,7 @@ from raydit.planner.sparse import SparseConfig, density
 
 # (name, config, grid, text tokens, text first)
 CASES = [
-    ("sta", SparseConfig("sta", tile=(2, 2, 2), window=(1, 3, 2)), (4, 6, 4), 0, True),
+    ("sta", SparseConfig("sta", tile=(2, 2, 2), window=(1, 2, 2)), (4, 6, 8), 0, True),  # even windows clamp
     ("sta+text-before", SparseConfig("sta", tile=(2, 3, 2), window=(2, 1, 1)), (4, 6, 4), 7, True),
     ("radial-wan+text-after", SparseConfig("radial", block=8), (7, 4, 4), 5, False),
     ("radial-hunyuan", SparseConfig("radial", block=8, near=2, decay=0.5), (7, 4, 4), 0, True),
