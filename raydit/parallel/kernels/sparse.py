@@ -105,6 +105,39 @@ class VideoMask:
         within = ((f % Tt) * Th + r % Th) * Tw + c % Tw
         return torch.where(inside, self.video_start + tile * (Tt * Th * Tw) + within, key)
 
+    @cached_property
+    def _class_table(self) -> Tensor:
+        # (C + 2, C + 2) bool: whether any token of class a attends any token of class b.
+        # Classes: STA's tiles / radial's frames (0..C-1), text C (whole), pad C + 1 (never).
+        F, Hp, Wp = self.grid
+        if self.config.method == "sta":
+            from raydit.planner.sparse import sta_tile_mask
+
+            inner = torch.tensor(sta_tile_mask(self.config, self.grid), dtype=torch.bool)
+        else:
+            frames = torch.arange(F)
+            inner = (frames[None, :] == 0) | (self._radial_bands[(frames[:, None] - frames[None, :]).abs()] >= 0)
+        C = inner.size(0)
+        table = torch.zeros(C + 2, C + 2, dtype=torch.bool)
+        table[:C, :C] = inner
+        table[C, : C + 1] = True
+        table[: C + 1, C] = True
+        return table
+
+    def classes(self, pos: Tensor) -> Tensor:
+        """Each token's class (int64) in `_class_table`: its tile (STA) or frame (radial)."""
+        F, Hp, Wp = self.grid
+        C = self._class_table.size(0) - 2
+        v = pos - self.video_start
+        inside = (v >= 0) & (v < self.video_tokens)
+        f, r, c = _coords(v.clamp(0, self.video_tokens - 1), Hp, Wp)
+        if self.config.method == "sta":
+            Tt, Th, Tw = self.config.tile
+            cls = ((f // Tt) * (Hp // Th) + r // Th) * (Wp // Tw) + c // Tw
+        else:
+            cls = f
+        return torch.where(inside, cls, torch.where(pos >= 0, torch.full_like(pos, C), torch.full_like(pos, C + 1)))
+
     def any_allowed(self, q_pos: Tensor, k_pos: Tensor, chunk: int = 1024) -> bool:
         """Whether any query of q_pos attends any key of k_pos (the ring's transfer rule)."""
         for i in range(0, q_pos.numel(), chunk):
@@ -122,11 +155,13 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos: Tensor, k_pos: Tensor,
-                           mask: VideoMask, scale: float | None = None, *, query_block: int = QUERY_BLOCK,
+                           mask: VideoMask, scale: float | None = None, *, query_block: int | None = None,
                            key_block: int = KEY_BLOCK) -> tuple[Tensor, Tensor]:
     """(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) float32 / float64) of attention under
     `mask`, q_pos (Sq,) and k_pos (Sk,) the tokens' global positions (-1: pad). Every head
-    shares the mask. Runs on any device; CUDA has `flex_block_sparse_attention` too."""
+    shares the mask. Runs on any device; CUDA has `flex_block_sparse_attention` too.
+    query_block None: STA's tile volume (a query block is one tile, whose keys are exactly
+    its window's tiles), else QUERY_BLOCK."""
     B, H, Sq, D = q_BHSD.shape
     Sk = k_BHSD.size(2)
     if q_pos.shape != (Sq,) or k_pos.shape != (Sk,):
@@ -134,6 +169,9 @@ def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos
                          f"{Sk} keys; give one global position per token")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    if query_block is None:
+        Tt, Th, Tw = mask.config.tile
+        query_block = min(max(Tt * Th * Tw, 16), 1024) if mask.config.method == "sta" else QUERY_BLOCK
     acc = _acc_dtype(q_BHSD.dtype)
     out = q_BHSD.new_zeros(B, H, Sq, v_BHSD.size(-1), dtype=acc)
     lse = torch.full((B, H, Sq), -math.inf, dtype=acc, device=q_BHSD.device)
@@ -142,31 +180,61 @@ def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos
     q_pos, k_pos = q_pos.to(q_BHSD.device), k_pos.to(q_BHSD.device)
     q_perm = torch.argsort(mask.order(q_pos), stable=True)
     k_perm = torch.argsort(mask.order(k_pos), stable=True)
+    # Keys already in block order (radial; a raster range) are used in place when all live.
+    ordered = bool((k_perm == torch.arange(Sk, device=k_perm.device)).all())
+    whole: tuple[Tensor, Tensor] | None = (k_BHSD, v_BHSD) if ordered else None
     qp, kp = q_pos[q_perm], k_pos[k_perm]
     # Keys in block order, padded to whole key blocks with pad positions (never allowed).
     n_kb = -(-Sk // key_block)
     pad = n_kb * key_block - Sk
     kp_padded = torch.cat([kp, kp.new_full((pad,), -1)])
-    k_sorted, v_sorted = k_BHSD[:, :, k_perm], v_BHSD[:, :, k_perm]
+    # Which key blocks a query block may attend, from the class table (tiles or frames: a
+    # bound that holds for every token pair), so the token mask is built only where it may
+    # be true and the mask's cost falls with the density like the products'.
+    table = mask._class_table.to(q_BHSD.device)
+    q_cls, k_cls = mask.classes(qp), mask.classes(kp_padded)
     for start in range(0, Sq, query_block):
         rows = q_perm[start:start + query_block]
-        allowed = mask.allowed(qp[start:start + query_block, None], kp_padded[None, :])  # (Q, Sk + pad)
-        per_block = allowed.view(allowed.size(0), n_kb, key_block)
-        live = per_block.any(dim=(0, 2))  # (n_kb,)
+        reach = table[torch.unique(q_cls[start:start + query_block])].any(dim=0)  # (C + 2,)
+        live = reach[k_cls].view(n_kb, key_block).any(dim=1)  # (n_kb,)
         if not bool(live.any()):
             continue
-        partial = bool((per_block[:, live].logical_not().any()))
         keys = live.repeat_interleave(key_block)[:Sk].nonzero().squeeze(1)
-        q_blk = q_BHSD[:, :, rows].to(acc)
-        s_BHQK = torch.matmul(q_blk, k_sorted[:, :, keys].to(acc).transpose(-1, -2)) * scale
-        if partial:
-            s_BHQK.masked_fill_(~allowed[:, keys], -math.inf)
-        blk_lse = torch.logsumexp(s_BHQK, dim=-1)  # (B, H, Q); -inf on rows with no key
-        finite = torch.isfinite(blk_lse)
-        p = torch.exp(s_BHQK - torch.where(finite, blk_lse, torch.zeros_like(blk_lse)).unsqueeze(-1))
-        out[:, :, rows] = torch.matmul(p, v_sorted[:, :, keys].to(acc))
-        lse[:, :, rows] = blk_lse
+        allowed = mask.allowed(qp[start:start + query_block, None], kp[keys][None, :])  # (Q, Ka)
+        if not bool(allowed.any()):
+            continue
+        if keys.numel() == Sk:  # every key block live: one sorted copy at most, shared by the blocks
+            if whole is None:
+                whole = k_BHSD[:, :, k_perm], v_BHSD[:, :, k_perm]
+            k_blk, v_blk = whole
+        else:
+            k_idx = k_perm[keys]
+            k_blk, v_blk = k_BHSD[:, :, k_idx], v_BHSD[:, :, k_idx]
+        o, l = _attend(q_BHSD[:, :, rows], k_blk, v_blk, allowed, scale, acc)
+        out[:, :, rows] = o.to(acc)
+        lse[:, :, rows] = l.to(acc)
     return out.to(q_BHSD.dtype), lse
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """One query block against its gathered keys under the (Q, Ka) token mask -> (out, lse)."""
+    bias = None
+    if not bool(allowed.all()):
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, -math.inf)
+    if q.device.type == "cpu":
+        # torch's fused CPU flash kernel (the 'torch-cpu' LSE kernel) with the block's mask.
+        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
+    else:
+        s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + bias.to(acc)
+        l = torch.logsumexp(s, dim=-1)
+        o = torch.matmul(torch.exp(s - torch.where(torch.isfinite(l), l, torch.zeros_like(l)).unsqueeze(-1)), v.to(acc))
+    dead = ~allowed.any(dim=1)  # rows with no key here: out 0, lse -inf (the kernel says lse 0)
+    if bool(dead.any()):
+        o = o.masked_fill(dead[:, None], 0.0)
+        l = l.masked_fill(dead, -math.inf)
+    return o, l
 
 
 def dense_masked_reference(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos: Tensor, k_pos: Tensor,
