@@ -51,12 +51,8 @@ PROBE_WARMUP = 2
 PROBE_ITERS = 5
 
 
-# Attention modes a request / Engine / CLI may name (`--attention`): "bf16" the run's own dtype
-# (bf16 on GPUs, today's exact kernels), "int8" 8-bit QK^T with the PV product in the run's
-# dtype, "fp8" FP8 QK^T and PV, "auto" the fastest kernel of any mode that passed its float64
-# check on this (device, dtype, head dim).
-ATTENTION_MODES = ("bf16", "auto", "int8", "fp8")
-DEFAULT_ATTENTION_MODE = "bf16"
+# The attention modes a request / Engine / CLI may name (`--attention`), listed once.
+from raydit.planner.modes import ATTENTION_MODES, DEFAULT_ATTENTION_MODE  # noqa: E402
 
 
 KERNELS: dict[str, KernelFn] = {**dense.KERNELS, **lowbit.KERNELS}

@@ -39,7 +39,7 @@ QUERY_BLOCK = 128
 KEY_BLOCK = 64
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-MODES = ("int8", "fp8")
+from raydit.planner.modes import EIGHT_BIT_ATTENTION_MODES as MODES  # noqa: E402
 _TINY = 1e-12  # an all-zero block gets scale _TINY / QMAX, its values stay 0
 
 

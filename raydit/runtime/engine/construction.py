@@ -59,7 +59,7 @@ class Engine:
     apart from `step_seconds` and `encode`. `quantize="fp8"`: the transformer blocks' linear
     layers as FP8 GEMMs on every rank (torchao; GPUs of compute capability 8.9+), "fp8-sim" the
     same numbers emulated on any device (raydit.models.quantize); `attention`: the attention
-    kernels' mode (raydit.parallel.kernels.ATTENTION_MODES); `full_precision_steps=N`: the
+    kernels' mode (raydit.planner.modes.ATTENTION_MODES); `full_precision_steps=N`: the
     first and last N steps of every request run without those modes (a quantized run keeps its
     linears' bf16 weights for them, unsharded). `shard_weights=True`: each rank of a
     replica keeps 1/N of every transformer block's weights and gathers a block just before it
