@@ -27,12 +27,15 @@ TOLERANCE = 0.10
 MEASURED_AS = {"Mochi-shaped": ("mochi-1", 16)}
 # Rows the model misses today (issue 56): the row's model -> why (docs/benchmarks/costmodel.md).
 MISSES = {
-    "cogvideox-2b": "-16%: GEMMs (700-775 TFLOP/s), attention (440.8 TFLOP/s, SDPA measured at this very "
-                    "shape) and elementwise at their measured rates leave 3.3 ms a layer unexplained; "
-                    "the attention at aten's FA2 rate (312 TFLOP/s) would give +6%, but torch 2.11 runs "
-                    "cuDNN for an unmasked call",
-    "mochi-1": "-12%: its attention loops over the batch with a host sync (torch.nonzero) per sample; "
-               "the host's per-op cost after each sync is exposed, priced as one queued launch per kernel",
+    "cogvideox-2b": "-16%: GEMMs (700-775 TFLOP/s), attention (440.8 TFLOP/s, SDPA timed at this very "
+                    "shape) and 84 elementwise bytes a token and channel leave 3.3 ms of a 20.3 ms layer "
+                    "unexplained; at aten's FA2 rate (312 TFLOP/s) the attention would close it (+6%), "
+                    "but torch 2.11 puts cuDNN first; suspected, unmeasured: its q and k leave the "
+                    "per-head LayerNorm (64 wide) contiguous while v stays a transposed view",
+    "mochi-1": "-12% (SwiGLU counted): 1.6 ms of a 13 ms layer unexplained; its attention loops over the "
+               "batch with a host sync (torch.nonzero) per sample, but the layer's host work (about 150 "
+               "ops) is far below its GPU time, so the sync alone cannot expose it; its 1536-wide text "
+               "stream's GEMMs are priced at the video width",
 }
 # Published: LightX2V's table (FIELD.md, 'Speed on one GPU'), diffusers' Wan 2.1 I2V 14B 480p,
 # 81 frames, one H100, guidance on: 9.77 s a step. Tolerance 15%. That run's torch put
