@@ -106,13 +106,24 @@ def test_a_masked_attention_is_priced_at_the_masked_rows_or_the_stand_in():
     stand_in = t.attention(128, S, dm.MASKED_STAND_IN, hv.heads).tflops
     assert stand_in == 351.8 and t.attention(128, S, "bf16-masked", hv.heads).tflops == stand_in
     assert ops.attention_per_layer == pytest.approx(4 * S * S * h / (stand_in * 1e12))
-    assert ops.attention_lse_per_layer == ops.attention_per_layer
+    # Sharded, raydit's processor attends to the valid text unmasked: the LSE kernel's own rate.
+    assert ops.attention_lse_per_layer == pytest.approx(4 * S * S * h / (t.attention(128, S, "bf16-lse", 24).tflops * 1e12))
     assert dm.step_ops(t, dataclasses.replace(hv, masked_attention=False), geo, 1).attention < ops.attention
     # A table that measured the masked call prices it at its own rows.
     data = json.loads(json.dumps(t.data))
     data["attention"]["bf16-masked"] = [dict(head_dim=128, tokens=S, heads=24, batch=1, tflops=500.0, source="test")]
     measured = dm.step_ops(dm.DeviceTable(data), hv, geo, 1)
     assert measured.attention_per_layer == pytest.approx(4 * S * S * h / 500e12)
+    # The plan pays the masked rate on one device only: sharded (Ulysses 2), raydit's processor
+    # attends unmasked, at the LSE kernel's rate (within 1.3% of the plain one on the H200).
+    unmasked = dataclasses.replace(hv, masked_attention=False)
+
+    def step(spec, gpus):
+        return plan(spec, 33, 480, 848, gpus=gpus, gpu_type="H200", ulysses=gpus, ring=1,
+                    world_size=gpus).best.predicted_step_seconds
+
+    assert step(hv, 1) > 1.2 * step(unmasked, 1)
+    assert step(hv, 2) == pytest.approx(step(unmasked, 2), rel=0.01)
     # An 8-bit attention mode is priced at its own kernel, masked or not.
     int8 = dm.step_ops(t, hv, geo, 1, dm.Mode(attention="int8"))
     assert int8.attention_per_layer == pytest.approx(4 * S * S * h / (t.attention(128, S, "int8", 24).tflops * 1e12))
