@@ -14,8 +14,10 @@ with the class's own rate (`Roofline`):
     gemm         rate by shape class: the measured (m, n, k) nearest the op's in log space,
                  per dtype (bf16; fp8 where `Mode.quantize` is "fp8": `torch._scaled_mm`)
     attention    rate by head dim (the nearest measured, the smaller on a tie), then length
-                 (the log-nearest measured token count), per kernel: "bf16" (torch's SDPA, ring
-                 1), "bf16-lse" (the LSE kernel a ring merges), "int8" / "fp8" (8-bit attention)
+                 (the log-nearest measured token count), then heads x batch, per kernel: "bf16"
+                 (torch's SDPA, ring 1), "bf16-lse" (the LSE kernel a ring merges), "int8" /
+                 "fp8" (8-bit attention), "bf16-masked" (a boolean mask on one device:
+                 ModelSpec.masked_attention; MASKED_STAND_IN where not measured)
     elementwise  norms, modulation, rotary, residuals, activations: bytes moved at the measured
                  elementwise bandwidth; `compile` fuses them (`compiled_fraction` of the bytes
                  and launches remain)

@@ -30,8 +30,10 @@ MISSES = {
     "cogvideox-2b": "-16%: GEMMs (700-775 TFLOP/s), attention (440.8 TFLOP/s, SDPA timed at this very "
                     "shape) and 84 elementwise bytes a token and channel leave 3.3 ms of a 20.3 ms layer "
                     "unexplained; at aten's FA2 rate (312 TFLOP/s) the attention would close it (+6%), "
-                    "but torch 2.11 puts cuDNN first; suspected, unmeasured: its q and k leave the "
-                    "per-head LayerNorm (64 wide) contiguous while v stays a transposed view",
+                    "but torch 2.11 puts cuDNN first; suspected, unmeasured: the per-head LayerNorm of "
+                    "q and k over rows of 64 (torch's layer_norm is slow at short rows, "
+                    "pytorch/pytorch#69963; Wan normalizes across heads and is not missed), and q, k "
+                    "leaving it contiguous while v stays a transposed view",
     "mochi-1": "-12% (SwiGLU counted): 1.6 ms of a 13 ms layer unexplained; its attention loops over the "
                "batch with a host sync (torch.nonzero) per sample, but the layer's host work (about 150 "
                "ops) is far below its GPU time, so the sync alone cannot expose it; its 1536-wide text "
