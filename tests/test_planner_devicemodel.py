@@ -105,6 +105,7 @@ def test_a_masked_attention_is_priced_at_the_masked_rows_or_the_stand_in():
     # No masked call measured on the H200: its FlashAttention-2 rows stand in.
     stand_in = t.attention(128, S, dm.MASKED_STAND_IN, hv.heads).tflops
     assert stand_in == 351.8 and t.attention(128, S, "bf16-masked", hv.heads).tflops == stand_in
+    assert "masked attention at its fa2 rows (no masked call measured)" in t.describe()
     assert ops.attention_per_layer == pytest.approx(4 * S * S * h / (stand_in * 1e12))
     # Sharded, raydit's processor attends to the valid text unmasked: the LSE kernel's own rate.
     assert ops.attention_lse_per_layer == pytest.approx(4 * S * S * h / (t.attention(128, S, "bf16-lse", 24).tflops * 1e12))

@@ -256,6 +256,8 @@ class DeviceTable:
             if source and not source.startswith("measured"):
                 text += f" ({source.split(' (')[0].split(':')[0]})"
             notes.append(text)
+        if not self.attention_rows("bf16-masked") and self.attention_rows(MASKED_STAND_IN):
+            notes.append(f"masked attention at its {MASKED_STAND_IN} rows (no masked call measured)")
         return (f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch}): "
                 + ", ".join(notes))
 
