@@ -59,6 +59,8 @@ OPEN_SORA_APPROX = dataclasses.replace(
     BUILTIN_MODELS["hunyuanvideo"], name="open-sora-2.0 (approx: hunyuanvideo geometry, 57 layers)",
     layers=57, params=11e9, text_tokens=512, default_frames=129, default_height=768, default_width=768,
     cfg_branches=2,
+    # Its own repository, not diffusers' HunyuanVideo pipeline: no masked SDPA call is known.
+    masked_attention=False,
 )
 
 
@@ -101,6 +103,11 @@ def published_step(model, gpu_type: str, gpus: int, frames: int, height: int, wi
     as a published system runs it: Ulysses without overlap (one head chunk), its attention
     priced as `kernel` (KERNELS) runs."""
     spec = model_spec(model)
+    if kernel == "fa2":
+        # A published system's own FlashAttention-2 call (the official HunyuanVideo repository's
+        # varlen kernel skips the text padding) carries no mask: diffusers' masked SDPA call
+        # (ModelSpec.masked_attention) is not what it runs.
+        spec = dataclasses.replace(spec, masked_attention=False)
     result = plan(spec, frames, height, width, gpus=gpus, gpu_type=gpu_type, replicas=1, world_size=gpus,
                   guidance=guidance, **(forced or {}))
     best = result.best
@@ -180,7 +187,15 @@ def anchors() -> list[dict]:
            ("LightX2V", 5.18, 0.75)]
     for system, one, eight in wan:
         for n, published in ((1, one), (8, eight)):
-            if published is not None:
+            if published is None:
+                continue
+            if system == "diffusers":
+                # diffusers calls torch's SDPA, which then tried FlashAttention-2 first on Hopper
+                # (cuDNN deprioritized from torch 2.5.1: pytorch/pytorch#141133, #142132).
+                add(f"Wan 2.1 I2V 14B 480p, {system}, {n} x H100", "wan2.1-i2v-14b-480p", "H100", n, 81, 480, 832,
+                    published, "s / step", "check", "LightX2V's table; attention: FlashAttention-2 (torch's SDPA "
+                    "tried flash first on Hopper when the table was made: pytorch/pytorch#141133)", kernel="fa2")
+            else:
                 add(f"Wan 2.1 I2V 14B 480p, {system}, {n} x H100", "wan2.1-i2v-14b-480p", "H100", n, 81, 480, 832,
                     published, "s / step", "check", "LightX2V's table (attention kernel per system not published: "
                     "the H100's own rates)")

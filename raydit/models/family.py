@@ -141,6 +141,11 @@ class Family:
     # Kernels those ops launch per block and transformer call in eager mode, counted with them
     # (ModelSpec.elementwise_launches; 0: raydit.planner.devicemodel's default stands in).
     elementwise_launches: int = 0
+    # The FFN's input projection is 2 x ffn_hidden wide, value and gate (SwiGLU; ModelSpec.gated_ffn).
+    gated_ffn: bool = False
+    # The pipeline passes a boolean text-padding mask to every self-attention call
+    # (ModelSpec.masked_attention: priced at the table's masked-attention rate).
+    masked_attention: bool = False
 
     def fp8_weight_params(self, spec) -> float:
         """Weight elements of one of `spec`'s transformers that quantize "fp8" keeps in one byte:

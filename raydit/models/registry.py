@@ -67,7 +67,7 @@ def families() -> dict[str, object]:
 
 def _with_decoder(family, spec):
     """The spec with its family's decoder, its blocks' elementwise bytes and launches, whether it
-    batches the guidance branches, and its FP8 weight count
+    batches the guidance branches, whether its FFN is gated and its attention masked, and its FP8 weight count
     (the planner prices the decode, the step's non-GEMM ops and fp8's weights with them), where
     the spec does not give its own."""
     import dataclasses
@@ -80,6 +80,10 @@ def _with_decoder(family, spec):
         spec = dataclasses.replace(spec, elementwise_launches=int(family.elementwise_launches))
     if family.batch_branches and not spec.batched_branches:
         spec = dataclasses.replace(spec, batched_branches=True)
+    if family.gated_ffn and not spec.gated_ffn:
+        spec = dataclasses.replace(spec, gated_ffn=True)
+    if family.masked_attention and not spec.masked_attention:
+        spec = dataclasses.replace(spec, masked_attention=True)
     if not spec.fp8_params:
         # from the widths; never more than the parameters counted (a directory's weights)
         spec = dataclasses.replace(spec, fp8_params=min(float(family.fp8_weight_params(spec)), spec.params))

@@ -14,8 +14,10 @@ with the class's own rate (`Roofline`):
     gemm         rate by shape class: the measured (m, n, k) nearest the op's in log space,
                  per dtype (bf16; fp8 where `Mode.quantize` is "fp8": `torch._scaled_mm`)
     attention    rate by head dim (the nearest measured, the smaller on a tie), then length
-                 (the log-nearest measured token count), per kernel: "bf16" (torch's SDPA, ring
-                 1), "bf16-lse" (the LSE kernel a ring merges), "int8" / "fp8" (8-bit attention)
+                 (the log-nearest measured token count), then heads x batch, per kernel: "bf16"
+                 (torch's SDPA, ring 1), "bf16-lse" (the LSE kernel a ring merges), "int8" /
+                 "fp8" (8-bit attention), "bf16-masked" (a boolean mask on one device:
+                 ModelSpec.masked_attention; MASKED_STAND_IN where not measured)
     elementwise  norms, modulation, rotary, residuals, activations: bytes moved at the measured
                  elementwise bandwidth; `compile` fuses them (`compiled_fraction` of the bytes
                  and launches remain)
@@ -63,6 +65,16 @@ ELEMENTWISE_LAUNCHES = 81
 GEMM_LAUNCHES = 6  # q, k, v, out, FFN in and out; cross-attention adds CROSS_LAUNCHES
 CROSS_LAUNCHES = 5  # its q, k, v, out GEMMs and its attention kernel
 ATTENTION_LAUNCHES = 1  # the self-attention kernel
+# An attention call with a boolean mask (ModelSpec.masked_attention) where the table has no measured
+# "bf16-masked" rows: FlashAttention-2's rows (aten's flash kernel, measured beside cuDNN by bench_gpu
+# and bench_opsweep: 349-359 TFLOP/s at head dim 128 on the H200 and H100). A stated stand-in, not a
+# fit: the unmasked rate belongs to cuDNN's fastest engine, and no masked call was timed. Where torch
+# puts cuDNN first (sdp_utils.cpp's check_prefer_cudnn_attention) the masked call goes to cuDNN as an
+# additive bias (its constraints take a mask: check_attn_mask_shape), at a rate not measured here:
+# bench_opsweep should time it and the table carry it as "bf16-masked". On the H200 the stand-in
+# brings HunyuanVideo's step from -24% to -5.5% of the measured (tests/planner/test_measured_steps.py).
+# One device only: sharded, raydit's processor attends to the valid text without a mask (judge).
+MASKED_STAND_IN = "fa2"
 FP8_QUANT_BYTES = 3  # quantizing one bf16 activation element outside the GEMM: read 2, write 1
 # The steps of a request a plan prices full-precision steps over where it is not told: raydit's
 # default request (`--steps`, raydit.runtime.options) and diffusers' for most video pipelines.
@@ -246,6 +258,8 @@ class DeviceTable:
             if source and not source.startswith("measured"):
                 text += f" ({source.split(' (')[0].split(':')[0]})"
             notes.append(text)
+        if not self.attention_rows("bf16-masked") and self.attention_rows(MASKED_STAND_IN):
+            notes.append(f"masked attention at its {MASKED_STAND_IN} rows (no masked call measured)")
         return (f"{self.name} op table of {self.date} ({self.provenance}; {self.gpu}, torch {self.torch}): "
                 + ", ".join(notes))
 
@@ -272,14 +286,21 @@ class DeviceTable:
                                        + _log_distance(k, r["k"]), r["m"]))
         return Roofline(float(row["tflops"]), self._figure("hbm_gb_s"), self.launch_us)
 
-    def attention(self, head_dim: int, tokens: float, kernel: str = "bf16") -> Roofline:
+    def attention(self, head_dim: int, tokens: float, kernel: str = "bf16", lanes: float = 0.0) -> Roofline:
         """The attention roofline for `kernel` at `head_dim` and `tokens` (module docstring); an
-        8-bit kernel the table lacks: the bf16 kernel's rate."""
-        rows = self.attention_rows(kernel) or self.attention_rows("bf16-lse" if kernel == "bf16-lse" else "bf16") \
-            or self.attention_rows("bf16")
+        8-bit kernel the table lacks: the bf16 kernel's rate. Rows measured at the same length
+        are told apart by `lanes` (heads x batch, where given): on the H100 (1, 12) and (1, 40)
+        heads at 32760 tokens ran at 632 and 572 TFLOP/s."""
+        rows = self.attention_rows(kernel) or (kernel == "bf16-masked" and self.attention_rows(MASKED_STAND_IN)) \
+            or self.attention_rows("bf16-lse" if kernel == "bf16-lse" else "bf16") or self.attention_rows("bf16")
         dim = min({int(r["head_dim"]) for r in rows}, key=lambda d: (abs(d - head_dim), d))
         at_dim = [r for r in rows if int(r["head_dim"]) == dim]
-        row = min(at_dim, key=lambda r: (_log_distance(tokens, r["tokens"]), r["tokens"]))
+
+        def row_lanes(r):
+            return float(r.get("heads") or 1) * float(r.get("batch") or 1)
+
+        row = min(at_dim, key=lambda r: (round(_log_distance(tokens, r["tokens"]), 9),
+                                         _log_distance(lanes, row_lanes(r)) if lanes else 0.0, r["tokens"]))
         return Roofline(float(row["tflops"]), self._figure("hbm_gb_s"), self.launch_us)
 
     def elementwise(self) -> Roofline:
@@ -394,7 +415,8 @@ def _step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: in
             return 0.0
         return table.gemm(rows, n, k, dtype).seconds(2 * rows * n * k, (rows * k + k * n) * e_in + rows * n * 2, 0)
 
-    layer = 4 * gemm(m, h, h) + gemm(m, f, h) + gemm(m, h, f)
+    f_in = 2 * f if spec.gated_ffn else f  # a gated FFN projects to value and gate
+    layer = 4 * gemm(m, h, h) + gemm(m, f_in, h) + gemm(m, h, f)
     quant_elems = 3 * m * h + m * f  # inputs of q/k/v (one read), out, FFN in and out
     launches = GEMM_LAUNCHES + ATTENTION_LAUNCHES
     cross = 0.0
@@ -403,11 +425,12 @@ def _step_ops(table: DeviceTable, spec: ModelSpec, geo: VideoGeometry, batch: in
         quant_elems += 2 * m * h + b * X * h
         launches += CROSS_LAUNCHES
         cross = L * table.attention(spec.head_dim, X, "bf16").seconds(4 * m * X * h, 0.0, 0)
-    kernel = "bf16" if mode.attention == "bf16" else mode.attention
+    kernel = ("bf16-masked" if spec.masked_attention else "bf16") if mode.attention == "bf16" else mode.attention
     attn_flop = 4 * b * S * S * h
-    per_layer = table.attention(spec.head_dim, S, kernel).seconds(attn_flop, 0.0, 0)
+    per_layer = table.attention(spec.head_dim, S, kernel, b * spec.heads).seconds(attn_flop, 0.0, 0)
+    # Sharded (the LSE kernel's layouts) raydit attends to the valid text without a mask.
     lse_kernel = "bf16-lse" if mode.attention == "bf16" else mode.attention
-    per_layer_lse = table.attention(spec.head_dim, S, lse_kernel).seconds(attn_flop, 0.0, 0)
+    per_layer_lse = table.attention(spec.head_dim, S, lse_kernel, b * spec.heads).seconds(attn_flop, 0.0, 0)
     keep = table.compiled_fraction if mode.compile else 1.0
     ew = table.elementwise().seconds(0.0, keep * elementwise_bytes(spec) * m * h * L, 0)
     launches += keep * elementwise_launches(spec)

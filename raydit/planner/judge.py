@@ -110,14 +110,22 @@ class LayoutJudge:
             # CPU slots (shm) run one thread: no GPU-style tail of small tiles.
             cpu = intra.kind == "shm"
             small = 0.0 if cpu else costmod.SMALL_SHARD_ROWS
-            # A ring merges partial results by their lse; ring 1 runs the kernel without one.
-            attn = rates[1] if R > 1 else rates[3]
+            attn = self._attention_rate(U, R, rates)
             hit = costmod.step_cost(self.spec, self.geo, U, R, C, b, rates[0], intra, ring_link, edge_link, small,
                                     wave_slots=0 if cpu else costmod.WAVE_SLOTS, attn_flops_per_s=attn,
                                     act_bytes=rates[2])
             self._cost_cache[key] = hit
             self._cost_args[id(hit)] = key
         return hit
+
+    def _attention_rate(self, U: int, R: int, rates: tuple[float, float, int, float]) -> float:
+        """A ring merges partial results by their lse; ring 1 runs the kernel without one. A
+        model whose pipeline masks its attention (ModelSpec.masked_attention) pays the masked
+        rate (the plain one) on one device only: sharded, raydit's processor attends to the valid
+        text without a mask (HunyuanVideo's valid_text_counts), at the unmasked kernel's rate."""
+        if R > 1 or (U > 1 and self.spec.masked_attention):
+            return rates[1]
+        return rates[3]
 
     def _audio_threshold(self, cost: StepCost) -> int | None:
         """The audio length from which the layout `cost` was computed for splits the audio
@@ -127,7 +135,7 @@ class LayoutJudge:
         return costmod.audio_split_tokens(
             self.spec, self.geo, U, R, C, b, rates[0], intra, ring_link, edge_link,
             small_rows=0.0 if cpu else costmod.SMALL_SHARD_ROWS, wave_slots=0 if cpu else costmod.WAVE_SLOTS,
-            attn_flops_per_s=rates[1] if R > 1 else rates[3], act_bytes=rates[2])
+            attn_flops_per_s=self._attention_rate(U, R, rates), act_bytes=rates[2])
 
     def _slots(self, U: int, need_gb: float):
         """Nodes that can hold a rank, their Ulysses slot counts and where each run starts."""

@@ -136,6 +136,11 @@ class ModelSpec:
     # True: the guidance branches run as one batch, one transformer call a step (CogVideoX);
     # False: one call per branch (the launches of a step count once per call).
     batched_branches: bool = False
+    # True: the FFN's input projection is 2 x ffn_hidden wide, value and gate (Mochi's SwiGLU).
+    gated_ffn: bool = False
+    # True: every self-attention call carries a boolean mask (HunyuanVideo's text padding), priced at
+    # the device table's masked-attention rate (devicemodel.DeviceTable.attention, kernel "bf16-masked").
+    masked_attention: bool = False
     # The family's VAE decoder as the cost model prices it; None: not counted, decoded on one
     # rank (raydit.planner.decode prices a Wan-2.1-like decoder per pixel for it).
     decoder: DecoderShape | None = None
@@ -178,6 +183,9 @@ class ModelSpec:
                 or self.elementwise_launches < 0:
             raise ValueError(f"model {self.name!r}: elementwise_launches must be an integer >= 0, "
                              f"got {self.elementwise_launches!r}")
+        for flag in ("gated_ffn", "masked_attention"):
+            if getattr(self, flag) not in (True, False):
+                raise ValueError(f"model {self.name!r}: {flag} must be True or False, got {getattr(self, flag)!r}")
         if self.batched_branches not in (True, False):
             raise ValueError(f"model {self.name!r}: batched_branches must be True or False, got {self.batched_branches!r}")
         if self.keeps_bf16 not in (True, False):

@@ -68,6 +68,68 @@ def test_rates_are_looked_up_at_the_nearest_measured_shape():
     assert t.attention(128, 32760, "int8") == t.attention(128, 32760)
 
 
+def test_attention_rows_of_equal_length_are_told_apart_by_heads_times_batch():
+    t = dm.table_for("H100")  # (1, 12) and (1, 40) heads measured at 32760 tokens, head dim 128
+    assert t.attention(128, 32760, lanes=40).tflops == 572.0
+    assert t.attention(128, 32760, lanes=12).tflops == 632.3
+    assert t.attention(128, 32760, lanes=2 * 40).tflops == 572.0  # Wan 14B's two samples: nearer 40
+    spec = model_spec("wan2.1-i2v-14b-480p")
+    geo = spec.geometry(81, 480, 832)
+    ops = dm.step_ops(t, spec, geo, 1)
+    assert ops.attention_per_layer == pytest.approx(4 * geo.sequence_tokens ** 2 * spec.hidden / 572.0e12)
+
+
+def test_a_gated_ffn_projects_to_twice_its_width():
+    t = dm.table_for("H200")
+    mochi = model_spec("mochi-1")
+    assert mochi.gated_ffn and not model_spec("wan2.1-t2v-1.3b").gated_ffn
+    geo = mochi.geometry()
+    m, h, f = 2 * geo.sequence_tokens, mochi.hidden, mochi.ffn_hidden
+
+    def g(rows, n, k):
+        return t.gemm(rows, n, k).seconds(2 * rows * n * k, (rows * k + k * n) * 2 + rows * n * 2, 0)
+
+    gated, plain = (dm.step_ops(t, s, geo, 2) for s in (mochi, dataclasses.replace(mochi, gated_ffn=False)))
+    assert gated.gemm - plain.gemm == pytest.approx(mochi.layers * (g(m, 2 * f, h) - g(m, f, h)))
+    with pytest.raises(ValueError, match="gated_ffn must be True or False"):
+        dataclasses.replace(mochi, gated_ffn="yes")
+
+
+def test_a_masked_attention_is_priced_at_the_masked_rows_or_the_stand_in():
+    t = dm.table_for("H200")
+    hv = model_spec("hunyuanvideo")
+    assert hv.masked_attention and not model_spec("wan2.1-t2v-1.3b").masked_attention
+    geo = hv.geometry(33, 480, 848)
+    S, h = geo.sequence_tokens, hv.hidden
+    ops = dm.step_ops(t, hv, geo, 1)
+    # No masked call measured on the H200: its FlashAttention-2 rows stand in.
+    stand_in = t.attention(128, S, dm.MASKED_STAND_IN, hv.heads).tflops
+    assert stand_in == 351.8 and t.attention(128, S, "bf16-masked", hv.heads).tflops == stand_in
+    assert "masked attention at its fa2 rows (no masked call measured)" in t.describe()
+    assert ops.attention_per_layer == pytest.approx(4 * S * S * h / (stand_in * 1e12))
+    # Sharded, raydit's processor attends to the valid text unmasked: the LSE kernel's own rate.
+    assert ops.attention_lse_per_layer == pytest.approx(4 * S * S * h / (t.attention(128, S, "bf16-lse", 24).tflops * 1e12))
+    assert dm.step_ops(t, dataclasses.replace(hv, masked_attention=False), geo, 1).attention < ops.attention
+    # A table that measured the masked call prices it at its own rows.
+    data = json.loads(json.dumps(t.data))
+    data["attention"]["bf16-masked"] = [dict(head_dim=128, tokens=S, heads=24, batch=1, tflops=500.0, source="test")]
+    measured = dm.step_ops(dm.DeviceTable(data), hv, geo, 1)
+    assert measured.attention_per_layer == pytest.approx(4 * S * S * h / 500e12)
+    # The plan pays the masked rate on one device only: sharded (Ulysses 2), raydit's processor
+    # attends unmasked, at the LSE kernel's rate (within 1.3% of the plain one on the H200).
+    unmasked = dataclasses.replace(hv, masked_attention=False)
+
+    def step(spec, gpus):
+        return plan(spec, 33, 480, 848, gpus=gpus, gpu_type="H200", ulysses=gpus, ring=1,
+                    world_size=gpus).best.predicted_step_seconds
+
+    assert step(hv, 1) > 1.2 * step(unmasked, 1)
+    assert step(hv, 2) == pytest.approx(step(unmasked, 2), rel=0.01)
+    # An 8-bit attention mode is priced at its own kernel, masked or not.
+    int8 = dm.step_ops(t, hv, geo, 1, dm.Mode(attention="int8"))
+    assert int8.attention_per_layer == pytest.approx(4 * S * S * h / (t.attention(128, S, "int8", 24).tflops * 1e12))
+
+
 def test_a_step_is_the_sum_of_its_ops():
     t = dm.table_for("H200")
     spec = model_spec("wan2.1-t2v-1.3b")

@@ -231,6 +231,9 @@ class HunyuanVideoFamily(Family):
     elementwise_bytes = 238.0
     # bench/bench_blockcounts.py: 82 launches a dual-stream block, 49 a single-stream one; 20 and 40 of them.
     elementwise_launches = 60
+    # HunyuanVideoTransformer3DModel.forward builds a (B, 1, 1, N) boolean mask (the text's padding)
+    # and passes it to every block's attention.
+    masked_attention = True
     models = staticmethod(builtin_models)
 
     def fp8_weight_params(self, spec) -> float:

@@ -177,6 +177,7 @@ class MochiFamily(Family):
     pipelines = (PIPELINE,)
     adapter = MochiAdapter
     batch_branches = True  # the pipeline runs [negative, positive] as one batch
+    gated_ffn = True  # SwiGLU (FeedForward(activation_fn="swiglu")): value and gate, 2 x 8192 wide
     # Per video token and channel, and kernels per block and call, of the block's ops besides GEMMs and
     # attention in eager bf16: bench/bench_blockcounts.py (the family's tiny forward case, FFN at the released ratio; its attention loops over the batch's samples, so at the pipeline's batch of two).
     elementwise_bytes = 406.7
