@@ -269,6 +269,36 @@ class WorkerPool:
         self.reset_group()
         raise reported(failure, where)
 
+    def _settle(self, members: list, refs: list, settle_s: float, probe: bool = False,
+                silent: list | None = None) -> tuple[list, list]:
+        """Every call in flight settled after a failure (raydit.runtime.probing.settle); the
+        lost dropped and their devices' release waited for. Returns (lost, failures)."""
+        lost, outcomes, suspect, before = probing.settle(members, refs, settle_s, device=self.device, drop=self._drop,
+                                                         probe=probe, silent_members=silent)
+        self.suspects.replace(suspect)
+        self._drop_and_release(lost, before=before)
+        return lost, outcomes
+
+    def _drop_and_release(self, lost: list, wait_s: float = 10.0, before: dict | None = None) -> None:
+        """Drop lost members; on nodes that are still healthy, wait (bounded) until Ray
+        reports their released devices free again, so the next plan can use them. `before`:
+        the free devices counted before some of `lost` were dropped already (silent ranks,
+        dropped as they were found): their release is waited for from that count, not from
+        one that may hold it already (which waited all of `wait_s` for a device that never came)."""
+        key = "GPU" if self.device == "cuda" else "CPU"
+        expect: dict[str, int] = {}
+        before = free_slots(key) if before is None else before
+        for m in lost:
+            if m.node_id not in self.suspect_nodes:
+                expect[m.node_id] = expect.get(m.node_id, 0) + 1
+            self._drop(m)
+        deadline = time.monotonic() + wait_s
+        while expect and time.monotonic() < deadline:
+            now = free_slots(key)
+            if all(now.get(n, 0) >= before.get(n, 0) + k for n, k in expect.items()):
+                return
+            time.sleep(0.1)
+
     def prepare(self, request, checkpoint: dict | None = None, timeout_s: float | None = None,
                 slot: int = 0) -> dict:
         refs = [m.actor.prepare.remote(request, checkpoint, slot) for m in self.active]

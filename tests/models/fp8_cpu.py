@@ -42,10 +42,10 @@ def lift_fp8_gates(monkeypatch=None) -> None:
         patch = monkeypatch.setattr
     import torchao.quantization.quant_api as quant_api
 
-    import raydit.models.runner as runner
+    import raydit.models.prepare as prepare
 
     patch(quant_api, "_check_hardware_support", lambda granularities: None)
-    patch(runner, "check_quantize_device", lambda *args, **kwargs: None)
+    patch(prepare, "check_quantize_device", lambda *args, **kwargs: None)
 
 
 def lifted(rank: int, world_size: int, target: str, *args, **kwargs):
