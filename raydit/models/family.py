@@ -91,6 +91,10 @@ class GenerationRequest:
     guidance terms: their scales, the blocks a perturbed pass skips ...), given as a dict or
     (name, value) pairs and kept as sorted pairs; a value is a number, a bool or a tuple of
     integers. Each family says which names it takes and refuses the others (check_request).
+    `scheduler`, `scheduler_options`, `sigmas` / `timesteps`: the request's own scheduler class,
+    its config overrides and an explicit step list (raydit.models.schedules); None / () keep
+    the pipeline's scheduler and spacing. A list sets the step count: num_inference_steps must
+    equal its length.
     """
 
     prompt: str
@@ -112,15 +116,24 @@ class GenerationRequest:
     cache: str | None = None
     cache_threshold: float | None = None
     guidance_options: tuple[tuple[str, Any], ...] = ()
+    scheduler: str | None = None
+    scheduler_options: tuple[tuple[str, Any], ...] = ()
+    sigmas: tuple[float, ...] | None = None
+    timesteps: tuple[float, ...] | None = None
 
     def __post_init__(self):
         import math
 
         from raydit.models.lora import normalize_choice
+        from raydit.models.schedules import check_request_schedule, normalize_steps
+        from raydit.models.schedules import normalize_options as normalize_scheduler_options
 
         # Normalized here, so a checkpoint's JSON form (lists) compares equal to the request.
         object.__setattr__(self, "lora", normalize_choice(self.lora))
         object.__setattr__(self, "guidance_options", normalize_options(self.guidance_options))
+        object.__setattr__(self, "scheduler_options", normalize_scheduler_options(self.scheduler_options))
+        object.__setattr__(self, "sigmas", normalize_steps("sigmas", self.sigmas))
+        object.__setattr__(self, "timesteps", normalize_steps("timesteps", self.timesteps))
 
         if not isinstance(self.prompt, str):
             raise ValueError(f"prompt {self.prompt!r} must be a string")
@@ -143,6 +156,7 @@ class GenerationRequest:
         from raydit.models.cache_options import check_cache
 
         check_cache(self.cache, self.cache_threshold)
+        check_request_schedule(self)
         if self.image is not None and not isinstance(self.image, bytes):
             raise ValueError("request image must be PNG bytes; build requests with image_to_png(image)")
 
@@ -193,6 +207,9 @@ class DenoiseState:
     carry: Mapping[str, Any]
     generator_state: Any  # torch.Generator state (CPU)
     branch_count: int = 1  # guidance branches of a step on all groups (Family.guidance_branches)
+    # The request's own scheduler object (raydit.models.schedules.own_scheduler), built by
+    # prepare, never checkpointed (its state is `scheduler_state`); None: the pipeline's.
+    scheduler: Any = None
 
     @property
     def num_steps(self) -> int:
@@ -503,8 +520,11 @@ class Family:
 
     def scheduler_step(self, pipe, state: DenoiseState, noise, t, generator) -> tuple[Any, dict]:
         """-> (new latents, new carry). The scheduler's own attributes are saved and restored
-        around this call by the runner."""
-        return pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0], dict(state.carry)
+        around this call by the runner; `generator` (the request's, checkpointed) goes to a
+        scheduler that draws noise (raydit.models.schedules.step)."""
+        from raydit.models.schedules import step
+
+        return step(pipe.scheduler, noise, t, state.latents, generator), dict(state.carry)
 
     def decode_video(self, pipe, state: DenoiseState, latents):
         """Latents -> what the VAE decodes them to, as the pipeline does before post-processing:
