@@ -79,6 +79,9 @@ class DenoiseState:
     carry: Mapping[str, Any]
     generator_state: Any  # torch.Generator state (CPU)
     branch_count: int = 1  # guidance branches of a step on all groups (Family.guidance_branches)
+    # The request's own scheduler object (raydit.models.schedules.own_scheduler), built by
+    # prepare, never checkpointed (its state is `scheduler_state`); None: the pipeline's.
+    scheduler: Any = None
 
     @property
     def num_steps(self) -> int:
@@ -397,8 +400,11 @@ class Family:
 
     def scheduler_step(self, pipe, state: DenoiseState, noise, t, generator) -> tuple[Any, dict]:
         """-> (new latents, new carry). The scheduler's own attributes are saved and restored
-        around this call by the runner."""
-        return pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0], dict(state.carry)
+        around this call by the runner; `generator` (the request's, checkpointed) goes to a
+        scheduler that draws noise (raydit.models.schedules.step)."""
+        from raydit.models.schedules import step
+
+        return step(pipe.scheduler, noise, t, state.latents, generator), dict(state.carry)
 
     def decode_video(self, pipe, state: DenoiseState, latents):
         """Latents -> what the VAE decodes them to, as the pipeline does before post-processing:

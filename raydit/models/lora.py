@@ -209,21 +209,54 @@ def read_state_dict(pipeline_cls, path) -> dict:
             keys = list(fh.keys())
     except Exception as exc:  # noqa: BLE001 - any parse failure means "not a safetensors file"
         raise ValueError(f"LoRA {str(file)!r} is not a readable safetensors file ({type(exc).__name__})") from None
+    first = ", ".join(sorted(keys)[:4])
     if not any(("lora" in k.lower()) for k in keys):
         raise ValueError(
-            f"{str(file)!r} is not a LoRA: none of its {len(keys)} tensors is a LoRA weight (lora_A / lora_B); "
-            "give the file save_lora_weights wrote"
+            f"{str(file)!r} is not a LoRA: none of its {len(keys)} tensors is a LoRA weight (lora_A / lora_B / "
+            f"lora_down / lora_up; its first keys: {first}); give a LoRA file of this model"
         )
     if not hasattr(pipeline_cls, "lora_state_dict"):
         raise ValueError(f"{pipeline_cls.__name__} does not take LoRAs in diffusers")
     try:
         state_dict = pipeline_cls.lora_state_dict(str(file))
     except Exception as exc:  # noqa: BLE001 - diffusers' own conversion failed on these keys
-        raise ValueError(f"LoRA {str(file)!r} could not be read by {pipeline_cls.__name__}: "
-                         f"{str(exc).splitlines()[0][:200]}") from None
+        raise ValueError(f"LoRA {str(file)!r} is in a format {pipeline_cls.__name__}'s converters do not know "
+                         f"(its first keys: {first}): {(str(exc).splitlines() or [type(exc).__name__])[0][:160]}"
+                         ) from None
+    _name_dropped_keys(file, keys)
     if isinstance(state_dict, tuple):  # some pipelines return (state_dict, network_alphas)
         state_dict = state_dict[0]
     return dict(state_dict)
+
+
+def _dropped_by_diffusers(key: str) -> bool:
+    """A weight difference of an original-Wan-format file (LightX2V, Kijai's repacks) that
+    diffusers' converter (`_convert_non_diffusers_wan_lora_to_diffusers`) drops: a norm's
+    `.diff` / `.diff_b`, a block's modulation `diff_m`, any other full `.diff` but the head's
+    (which it converts)."""
+    if "norm" in key and key.endswith((".diff", ".diff_b")):
+        return True
+    return key.endswith((".diff", ".diff_m")) and "head.head" not in key
+
+
+def _name_dropped_keys(file, keys) -> None:
+    """The file's keys diffusers' converter drops, named in one logged line (how many of them
+    are non-zero too). raydit loads a LoRA exactly as load_lora_weights does, so one worker
+    equals diffusers: the authors' runtimes add such a key to the weight (weight += diff);
+    the norm `.diff` keys of the published files are zeros, so there they change nothing."""
+    dropped = sorted(k for k in keys if _dropped_by_diffusers(k))
+    if not dropped:
+        return
+    import logging
+
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as fh:
+        nonzero = [k for k in dropped if bool(fh.get_tensor(k).ne(0).any())]
+    shown = ", ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
+    logging.getLogger(__name__).warning(
+        "LoRA %s: %d weight-difference keys (%d non-zero) are not applied, as diffusers' load_lora_weights "
+        "drops them: %s", file.name, len(dropped), len(nonzero), shown)
 
 
 def check_state_dict(state_dict: Mapping, transformers: Mapping[str, Any], where: str) -> None:

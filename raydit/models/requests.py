@@ -197,6 +197,10 @@ class GenerationRequest:
     guidance terms: their scales, the blocks a perturbed pass skips ...), given as a dict or
     (name, value) pairs and kept as sorted pairs; a value is a number, a bool or a tuple of
     integers. Each family says which names it takes and refuses the others (check_request).
+    `scheduler`, `scheduler_options`, `sigmas` / `timesteps`: the request's own scheduler class,
+    its config overrides and an explicit step list (raydit.models.schedules); None / () keep
+    the pipeline's scheduler and spacing. A list sets the step count: num_inference_steps must
+    equal its length.
     """
 
     prompt: str
@@ -218,15 +222,24 @@ class GenerationRequest:
     cache: str | None = None
     cache_threshold: float | None = None
     guidance_options: tuple[tuple[str, Any], ...] = ()
+    scheduler: str | None = None
+    scheduler_options: tuple[tuple[str, Any], ...] = ()
+    sigmas: tuple[float, ...] | None = None
+    timesteps: tuple[float, ...] | None = None
 
     def __post_init__(self):
         import math
 
         from raydit.models.lora import normalize_choice
+        from raydit.models.schedules import check_request_schedule, normalize_steps
+        from raydit.models.schedules import normalize_options as normalize_scheduler_options
 
         # Normalized here, so a checkpoint's JSON form (lists) compares equal to the request.
         object.__setattr__(self, "lora", normalize_choice(self.lora))
         object.__setattr__(self, "guidance_options", normalize_options(self.guidance_options))
+        object.__setattr__(self, "scheduler_options", normalize_scheduler_options(self.scheduler_options))
+        object.__setattr__(self, "sigmas", normalize_steps("sigmas", self.sigmas))
+        object.__setattr__(self, "timesteps", normalize_steps("timesteps", self.timesteps))
 
         if not isinstance(self.prompt, str):
             raise ValueError(f"prompt {self.prompt!r} must be a string")
@@ -249,6 +262,7 @@ class GenerationRequest:
         from raydit.models.cache_options import check_cache
 
         check_cache(self.cache, self.cache_threshold)
+        check_request_schedule(self)
         if self.image is not None and not isinstance(self.image, bytes):
             raise ValueError("request image must be PNG bytes; build requests with image_to_png(image)")
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from raydit.models.family import DenoiseState, GenerationRequest
 from raydit.models.scheduler_state import live_scheduler_state, load_scheduler_state, pack_scheduler_state
+from raydit.models.schedules import own_scheduler
 from raydit.models.lora import activate as activate_lora
 from raydit.models.lora import fused as fused_loras
 from raydit.models.prepare import prepare_pipeline, release
@@ -170,7 +171,10 @@ class Runner:
         # The generator lives on the CPU so latents and scheduler noise are the same on
         # every device and every world size.
         generator = torch.Generator("cpu").manual_seed(request.seed)
-        prepared = family.init(pipe, request, generator, self.device, self.init_dtype)
+        # The request's own scheduler object (its class, options and step list), set up by init.
+        scheduler = own_scheduler(pipe.scheduler, request)
+        with self._scheduler_of(scheduler):
+            prepared = family.init(pipe, request, generator, self.device, self.init_dtype)
         if self.init_dtype != self.dtype:
             prepared = dataclasses.replace(prepared, latents=self._from_init_dtype(prepared.latents),
                                            context={k: self._from_init_dtype(v) for k, v in prepared.context.items()})
@@ -183,9 +187,10 @@ class Runner:
             branches=calls,
             branch_count=branch_count,
             context=prepared.context,
-            scheduler_state=live_scheduler_state(pipe.scheduler),
+            scheduler_state=live_scheduler_state(scheduler),
             carry=prepared.carry,
             generator_state=generator.get_state(),
+            scheduler=scheduler,
         )
         if checkpoint is not None:
             state = self._resume(state, checkpoint)
@@ -310,19 +315,35 @@ class Runner:
         if state.done:
             raise ValueError(f"all {state.num_steps} steps are done; call decode(state)")
         family, pipe = self.family, self.pipe
-        # The scheduler object is shared by every request this runner serves: load this
-        # request's state into it, step, and read the state back out.
-        load_scheduler_state(pipe.scheduler, state.scheduler_state, self.device)
-        t = state.timesteps[state.step_index]
-        if self.offload_idle:
-            self._place_expert(state, t)
+        # The request's own scheduler, with this state's attributes loaded (an older state of
+        # the same request may be stepped again), is the pipeline's for the step.
+        with self._scheduler_of(state.scheduler, state):
+            t = state.timesteps[state.step_index]
+            if self.offload_idle:
+                self._place_expert(state, t)
 
-        cache = self._cache_step(state)
-        # step caching may skip blocks; float64 stays float64
-        with cache, run_precision(self.dtype), self._precision(self._full_precision(state)):
-            noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
-        self._idle_passes(state, t)
-        return self._advance(state, t, noises, cache)
+            cache = self._cache_step(state)
+            # step caching may skip blocks; float64 stays float64
+            with cache, run_precision(self.dtype), self._precision(self._full_precision(state)):
+                noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
+            self._idle_passes(state, t)
+            return self._advance(state, t, noises, cache)
+
+    @contextlib.contextmanager
+    def _scheduler_of(self, scheduler, state: DenoiseState | None = None):
+        """`scheduler` (None: the pipeline's own) as `pipe.scheduler` while the family uses it,
+        with `state`'s scheduler attributes loaded into it."""
+        pipe = self.pipe
+        base = pipe.scheduler
+        own = base if scheduler is None else scheduler
+        # Not `pipe.scheduler = ...`: DiffusionPipeline.__setattr__ would rewrite its config.
+        object.__setattr__(pipe, "scheduler", own)
+        try:
+            if state is not None:
+                load_scheduler_state(own, state.scheduler_state, self.device)
+            yield own
+        finally:
+            object.__setattr__(pipe, "scheduler", base)
 
     def _full_precision(self, state: DenoiseState) -> bool:
         """Whether this step of the request is one of its first or last full_precision_steps."""
@@ -393,8 +414,8 @@ class Runner:
                 self._idle_passes(states[part[0]], ts[part[0]])
         out = []
         for s, t, n in zip(states, ts, noises):
-            load_scheduler_state(pipe.scheduler, s.scheduler_state, self.device)
-            out.append(self._advance(s, t, n))
+            with self._scheduler_of(s.scheduler, s):
+                out.append(self._advance(s, t, n))
         return out
 
     def _advance(self, state: DenoiseState, t, noises: list, cache=None) -> DenoiseState:

@@ -237,6 +237,11 @@ OPTIONS: tuple[Option, ...] = (
            request="guidance_options", form={"annotation": dict[str, Any] | str | None, "default": None},
            help="a guidance knob of the model's family, repeatable (LTX-2: stg_scale=0, stg_blocks=28,29, "
                 "use_cross_timestep=false ...); a number, true/false, or integers separated by commas"),
+    # The request's own scheduler and step list (raydit.models.schedules): the Python API's for now.
+    Option(None, request="scheduler"),
+    Option(None, request="scheduler_options"),
+    Option(None, request="sigmas"),
+    Option(None, request="timesteps"),
     Option(None, request="tag", control=True),
     # on_start(): called on the driver when a replica starts the request (again after a hand-back).
     Option(None, request="on_start", control=True),

@@ -408,7 +408,9 @@ class HunyuanVideoFamily(Family):
 
         if state.context["condition"] != "token_replace":
             return super().scheduler_step(pipe, state, noise, t, generator)
-        rest = pipe.scheduler.step(noise[:, :, 1:], t, state.latents[:, :, 1:], return_dict=False)[0]
+        from raydit.models.schedules import step
+
+        rest = step(pipe.scheduler, noise[:, :, 1:], t, state.latents[:, :, 1:], generator)
         return torch.cat([state.context["image_latents"], rest], dim=2), dict(state.carry)
 
     def guidance_scale(self, pipe, state, t) -> float:

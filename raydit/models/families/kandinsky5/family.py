@@ -376,11 +376,13 @@ class Kandinsky5Family(Family):
     def scheduler_step(self, pipe, state, noise, t, generator):
         import torch
 
+        from raydit.models.schedules import step
+
         latents = state.latents
         if type(pipe).__name__ != I2V:
-            return pipe.scheduler.step(noise, t, latents, return_dict=False)[0], dict(state.carry)
+            return step(pipe.scheduler, noise, t, latents, generator), dict(state.carry)
         # The image's frame stays; frames 1.. are stepped (as the I2V pipeline's loop).
-        stepped = pipe.scheduler.step(noise[:, 1:], t, latents[:, 1:], return_dict=False)[0]
+        stepped = step(pipe.scheduler, noise[:, 1:], t, latents[:, 1:], generator)
         return torch.cat([latents[:, :1], stepped.to(latents.dtype)], dim=1), dict(state.carry)
 
     def output_latents(self, pipe, state, latents=None):

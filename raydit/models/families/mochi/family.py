@@ -285,7 +285,9 @@ class MochiFamily(Family):
     def scheduler_step(self, pipe, state, noise, t, generator):
         import torch
 
-        latents = pipe.scheduler.step(noise, t, state.latents.to(torch.float32), return_dict=False)[0]
+        from raydit.models.schedules import step
+
+        latents = step(pipe.scheduler, noise, t, state.latents.to(torch.float32), generator)
         return latents.to(state.latents.dtype), dict(state.carry)
 
     def decode_video(self, pipe, state, latents):

@@ -389,7 +389,9 @@ class SkyReelsFamily(WanFamily):
 
     def scheduler_step(self, pipe, state, noise, t, generator):
         if not self._forcing(pipe):
-            return pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0], dict(state.carry)
+            from raydit.models.schedules import step
+
+            return step(pipe.scheduler, noise, t, state.latents, generator), dict(state.carry)
         import copy
 
         import torch

@@ -367,7 +367,9 @@ class WanFamily(Family):
         return request.guidance_scale
 
     def scheduler_step(self, pipe, state, noise, t, generator):
-        latents = pipe.scheduler.step(noise, t, state.latents, return_dict=False)[0]
+        from raydit.models.schedules import step
+
+        latents = step(pipe.scheduler, noise, t, state.latents, generator)
         return self._with_first_frame(latents, state.context), dict(state.carry)
 
     def decode_video(self, pipe, state, latents):

@@ -1,0 +1,103 @@
+"""Distilled recipes on every plan up to 4 gloo ranks (cfg 2 on 2 and 4 ranks) equal one worker.
+
+Cases (raydit.models.schedules: the request's own scheduler and step list):
+- Wan 2.1, Euler with LightX2V's sigma list (shift 5), classifier-free guidance on;
+- Wan 2.1, FlowMatchLCMScheduler (fresh noise at every step, from the request's generator) with
+  FastWan's list (shift 8): every rank draws the same noise, and resuming from a one-worker
+  checkpoint restores the generator;
+- Wan 2.2's two experts, a LoRA each (high-noise on `transformer`, low-noise on `transformer_2`),
+  the switch at the list's own timesteps (1000, 937.5 | 833.3, 625 at boundary 875);
+- HunyuanVideo, Euler with a sigma list.
+The conformance harness runs each case on every feasible plan, fresh and resumed from the
+one-worker checkpoint after step 1 (raydit.models.conformance). Uneven lengths: 30 and 45
+video tokens, which 4 ranks do not divide.
+Tolerance (float32): rtol 1e-4, atol 1e-4, as the conformance suite's latents.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydit.models import conformance as harness
+from raydit.models import lora
+from raydit.models.families.hunyuanvideo.tiny import TINY_HEADS as HUNYUAN_HEADS
+from raydit.models.loading import load_pipeline, resolve_model_dir
+from raydit.models.runner import Runner
+
+WORLDS = (1, 2, 3, 4)
+CFG_WORLDS = (2, 4)
+TOL = dict(rtol=1e-4, atol=1e-4)
+LIGHTX2V = dict(scheduler="FlowMatchEulerDiscreteScheduler", scheduler_options={"shift": 5.0},
+                sigmas=(1.0, 0.75, 0.5, 0.25), num_inference_steps=4)
+FASTWAN = dict(scheduler="FlowMatchLCMScheduler", scheduler_options={"shift": 8.0},
+               sigmas=(1.0, 0.757, 0.522), num_inference_steps=3)
+WAN = "raydit.models.families.wan.cases:wan_pipeline"
+
+
+def rel(actual, expected) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    wan = dict(prompt="a red fox", num_frames=5, height=48, width=80, seed=3)  # 2 x 3 x 5 = 30 tokens
+    a14b_dir = str(resolve_model_dir("tiny-wan-a14b"))
+    a14b = load_pipeline("tiny-wan-a14b")
+    root = tmp_path_factory.mktemp("sched-lora")
+    loras = {"high": (str(lora.write_random_lora(a14b, root / "high", seed=11)), "transformer"),
+             "low": (str(lora.write_random_lora(a14b, root / "low", seed=12, component="transformer_2")),
+                     "transformer_2")}
+    return [
+        harness.RunnerCase("sched-wan-euler", WAN, 6, dict(wan, **LIGHTX2V, guidance_scale=5.0),
+                           dict(base_dir=str(resolve_model_dir("tiny-wan"))), steps=4),
+        harness.RunnerCase("sched-wan-lcm", WAN, 6, dict(wan, **FASTWAN, guidance_scale=1.0),
+                           dict(base_dir=str(resolve_model_dir("tiny-wan"))), steps=3, cfg=False, worlds=(1, 2, 3, 4)),
+        harness.RunnerCase("sched-wan-a14b-lora", "raydit.models.lora:conformance_pipeline", 6,
+                           dict(wan, **LIGHTX2V, guidance_scale=1.0, lora={"high": 1.0, "low": 0.8}),
+                           dict(build=WAN, build_kwargs=dict(base_dir=a14b_dir), loras=loras), steps=4, cfg=False,
+                           worlds=(2, 4)),
+        harness.RunnerCase("sched-hunyuan-euler", "raydit.models.families.hunyuanvideo.cases:hunyuan_pipeline",
+                           HUNYUAN_HEADS, dict(prompt="a red fox runs", num_frames=9, height=48, width=80, seed=11,
+                                               guidance_scale=6.0, **LIGHTX2V),
+                           dict(base_dir=str(resolve_model_dir("tiny-hunyuan"))), steps=4, cfg=False, worlds=(2, 3, 4)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def references(cases):
+    refs, checkpoints = {}, {}
+    for case in cases:
+        runner = Runner(case.make())
+        request = case.make_request()
+        checkpoints[case.name] = runner.checkpoint(harness.run_steps(runner, request, 1))
+        refs[case.name] = harness.run_steps(runner, request, case.steps).latents
+        if case.name == "sched-wan-a14b-lora":
+            # Each expert's LoRA matters: without either, other latents.
+            for drop in ("high", "low"):
+                kept = tuple((n, s) for n, s in request.lora if n != drop)
+                other = harness.run_steps(runner, request.__class__(**{**request.to_dict(), "lora": kept}), case.steps)
+                assert rel(other.latents, refs[case.name]) > 1e-2, drop
+    return refs, checkpoints
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_every_plan_equals_one_worker(cases, references):
+    from raydit.parallel.testing import run_distributed
+
+    refs, checkpoints = references
+    outputs = run_distributed(harness.conformance_worker, max(WORLDS), [], cases, checkpoints, WORLDS, CFG_WORLDS,
+                              timeout=900)
+    seen = set()
+    for case in cases:
+        for world in harness.case_worlds(case, WORLDS):
+            for plan in harness.feasible_plans(world, case.heads, cfg_degrees=case.cfg_degrees(world, CFG_WORLDS)):
+                for kind in ("fresh", "resumed"):
+                    got = outputs[0]["runner"][(case.name, str(plan), kind)]
+                    torch.testing.assert_close(got, refs[case.name], **TOL,
+                                               msg=lambda m: f"{case.name} {plan} {kind}: {m}")
+                    for rank in range(1, plan.world_size):
+                        assert torch.equal(outputs[rank]["runner"][(case.name, str(plan), kind)], got)
+                seen.add((case.name, world))
+    assert {w for name, w in seen if name == "sched-wan-euler"} == set(WORLDS)
