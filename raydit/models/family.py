@@ -35,12 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from raydit.models.requests import to_uint8_frames
+from raydit.models.requests import GenerationRequest, to_uint8_frames
 
-# TRANSITIONAL: runtime/engine/api.py, runtime/engine/replicas.py, runtime/queue.py and
-# models/runner.py still take these two from here; once they import raydit.models.requests,
-# delete this line.
-from raydit.models.requests import GenerationRequest, image_to_png  # noqa: F401
 
 # Classifier-free guidance's two branches in the pipeline's order (uncond, cond): their index in
 # `Family.guidance_branches`, and the cfg rank that evaluates each on a mesh of cfg 2.

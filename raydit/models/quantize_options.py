@@ -19,14 +19,13 @@ the run dtype's kernels), the rest as asked. 0 (the default): every step as aske
 
 from __future__ import annotations
 
-from raydit.planner.modes import ATTENTION_MODES, DEFAULT_ATTENTION_MODE, QUANTIZE_MODES
-
-# The scales' granularity: "row" one per output row of a weight and one per token of an
-# activation (the default: a token's quantization is then the same on any split of the
-# sequence, so every plan quantizes as one rank does); "tensor" one per tensor (an activation's
-# scale then depends on the rank's share of the sequence).
-FP8_GRANULARITIES = ("row", "tensor")
-DEFAULT_FP8_GRANULARITY = "row"
+from raydit.planner.modes import (
+    ATTENTION_MODES,
+    DEFAULT_ATTENTION_MODE,
+    DEFAULT_FP8_GRANULARITY,
+    FP8_GRANULARITIES,
+    QUANTIZE_MODES,
+)
 # FP8 tensor-core GEMMs (torch._scaled_mm): Ada (8.9), Hopper (9.0) and later.
 FP8_MIN_CAPABILITY = (8, 9)
 def check_quantize(mode) -> str | None:

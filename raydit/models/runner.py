@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from raydit.models.family import DenoiseState, GenerationRequest
+from raydit.models.family import DenoiseState
+from raydit.models.requests import GenerationRequest
 from raydit.models.scheduler_state import live_scheduler_state, load_scheduler_state, pack_scheduler_state
 from raydit.models.schedules import own_scheduler
 from raydit.models.lora import activate as activate_lora

@@ -25,5 +25,12 @@ DEFAULT_QUANTIZE_MODE = "none"
 FP8_PRICED_QUANTIZE_MODES = ("fp8",)  # one-byte weights at FP8 GEMM rates; fp8-sim: bf16's
 PRICED_QUANTIZE_MODES = (DEFAULT_QUANTIZE_MODE, *FP8_PRICED_QUANTIZE_MODES)
 
+# FP8 scales' granularity: "row" one per output row of a weight and one per token of an
+# activation (the default: a token's quantization is then the same on any split of the
+# sequence, so every plan quantizes as one rank does); "tensor" one per tensor (an activation's
+# scale then depends on the rank's share of the sequence).
+FP8_GRANULARITIES = ("row", "tensor")
+DEFAULT_FP8_GRANULARITY = "row"
+
 assert set(EIGHT_BIT_ATTENTION_MODES) <= set(ATTENTION_MODES) and DEFAULT_ATTENTION_MODE in ATTENTION_MODES
 assert set(PRICED_QUANTIZE_MODES) <= set(QUANTIZE_MODES)

@@ -15,12 +15,9 @@ from typing import Any
 
 from raydit.planner.devicemodel import DEFAULT_STEPS, Mode, run_mode
 
-# TODO(h53b): from raydit.planner.modes
-QUANTIZE_CHOICES = ("none", "fp8", "fp8-sim")
-# TODO(h53b): from raydit.planner.modes
-ATTENTION_CHOICES = ("bf16", "auto", "int8", "fp8")
-# TODO(h53b): from raydit.planner.modes
-FP8_GRANULARITIES = ("row", "tensor")
+from raydit.planner.modes import ATTENTION_MODES as ATTENTION_CHOICES
+from raydit.planner.modes import DEFAULT_ATTENTION_MODE, DEFAULT_FP8_GRANULARITY, FP8_GRANULARITIES
+from raydit.planner.modes import QUANTIZE_MODES as QUANTIZE_CHOICES
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,7 @@ class RunConfig:
     attention: str = "bf16"
     full_precision_steps: int = 0
     shard_weights: bool | None = None
-    fp8_granularity: str = "row"
+    fp8_granularity: str = DEFAULT_FP8_GRANULARITY
 
     def __post_init__(self):
         if not isinstance(self.compile, bool):
@@ -52,7 +49,7 @@ class RunConfig:
             raise ValueError(f"quantize {self.quantize!r} is not a mode; use one of: {', '.join(QUANTIZE_CHOICES)} "
                              "(fp8-sim: FP8 numerics emulated on any device, no speed)")
         object.__setattr__(self, "quantize", quantize)
-        attention = "bf16" if self.attention is None else self.attention
+        attention = DEFAULT_ATTENTION_MODE if self.attention is None else self.attention
         if not isinstance(attention, str) or attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention {self.attention!r} is not a mode; use one of: {', '.join(ATTENTION_CHOICES)} "
                              "(default bf16)")

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from raydit.models import lora
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.registry import family_for_pipeline
 from raydit.models.requests import reference_call

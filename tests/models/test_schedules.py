@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models.family import GenerationRequest
+from raydit.models.requests import GenerationRequest
 from raydit.models.loading import load_pipeline
 from raydit.models.requests import reference_call
 from raydit.models.runner import Runner
