@@ -94,6 +94,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
     opts["guidance_options"] = parse_guidance_options(opts.get("guidance_option"))
+    resolve_schedule_options(opts)
     true_cfg = opts.get("true_cfg_scale")
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
@@ -111,6 +112,21 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     check_precision_options(opts)
     _options.check_shard_weights(opts.get("shard_weights"), opts.get("fuse_lora"), opts.get("workers"))
     return opts
+
+
+def resolve_schedule_options(opts: dict) -> None:
+    """--scheduler-option NAME=VALUE -> opts["scheduler_options"]; --sigmas / --timesteps (text
+    from the line, a list from a file) -> tuples of floats; the step count from a list (a
+    --steps that disagrees is refused)."""
+    from raydit.models.schedules import parse_options, parse_steps, steps_of_list
+
+    opts["scheduler_options"] = parse_options(opts.get("scheduler_option"))
+    for key in ("sigmas", "timesteps"):
+        if opts.get(key) is not None:
+            opts[key] = parse_steps(f"--{key}", opts[key])
+    if opts.get("sigmas") is not None and opts.get("timesteps") is not None:
+        raise ValueError("give --sigmas or --timesteps, not both: either list sets every step")
+    opts["steps"] = steps_of_list(opts.get("steps"), opts.get("sigmas"), opts.get("timesteps"))
 
 
 def check_compile(opts: dict) -> None:
@@ -148,6 +164,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         if o.get("steps") is not None:  # left out: the model's pipeline's own count (the Engine's call_defaults)
             check_steps(str(resolve_model_dir(o["model"])), o["steps"])
+        from raydit.models.schedules import check_for_model
+
+        check_for_model(str(resolve_model_dir(o["model"])), o.get("scheduler"), o["scheduler_options"],
+                        o.get("sigmas"), o.get("timesteps"))
         if o.get("frames") is not None:  # a count the VAE cannot take: rounded as diffusers does, said once
             from raydit import model_spec
             from raydit.runtime.engine import round_frames
@@ -167,7 +187,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with Engine(**{**engine_kwargs(o), "workers": workers}) as engine:
         result = engine.resume(resume, progress=not o["json"]) if resume else engine.generate(
             **_options.request_kwargs(o, "generate", image=image, lora=o["lora_choice"], progress=not o["json"],
-                                      guidance_options=o.get("guidance_options") or ()))
+                                      guidance_options=o.get("guidance_options") or (),
+                                      scheduler_options=o.get("scheduler_options") or ()))
         result.save(o["out"], fps=o["fps"])
         saved = result.save_latents(o["save_latents"]) if o.get("save_latents") else {}
         summary = {
@@ -208,9 +229,10 @@ def _save_job(o: dict) -> None:
     tmp.replace(directory / JOB_FILE)
 
 
-# What _save_job writes: the config file's keys (not `resume`) and the parsed --guidance-option.
+# What _save_job writes: the config file's keys (not `resume`) and the parsed --guidance-option
+# and --scheduler-option.
 SAVED_OPTIONS = {**{k: t for k, t in _options.config_types("generate").items() if k != "resume"},
-                 "guidance_options": list}
+                 "guidance_options": list, "scheduler_options": list}
 
 
 def _saved_job(directory: str) -> dict:

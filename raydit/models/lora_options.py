@@ -1,23 +1,26 @@
 """LoRA options of a run as the command line and a job config give them: `--lora PATH
-[--lora-scale S]` (repeatable) and `loras:` entries, resolved to the Engine's table of files
+[--lora-scale S] [--lora-target NAME]` (repeatable) and `loras:` entries, resolved to the Engine's table of files
 and the request's scales. Checks names, scales and files (raydit.models.lora) without
 importing torch or peft."""
 
 from __future__ import annotations
 
-from raydit.models.lora import check_name, check_scale, default_name, lora_file
+from raydit.models.lora import TARGETS, check_name, check_scale, default_name, lora_file
 
 
 def lora_options(o: dict) -> tuple[dict, dict]:
-    """--lora PATH [--lora-scale S] (repeatable) and the config's `loras:` (paths, or mappings
+    """--lora PATH [--lora-scale S] [--lora-target NAME] (repeatable) and the config's `loras:` (paths, or mappings
     {path, scale, name, target}) -> ({name: {"path", "target"}} for the Engine, {name: scale}
     for the request). Files and scales are checked here; the LoRAs against the model in the
     Engine, before Ray starts. Shared by `raydit generate` and `raydit serve`."""
     paths, scales = list(o.get("lora") or []), list(o.get("lora_scale") or [])
-    if len(scales) > len(paths):
-        raise ValueError(f"--lora-scale is given {len(scales)} times but --lora {len(paths)} times; "
-                         "give one scale per --lora, in the same order")
-    entries = [{"path": p, "scale": scales[i] if i < len(scales) else 1.0} for i, p in enumerate(paths)]
+    targets = list(o.get("lora_target") or [])
+    for flag, given in (("--lora-scale", scales), ("--lora-target", targets)):
+        if len(given) > len(paths):
+            raise ValueError(f"{flag} is given {len(given)} times but --lora {len(paths)} times; "
+                             f"give one {flag.removeprefix('--lora-')} per --lora, in the same order")
+    entries = [{"path": p, "scale": scales[i] if i < len(scales) else 1.0,
+                "target": targets[i] if i < len(targets) else "transformer"} for i, p in enumerate(paths)]
     for entry in o.get("loras") or []:
         if isinstance(entry, str):
             entry = {"path": entry}
@@ -32,6 +35,10 @@ def lora_options(o: dict) -> tuple[dict, dict]:
             raise ValueError(f"two LoRAs are named {name!r}; give one a name (loras: - {{path: ..., name: ...}})"
                              if entry.get("name") else f"--lora {entry['path']!r}: a LoRA named {name!r} is "
                              "already given; rename the file or directory, or name it in a --config loras: entry")
-        table[name] = {"path": str(lora_file(entry["path"])), "target": entry.get("target", "transformer")}
+        target = entry.get("target", "transformer")
+        if target not in TARGETS:
+            raise ValueError(f"LoRA {name!r}: target {target!r} is not one of {', '.join(TARGETS)} (--lora-target, "
+                             "in --lora's order)")
+        table[name] = {"path": str(lora_file(entry["path"])), "target": target}
         choice[name] = check_scale(entry.get("scale", 1.0), name)
     return table, choice

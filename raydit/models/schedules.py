@@ -88,6 +88,86 @@ def normalize_steps(name: str, values) -> tuple[float, ...] | None:
     return tuple(out)
 
 
+def parse_option_value(text: str):
+    """A scheduler option's value as text (the command line's NAME=VALUE) -> true / false, an
+    int, a float, "none" -> None, else the word itself."""
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_options(items, flag: str = "--scheduler-option") -> tuple[tuple[str, object], ...]:
+    """NAME=VALUE strings (repeatable flag) -> normalized scheduler options."""
+    out = []
+    for item in items or ():
+        name, sep, text = str(item).partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise ValueError(f"{flag} {item!r} must be NAME=VALUE, e.g. shift=5")
+        out.append((name.strip(), parse_option_value(text)))
+    return normalize_options(out)
+
+
+def parse_steps(name: str, value) -> tuple[float, ...] | None:
+    """A step list as the command line or a form gives it ("1,0.75,0.5,0.25", a JSON list as
+    text, or a list) -> normalized floats (normalize_steps' checks)."""
+    if isinstance(value, str):
+        text = value.strip().removeprefix("[").removesuffix("]")
+        value = [v.strip() for v in text.split(",")] if text.strip() else []
+    if isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+        try:
+            value = [float(v) for v in value]
+        except ValueError:
+            raise ValueError(f"{name} {','.join(map(str, value))!r} must be numbers separated by commas, "
+                             "e.g. 1,0.75,0.5,0.25") from None
+    return normalize_steps(name, value)
+
+
+def steps_of_list(steps, sigmas, timesteps, flag: str = "--steps") -> int | None:
+    """The step count of a request with an explicit list: the list's length; `steps` given and
+    different is refused. None when no list is given (the caller's default applies)."""
+    given = sigmas if sigmas is not None else timesteps
+    if given is None:
+        return steps
+    if steps is not None and steps != len(given):
+        which = "sigmas" if sigmas is not None else "timesteps"
+        raise ValueError(f"{flag} {steps} disagrees with the {len(given)} {which} given; the list sets the step "
+                         f"count: give {len(given)} or drop {flag}")
+    return len(given)
+
+
+@functools.lru_cache(maxsize=16)
+def _model_scheduler(model_dir: str):
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    cls = _schedulers_cached().get(config.get("_class_name"))
+    return None if cls is None else cls.from_config(config)
+
+
+def check_for_model(model_dir: str, name=None, options=(), sigmas=None, timesteps=None) -> None:
+    """The request's scheduler fields against the model directory's own scheduler, on the
+    driver before any worker loads the model: an unknown or unfitting class (the fitting ones
+    listed), an option the class does not take, a list its set_timesteps cannot use."""
+    if name is None and not options and sigmas is None and timesteps is None:
+        return
+    base = _model_scheduler(str(model_dir))
+    if base is None:
+        return  # no scheduler config to check against: the workers' load refuses it
+    own_scheduler(base, name=name, options=normalize_options(options), sigmas=sigmas, timesteps=timesteps)
+
+
 def check_request_schedule(request) -> None:
     """The schedule fields of a request, checked together (one line each)."""
     if request.scheduler is not None and (not isinstance(request.scheduler, str) or not request.scheduler):

@@ -114,6 +114,12 @@ def lora_table(name: str, value) -> None:
                          "directory holding one), e.g. {'style': '/loras/style.safetensors'}")
 
 
+def comma_list(text: str) -> list[str]:
+    """A list flag's text (`--sigmas 1,0.75,0.5`) -> its entries as text, as a config file's
+    list would hold them; their values are checked where the option is resolved (one line)."""
+    return [part.strip() for part in str(text).strip().removeprefix("[").removesuffix("]").split(",")]
+
+
 @dataclass(frozen=True)
 class Option:
     """One option. `key`: its name on the command line (`--key-with-dashes`) and in config
@@ -237,11 +243,27 @@ OPTIONS: tuple[Option, ...] = (
            request="guidance_options", form={"annotation": dict[str, Any] | str | None, "default": None},
            help="a guidance knob of the model's family, repeatable (LTX-2: stg_scale=0, stg_blocks=28,29, "
                 "use_cross_timestep=false ...); a number, true/false, or integers separated by commas"),
-    # The request's own scheduler and step list (raydit.models.schedules): the Python API's for now.
-    Option(None, request="scheduler"),
-    Option(None, request="scheduler_options"),
-    Option(None, request="sigmas"),
-    Option(None, request="timesteps"),
+    # -- the request's own scheduler, its step list and per-expert LoRAs (raydit.models.schedules;
+    # distilled recipes). A list sets the step count (a --steps that disagrees is refused); in a
+    # form, the options are a JSON object and a list is JSON or numbers separated by commas.
+    Option("scheduler", commands=_GEN, saved=True, request="scheduler", metavar="CLASS",
+           form={"annotation": str | None, "default": None, "max_length": 200},
+           help="a diffusers scheduler class, built from the model's own scheduler config (default: the "
+                "model's scheduler), e.g. FlowMatchEulerDiscreteScheduler"),
+    Option("scheduler_option", list, commands=_GEN, saved=True, action="append", metavar="NAME=VALUE",
+           request="scheduler_options", form={"annotation": dict[str, Any] | str | None, "default": None},
+           help="a config value of the scheduler, over the model's own, repeatable (shift=5, "
+                "use_dynamic_shifting=false ...); a number, true/false or a word"),
+    Option("sigmas", list, commands=_GEN, saved=True, request="sigmas", metavar="S1,S2,...",
+           form={"annotation": list[float] | str | None, "default": None},
+           help="the steps as sigmas, falling within (0, 1], given to the scheduler's set_timesteps (a "
+                "flow-matching scheduler applies its shift to them): 1,0.75,0.5,0.25 is 4 steps"),
+    Option("timesteps", list, commands=_GEN, saved=True, request="timesteps", metavar="T1,T2,...",
+           form={"annotation": list[float] | str | None, "default": None},
+           help="the steps as timesteps, falling, > 0 (e.g. 1000,750,500,250); not with --sigmas"),
+    Option("lora_target", list, commands=_BOTH, saved=True, action="append", metavar="NAME",
+           help="the component each --lora goes on, in the same order (default transformer; Wan 2.2 A14B's "
+                "low-noise expert: transformer_2); repeatable"),
     Option(None, request="tag", control=True),
     # on_start(): called on the driver when a replica starts the request (again after a hand-back).
     Option(None, request="on_start", control=True),
@@ -406,6 +428,8 @@ def add_flag(parser, o: Option, help: str = "", aliases: bool = True, **override
             kwargs["default"] = None
     elif o.type in (int, float):
         kwargs["type"] = o.type
+    elif o.type is list:
+        kwargs["type"] = comma_list
     if o.choices is not None:
         kwargs["choices"] = list(o.choices)
     if o.metavar is not None:

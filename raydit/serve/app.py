@@ -275,6 +275,7 @@ class VideoAPI:
             vae_temporal=spec.vae_temporal,
             guidance_options=tuple(getattr(families().get(spec.family), "option_names", ())),
             cache=self.engine.cache,
+            model_dir=self.engine.model_dir,
         )
         # capacity: the engine's replicas as they are now (they may follow the queue).
         self.service = VideoService(self.engine, store, self.limits, max_queue=options["max_queue"])

@@ -18,6 +18,7 @@ from typing import Annotated, Any, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError
 
+from raydit.models.schedules import steps_of_list
 from raydit.runtime.options import OPTIONS, form_fields
 
 
@@ -107,6 +108,7 @@ class Limits:
     steps_limited_by: str = "--max-steps"
     guidance_options: tuple[str, ...] = ()  # the names of the guidance options the model takes
     cache: str | None = None  # the server's step-cache method (--cache); None: every step computed
+    model_dir: str | None = None  # a request's scheduler is checked against this pipeline's own
 
 
 def parse_body(data: dict[str, Any], model: type[BaseModel] = VideoCreate) -> Any:
@@ -179,7 +181,16 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         frames, frames_param = frames_for_seconds(body.seconds, limits.fps, limits.vae_temporal), "seconds"
     else:
         frames, frames_param = limits.max_frames, "num_frames"
-    steps = body.num_inference_steps if body.num_inference_steps is not None else limits.default_steps
+    schedule = schedule_choice(body, limits.model_dir)
+    # A step list sets the count: the server's default steps never override it.
+    steps = body.num_inference_steps
+    if steps is None:
+        listed = schedule.get("sigmas") or schedule.get("timesteps")
+        steps = len(listed) if listed else limits.default_steps
+    try:
+        steps_of_list(steps, schedule.get("sigmas"), schedule.get("timesteps"), flag="num_inference_steps")
+    except ValueError as exc:
+        raise RequestError(str(exc), param="num_inference_steps") from None
     if steps > limits.max_steps:
         raise RequestError(
             f"num_inference_steps {steps} is more than this server's limit of {limits.max_steps} "
@@ -218,11 +229,54 @@ def resolve(body: VideoCreate, limits: Limits, spec, loras=(), fused: dict | Non
         **cache_choice(body, limits.cache),
         "lora": lora_choice(body.lora, loras, fused),
         "guidance_options": guidance_choice(body.guidance_options, limits),
+        **schedule,
     }
     for name, request in FORM_REQUEST.items():
         if request not in params and name in body.model_fields_set:
             params[request] = getattr(body, name)
     return params
+
+
+def schedule_choice(body: VideoCreate, model_dir: str | None = None) -> dict:
+    """The body's scheduler fields, only those it sets, in GenerationRequest's normal form:
+    `scheduler_options` a JSON object (text in a form), `sigmas` / `timesteps` a list (in a form,
+    numbers separated by commas or a JSON list); checked against the pipeline's own scheduler
+    in `model_dir` where given. RequestError naming the field otherwise."""
+    import json
+
+    from raydit.models.schedules import check_for_model, normalize_options, parse_steps
+
+    given = body.model_fields_set
+    out = {"scheduler": body.scheduler or None} if "scheduler" in given else {}
+    options = body.scheduler_options
+    if isinstance(options, str):
+        try:
+            options = json.loads(options) if options.strip() else None
+        except ValueError:
+            raise RequestError(f"scheduler_options: {options!r} is not valid JSON; give an object such as "
+                               '{"shift": 5}', param="scheduler_options") from None
+    for name, parse in (("scheduler_options", lambda: normalize_options(options)),
+                        ("sigmas", lambda: parse_steps("sigmas", body.sigmas)),
+                        ("timesteps", lambda: parse_steps("timesteps", body.timesteps))):
+        try:
+            value = parse()
+        except ValueError as exc:
+            raise RequestError(f"{name}: {exc}", param=name) from None
+        if name in given:  # set, also to nothing: read here, never passed on as the body has it
+            out[name] = [list(v) for v in value] if name == "scheduler_options" else value and list(value)
+    if out.get("sigmas") and out.get("timesteps"):
+        raise RequestError("timesteps: give sigmas or timesteps, not both: either list sets every step",
+                           param="timesteps")
+    if model_dir is not None:
+        try:
+            check_for_model(model_dir, out.get("scheduler"), out.get("scheduler_options", ()), out.get("sigmas"),
+                            out.get("timesteps"))
+        except ValueError as exc:
+            message = str(exc)
+            param = "scheduler_options" if "takes no option" in message else next(
+                (n for n in ("sigmas", "timesteps") if f"takes no {n}" in message), "scheduler")
+            raise RequestError(f"{param}: {exc}", param=param) from None
+    return out
 
 
 def guidance_choice(value, limits: Limits) -> dict[str, Any]:

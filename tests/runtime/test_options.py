@@ -37,6 +37,8 @@ def test_each_command_line_flag_is_a_config_key_of_the_same_type(command):
             assert keys[key] is bool, key
         elif isinstance(action, argparse._AppendAction):
             assert keys[key] is list, key
+        elif keys[key] is list:  # a list given once, its entries separated by commas (--sigmas)
+            assert action.type is options.comma_list, key
         else:
             assert (action.type or str) is keys[key], key
 

@@ -70,6 +70,7 @@ class Requests:
             **given,
             "negative_prompt": given["negative_prompt"] or "",
             **{name: value for name, value in self.call_defaults.items() if given[name] is None},
+            **self.steps_of_list(given),
             "num_frames": spec.default_frames if num_frames is None else num_frames,
             "height": spec.default_height if given["height"] is None else given["height"],
             "width": spec.default_width if given["width"] is None else given["width"],
@@ -78,6 +79,17 @@ class Requests:
             **self.cache_choice(given["cache"], given["cache_threshold"]),
             "lora": self.loras.fused_default(given["lora"]),
         })
+
+    @staticmethod
+    def steps_of_list(given: dict) -> dict:
+        """A step list given without num_inference_steps sets it (the model's default count
+        never overrides a list); a count that disagrees is refused."""
+        from raydit.models.schedules import steps_of_list
+
+        lists = [given[k] if isinstance(given[k], (list, tuple)) else None for k in ("sigmas", "timesteps")]
+        if given["num_inference_steps"] is not None or all(v is None for v in lists):
+            return {}  # a count given: GenerationRequest holds it to the list's length
+        return {"num_inference_steps": steps_of_list(None, *lists, flag="num_inference_steps")}
 
     def cache_choice(self, cache, cache_threshold) -> dict:
         """A request's step caching: the Engine's unless the call names it. Only the request
@@ -115,7 +127,11 @@ class Requests:
         """Refuse on the driver, before any worker sees it, what the workers would refuse:
         geometry (the planner's rules), more steps than the scheduler has timesteps, a
         size beyond what every replica's plan can hold, a LoRA that is not loaded."""
+        from raydit.models.schedules import check_for_model
+
         self.planning.spec.geometry(request.num_frames, request.height, request.width)
+        check_for_model(self.model_dir, request.scheduler, request.scheduler_options, request.sigmas,
+                        request.timesteps)
         self.loras.check_request(request)
         check_steps(self.num_train_timesteps, request.num_inference_steps)
         planned = self.planning.planned_geometry()

@@ -210,6 +210,13 @@ def test_job_config_loras_and_repeated_flags(lora_dirs, tmp_path):
     o = resolve_generate_options(parser.parse_args(
         ["--prompt", "x", "--lora", lora_dirs["a"], "--lora", lora_dirs["b"], "--lora-scale", "0.25"]))
     assert o["lora_choice"] == {"a": 0.25, "b": 1.0}
+    # --lora-target in --lora's order (Wan 2.2's low-noise expert), the rest on the transformer.
+    o = resolve_generate_options(parser.parse_args(
+        ["--prompt", "x", "--lora", lora_dirs["a"], "--lora", lora_dirs["b"], "--lora-target", "transformer_2"]))
+    assert [o["lora_table"][n]["target"] for n in ("a", "b")] == ["transformer_2", "transformer"]
+    with pytest.raises(ValueError, match="target 'transfomer' is not one of transformer, transformer_2, both"):
+        resolve_generate_options(parser.parse_args(["--prompt", "x", "--lora", lora_dirs["a"], "--lora-target",
+                                                    "transfomer"]))
     config.write_text(f"prompt: x\nloras:\n  - {{path: {lora_dirs['a']}, scale: -1}}\n")
     with pytest.raises(ValueError, match=">= 0"):
         resolve_generate_options(parser.parse_args(["--config", str(config)]))
