@@ -71,8 +71,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, option("full_precision_steps"),
              "with --quantize or 8-bit --attention: the first and last N of a request's --steps run in bf16; "
              "price the mean step and the bf16 weights kept beside the FP8 ones (never sharded)", default=0)
-    add_flag(p, option("steps"), f"the request's steps the full-precision ones are priced over (default "
-                                 f"{DEFAULT_STEPS})", default=DEFAULT_STEPS, metavar="S")
+    add_flag(p, option("steps"), f"the request's steps: the whole request (text encoding and decode included) "
+                                 f"and the full-precision ones are priced over them (default {DEFAULT_STEPS})",
+             default=DEFAULT_STEPS, metavar="S")
     p.add_argument("--top", type=int, default=10,
                    help="feasible plans to list (default 10; 0 for all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -122,10 +123,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         mode=run_mode(args.quantize, args.attention, args.compile, args.full_precision_steps, args.steps),
     )
     top = args.top or None
+    from raydit.planner.report import format_request_line, request_seconds, request_shares
+
     if args.json:
-        print(json.dumps(result.to_dict(top=top), indent=1), file=getattr(args, "json_stdout", sys.stdout))
+        e2e = request_seconds(result, args.steps)
+        whole = {**e2e.to_dict(), "shares": {k: round(v, 4) for k, v in request_shares(e2e).items()}}
+        print(json.dumps({**result.to_dict(top=top), "request": whole}, indent=1),
+              file=getattr(args, "json_stdout", sys.stdout))
     else:
         print(format_plan_table(result, limit=top))
+        print(format_request_line(result, args.steps))
     return 0
 
 

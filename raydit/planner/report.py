@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from raydit.planner.plans import Plan, PlanResult
 
+_PARTS = (("denoise", "denoising"), ("text_encode", "text encoding"), ("decode", "decode"))
+
 
 def _degrees(p) -> str:
     return f"cfg {p.cfg} x ulysses {p.ulysses} x ring {p.ring} x replicas {p.replicas}"
@@ -79,3 +81,36 @@ def format_plan_table(result: PlanResult, limit: int | None = None) -> str:
         for reason, degs in by_reason.items():
             lines.append(f"  {_compact(degs)}: {reason}")
     return "\n".join(lines)
+
+
+def request_seconds(result: PlanResult, steps: int, plan: Plan | None = None):
+    """One whole request of `steps` steps on `plan` (default: the best) on its first rank's
+    device: the steps, the text encoding (one prompt per guidance branch, at most 2, and the
+    embeddings' broadcast) and the VAE decode split over the replica's ranks
+    (raydit.planner.cost.end_to_end). At a few steps the parts around the steps are no longer small."""
+    from raydit.planner import cost as costmod
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps {steps!r} must be a positive integer")
+    plan = plan if plan is not None else result.best
+    first = plan.placement[0]
+    node = next(n for n in result.cluster.nodes if n.name == first.node)
+    ranks = plan.world_size // plan.replicas
+    link = costmod.Link(node.intra_gb_s, node.device.link_latency_us, node.intra_kind) if ranks > 1 else None
+    return costmod.end_to_end(result.model, plan.predicted_step_seconds, steps, result.branches,
+                              node.device.flops_per_second, geo=result.geometry, ranks=ranks, link=link)
+
+
+def request_shares(e2e) -> dict:
+    """{part: its share of the request's seconds} for the denoising steps, text encoding, decode."""
+    total = e2e.total or 1.0
+    return {key: getattr(e2e, key) / total for key, _ in _PARTS}
+
+
+def format_request_line(result: PlanResult, steps: int) -> str:
+    """One line: the whole request on the best plan and each part's share."""
+    e2e = request_seconds(result, steps)
+    shares = request_shares(e2e)
+    branches = "guidance off: 1 branch" if result.branches == 1 else f"{result.branches} guidance branches"
+    parts = " + ".join(f"{label} {getattr(e2e, key):.3g} s ({shares[key]:.0%})" for key, label in _PARTS)
+    return f"whole request, {steps} steps ({branches}) on the best plan: {e2e.total:.3g} s = {parts}"

@@ -115,11 +115,12 @@ class RayCluster:
         return spec
 
     def plan(self, spec, *, frames=None, height=None, width=None, device, workers=None,
-             ulysses=None, ring=None, cfg=None, counts=None, shard_weights=None, mode=None):
+             ulysses=None, ring=None, cfg=None, counts=None, shard_weights=None, mode=None, guidance=True):
         """The planner's result on the live cluster. `workers` given: the best plan that uses
         exactly that many ranks is put first (the user asked for that many). shard_weights: the
         planner's (True: every layout shards the block weights; None: where they fit more devices).
-        mode: how the steps run (raydit.planner.devicemodel.Mode; None: bf16 eager)."""
+        mode: how the steps run (raydit.planner.devicemodel.Mode; None: bf16 eager). guidance
+        False: the requests run one branch (no cfg degree)."""
         import dataclasses
 
         from raydit.planner import PlanError
@@ -129,6 +130,7 @@ class RayCluster:
         result = make_plan(
             spec, frames=frames, height=height, width=width, cluster=cluster,
             ulysses=ulysses, ring=ring, cfg=cfg, replicas=1, shard_weights=shard_weights, mode=mode,
+            guidance=guidance,
         )
         if workers is None:
             return result

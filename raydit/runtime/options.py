@@ -261,6 +261,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("timesteps", list, commands=_GEN, saved=True, request="timesteps", metavar="T1,T2,...",
            form={"annotation": list[float] | str | None, "default": None},
            help="the steps as timesteps, falling, > 0 (e.g. 1000,750,500,250); not with --sigmas"),
+    # A distilled deployment runs without CFG: the Engine plans for one guidance branch (no cfg
+    # degree: its devices go to Ulysses, ring or replicas) and a request's default guidance is 1.
+    Option("no_cfg", bool, commands=_BOTH, action="store_true", engine="guidance", default=True,
+           engine_value=lambda o: not o.get("no_cfg"), check=true_or_false,
+           help="requests run without classifier-free guidance (a distilled model or LoRA: guidance 1 by "
+                "default), so the plan has no cfg degree: those devices go to Ulysses, ring or replicas"),
     Option("lora_target", list, commands=_BOTH, saved=True, action="append", metavar="NAME",
            help="the component each --lora goes on, in the same order (default transformer; Wan 2.2 A14B's "
                 "low-noise expert: transformer_2); repeatable"),
@@ -536,6 +542,9 @@ def _engine_post_init(self) -> None:
     from raydit.models.cache_options import check_cache
 
     check_cache(self.cache, self.cache_threshold)
+    if not self.guidance and self.cfg not in (None, 1):
+        raise ValueError(f"cfg {self.cfg} runs guidance branches on separate groups, but guidance is False (no_cfg): "
+                         "a request runs one branch; drop cfg or guidance=False")
     check_shard_weights(self.shard_weights, self.fuse_lora, self.workers)
 
 

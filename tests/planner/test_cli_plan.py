@@ -182,3 +182,36 @@ def test_shared_flags_are_generates_and_fp8_sim_is_priced_as_bf16(capsys):
     assert docs["fp8-sim"]["best"] == docs["none"]["best"] != docs["fp8"]["best"]
     code, out, err = run(capsys, *base, "--attention", "auto")
     assert code == 0 and json.loads(out)["best"] == docs["none"]["best"], err
+
+
+def test_no_cfg_prices_the_whole_few_step_request_and_its_shares(capsys):
+    """`raydit plan --no-cfg --steps 4`: one branch, and the whole request (steps, text encoding,
+    decode: raydit.planner.cost.end_to_end on the best plan's ranks) with each part's share."""
+    from raydit.planner import cost as costmod
+    from raydit.planner import plan
+    from raydit.planner.report import request_seconds
+
+    code, out, _ = run(capsys, "plan", "--model", "wan2.1-t2v-1.3b", "--gpus", "8", "--no-cfg", "--steps", "4",
+                       "--json")
+    assert code == 0
+    data = json.loads(out)
+    whole = data["request"]
+    assert whole["steps"] == 4 and data["candidates"][0]["cfg"] == 1
+    assert whole["total"] == pytest.approx(whole["denoise"] + whole["text_encode"] + whole["decode"], abs=1e-3)
+    assert sum(whole["shares"].values()) == pytest.approx(1.0, abs=1e-3)
+    result = plan("wan2.1-t2v-1.3b", gpus=8, guidance=False)
+    best = result.best
+    node = result.cluster.nodes[0]
+    ranks = best.world_size // best.replicas
+    link = costmod.Link(node.intra_gb_s, node.device.link_latency_us, node.intra_kind) if ranks > 1 else None
+    expected = costmod.end_to_end(result.model, best.predicted_step_seconds, 4, 1, node.device.flops_per_second,
+                                  geo=result.geometry, ranks=ranks, link=link)
+    assert request_seconds(result, 4).total == pytest.approx(expected.total, rel=1e-12)
+    assert whole["denoise"] == pytest.approx(4 * best.predicted_step_seconds, abs=1e-4)
+    # At 4 steps the parts around the steps are a visible share; at 50 with CFG, a smaller one.
+    fifty = request_seconds(plan("wan2.1-t2v-1.3b", gpus=8), 50)
+    assert expected.decode / expected.total > fifty.decode / fifty.total
+    code, out, _ = run(capsys, "plan", "--model", "wan2.1-t2v-1.3b", "--gpus", "8", "--no-cfg", "--steps", "4")
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("whole request, 4 steps (guidance off: 1 branch) on the best plan:")
+    assert "denoising" in line and "text encoding" in line and "decode" in line and "%)" in line

@@ -133,6 +133,7 @@ class Requests:
         check_for_model(self.model_dir, request.scheduler, request.scheduler_options, request.sigmas,
                         request.timesteps)
         self.loras.check_request(request)
+        self.say_one_branch_on_cfg(request)
         check_steps(self.num_train_timesteps, request.num_inference_steps)
         planned = self.planning.planned_geometry()
         if (request.num_frames, request.height, request.width) != planned:
@@ -140,6 +141,20 @@ class Requests:
             if request.num_frames * request.height * request.width > frames * height * width:
                 for r in self.replicas.items:
                     self.planning.check_fits(r, request)
+
+    def say_one_branch_on_cfg(self, request) -> None:
+        """A request without guidance on a replica planned with a cfg degree runs its one branch
+        on every cfg group: said in one logged line (the fix: an Engine made with guidance=False)."""
+        if request.do_cfg or request.true_cfg_scale > 1:
+            return
+        cfg = max((r.plan.cfg for r in self.replicas.items if r.plan is not None), default=1)
+        if cfg > 1:
+            import logging
+
+            logging.getLogger("raydit").warning(
+                "raydit: guidance_scale %g runs one guidance branch, but the plan has cfg %d: each cfg group runs "
+                "that branch; for such requests make the Engine with guidance=False (--no-cfg) so the plan gives "
+                "those devices to Ulysses, ring or replicas", request.guidance_scale, cfg)
 
     def enqueue(self, request, callback, progress, checkpoint_dir, job: Job | None = None,
                  tag: str | None = None, on_start: Callable | None = None) -> Future:

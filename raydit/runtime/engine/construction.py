@@ -114,6 +114,8 @@ class Engine:
         spec = model_spec(self.model_dir)
         # What a request leaves out of steps and guidance: the model's diffusers pipeline's own.
         self.call_defaults = family_of(self.model_dir).call_defaults(self.model_dir)
+        if not c.guidance:  # a distilled deployment: a request that leaves guidance out runs one branch
+            self.call_defaults = {**self.call_defaults, "guidance_scale": 1.0}
         frames = round_frames(self.model_dir, spec.vae_temporal, c.frames)
         spec.geometry(frames, c.height, c.width)
         # Step caching for every request (off by default; checked by EngineConfig).
@@ -140,7 +142,8 @@ class Engine:
             self.planning = Planning(
                 self.cluster, spec, self.device, (frames, c.height, c.width),
                 self.run_config.mode(steps=self.call_defaults["num_inference_steps"]),
-                {"ulysses": c.ulysses, "ring": c.ring, "cfg": c.cfg}, c.workers, c.grow, self._events)
+                {"ulysses": c.ulysses, "ring": c.ring, "cfg": c.cfg}, c.workers, c.grow, self._events,
+                guidance=c.guidance)
             self.planning.with_adapter_bytes(self.loras_table.adapter_bytes())
             # re-plans after a loss take the planner's choice: one survivor runs unsharded
             plan = self.planning.plan_start(workers=c.workers, ulysses=c.ulysses, ring=c.ring, cfg=c.cfg,

@@ -19,10 +19,10 @@ class Planning:
     """Plans for one model on the Engine's cluster, in the run's mode. `spec`: the model (its
     adapters' bytes follow the LoRA table); `plan_result`: the last full planning (the start,
     a regroup); `geometry`: the (frames, height, width) the Engine was made for (None: the
-    model's defaults)."""
+    model's defaults); `guidance` False: every plan for one guidance branch (Engine(guidance=))."""
 
     def __init__(self, cluster, spec, device: str, geometry: tuple, mode, forced: dict, workers: int | None,
-                 grow: str, event: Callable[..., None]):
+                 grow: str, event: Callable[..., None], guidance: bool = True):
         self.cluster = cluster
         self.spec = spec
         self.device = device
@@ -32,6 +32,7 @@ class Planning:
         self.workers = workers
         self.grow = grow
         self._event = event
+        self.guidance = guidance  # False: the requests run one branch, plans have no cfg degree
         self.plan_result = None
 
     def with_adapter_bytes(self, nbytes: float) -> None:
@@ -42,7 +43,7 @@ class Planning:
         """The Engine's first plan (its layout, forced degrees, sharding), kept as plan_result."""
         frames, height, width = self.geometry
         self.plan_result = self.cluster.plan(self.spec, frames=frames, height=height, width=width,
-                                             device=self.device, mode=self.mode, **kwargs)
+                                             device=self.device, mode=self.mode, guidance=self.guidance, **kwargs)
         return self.plan_result
 
     def describe(self) -> str:
@@ -66,7 +67,7 @@ class Planning:
         def best(**forced):
             result = self.cluster.plan(
                 self.spec, frames=frames, height=height, width=width, device=self.device,
-                counts=counts, mode=self.mode, **forced,
+                counts=counts, mode=self.mode, guidance=self.guidance, **forced,
             )
             fits = [p for p in result.candidates if p.world_size <= limit
                     and (min_sp is None or p.ulysses * p.ring >= min_sp)]
@@ -96,7 +97,7 @@ class Planning:
         frames, height, width = self.geometry
         return self.cluster.plan(
             self.spec, frames=frames, height=height, width=width, device=self.device,
-            ulysses=ulysses, ring=ring, cfg=cfg, counts=counts, mode=self.mode,
+            ulysses=ulysses, ring=ring, cfg=cfg, counts=counts, mode=self.mode, guidance=self.guidance,
         )
 
     def adopt(self, result) -> None:
@@ -125,7 +126,7 @@ class Planning:
             self.cluster.plan(
                 self.spec, frames=request.num_frames, height=request.height, width=request.width,
                 device=self.device, counts=replica.pool.member_counts(),
-                ulysses=plan.ulysses, ring=plan.ring, cfg=plan.cfg, mode=self.mode,
+                ulysses=plan.ulysses, ring=plan.ring, cfg=plan.cfg, mode=self.mode, guidance=self.guidance,
             )
         except PlanError as exc:
             raise ValueError(
