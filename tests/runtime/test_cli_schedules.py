@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,3 +76,41 @@ def test_a_sigma_list_from_the_command_line_equals_the_runner(ray_local, tmp_pat
     saved = _saved_job(str(tmp_path / "run"))
     assert (saved["scheduler"], saved["scheduler_options"], saved["sigmas"], saved["steps"]) == (
         "FlowMatchEulerDiscreteScheduler", [["shift", 5]], [1.0, 0.75, 0.5], 3)
+
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "examples" / "distilled").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_distilled_recipe_is_a_valid_job_whose_schedule_fits_wan(path):
+    """examples/distilled/*.yaml: valid job configs (keys, types), their schedule resolved as the
+    command line does (options parsed, the step count from the list) and taken by a Wan
+    pipeline's scheduler config (the tiny one's: UniPC with flow_shift, as the real ones); the
+    LoRA entries name their targets. Model and LoRA paths are placeholders, not checked."""
+    from raydit.commands import resolve_schedule_options
+    from raydit.jobconfig import load_job_config
+    from raydit.models.loading import resolve_model_dir
+    from raydit.models.schedules import check_for_model
+
+    opts = load_job_config(str(path))
+    assert opts["no_cfg"] is True and opts["guidance_scale"] == 1.0 and opts["prompt"]
+    resolve_schedule_options(opts)
+    assert opts["steps"] in (3, 4, 8)
+    check_for_model(str(resolve_model_dir("tiny-wan")), opts["scheduler"], opts["scheduler_options"],
+                    opts.get("sigmas"), opts.get("timesteps"))
+    targets = opts.get("lora_target") or [e.get("target", "transformer") for e in opts.get("loras") or []]
+    assert len(targets) <= len(opts.get("lora") or opts.get("loras") or [])
+
+
+def test_a_shifted_sigma_list_runs_as_the_recipes_say():
+    """The README's and the recipes' claim: shift 5 turns 1, 0.75, 0.5, 0.25 into 1, 0.9375,
+    0.8333, 0.625 (diffusers' FlowMatchEulerDiscreteScheduler, built from Wan's config)."""
+    from raydit.models.loading import resolve_model_dir
+    from raydit.models.schedules import _model_scheduler, own_scheduler
+
+    base = _model_scheduler(str(resolve_model_dir("tiny-wan")))
+    scheduler = own_scheduler(base, name="FlowMatchEulerDiscreteScheduler", options=(("shift", 5),),
+                              sigmas=(1.0, 0.75, 0.5, 0.25))
+    scheduler.set_timesteps(4)
+    torch.testing.assert_close(scheduler.sigmas[:4].double(), torch.tensor([1.0, 0.9375, 5 / 6, 0.625], dtype=torch.float64),
+                               rtol=0, atol=1e-6)
