@@ -115,8 +115,7 @@ def lora_table(name: str, value) -> None:
 
 
 def comma_list(text: str) -> list[str]:
-    """A list flag's text (`--sigmas 1,0.75,0.5`) -> its entries as text, as a config file's
-    list would hold them; their values are checked where the option is resolved (one line)."""
+    """`--sigmas 1,0.75,0.5` -> its entries as text (checked where the option is resolved)."""
     return [part.strip() for part in str(text).strip().removeprefix("[").removesuffix("]").split(",")]
 
 
@@ -243,13 +242,11 @@ OPTIONS: tuple[Option, ...] = (
            request="guidance_options", form={"annotation": dict[str, Any] | str | None, "default": None},
            help="a guidance knob of the model's family, repeatable (LTX-2: stg_scale=0, stg_blocks=28,29, "
                 "use_cross_timestep=false ...); a number, true/false, or integers separated by commas"),
-    # -- the request's own scheduler, its step list and per-expert LoRAs (raydit.models.schedules;
-    # distilled recipes). A list sets the step count (a --steps that disagrees is refused); in a
-    # form, the options are a JSON object and a list is JSON or numbers separated by commas.
+    # -- distilled recipes: the request's scheduler and step list (raydit.models.schedules; a list sets
+    # the step count), no CFG, per-expert LoRAs. A form's options: JSON; its lists: JSON or "1,0.5".
     Option("scheduler", commands=_GEN, saved=True, request="scheduler", metavar="CLASS",
            form={"annotation": str | None, "default": None, "max_length": 200},
-           help="a diffusers scheduler class, built from the model's own scheduler config (default: the "
-                "model's scheduler), e.g. FlowMatchEulerDiscreteScheduler"),
+           help="a diffusers scheduler class built from the model's scheduler config, e.g. FlowMatchLCMScheduler"),
     Option("scheduler_option", list, commands=_GEN, saved=True, action="append", metavar="NAME=VALUE",
            request="scheduler_options", form={"annotation": dict[str, Any] | str | None, "default": None},
            help="a config value of the scheduler, over the model's own, repeatable (shift=5, "
@@ -261,15 +258,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("timesteps", list, commands=_GEN, saved=True, request="timesteps", metavar="T1,T2,...",
            form={"annotation": list[float] | str | None, "default": None},
            help="the steps as timesteps, falling, > 0 (e.g. 1000,750,500,250); not with --sigmas"),
-    # A distilled deployment runs without CFG: the Engine plans for one guidance branch (no cfg
-    # degree: its devices go to Ulysses, ring or replicas) and a request's default guidance is 1.
     Option("no_cfg", bool, commands=_BOTH, action="store_true", engine="guidance", default=True,
            engine_value=lambda o: not o.get("no_cfg"), check=true_or_false,
            help="requests run without classifier-free guidance (a distilled model or LoRA: guidance 1 by "
                 "default), so the plan has no cfg degree: those devices go to Ulysses, ring or replicas"),
     Option("lora_target", list, commands=_BOTH, saved=True, action="append", metavar="NAME",
-           help="the component each --lora goes on, in the same order (default transformer; Wan 2.2 A14B's "
-                "low-noise expert: transformer_2); repeatable"),
+           help="each --lora's component, in its order (default transformer; Wan 2.2's low noise: transformer_2)"),
     Option(None, request="tag", control=True),
     # on_start(): called on the driver when a replica starts the request (again after a hand-back).
     Option(None, request="on_start", control=True),

@@ -112,5 +112,5 @@ def test_a_shifted_sigma_list_runs_as_the_recipes_say():
     scheduler = own_scheduler(base, name="FlowMatchEulerDiscreteScheduler", options=(("shift", 5),),
                               sigmas=(1.0, 0.75, 0.5, 0.25))
     scheduler.set_timesteps(4)
-    torch.testing.assert_close(scheduler.sigmas[:4].double(), torch.tensor([1.0, 0.9375, 5 / 6, 0.625], dtype=torch.float64),
-                               rtol=0, atol=1e-6)
+    expected = torch.tensor([1.0, 0.9375, 5 / 6, 0.625], dtype=torch.float64)
+    torch.testing.assert_close(scheduler.sigmas[:4].double(), expected, rtol=0, atol=1e-6)
