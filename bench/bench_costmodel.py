@@ -14,7 +14,7 @@ head dim 64, hardware.HOPPER_HEAD_DIM_128_SPEEDUP, a kernel figure and no fit), 
 Ulysses all-to-all synchronously (xDiT/yunchang, SGLang, LightX2V), so their anchors are
 predicted with one head chunk (no overlap), and with the guidance branches their pipelines
 run (HunyuanVideo: one, embedded). Published end-to-end figures (seconds per video) are
-compared with `cost.end_to_end`: the steps plus the text encoding and the VAE decode of the
+compared with `endtoend.end_to_end`: the steps plus the text encoding and the VAE decode of the
 request (raydit.planner.decode), on one GPU as those systems decode. Each published run's
 attention is priced as the kernel it ran where its source names one (KERNELS: HunyuanVideo's
 official repository and 2024 diffusers on an H100 ran FlashAttention-2, about 0.6x the rate the
@@ -42,6 +42,7 @@ import benchlib  # noqa: E402
 from raydit.planner import BUILTIN_MODELS, device_type, model_spec, plan  # noqa: E402
 from raydit.planner import cost as costmod  # noqa: E402
 from raydit.planner.decode import VAE_EFFICIENCY, decode_cost, decode_flops  # noqa: E402
+from raydit.planner.endtoend import end_to_end  # noqa: E402
 
 TARGET = 0.15
 
@@ -146,7 +147,7 @@ def anchors() -> list[dict]:
             dev = device_type(gpu_type)
             dec = decode_cost(spec, spec.geometry(frames, height, width), 1, dev.flops_per_second, dev.link_gb_s,
                               dev.link_latency_us, tiled=True)
-            e2e = costmod.end_to_end(spec, step, steps, branches, dev.flops_per_second, dec.seconds)
+            e2e = end_to_end(spec, step, steps, branches, dev.flops_per_second, dec.seconds)
             predicted, parts = e2e.total, e2e.to_dict()
         else:
             predicted, parts = step, {}
@@ -305,7 +306,7 @@ def multi_gpu_rows() -> dict:
         model_denoise = serial = None
         for n, published in zip(counts, figures):
             step, layout, branches, _ = published_step("hunyuanvideo", gpu, n, 129, height, width, kernel="fa2")
-            e2e = costmod.end_to_end(spec, step, 50, branches, dev.flops_per_second, dec.seconds)
+            e2e = end_to_end(spec, step, 50, branches, dev.flops_per_second, dec.seconds)
             if n == 1:
                 model_denoise, serial = e2e.denoise, e2e.text_encode + e2e.decode
             rows.append({"family": "hunyuanvideo", "shape": shape, "gpu": gpu, "gpus": n, "layout": layout,

@@ -164,9 +164,9 @@ def predictions() -> dict:
     end as published systems run it (decode on one GPU), as bench_costmodel computes it."""
     from bench_costmodel import XDIT_HUNYUAN, published_step
 
-    from raydit.planner import cost as costmod
     from raydit.planner import device_type, model_spec
     from raydit.planner.decode import decode_cost
+    from raydit.planner.endtoend import end_to_end
 
     out = {}
     requests = {"hunyuanvideo": ("hunyuanvideo", 129, 720, 1280), "ltx": ("ltx-video-2b", 161, 512, 704),
@@ -184,7 +184,7 @@ def predictions() -> dict:
             # others have no published run: the H100's own rates, as raydit runs them.
             kernel = "fa2" if family == "hunyuanvideo" else "table"
             step, layout, branches, _ = published_step(model, "H100", n, frames, height, width, kernel=kernel)
-            total = costmod.end_to_end(spec, step, 50, branches, dev.flops_per_second, dec.seconds).total
+            total = end_to_end(spec, step, 50, branches, dev.flops_per_second, dec.seconds).total
             row = {"gpus": n, "layout": layout, "branches": branches, "step_seconds": round(step, 3),
                    "video_seconds": round(total, 1), "attention": kernel}
             if family == "hunyuanvideo":

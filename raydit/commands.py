@@ -1,7 +1,19 @@
-"""The runtime sub-commands of `raydit`: generate, doctor, verify.
+"""The runtime sub-commands of `raydit`: generate, doctor, verify, serve.
 
 `raydit.cli` owns argument parsing and the exit-status rule (user errors: one line,
-status 2); these functions do the work and return the process exit status.
+status 2); each `add_<command>_arguments` declares a command's flags and each `cmd_<command>`
+does its work and returns the process exit status. `raydit plan` is the planner's alone and
+lives in `raydit.cli`.
+
+- generate: options resolved (defaults < --config YAML < the command line, or a saved run with
+  --resume) and checked before Ray starts, then one `Engine` runs one request and the video
+  (and --save-latents) is written. Its flags, YAML keys and saved job keys come from the
+  options table (raydit.runtime.options); a run's options are saved beside its checkpoints
+  (job.json), so that --resume DIR needs nothing else.
+- doctor: versions, kernels and the cluster (raydit.doctor); --calibrate measures each device
+  type (and a --model's own step) for the planner's cache (raydit.runtime.calibrate).
+- verify: every plan up to --workers ranks against one rank (raydit.verify).
+- serve: the HTTP service (raydit.serve: options resolved in serve.config, run in serve.launch).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ def parse_guidance_options(items) -> tuple:
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    """generate's flags: the options table's entries for the command (raydit.runtime.options)."""
     from raydit.runtime.options import add_arguments
 
     add_arguments(p, "generate")
@@ -145,6 +158,8 @@ def engine_kwargs(o: dict) -> dict:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    """`raydit generate`: one video (or a --resume'd run finished) on an Engine; the image, the
+    model, the steps and the frames are checked before Ray starts. Prints a line (or --json)."""
     from raydit.runtime.engine import Engine
 
     o = resolve_generate_options(args)
@@ -305,6 +320,7 @@ def _has_gpu_cluster() -> bool:
 
 
 def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
+    """doctor's flags (its own: no request, nothing from the options table)."""
     p.add_argument("--address", help="Ray cluster to inspect (default: RAY_ADDRESS)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure every device type of the cluster (a local Ray if none is "
@@ -321,6 +337,8 @@ def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """`raydit doctor`: with --calibrate, measure first (a --model's geometry checked before Ray
+    starts); then the report of versions, kernels and the cluster."""
     from raydit.doctor import collect, format_report
 
     geometry = {k: getattr(args, k) for k in ("frames", "height", "width") if getattr(args, k) is not None}
@@ -346,6 +364,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _calibrate(address: str | None, device: str, model: str | None = None, geometry: dict | None = None) -> None:
+    """Measure the cluster at `address` (RAY_ADDRESS; none: a local Ray started here and shut
+    down after) and file the figures in the calibration cache; its notes go to stderr."""
     import os
 
     import ray
@@ -371,6 +391,7 @@ def _calibrate(address: str | None, device: str, model: str | None = None, geome
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    """verify's flags (its own: the checked run is not a user's request)."""
     p.add_argument("--model", default="tiny")
     p.add_argument("--workers", type=int, default=4, help="largest world size to check")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
@@ -388,6 +409,8 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """`raydit verify`: the table of every plan against one rank; exit status 1 when a plan is
+    out of tolerance."""
     from raydit.verify import format_verify_table, verify
 
     rows = verify(
@@ -415,12 +438,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """serve's flags (raydit.serve.config: the options table's entries for serve)."""
     from raydit.serve.config import add_serve_arguments as add
 
     add(p)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """`raydit serve`: the HTTP service until it is stopped (raydit.serve.launch)."""
     from raydit.serve.config import resolve_serve_options
     from raydit.serve.launch import run_server
 

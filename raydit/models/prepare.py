@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from raydit.models.quantize import quantize_transformers
 from raydit.models.quantize_options import check_quantize_device
 from raydit.models.text_encoding import drop_encoders, is_encoding_rank, restore_encoders
 from raydit.planner.runconfig import GroupModes, RunConfig
@@ -60,25 +61,26 @@ def prepare_pipeline(pipe, family, mesh, device: torch.device, dtype: torch.dtyp
     done = Prepared(pipe=pipe, encodes=encodes, offload_idle=group.offload_idle and device.type != "cpu",
                     attention_mesh=mesh)
     if group.shard_weights:
-        done.sharded = _shard(pipe, family, mesh, dtype, device, run)
-    elif run.quantize is not None:
-        _quantize(pipe, family, dtype, device, run, stay=True)
+        _check_shardable(pipe, mesh)
+    if (group.shard_weights or run.quantize is not None) and any(t.dtype != dtype for t in family.transformers(pipe)):
+        pipe.to(dtype=dtype)  # the cast the pipeline gets anyway, done before the rounding and the sharding
+    # FP8 linear layers (raydit.models.quantize), quantized before sharding, offloading,
+    # parallelizing and compiling, from the weights in the run's dtype (the scales are its
+    # weights'), on `device`, one linear at a time: the device never holds a transformer
+    # unquantized (a model that fits only in FP8 loads), and every rank rounds the same numbers on
+    # the same kind of device. Sharded, each quantized linear goes back to the host, where the
+    # shards are laid out (they hold the rounded bytes; fp8-sim: plain tensors in the run's dtype).
+    # In place and kept by the pipeline: the next Runner on it (a regroup, a recovery) finds its
+    # weights quantized; a fresh worker quantizes its own the same.
+    done.quantized = quantize_transformers(family.transformers(pipe), run.quantize, run.fp8_granularity,
+                                           keep=family.quantize_keep, device=device,
+                                           stay=not group.shard_weights, full_precision_steps=run.full_precision_steps)
+    if group.shard_weights:
+        done.sharded = _shard(pipe, family, mesh)
     done.pipe = pipe = pipe.to(device)
     # Cast only when needed: diffusers warns on any .to(dtype) after loading.
     if any(t.dtype != dtype for t in family.transformers(pipe)):
         done.pipe = pipe = pipe.to(dtype=dtype)
-    # FP8 linear layers (raydit.models.quantize), quantized above before offloading,
-    # parallelizing and compiling. In place and kept by the pipeline: the next Runner on it (a
-    # regroup, a recovery) finds its weights quantized; a fresh worker quantizes its own the same.
-    from raydit.models.quantize import keeps_unquantized, quantized
-
-    done.quantized = [quantized(t) for t in family.transformers(pipe)] if run.quantize else []
-    if run.full_precision_steps and run.quantize:
-        if not all(keeps_unquantized(t) for t in family.transformers(pipe)):
-            raise ValueError(f"full_precision_steps {run.full_precision_steps}: this pipeline's transformer was "
-                             "quantized without keeping its unquantized weights; load it again")
-    if run.quantize is None and any(quantized(t) is not None for t in family.transformers(pipe)):
-        raise ValueError("this pipeline's transformer is quantized already; load it again to run it without quantize")
     # The plan keeps idle weights in host memory (Plan.offload_idle_gb): the encoders live on the
     # CPU except while a request is prepared, and only the expert a step runs is on the device.
     if done.offload_idle:
@@ -125,40 +127,24 @@ def release(done: Prepared) -> None:
     done.sharded = []
 
 
-def _quantize(pipe, family, dtype: torch.dtype, device: torch.device, run: RunConfig, stay: bool) -> None:
-    """Every transformer's block linears quantized (raydit.models.quantize) from the weights cast
-    to the run's dtype (the scales are the run dtype's weights'), on `device`, one linear at a
-    time: the device never holds a transformer unquantized (a model that fits only in FP8 loads),
-    and every rank rounds the same numbers on the same kind of device. stay: the quantized
-    linears stay on the device (the pipeline follows them); else each goes back to the host (the
-    sharded path lays its shards out there)."""
-    from raydit.models.quantize import quantize_transformer
-
-    if any(t.dtype != dtype for t in family.transformers(pipe)):
-        pipe.to(dtype=dtype)  # the cast the pipeline gets anyway, done before the rounding
-    for transformer in family.transformers(pipe):
-        quantize_transformer(transformer, run.quantize, run.fp8_granularity, keep=family.quantize_keep,
-                             device=device, stay=stay, keep_unquantized=bool(run.full_precision_steps))
-
-
-def _shard(pipe, family, mesh, dtype: torch.dtype, device: torch.device, run: RunConfig) -> list:
-    """Every transformer's blocks sharded over the replica, in the run's dtype (quantized first
-    where the run quantizes), where the pipeline is now (host memory on a worker)."""
+def _check_shardable(pipe, mesh) -> None:
+    """Sharded weights need a mesh of 2+ ranks and no LoRA fused into the weights (before any
+    quantizing: a refusal leaves the pipeline as it was)."""
     from raydit.models.lora import fused
-    from raydit.models.sharded import check_shardable, shard_transformer
+    from raydit.models.sharded import check_shardable
 
     check_shardable(mesh)
     if fused(pipe):
         raise ValueError(f"shard_weights cannot keep LoRA {', '.join(fused(pipe))} fused into the weights: a "
                          "regroup rebuilds the shards from the checkpoint files, without it; drop fuse_lora "
                          "(the adapter then runs unfused) or shard_weights")
-    if any(t.dtype != dtype for t in family.transformers(pipe)):
-        pipe.to(dtype=dtype)  # what the unsharded path does after moving it
-    if run.quantize is not None:
-        # Quantized before sharding, on the device as the unsharded path quantizes, each linear
-        # back in host memory after: the shards hold the rounded bytes (fp8-sim: plain tensors in
-        # the run's dtype), the same on every rank.
-        _quantize(pipe, family, dtype, device, run, stay=False)
+
+
+def _shard(pipe, family, mesh) -> list:
+    """Every transformer's blocks sharded over the replica, where the pipeline is now (host
+    memory on a worker), in the dtype (and the quantization) it has."""
+    from raydit.models.sharded import shard_transformer
+
     sharded: list = []
     try:
         for transformer in family.transformers(pipe):

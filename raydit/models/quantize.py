@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from raydit.models.quantize_options import check_granularity
+from raydit.planner.modes import FP8_GRANULARITIES
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
     steps); a transformer quantized without it refuses `unquantized`."""
     if mode not in ("fp8", "fp8-sim"):
         raise ValueError(f"quantize {mode!r} is not fp8 or fp8-sim")
-    check_granularity(granularity)
+    if granularity not in FP8_GRANULARITIES:
+        raise ValueError(f"fp8_granularity {granularity!r} is not one of: {', '.join(FP8_GRANULARITIES)}")
     done = getattr(transformer, QUANTIZED_ATTR, None)
     if done is not None:
         if (done.mode, done.granularity) != (mode, granularity):
@@ -171,6 +172,27 @@ def quantize_transformer(transformer, mode: str, granularity: str = "row",
             setattr(module, FULL_PRECISION_ATTR, False)  # set from the start: compile guards see 2 states, not 3
     done = QuantizedLinears(mode, granularity, [n for n, _ in chosen], skipped)
     setattr(transformer, QUANTIZED_ATTR, done)
+    return done
+
+
+def quantize_transformers(transformers, mode: str | None, granularity: str = "row",
+                          keep: tuple[str, ...] = ("norm*",), device=None, stay: bool = True,
+                          full_precision_steps: int = 0) -> list:
+    """A run's transformers made what its `mode` asks (None: unquantized), one after the other
+    (quantize_transformer: `device` and `stay` as there; full_precision_steps > 0 keeps the
+    unquantized weights); returns each one's QuantizedLinears (empty without a mode).
+    ValueError where a transformer was quantized before in a way this run cannot use: without
+    its unquantized weights where the run keeps them, or at all where the run has no mode."""
+    if mode is None:
+        if any(quantized(t) is not None for t in transformers):
+            raise ValueError("this pipeline's transformer is quantized already; load it again to run it "
+                             "without quantize")
+        return []
+    done = [quantize_transformer(t, mode, granularity, keep=keep, device=device, stay=stay,
+                                 keep_unquantized=bool(full_precision_steps)) for t in transformers]
+    if full_precision_steps and not all(keeps_unquantized(t) for t in transformers):
+        raise ValueError(f"full_precision_steps {full_precision_steps}: this pipeline's transformer was "
+                         "quantized without keeping its unquantized weights; load it again")
     return done
 
 

@@ -19,15 +19,12 @@ the run dtype's kernels), the rest as asked. 0 (the default): every step as aske
 
 from __future__ import annotations
 
-from raydit.planner.modes import (
-    ATTENTION_MODES,
-    DEFAULT_ATTENTION_MODE,
-    DEFAULT_FP8_GRANULARITY,
-    FP8_GRANULARITIES,
-    QUANTIZE_MODES,
-)
+from raydit.planner.modes import ATTENTION_MODES, DEFAULT_ATTENTION_MODE, QUANTIZE_MODES
+
 # FP8 tensor-core GEMMs (torch._scaled_mm): Ada (8.9), Hopper (9.0) and later.
 FP8_MIN_CAPABILITY = (8, 9)
+
+
 def check_quantize(mode) -> str | None:
     """The quantize mode a run asked for -> None (no quantization), "fp8" or "fp8-sim";
     ValueError (one line listing the modes) for anything else."""
@@ -37,12 +34,6 @@ def check_quantize(mode) -> str | None:
         raise ValueError(f"quantize {mode!r} is not a mode; use one of: {', '.join(QUANTIZE_MODES)} "
                          "(fp8-sim: FP8 numerics emulated on any device, no speed)")
     return mode
-
-
-def check_granularity(granularity) -> str:
-    if granularity not in FP8_GRANULARITIES:
-        raise ValueError(f"fp8_granularity {granularity!r} is not one of: {', '.join(FP8_GRANULARITIES)}")
-    return granularity
 
 
 def check_quantize_device(mode: str | None, device: str, capability: tuple[int, int] | None = None,

@@ -114,10 +114,8 @@ Step time of one replica:
 
     t_step = L (F_lin/L + F_x/L) / P + (F_aud + F_av) / P + L (t_a2a + t_ring + t_av) + t_edges
 
-End to end (`end_to_end`): steps x t_step plus the parts published figures include: the
-text encoding (2 x encoder params x text tokens FLOP per prompt, one prompt per guidance
-branch, on the replica's encoding rank, then the embeddings' broadcast to the other ranks)
-and the VAE decode split over the replica's ranks (raydit.planner.decode.decode_cost).
+A video end to end (the steps, the text encoding and the VAE decode around them) is priced
+in raydit.planner.endtoend.
 
 A replica (cfg groups of sp ranks) finishes one step of one request in t_step: cfg C divides
 b by C, so each group does 1/C of the work, at the price of the edge exchange. Replicas
@@ -165,7 +163,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from raydit.planner.decode import broadcast_seconds, decode_cost, decode_peak_gb, rank_memory_gb
+from raydit.planner.decode import decode_peak_gb, rank_memory_gb
 from raydit.planner.model import ModelSpec, VideoGeometry
 
 ACT_BYTES = 2
@@ -432,7 +430,7 @@ def audio_split_tokens(spec: ModelSpec, geo: VideoGeometry, ulysses: int, ring: 
     it pays from a length on: found by bisection between a length where it does not pay and one
     where it does. Near the crossover the two predictions are jagged (the kernels' wave
     quantization) and a few longer lengths may prefer whole by a hair: the rule "split from
-    this length on" stays within 1% of choosing per length (tests/test_planner_search.py)."""
+    this length on" stays within 1% of choosing per length (tests/planner/test_search.py)."""
     if not can_split_audio(spec, geo, ulysses, ring):
         return None
 
@@ -557,57 +555,3 @@ def fit_model_rates(spec: ModelSpec, geo: VideoGeometry, batch: int, step_second
                          f"{plain_attention_seconds:.4g} s attention each; measure both on the same device")
     lse = lse_attention_seconds if lse_attention_seconds else plain_attention_seconds
     return ModelRates(linear_work / linear_seconds, block_work / lse, block_work / plain_attention_seconds)
-
-
-# -- end to end --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EndToEnd:
-    """Seconds of one video: the denoising steps and the parts around them."""
-
-    steps: int
-    denoise: float
-    text_encode: float
-    decode: float
-
-    @property
-    def total(self) -> float:
-        return self.denoise + self.text_encode + self.decode
-
-    def to_dict(self) -> dict:
-        return {"steps": self.steps, "denoise": round(self.denoise, 4), "text_encode": round(self.text_encode, 4),
-                "decode": round(self.decode, 4), "total": round(self.total, 4)}
-
-
-def text_encode_seconds(spec: ModelSpec, prompts: int, flops_per_s: float, ranks: int = 1,
-                        link: Link | None = None) -> float:
-    """One forward of the text encoder per prompt (2 FLOP per parameter per token) on the
-    encoding rank, then (ranks > 1) the embeddings' broadcast to the replica's other ranks."""
-    seconds = prompts * 2 * spec.text_encoder_params * spec.text_tokens / flops_per_s
-    if ranks > 1:
-        if link is None:
-            raise ValueError(f"a replica of {ranks} ranks broadcasts the embeddings: give its link")
-        seconds += broadcast_seconds(spec, prompts, ranks, link.gb_s, link.latency_us)
-    return seconds
-
-
-def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, flops_per_s: float,
-               decode_seconds: float | None = None, *, geo: VideoGeometry | None = None, ranks: int = 1,
-               link: Link | None = None) -> EndToEnd:
-    """A video's predicted seconds on a replica of `ranks` ranks: `steps` x `step_seconds`
-    plus the text encoding (with the broadcast of the embeddings) and the VAE decode of `geo`
-    (default: the model's default request) split over the ranks (raydit.planner.decode); a
-    `decode_seconds` given replaces the decode's estimate. `link`: the replica's link, needed
-    for ranks > 1."""
-    if ranks < 1:
-        raise ValueError(f"ranks {ranks} must be >= 1")
-    if ranks > 1 and link is None:
-        raise ValueError(f"a replica of {ranks} ranks exchanges halos and embeddings: give its link")
-    if decode_seconds is None:
-        geo = geo if geo is not None else spec.geometry()
-        gb_s, latency_us = (link.gb_s, link.latency_us) if link is not None else (1.0, 0.0)
-        decode_seconds = decode_cost(spec, geo, ranks, flops_per_s, gb_s, latency_us).seconds
-    prompts = min(branches, 2)  # the positive and negative prompts; LTX-2's other branches reuse the positive
-    return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, prompts, flops_per_s, ranks, link),
-                    decode_seconds)

@@ -33,31 +33,35 @@ def _safetensors_bytes(folder: Path) -> float | None:
             return float(total)
     total = 0
     for f in folder.glob("*.safetensors"):
-        try:
-            with f.open("rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error):
+        tensors = _safetensors_tensors(f)
+        if tensors is None:
             return None
-        for key, info in header.items():
-            if key != "__metadata__":
-                begin, end = info["data_offsets"]
-                total += end - begin
+        for info in tensors.values():
+            begin, end = info["data_offsets"]
+            total += end - begin
     return float(total) if total else None
+
+
+def _safetensors_tensors(path: Path) -> dict | None:
+    """A safetensors file's tensor entries (name -> dtype, shape, data_offsets), read from its
+    header alone (8 bytes of length, then JSON); None where the file cannot be read as one."""
+    try:
+        with path.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, struct.error):
+        return None
+    return {key: info for key, info in header.items() if key != "__metadata__"}
 
 
 def _dtype_bytes(folder: Path) -> int:
     """Bytes per parameter of the stored weights (to turn stored bytes into a count)."""
     for f in folder.glob("*.safetensors"):
-        try:
-            with f.open("rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error):
+        tensors = _safetensors_tensors(f)
+        if tensors is None:
             break
-        for key, info in header.items():
-            if key != "__metadata__":
-                return {"F32": 4, "F16": 2, "BF16": 2}.get(info.get("dtype"), 2)
+        for info in tensors.values():
+            return {"F32": 4, "F16": 2, "BF16": 2}.get(info.get("dtype"), 2)
     return 2
 
 

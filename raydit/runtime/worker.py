@@ -209,10 +209,11 @@ class RankWorker:
         # The plan's choices for this group (sharded weights over 2+ ranks, idle weights in host
         # memory, the audio split); the previous runner's close() rebuilt sharded weights whole.
         group = run.for_group(plan, world_size if mesh is not None else 1)
+        # The kernel for the run's attention mode, chosen before the Runner takes the device.
+        kernel = self._choose_kernel(ring=plan.ring if mesh is not None else 1, mode=run.attention)
         self._runner = Runner(self._pipe, mesh=mesh, device=self._device(), dtype=getattr(torch, self._dtype_name),
                               run=run, group=group)
-        return {"rank": rank, "kernel": self._choose_kernel(ring=plan.ring if mesh is not None else 1,
-                                                            mode=self._runner.attention),
+        return {"rank": rank, "kernel": kernel,
                 # linear layers this rank runs quantized (every transformer; 0 without quantize)
                 "quantized": sum(len(q.names) for q in self._runner.quantized)}
 

@@ -4,6 +4,7 @@ import pytest
 
 from raydit.planner import BUILTIN_MODELS, plan
 from raydit.planner.decode import decode_cost, decode_ranks, rank_memory_gb, text_encoder_gb
+from raydit.planner.endtoend import end_to_end
 
 H100 = dict(flops_per_s=989e12 * 0.35, link_gb_s=450, link_latency_us=8)
 
@@ -104,18 +105,18 @@ def test_end_to_end_adds_the_split_decode_and_the_embedding_broadcast():
     geo = spec.geometry()
     link = costmod.Link(450, 8)
     flops = H100["flops_per_s"]
-    one = costmod.end_to_end(spec, 2.0, 50, 2, flops, geo=geo)
-    eight = costmod.end_to_end(spec, 0.3, 50, 2, flops, geo=geo, ranks=8, link=link)
+    one = end_to_end(spec, 2.0, 50, 2, flops, geo=geo)
+    eight = end_to_end(spec, 0.3, 50, 2, flops, geo=geo, ranks=8, link=link)
     assert one.decode == pytest.approx(decode_cost(spec, geo, 1, flops, 1.0, 0.0).seconds)
     assert eight.decode == pytest.approx(decode_cost(spec, geo, 8, **H100).seconds) and eight.decode < one.decode
     sent = broadcast_seconds(spec, 2, 8, 450, 8)
     assert sent > 0 and eight.text_encode == pytest.approx(one.text_encode + sent)
     assert eight.total == pytest.approx(50 * 0.3 + eight.text_encode + eight.decode)
     # The default request is the model's own; a decode given replaces the estimate.
-    assert costmod.end_to_end(spec, 2.0, 50, 2, flops).decode == pytest.approx(one.decode)
-    assert costmod.end_to_end(spec, 2.0, 50, 2, flops, decode_seconds=7.0).decode == 7.0
+    assert end_to_end(spec, 2.0, 50, 2, flops).decode == pytest.approx(one.decode)
+    assert end_to_end(spec, 2.0, 50, 2, flops, decode_seconds=7.0).decode == 7.0
     with pytest.raises(ValueError, match="give its link"):
-        costmod.end_to_end(spec, 2.0, 50, 2, flops, ranks=8)
+        end_to_end(spec, 2.0, 50, 2, flops, ranks=8)
 
 
 def test_embedding_broadcast_grows_with_prompts_and_is_free_on_one_rank():

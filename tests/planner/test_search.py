@@ -12,6 +12,7 @@ import pytest
 
 from raydit.planner import BUILTIN_MODELS, ClusterSpec, NodeSpec, PlanError, model_spec, plan
 from raydit.planner import cost as costmod
+from raydit.planner.endtoend import end_to_end
 from raydit.planner.ranking import rank_plans
 
 
@@ -665,11 +666,11 @@ def test_pcie_lanes_are_shared_by_the_devices_communicating():
 
 def test_end_to_end_adds_text_encoding_and_the_decode_given():
     spec = model_spec("hunyuanvideo")
-    e2e = costmod.end_to_end(spec, 2.0, 50, 1, 1e14, decode_seconds=7.0)
+    e2e = end_to_end(spec, 2.0, 50, 1, 1e14, decode_seconds=7.0)
     assert e2e.denoise == 100.0 and e2e.decode == 7.0
     assert e2e.text_encode == pytest.approx(2 * spec.text_encoder_params * spec.text_tokens / 1e14)
     assert e2e.total == pytest.approx(107.0 + e2e.text_encode)
-    assert costmod.end_to_end(spec, 2.0, 50, 2, 1e14).text_encode == pytest.approx(2 * e2e.text_encode)
+    assert end_to_end(spec, 2.0, 50, 2, 1e14).text_encode == pytest.approx(2 * e2e.text_encode)
 
 
 def test_two_experts_count_in_memory_and_idle_weights_go_to_host_only_when_needed():

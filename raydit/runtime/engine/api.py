@@ -56,6 +56,7 @@ class Requests:
 
         if not self.replicas.items:
             raise RuntimeError("engine is shut down; create a new Engine")
+        cache = self.cache_choice(given["cache"], given["cache_threshold"])
         spec = self.planning.spec
         image = given["image"]
         if image is not None and not self.takes_image:
@@ -76,7 +77,7 @@ class Requests:
             "width": spec.default_width if given["width"] is None else given["width"],
             "image": None if image is None else image_to_png(image),
             "guidance_options": given["guidance_options"] or (),
-            **self.cache_choice(given["cache"], given["cache_threshold"]),
+            **cache,
             "lora": self.loras.fused_default(given["lora"]),
         })
 

@@ -115,7 +115,7 @@ def builtin_models() -> list:
     from raydit.planner.model import T5_XXL_PARAMS, ModelSpec
 
     # `tiny` / `tiny-i2v`: the geometry of tiny.py's pipelines (2 heads x 16, 2 layers, 16 text
-    # tokens, 4 latent channels, 9 x 64 x 64; tests/test_planner_model.py holds the two equal).
+    # tokens, 4 latent channels, 9 x 64 x 64; tests/planner/test_model.py holds the two equal).
     tiny_hidden = 2 * 16
     common = dict(family="cogvideox", patch_size=2, text_in_sequence=True)
     return [

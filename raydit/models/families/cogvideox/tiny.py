@@ -13,7 +13,7 @@ from pathlib import Path
 from raydit.models.tiny import SEED, cache_root, quiet_hub, randomize, t5_encoder, tokenizer, write_pipeline
 
 # The tiny pipelines' geometry: the planner's `tiny` entry (family.builtin_models) repeats it;
-# tests/test_planner_model.py checks the two against each other.
+# tests/planner/test_model.py checks the two against each other.
 TINY_VERSION = "1"  # bump when the saved files change, so stale caches are not reused
 TINY_HEADS = 2
 TINY_HEAD_DIM = 16

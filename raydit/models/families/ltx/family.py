@@ -112,7 +112,7 @@ def builtin_models() -> list:
         # The same 2B model under its sized name; LTX-Video 13B (0.9.7): 32 heads x 128, 48 layers,
         # 4096-wide cross-attention; both with LTXPipeline's defaults (161 x 512 x 704). Shapes and
         # parameter counts (1.923e9, 13.04e9) are what diffusers builds from the configs its
-        # conversion script writes for those checkpoints (tests/test_planner_model.py).
+        # conversion script writes for those checkpoints (tests/planner/test_model.py).
         ModelSpec(name="ltx-video-2b", heads=32, head_dim=64, layers=28, ffn_hidden=8192, in_channels=128,
                   params=1.92e9, text_encoder_params=T5_XXL_PARAMS, vae_params=0.4e9, default_frames=161,
                   default_height=512, default_width=704, **common),

@@ -7,6 +7,11 @@ runs, per stream, self-attention (rotary), cross-attention to the prompt (the Ge
 through the pipeline's connectors, one text per stream), then audio-to-video cross-attention
 (video queries, audio keys) and video-to-audio (audio queries, video keys), then the FFNs.
 
+What differs: the only family with sound (the audio stream whole on every rank, or split over
+the sp ranks from the plan's `audio_split_tokens`), and four guidance branches a step (negative,
+positive, STG, modality: a cfg degree divides 4), with the request's guidance knobs in
+`GenerationRequest.guidance_options`.
+
 The package: `family` (the Family: the steps, branches, state and outputs), `guidance` (the
 request's guidance knobs and how a step combines its passes), `adapter` (sequence parallelism:
 the plan and the attention processors of both streams), `tiny` (the tiny pipelines), `cases`

@@ -126,7 +126,7 @@ def builtin_models() -> list:
         ModelSpec(name="wan2.1-t2v-1.3b", heads=12, layers=30, ffn_hidden=8960, in_channels=16, params=1.42e9,
                   text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
                   default_height=480, default_width=832, **common),
-        # Parameters as diffusers builds the published configs (tests/test_planner_model.py).
+        # Parameters as diffusers builds the published configs (tests/planner/test_model.py).
         ModelSpec(name="wan2.1-t2v-14b", heads=40, layers=40, ffn_hidden=13824, in_channels=16, params=14.29e9,
                   text_encoder_params=UMT5_XXL_PARAMS, vae_params=0.13e9, default_frames=81,
                   default_height=720, default_width=1280, **common),
