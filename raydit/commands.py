@@ -94,6 +94,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
     opts["guidance_options"] = parse_guidance_options(opts.get("guidance_option"))
+    _options.sparse_from_options(opts)  # an unknown method or option: refused before Ray starts
     true_cfg = opts.get("true_cfg_scale")
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")

@@ -222,5 +222,76 @@ def allowed(config: SparseConfig, grid: tuple[int, int, int], q: int, k: int) ->
     return band is not None and abs(q % (Hp * Wp) - k % (Hp * Wp)) <= band
 
 
-__all__ = ["METHODS", "SparseConfig", "allowed", "density", "divisors", "radial_band", "sta_axis_tiles",
-           "sta_tile_mask", "window_start"]
+# -- a request's setting from its parts (command line, config file, form, Python API) ----------
+_INT_OPTIONS = ("near", "block", "dense_layers", "dense_steps")
+_FLOAT_OPTIONS = ("decay", "dense_fraction")
+_TRIPLE_OPTIONS = ("tile", "window")
+OPTION_NAMES = _TRIPLE_OPTIONS + _INT_OPTIONS + _FLOAT_OPTIONS
+
+
+def _option_value(name: str, value):
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if name in _TRIPLE_OPTIONS:
+                return tuple(int(v) for v in text.split(","))
+            if name in _INT_OPTIONS:
+                return int(text)
+            return float(text)
+        except ValueError:
+            kind = "t,h,w integers" if name in _TRIPLE_OPTIONS else "an integer" if name in _INT_OPTIONS else "a number"
+            raise ValueError(f"sparse option {name}={value!r} must be {kind}") from None
+    if name in _TRIPLE_OPTIONS and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def sparse_config(method, options=None, dense_steps: int | None = None) -> SparseConfig | None:
+    """`--sparse-attention METHOD`, `--sparse-option KEY=VALUE` (repeatable: a list of such
+    strings, or a {key: value} mapping) and `--dense-steps N` -> the request's SparseConfig;
+    None (no method) is dense attention, and then options or dense steps are refused."""
+    items: dict = {}
+    if isinstance(options, dict):
+        items = dict(options)
+    else:
+        for item in options or ():
+            key, sep, text = str(item).partition("=")
+            if not sep or not key.strip() or not text.strip():
+                raise ValueError(f"--sparse-option {item!r} must be KEY=VALUE, e.g. window=3,3,3")
+            if key.strip() in items:
+                raise ValueError(f"--sparse-option {key.strip()!r} is given twice")
+            items[key.strip()] = text
+    if dense_steps is not None:
+        if "dense_steps" in items:
+            raise ValueError("dense steps are given twice (--dense-steps and --sparse-option dense_steps=); give one")
+        items["dense_steps"] = dense_steps
+    if method is None:
+        if items:
+            raise ValueError(f"sparse options {sorted(items)} need a method: add --sparse-attention "
+                             f"{' or '.join(METHODS)}")
+        return None
+    unknown = sorted(set(items) - set(OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"sparse option(s) {', '.join(unknown)} unknown; the options are {', '.join(OPTION_NAMES)}")
+    return SparseConfig(method=method, **{k: _option_value(k, v) for k, v in items.items()})
+
+
+def as_sparse_config(value) -> SparseConfig | None:
+    """A request's `sparse_attention` as given -> SparseConfig or None: None, a SparseConfig, a
+    method name, or a mapping {"method": ..., option: value} (a form's JSON, a checkpoint's)."""
+    if value is None or isinstance(value, SparseConfig):
+        return value
+    if isinstance(value, str):
+        return sparse_config(value)
+    if isinstance(value, dict):
+        rest = dict(value)
+        method = rest.pop("method", None)
+        if method is None:
+            raise ValueError(f"sparse_attention {value!r} names no method; give {{'method': 'sta', ...}}")
+        return sparse_config(method, rest)
+    raise ValueError(f"sparse_attention {value!r} must be a method name ({', '.join(METHODS)}), a mapping "
+                     "{'method': ..., option: value} or a SparseConfig")
+
+
+__all__ = ["METHODS", "OPTION_NAMES", "SparseConfig", "allowed", "as_sparse_config", "density", "divisors", "radial_band", "sta_axis_tiles",
+           "sparse_config", "sta_tile_mask", "window_start"]

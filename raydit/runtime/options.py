@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from raydit.planner.modes import ATTENTION_MODES, QUANTIZE_MODES
+from raydit.planner.sparse import METHODS as SPARSE_METHODS
+from raydit.planner.sparse import SparseConfig, as_sparse_config, sparse_config
 
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # Engine(dtype=): torch's names
@@ -112,6 +114,15 @@ def lora_table(name: str, value) -> None:
     if not isinstance(value, Mapping):
         raise ValueError(f"{name} {value!r} must be a mapping of LoRA name -> path (a .safetensors file or a "
                          "directory holding one), e.g. {'style': '/loras/style.safetensors'}")
+
+
+def sparse_setting(name: str, value) -> None:
+    as_sparse_config(value)  # its own one-line ValueError
+
+
+def sparse_from_options(opts: dict) -> SparseConfig | None:
+    """--sparse-attention, --sparse-option (repeatable) and --dense-steps -> a SparseConfig."""
+    return sparse_config(opts.get("sparse_attention"), opts.get("sparse_option"), opts.get("dense_steps"))
 
 
 @dataclass(frozen=True)
@@ -242,6 +253,21 @@ OPTIONS: tuple[Option, ...] = (
     Option(None, request="scheduler_options"),
     Option(None, request="sigmas"),
     Option(None, request="timesteps"),
+    # -- sparse attention (raydit.planner.sparse): the request's SparseConfig, the Engine's default
+    # from the command line's three flags (sparse_from_options); a form names the method or sends
+    # {"method": ..., option: value} as JSON text.
+    Option("sparse_attention", commands=_BOTH, saved=True, metavar="METHOD", choices=SPARSE_METHODS,
+           engine="sparse_attention", engine_type=Any, engine_value=lambda o: sparse_from_options(o),
+           check=or_none(sparse_setting), request="sparse_attention", request_default=ENGINE_DEFAULT,
+           cli_request=False, form={"annotation": str | dict[str, Any] | None, "default": None},
+           help="block-sparse attention over the video tokens (not exact against dense): sta (sliding tile) "
+                "or radial; text stays dense, the first steps dense (--dense-steps). Default: dense"),
+    Option("sparse_option", list, commands=_BOTH, saved=True, action="append", metavar="KEY=VALUE",
+           help="a setting of --sparse-attention, repeatable: tile=6,8,8 window=3,3,3 (sta), near=1 decay=1 "
+                "block=128 dense_layers=1 (radial), dense_fraction=0.3"),
+    Option("dense_steps", int, commands=_BOTH, saved=True, metavar="N", check=whole_number,
+           help="with --sparse-attention, the first N steps run dense (default: the method's published "
+                "fraction of the request's steps: sta 0.3, radial 0.24); N above the steps is refused"),
     Option(None, request="tag", control=True),
     # on_start(): called on the driver when a replica starts the request (again after a hand-back).
     Option(None, request="on_start", control=True),

@@ -19,10 +19,12 @@ class Requests:
     `planning`, `loras`, `replicas`: the parts a request is checked against."""
 
     def __init__(self, *, model: str, model_dir: str, takes_image: bool, call_defaults: dict, cache, cache_threshold,
-                 checkpoint_dir, num_train_timesteps, model_identity: dict, planning, loras, replicas, queue, events):
+                 checkpoint_dir, num_train_timesteps, model_identity: dict, planning, loras, replicas, queue, events,
+                 sparse_attention=None):
         self.model, self.model_dir, self.takes_image = model, model_dir, takes_image
         self.call_defaults = call_defaults
         self.cache, self.cache_threshold = cache, cache_threshold
+        self.sparse_attention = sparse_attention  # the Engine's default SparseConfig (None: dense)
         self.checkpoint_dir = checkpoint_dir
         self.num_train_timesteps = num_train_timesteps
         self.model_identity = model_identity
@@ -76,6 +78,9 @@ class Requests:
             "image": None if image is None else image_to_png(image),
             "guidance_options": given["guidance_options"] or (),
             **self.cache_choice(given["cache"], given["cache_threshold"]),
+            # the Engine's sparse setting unless the call names one (None: dense for this request)
+            "sparse_attention": (self.sparse_attention if given["sparse_attention"] is ENGINE_DEFAULT
+                                 else given["sparse_attention"]),
             "lora": self.loras.fused_default(given["lora"]),
         })
 
