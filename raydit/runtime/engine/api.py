@@ -120,7 +120,9 @@ class Requests:
         """Refuse on the driver, before any worker sees it, what the workers would refuse:
         geometry (the planner's rules), more steps than the scheduler has timesteps, a
         size beyond what every replica's plan can hold, a LoRA that is not loaded."""
-        self.planning.spec.geometry(request.num_frames, request.height, request.width)
+        g = self.planning.spec.geometry(request.num_frames, request.height, request.width)
+        if request.sparse_attention is not None:  # the tiles against the token grid
+            request.sparse_attention.check_grid((g.token_frames, g.token_rows, g.token_cols))
         self.loras.check_request(request)
         check_steps(self.num_train_timesteps, request.num_inference_steps)
         planned = self.planning.planned_geometry()
