@@ -293,5 +293,23 @@ def as_sparse_config(value) -> SparseConfig | None:
                      "{'method': ..., option: value} or a SparseConfig")
 
 
-__all__ = ["METHODS", "OPTION_NAMES", "SparseConfig", "allowed", "as_sparse_config", "density", "divisors", "radial_band", "sta_axis_tiles",
+# -- the planner's price of a sparse step ------------------------------------------------------
+# Time of the block-sparse kernel beyond density x dense: walking the block table, gathering
+# the kept key blocks, masking the partly kept ones. Measured on the CPU kernel (docs/benchmarks/
+# sparse_kernel.json: t / t_dense - d = 0.05 to 0.08 at d 0.04 to 0.33); no GPU figure yet.
+SPARSE_BLOCK_OVERHEAD = 0.05
+
+
+def attention_work(config: SparseConfig, grid: tuple[int, int, int], steps: int, layers: int | None = None) -> float:
+    """The mean step's self-attention work as a share of dense attention's (1.0 = dense):
+    sparse steps and layers at min(1, density + SPARSE_BLOCK_OVERHEAD), the dense steps and
+    dense layers at 1."""
+    sparse = min(1.0, density(config, grid) + SPARSE_BLOCK_OVERHEAD)
+    step_share = (steps - config.dense_step_count(steps)) / steps
+    layer_share = 1.0 if not layers else max(0, layers - config.dense_layers) / layers
+    share = step_share * layer_share
+    return share * sparse + (1.0 - share)
+
+
+__all__ = ["SPARSE_BLOCK_OVERHEAD", "attention_work", "METHODS", "OPTION_NAMES", "SparseConfig", "allowed", "as_sparse_config", "density", "divisors", "radial_band", "sta_axis_tiles",
            "sparse_config", "sta_tile_mask", "window_start"]
