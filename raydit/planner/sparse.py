@@ -277,12 +277,25 @@ def sparse_config(method, options=None, dense_steps: int | None = None) -> Spars
 
 
 def as_sparse_config(value) -> SparseConfig | None:
-    """A request's `sparse_attention` as given -> SparseConfig or None: None, a SparseConfig, a
-    method name, or a mapping {"method": ..., option: value} (a form's JSON, a checkpoint's)."""
+    """A request's `sparse_attention` as given -> SparseConfig or None: None (or "none", "off":
+    dense), a SparseConfig, a method name, or a mapping {"method": ..., option: value} (a
+    checkpoint's; a form's as JSON text)."""
     if value is None or isinstance(value, SparseConfig):
         return value
     if isinstance(value, str):
-        return sparse_config(value)
+        text = value.strip()
+        if text.lower() in ("", "none", "off", "dense"):
+            return None
+        if text.startswith("{"):  # a form's JSON text
+            import json
+
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ValueError(f"sparse_attention {text!r} is not valid JSON; give an object such as "
+                                 '{"method": "sta", "window": [3, 3, 3]}') from None
+        else:
+            return sparse_config(text)
     if isinstance(value, dict):
         rest = dict(value)
         method = rest.pop("method", None)

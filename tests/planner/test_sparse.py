@@ -66,6 +66,8 @@ def test_the_setting_from_its_parts():
     # a checkpoint's JSON form (lists) and a form's mapping give the same setting back
     assert as_sparse_config(dataclasses.asdict(got) | {"tile": [1, 2, 5], "window": [1, 3, 3]}) == got
     assert as_sparse_config("radial") == SparseConfig("radial")
+    assert as_sparse_config('{"method": "sta", "window": [1, 3, 3]}') == SparseConfig("sta", window=(1, 3, 3))
+    assert as_sparse_config("none") is None and as_sparse_config("off") is None
 
 
 @pytest.mark.parametrize("args, needle", [
