@@ -19,7 +19,11 @@
 #   2. every family at real widths on one GPU (issue 40 item 2; issue 42's one-rank peak
 #      memory against the planner): bench/bench_familysteps.py -> $OUT/familysteps.json;
 #   3. quantizing FP8 weights at load, on the GPU one linear at a time against the host
-#      (issue 42): bench/bench_quantize_load.py -> $OUT/quantize-load.json.
+#      (issue 42): bench/bench_quantize_load.py -> $OUT/quantize-load.json;
+#   4. sparse attention's CUDA kernel (issue 55; compiled FlexAttention, never run on a GPU) at
+#      75% and 90% sparsity against cuDNN dense at Wan 14B's 69 x 768 x 1280:
+#      bench/bench_sparse_gpu.py -> $OUT/sparse-gpu.json; and the CUDA cases of
+#      tests/parallel/test_sparse_attention.py.
 set -o pipefail
 SMOKE=""
 if [ "${1:-}" = "--smoke" ]; then SMOKE="--smoke"; shift; fi
@@ -51,4 +55,8 @@ timeout 290 "$PY" bench/bench_familysteps.py $SMOKE --budget-s 230 --out "$OUT" 
 echo "== 3. quantizing FP8 weights at load (bench/bench_quantize_load.py)"
 timeout 50 "$PY" bench/bench_quantize_load.py $SMOKE --modes fp8 --repeat 1 --out "$OUT" 2>&1 \
   | grep -v "kept in float32\|Casting directly" | tee "$OUT/quantize-load-log.txt"
+echo "== 4. sparse attention on CUDA (bench/bench_sparse_gpu.py, tests/parallel/test_sparse_attention.py)"
+timeout 200 "$PY" bench/bench_sparse_gpu.py $SMOKE --out "$OUT/sparse-gpu.json" 2>&1 | tail -20 | tee "$OUT/sparse-gpu-log.txt"
+timeout 100 "$PY" -m pytest -q -p no:cacheprovider -rs tests/parallel/test_sparse_attention.py -k "$K" 2>&1 \
+  | tail -20 | tee "$OUT/sparse-gpu-tests.txt"
 echo "gpu_session: done; files in $OUT"

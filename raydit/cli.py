@@ -74,6 +74,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     add_flag(p, option("steps"), f"the request's steps: the whole request (text encoding and decode included) "
                                  f"and the full-precision ones are priced over them (default {DEFAULT_STEPS})",
              default=DEFAULT_STEPS, metavar="S")
+    add_flag(p, option("sparse_attention"), "price the steps with this sparse attention at the request's token "
+                                            "grid (its density, the dense steps of --steps)")
+    add_flag(p, option("sparse_option"), "a setting of --sparse-attention (repeatable)")
+    add_flag(p, option("dense_steps"), "--sparse-attention's dense first steps (default: the method's fraction)")
     p.add_argument("--top", type=int, default=10,
                    help="feasible plans to list (default 10; 0 for all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -81,7 +85,24 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 # `raydit plan`'s flags that are generate's / serve's options, checked by the table's checks.
 PLAN_SHARED = ("model", "frames", "height", "width", "address", "ulysses", "ring", "cfg", "replicas",
-               "shard_weights", "quantize", "attention", "compile", "full_precision_steps", "steps")
+               "shard_weights", "quantize", "attention", "compile", "full_precision_steps", "steps", "dense_steps")
+
+
+def _sparse_mode(args: argparse.Namespace, mode):
+    """`mode` with --sparse-attention's share of dense attention's work at the request's grid."""
+    import dataclasses
+
+    from raydit import model_spec
+    from raydit.planner.sparse import attention_work
+    from raydit.runtime.options import sparse_from_options
+
+    config = sparse_from_options(vars(args))
+    if config is None:
+        return mode
+    spec = model_spec(args.model)
+    g = spec.geometry(args.frames, args.height, args.width)
+    work = attention_work(config, (g.token_frames, g.token_rows, g.token_cols), args.steps, spec.layers)
+    return dataclasses.replace(mode, attention_work=work)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -120,7 +141,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         per_node=args.per_node, cluster=cluster,
         ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, replicas=args.replicas,
         guidance=args.guidance, world_size=args.world_size, shard_weights=args.shard_weights,
-        mode=run_mode(args.quantize, args.attention, args.compile, args.full_precision_steps, args.steps),
+        mode=_sparse_mode(args, run_mode(args.quantize, args.attention, args.compile, args.full_precision_steps,
+                                         args.steps)),
     )
     top = args.top or None
     from raydit.planner.report import format_request_line, request_seconds, request_shares

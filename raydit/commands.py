@@ -108,6 +108,7 @@ def resolve_generate_options(args: argparse.Namespace) -> dict:
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
     opts["guidance_options"] = parse_guidance_options(opts.get("guidance_option"))
     resolve_schedule_options(opts)
+    _options.sparse_from_options(opts)  # an unknown method or option: refused before Ray starts
     true_cfg = opts.get("true_cfg_scale")
     if true_cfg is not None and not (math.isfinite(true_cfg) and true_cfg >= 0):
         raise ValueError(f"--true-cfg-scale {true_cfg} must be a finite number >= 0 (1 disables true guidance)")
@@ -189,6 +190,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
             model_dir = str(resolve_model_dir(o["model"]))
             o["frames"] = round_frames(model_dir, model_spec(model_dir).vae_temporal, o["frames"])
+    if not resume and o.get("sparse_attention") is not None:
+        _check_sparse(o)
     if image is not None and not image_model:
         raise ValueError(f"--image {o['image']!r}: model {o['model']!r} is text-to-video and takes no image; "
                          "drop --image or use an image-to-video checkpoint")
@@ -228,6 +231,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
             + (f", compiled in {t['compile_seconds']:.2f} s before them" if o.get("compile") else "")
         )
     return 0
+
+
+def _check_sparse(o: dict) -> None:
+    """--sparse-attention against the request's steps and token grid, before Ray starts."""
+    from raydit import model_spec
+    from raydit.models.loading import resolve_model_dir
+
+    config = _options.sparse_from_options(o)
+    if o.get("steps") is not None:
+        config.dense_step_count(o["steps"])
+    g = model_spec(str(resolve_model_dir(o["model"]))).geometry(o.get("frames"), o.get("height"), o.get("width"))
+    config.check_grid((g.token_frames, g.token_rows, g.token_cols))
 
 
 def _save_job(o: dict) -> None:

@@ -271,6 +271,12 @@ class Family:
         return [m for m in (getattr(pipe, n, None) for n in ("text_encoder", "text_encoder_2", "image_encoder"))
                 if m is not None]
 
+    def token_grid(self, pipe, state: "DenoiseState") -> tuple[int, int, int] | None:
+        """The (frames, rows, columns) grid of `state`'s video tokens after patching, in the
+        raster order the transformer flattens them (sparse attention's masks are defined on
+        it, raydit.planner.sparse); None: this family has no sparse attention."""
+        return None
+
     def check_request(self, pipe, request: GenerationRequest) -> None:
         """Raise ValueError (one line) for a request this pipeline cannot take."""
         takes_image = type(pipe).__name__ in self.image_pipelines
@@ -327,7 +333,7 @@ class Family:
         if not self.batched_inputs or request.cache is not None:
             return None
         return (request.num_frames, request.height, request.width, request.image is not None,
-                self.do_cfg(pipe, request), request.lora, request.guidance_options)
+                self.do_cfg(pipe, request), request.lora, request.guidance_options, request.sparse_attention)
 
     def predict_batch(self, pipe, states: list, ts: list, branches: list):
         """One transformer call for several requests (equal `batch_key`, the same transformer

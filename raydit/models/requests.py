@@ -201,6 +201,9 @@ class GenerationRequest:
     its config overrides and an explicit step list (raydit.models.schedules); None / () keep
     the pipeline's scheduler and spacing. A list sets the step count: num_inference_steps must
     equal its length.
+    `sparse_attention`: block-sparse attention over the video tokens (raydit.planner.sparse:
+    a SparseConfig, given as one, a method name or {"method": ..., option: value}); None: dense.
+    Its first dense_step_count(num_inference_steps) steps run dense.
     """
 
     prompt: str
@@ -226,6 +229,7 @@ class GenerationRequest:
     scheduler_options: tuple[tuple[str, Any], ...] = ()
     sigmas: tuple[float, ...] | None = None
     timesteps: tuple[float, ...] | None = None
+    sparse_attention: Any = None  # raydit.planner.sparse.SparseConfig | None
 
     def __post_init__(self):
         import math
@@ -263,6 +267,11 @@ class GenerationRequest:
 
         check_cache(self.cache, self.cache_threshold)
         check_request_schedule(self)
+        from raydit.planner.sparse import as_sparse_config
+
+        object.__setattr__(self, "sparse_attention", as_sparse_config(self.sparse_attention))
+        if self.sparse_attention is not None:
+            self.sparse_attention.dense_step_count(self.num_inference_steps)  # an N above the steps: refused
         if self.image is not None and not isinstance(self.image, bytes):
             raise ValueError("request image must be PNG bytes; build requests with image_to_png(image)")
 

@@ -40,6 +40,7 @@ from raydit.models.text_encoding import (
     broadcast_branches,
     replica_size,
 )
+from raydit.models.sparse_steps import check_sparse_request, sparse_setting, sparse_step
 from raydit.planner.runconfig import GroupModes, RunConfig
 
 
@@ -193,6 +194,7 @@ class Runner:
             generator_state=generator.get_state(),
             scheduler=scheduler,
         )
+        check_sparse_request(family, pipe, state)
         if checkpoint is not None:
             state = self._resume(state, checkpoint)
         self._last_state = state
@@ -325,7 +327,8 @@ class Runner:
 
             cache = self._cache_step(state)
             # step caching may skip blocks; float64 stays float64
-            with cache, run_precision(self.dtype), self._precision(self._full_precision(state)):
+            with cache, run_precision(self.dtype), self._precision(self._full_precision(state)), \
+                    self._sparse(state, sparse_setting(state)):
                 noises = [family.predict(pipe, state, t, branch) for branch in state.branches]
             self._idle_passes(state, t)
             return self._advance(state, t, noises, cache)
@@ -366,6 +369,11 @@ class Runner:
                 stack.enter_context(full_precision_attention())
         return stack
 
+    def _sparse(self, state: DenoiseState, config):
+        """The context of a step's calls under sparse setting `config` (None: dense)."""
+        grid = None if config is None else self.family.token_grid(self.pipe, state)
+        return sparse_step(self.family, self.pipe, config, grid, self.attention, bool(self.handles))
+
     def _idle_passes(self, state: DenoiseState, t) -> None:
         """Sharded weights: the block gathers of the transformer calls this cfg group has fewer
         of than another group, this step (collective over the replica)."""
@@ -400,13 +408,15 @@ class Runner:
         ts = [s.timesteps[s.step_index] for s in states]
         noises: list[list] = [[] for _ in states]
         # Requests at timesteps on different experts (Wan 2.2 A14B) share calls per expert, and
-        # requests at a full-precision step share theirs apart from the others.
+        # requests at a full-precision step, or at a dense step of a sparse setting, share
+        # theirs apart from the others.
         experts: dict[tuple, list[int]] = {}
         for i, (s, t) in enumerate(zip(states, ts)):
-            experts.setdefault((id(family.active_transformer(pipe, s, t)), self._full_precision(s)), []).append(i)
+            key = (id(family.active_transformer(pipe, s, t)), self._full_precision(s), sparse_setting(s))
+            experts.setdefault(key, []).append(i)
         with run_precision(self.dtype):
-            for (_, full), part in experts.items():
-                with self._precision(full):
+            for (_, full, sparse), part in experts.items():
+                with self._precision(full), self._sparse(states[part[0]], sparse):
                     for call in range(len(states[part[0]].branches)):
                         out = family.predict_batch(pipe, [states[i] for i in part], [ts[i] for i in part],
                                                    [states[i].branches[call] for i in part])

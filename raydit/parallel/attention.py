@@ -43,6 +43,10 @@ from raydit.parallel.sparse_ring import block_positions, ring_tally, sparse_kern
 # mesh's attention mode (a Runner's full-precision steps). Read when sp_attention runs, also
 # under compile (the opaque op runs it eagerly), so a compiled graph serves both.
 _FULL_PRECISION: list = []
+# Set inside `sparse_attention(source)`: a call given no mask and no kernel asks source(layout)
+# for one (a VideoMask, or None: dense). The models layer knows where the video sits in a
+# layout and which block runs; the processors stay as they are.
+_SPARSE_SOURCE: list = []
 
 
 # -- pure math -----------------------------------------------------------------------------
@@ -255,6 +259,17 @@ def full_precision_attention():
         _FULL_PRECISION.pop()
 
 
+@contextlib.contextmanager
+def sparse_attention(source):
+    """Inside: every sp_attention of this process given neither `sparse` nor `kernel` takes the
+    mask source(layout) returns (None: that call runs dense); the innermost source wins."""
+    _SPARSE_SOURCE.append(source)
+    try:
+        yield
+    finally:
+        _SPARSE_SOURCE.pop()
+
+
 def sp_attention(
     q_BHSD: Tensor,
     k_BHSD: Tensor,
@@ -310,6 +325,8 @@ def sp_attention(
         raise ValueError(f"head_chunks {head_chunks!r} must be an integer >= 1 (1: no overlap)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    if sparse is None and kernel is None and _SPARSE_SOURCE:
+        sparse = _SPARSE_SOURCE[-1](layout)
     if sparse is not None and kernel is not None:
         raise ValueError(f"kernel {kernel.name!r} and sparse attention were both given; the sparse mask runs "
                          "its own kernel: pass kernel=None")

@@ -97,6 +97,9 @@ class Mode:
     keep_bf16: bool = False
     full_precision_steps: int = 0
     steps: int = DEFAULT_STEPS
+    # Sparse attention (raydit.planner.sparse.attention_work): the mean step's self-attention
+    # work as a share of dense attention's; 1.0: dense.
+    attention_work: float = 1.0
 
     def __post_init__(self):
         if self.quantize not in QUANTIZE_MODES:
@@ -107,6 +110,9 @@ class Mode:
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
         if not isinstance(self.keep_bf16, bool):
             raise ValueError(f"keep_bf16 must be True or False, got {self.keep_bf16!r}")
+        work = self.attention_work
+        if isinstance(work, bool) or not isinstance(work, (int, float)) or not 0.0 < work <= 1.0:
+            raise ValueError(f"attention_work must be a share in (0, 1], got {work!r}")
         for name, least in (("full_precision_steps", 0), ("steps", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -138,6 +144,8 @@ class Mode:
             parts.append(f"{self.attention} attention")
         text = " + ".join(parts) + (", compiled" if self.compile else "")
         text += ", bf16 weights kept" if self.keep_bf16 else ""
+        if self.attention_work < 1.0:
+            text += f", sparse attention ({self.attention_work:.2f} of dense attention's work)"
         if self.full_precision_share:
             text += (f", first and last {self.full_precision_steps} of {self.steps} steps in bf16 "
                      "(the mean step priced)")

@@ -80,6 +80,9 @@ class LayoutJudge:
         self.spec, self.geo, self.cluster, self.branches = spec, geo, cluster, branches
         self.shard_weights = shard_weights
         self.one_branch_why = one_branch_why
+        # Sparse attention: the kernel does this share of dense attention's work (the ring's
+        # K/V still travel whole: priced as dense, an upper bound).
+        self.attention_work = getattr(mode, "attention_work", 1.0)
         # Fastest first; stable on the order given.
         order = sorted(enumerate(cluster.nodes),
                        key=lambda iv: (-iv[1].device.flops_per_second, -iv[1].device.memory_gb, iv[0]))
@@ -124,8 +127,8 @@ class LayoutJudge:
         rate (the plain one) on one device only: sharded, raydit's processor attends to the valid
         text without a mask (HunyuanVideo's valid_text_counts), at the unmasked kernel's rate."""
         if R > 1 or (U > 1 and self.spec.masked_attention):
-            return rates[1]
-        return rates[3]
+            return rates[1] / self.attention_work
+        return rates[3] / self.attention_work
 
     def _audio_threshold(self, cost: StepCost) -> int | None:
         """The audio length from which the layout `cost` was computed for splits the audio

@@ -45,12 +45,12 @@ STA_TILE = (6, 8, 8)
 # kernel documentation and paper quote for these grids (3 x 3 x 3 tiles of the 3 x 6 x 10 /
 # 5 x 6 x 10 tile grid); give `window=` to use another.
 STA_DEFAULT_WINDOW = (3, 3, 3)
-STA_PUBLISHED_GRIDS = {"wan": (18, 48, 80), "hunyuanvideo": (30, 48, 80)}
+STA_PUBLISHED_GRIDS = ((18, 48, 80), (30, 48, 80))  # the two grids above, in that order
 # Radial attention's published options: block size 128, decay factor 1 (its Wan and
 # HunyuanVideo scripts), dense first layers 1 (Wan 2.1 14B: 1; HunyuanVideo: 0), dense
 # first steps 12 of 50 (HunyuanVideo) / 12 of 50 (Wan 2.1 14B), i.e. a fraction 0.24.
 RADIAL_BLOCK = 128
-RADIAL_NEAR = {"wan": 1, "hunyuanvideo": 2}
+RADIAL_NEAR_CHOICES = (1, 2)  # half a band at frame distance 1 (its Wan scripts) or two (HunyuanVideo's)
 STA_DENSE_FRACTION = 0.3  # STA's "skip_time_steps" 15 of 50 (its HunyuanVideo script)
 RADIAL_DENSE_FRACTION = 0.24
 
@@ -222,5 +222,108 @@ def allowed(config: SparseConfig, grid: tuple[int, int, int], q: int, k: int) ->
     return band is not None and abs(q % (Hp * Wp) - k % (Hp * Wp)) <= band
 
 
-__all__ = ["METHODS", "SparseConfig", "allowed", "density", "divisors", "radial_band", "sta_axis_tiles",
-           "sta_tile_mask", "window_start"]
+# -- a request's setting from its parts (command line, config file, form, Python API) ----------
+_INT_OPTIONS = ("near", "block", "dense_layers", "dense_steps")
+_FLOAT_OPTIONS = ("decay", "dense_fraction")
+_TRIPLE_OPTIONS = ("tile", "window")
+OPTION_NAMES = _TRIPLE_OPTIONS + _INT_OPTIONS + _FLOAT_OPTIONS
+
+
+def _option_value(name: str, value):
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if name in _TRIPLE_OPTIONS:
+                return tuple(int(v) for v in text.split(","))
+            if name in _INT_OPTIONS:
+                return int(text)
+            return float(text)
+        except ValueError:
+            kind = "t,h,w integers" if name in _TRIPLE_OPTIONS else "an integer" if name in _INT_OPTIONS else "a number"
+            raise ValueError(f"sparse option {name}={value!r} must be {kind}") from None
+    if name in _TRIPLE_OPTIONS and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def sparse_config(method, options=None, dense_steps: int | None = None) -> SparseConfig | None:
+    """`--sparse-attention METHOD`, `--sparse-option KEY=VALUE` (repeatable: a list of such
+    strings, or a {key: value} mapping) and `--dense-steps N` -> the request's SparseConfig;
+    None (no method) is dense attention, and then options or dense steps are refused."""
+    items: dict = {}
+    if isinstance(options, dict):
+        items = dict(options)
+    else:
+        for item in options or ():
+            key, sep, text = str(item).partition("=")
+            if not sep or not key.strip() or not text.strip():
+                raise ValueError(f"--sparse-option {item!r} must be KEY=VALUE, e.g. window=3,3,3")
+            if key.strip() in items:
+                raise ValueError(f"--sparse-option {key.strip()!r} is given twice")
+            items[key.strip()] = text
+    if dense_steps is not None:
+        if "dense_steps" in items:
+            raise ValueError("dense steps are given twice (--dense-steps and --sparse-option dense_steps=); give one")
+        items["dense_steps"] = dense_steps
+    if method is None:
+        if items:
+            raise ValueError(f"sparse options {sorted(items)} need a method: add --sparse-attention "
+                             f"{' or '.join(METHODS)}")
+        return None
+    unknown = sorted(set(items) - set(OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"sparse option(s) {', '.join(unknown)} unknown; the options are {', '.join(OPTION_NAMES)}")
+    return SparseConfig(method=method, **{k: _option_value(k, v) for k, v in items.items()})
+
+
+def as_sparse_config(value) -> SparseConfig | None:
+    """A request's `sparse_attention` as given -> SparseConfig or None: None (or "none", "off":
+    dense), a SparseConfig, a method name, or a mapping {"method": ..., option: value} (a
+    checkpoint's; a form's as JSON text)."""
+    if value is None or isinstance(value, SparseConfig):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "none", "off", "dense"):
+            return None
+        if text.startswith("{"):  # a form's JSON text
+            import json
+
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ValueError(f"sparse_attention {text!r} is not valid JSON; give an object such as "
+                                 '{"method": "sta", "window": [3, 3, 3]}') from None
+        else:
+            return sparse_config(text)
+    if isinstance(value, dict):
+        rest = dict(value)
+        method = rest.pop("method", None)
+        if method is None:
+            raise ValueError(f"sparse_attention {value!r} names no method; give {{'method': 'sta', ...}}")
+        return sparse_config(method, rest)
+    raise ValueError(f"sparse_attention {value!r} must be a method name ({', '.join(METHODS)}), a mapping "
+                     "{'method': ..., option: value} or a SparseConfig")
+
+
+# -- the planner's price of a sparse step ------------------------------------------------------
+# Time of the block-sparse kernel beyond density x dense: walking the block table, gathering
+# the kept key blocks, masking the partly kept ones. Measured on the CPU kernel (docs/benchmarks/
+# sparse_kernel.json: t / t_dense - d = 0.05 to 0.08 at d 0.04 to 0.33, t_dense the same kernel
+# with whole windows; that kernel's dense is itself 1.7x torch's SDPA there). No GPU figure yet.
+SPARSE_BLOCK_OVERHEAD = 0.05
+
+
+def attention_work(config: SparseConfig, grid: tuple[int, int, int], steps: int, layers: int | None = None) -> float:
+    """The mean step's self-attention work as a share of dense attention's (1.0 = dense):
+    sparse steps and layers at min(1, density + SPARSE_BLOCK_OVERHEAD), the dense steps and
+    dense layers at 1."""
+    sparse = min(1.0, density(config, grid) + SPARSE_BLOCK_OVERHEAD)
+    step_share = (steps - config.dense_step_count(steps)) / steps
+    layer_share = 1.0 if not layers else max(0, layers - config.dense_layers) / layers
+    share = step_share * layer_share
+    return share * sparse + (1.0 - share)
+
+
+__all__ = ["SPARSE_BLOCK_OVERHEAD", "attention_work", "METHODS", "OPTION_NAMES", "SparseConfig", "allowed", "as_sparse_config", "density", "divisors", "radial_band", "sta_axis_tiles",
+           "sparse_config", "sta_tile_mask", "window_start"]

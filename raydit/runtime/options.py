@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from raydit.planner.modes import ATTENTION_MODES, QUANTIZE_MODES
+from raydit.planner.sparse import METHODS as SPARSE_METHODS
 
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # Engine(dtype=): torch's names
@@ -46,77 +44,22 @@ _UNSET = type("Unset", (), {"__repr__": lambda self: "UNSET"})()
 REQUIRED = inspect.Parameter.empty
 
 
-# -- checks: (name, value) -> None or ValueError naming both ------------------------------------
-
-
-def positive_int(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} {value!r} must be a positive integer")
-
-
-def whole_number(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} {value!r} must be a whole number >= 0")
-
-
-def finite_seconds(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ValueError(f"{name} {value!r} must be a finite number of seconds >= 0")
-
-
-def positive_seconds(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name} {value!r} must be a finite number of seconds > 0")
-
-
-def true_or_false(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} {value!r} must be True or False")
-
-
-def one_of(*choices) -> Callable[[str, Any], None]:
-    def check(name: str, value) -> None:
-        if value not in choices:
-            raise ValueError(f"{name} {value!r} is not one of {', '.join(map(str, choices))}")
-
-    return check
-
-
-def or_none(check: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
-    """`check`, with None let through (the Engine's choice)."""
-    def checked(name: str, value) -> None:
-        if value is not None:
-            check(name, value)
-
-    return checked
-
-
-def model_name(name: str, value) -> None:
-    if not isinstance(value, os.PathLike) and (not isinstance(value, str) or not value.strip()):
-        raise ValueError(f"{name} {value!r} must be a built-in model name ('tiny', 'tiny-wan', ...) or the path of a "
-                         "local diffusers pipeline directory")
-
-
-def a_path(name: str, value) -> None:
-    if not isinstance(value, (str, os.PathLike)) or not str(os.fspath(value)).strip():
-        raise ValueError(f"{name} {value!r} must be a directory path (a string), or None")
-
-
-def ray_address(name: str, value) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name} {value!r} must be a Ray address string such as 'auto' or 'HOST:6379', or None "
-                         "($RAY_ADDRESS, else a local Ray)")
-
-
-def lora_table(name: str, value) -> None:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{name} {value!r} must be a mapping of LoRA name -> path (a .safetensors file or a "
-                         "directory holding one), e.g. {'style': '/loras/style.safetensors'}")
-
-
-def comma_list(text: str) -> list[str]:
-    """`--sigmas 1,0.75,0.5` -> its entries as text (checked where the option is resolved)."""
-    return [part.strip() for part in str(text).strip().removeprefix("[").removesuffix("]").split(",")]
+from raydit.runtime.option_checks import (  # noqa: F401  (the table's checks, used by its entries)
+    positive_int,
+    whole_number,
+    finite_seconds,
+    positive_seconds,
+    true_or_false,
+    one_of,
+    or_none,
+    model_name,
+    a_path,
+    ray_address,
+    lora_table,
+    comma_list,
+    sparse_setting,
+    sparse_from_options,
+)
 
 
 @dataclass(frozen=True)
@@ -264,6 +207,21 @@ OPTIONS: tuple[Option, ...] = (
                 "default), so the plan has no cfg degree: those devices go to Ulysses, ring or replicas"),
     Option("lora_target", list, commands=_BOTH, saved=True, action="append", metavar="NAME",
            help="each --lora's component, in its order (default transformer; Wan 2.2's low noise: transformer_2)"),
+    # -- sparse attention (raydit.planner.sparse): the request's SparseConfig, the Engine's default
+    # from the command line's three flags (sparse_from_options); a form names the method or sends
+    # {"method": ..., option: value} as JSON text.
+    Option("sparse_attention", commands=_BOTH, saved=True, metavar="METHOD", choices=SPARSE_METHODS,
+           engine="sparse_attention", engine_type=Any, engine_value=lambda o: sparse_from_options(o),
+           check=or_none(sparse_setting), request="sparse_attention", request_default=ENGINE_DEFAULT,
+           cli_request=False, form={"annotation": str | dict[str, Any] | None, "default": None},
+           help="block-sparse attention over the video tokens (not exact against dense): sta (sliding tile) "
+                "or radial; text stays dense, the first steps dense (--dense-steps). Default: dense"),
+    Option("sparse_option", list, commands=_BOTH, saved=True, action="append", metavar="KEY=VALUE",
+           help="a setting of --sparse-attention, repeatable: tile=6,8,8 window=3,3,3 (sta), near=1 decay=1 "
+                "block=128 dense_layers=1 (radial), dense_fraction=0.3"),
+    Option("dense_steps", int, commands=_BOTH, saved=True, metavar="N", check=whole_number,
+           help="with --sparse-attention, the first N steps run dense (default: the method's published "
+                "fraction of the request's steps: sta 0.3, radial 0.24); N above the steps is refused"),
     Option(None, request="tag", control=True),
     # on_start(): called on the driver when a replica starts the request (again after a hand-back).
     Option(None, request="on_start", control=True),

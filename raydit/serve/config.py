@@ -74,6 +74,9 @@ def check_serve_options(opts: dict) -> None:
     from raydit.models.cache_options import check_cache
 
     check_cache(opts.get("cache"), opts.get("cache_threshold"))
+    from raydit.runtime.options import sparse_from_options
+
+    sparse_from_options(opts)  # an unknown method or option: refused before Ray starts
     if not opts.get("host"):
         raise ValueError("--host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)")
     check_lora_options(opts)

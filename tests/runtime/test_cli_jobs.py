@@ -43,6 +43,15 @@ def _gcs_address(ray_module) -> str:
         (["--workers", "0"], "workers 0"),
         (["--steps", "0"], "--steps 0"),
         (["--ulysses", "3", "--workers", "3"], "ulysses"),
+        # sparse attention (issue 55): refused before Ray starts
+        (["--sparse-attention", "dense-ish"], "invalid choice: 'dense-ish'"),
+        (["--sparse-attention", "sta", "--sparse-option", "speed=2"], "sparse option(s) speed unknown"),
+        (["--sparse-attention", "sta", "--steps", "2", "--dense-steps", "3"],
+         "dense steps 3 is above the request's 2 steps; give 0..2"),
+        (["--sparse-attention", "sta", "--dense-steps", "-1"], "--dense-steps -1 must be a whole number >= 0"),
+        (["--model", "tiny-wan", "--frames", "9", "--height", "48", "--width", "80", "--sparse-attention", "sta",
+          "--sparse-option", "tile=2,3,5"], "sta tile 2 does not divide the 3 tokens of axis t; tile sizes that do: 1, 3"),
+        (["--sparse-option", "window=1,1,1"], "need a method: add --sparse-attention sta or radial"),
     ],
 )
 def test_generate_bad_input_is_one_line_and_status_2(args, needle, tmp_path):

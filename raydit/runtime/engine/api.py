@@ -19,10 +19,12 @@ class Requests:
     `planning`, `loras`, `replicas`: the parts a request is checked against."""
 
     def __init__(self, *, model: str, model_dir: str, takes_image: bool, call_defaults: dict, cache, cache_threshold,
-                 checkpoint_dir, num_train_timesteps, model_identity: dict, planning, loras, replicas, queue, events):
+                 checkpoint_dir, num_train_timesteps, model_identity: dict, planning, loras, replicas, queue, events,
+                 sparse_attention=None):
         self.model, self.model_dir, self.takes_image = model, model_dir, takes_image
         self.call_defaults = call_defaults
         self.cache, self.cache_threshold = cache, cache_threshold
+        self.sparse_attention = sparse_attention  # the Engine's default SparseConfig (None: dense)
         self.checkpoint_dir = checkpoint_dir
         self.num_train_timesteps = num_train_timesteps
         self.model_identity = model_identity
@@ -78,6 +80,9 @@ class Requests:
             "image": None if image is None else image_to_png(image),
             "guidance_options": given["guidance_options"] or (),
             **cache,
+            # the Engine's sparse setting unless the call names one (None: dense for this request)
+            "sparse_attention": (self.sparse_attention if given["sparse_attention"] is ENGINE_DEFAULT
+                                 else given["sparse_attention"]),
             "lora": self.loras.fused_default(given["lora"]),
         })
 
@@ -130,9 +135,11 @@ class Requests:
         size beyond what every replica's plan can hold, a LoRA that is not loaded."""
         from raydit.models.schedules import check_for_model
 
-        self.planning.spec.geometry(request.num_frames, request.height, request.width)
+        g = self.planning.spec.geometry(request.num_frames, request.height, request.width)
         check_for_model(self.model_dir, request.scheduler, request.scheduler_options, request.sigmas,
                         request.timesteps)
+        if request.sparse_attention is not None:  # the tiles against the token grid
+            request.sparse_attention.check_grid((g.token_frames, g.token_rows, g.token_cols))
         self.loras.check_request(request)
         self.say_one_branch_on_cfg(request)
         check_steps(self.num_train_timesteps, request.num_inference_steps)

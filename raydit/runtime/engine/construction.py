@@ -181,7 +181,8 @@ class Engine:
             call_defaults=self.call_defaults, cache=self.cache, cache_threshold=self.cache_threshold,
             checkpoint_dir=self.checkpoint_dir, num_train_timesteps=num_train_timesteps(self.model_dir),
             model_identity=model_identity(self.model_dir), planning=self.planning, loras=self.loras_table,
-            replicas=self.replicas_part, queue=self._dispatcher, events=self._events)
+            replicas=self.replicas_part, queue=self._dispatcher, events=self._events,
+            sparse_attention=c.sparse_attention)
         warm_up = (lambda replicas: self.runner.warm_up(replicas, self.requests.warm_up_request(), timings)
                    ) if c.warmup else None
         self.autoscaler = Autoscaler(self.replicas_part, self._dispatcher, self.min_replicas, self.max_replicas,

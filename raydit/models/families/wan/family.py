@@ -269,6 +269,13 @@ class WanFamily(Family):
         multiple = max(16, pipe.vae_scale_factor_spatial * max(patch[1], patch[2]))
         check_size(request, multiple, pipe.vae_scale_factor_spatial, patch[1])
 
+    def token_grid(self, pipe, state):
+        # latents [B, C, F, H, W]; WanTransformer3DModel's Conv3d patch (pt, ph, pw) flattens
+        # frame-major, then rows, then columns.
+        pt, ph, pw = (int(p) for p in self.transformers(pipe)[0].config.patch_size)
+        F, H, W = state.latents.shape[-3:]
+        return (F // pt, H // ph, W // pw)
+
     def encode(self, pipe, request, device, dtype):
         positive, negative = pipe.encode_prompt(
             prompt=request.prompt,
