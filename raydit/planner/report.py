@@ -87,8 +87,9 @@ def request_seconds(result: PlanResult, steps: int, plan: Plan | None = None):
     """One whole request of `steps` steps on `plan` (default: the best) on its first rank's
     device: the steps, the text encoding (one prompt per guidance branch, at most 2, and the
     embeddings' broadcast) and the VAE decode split over the replica's ranks
-    (raydit.planner.cost.end_to_end). At a few steps the parts around the steps are no longer small."""
+    (raydit.planner.endtoend.end_to_end). At a few steps the parts around the steps are no longer small."""
     from raydit.planner import cost as costmod
+    from raydit.planner.endtoend import end_to_end
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps {steps!r} must be a positive integer")
@@ -97,7 +98,7 @@ def request_seconds(result: PlanResult, steps: int, plan: Plan | None = None):
     node = next(n for n in result.cluster.nodes if n.name == first.node)
     ranks = plan.world_size // plan.replicas
     link = costmod.Link(node.intra_gb_s, node.device.link_latency_us, node.intra_kind) if ranks > 1 else None
-    return costmod.end_to_end(result.model, plan.predicted_step_seconds, steps, result.branches,
+    return end_to_end(result.model, plan.predicted_step_seconds, steps, result.branches,
                               node.device.flops_per_second, geo=result.geometry, ranks=ranks, link=link)
 
 

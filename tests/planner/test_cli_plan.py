@@ -186,9 +186,10 @@ def test_shared_flags_are_generates_and_fp8_sim_is_priced_as_bf16(capsys):
 
 def test_no_cfg_prices_the_whole_few_step_request_and_its_shares(capsys):
     """`raydit plan --no-cfg --steps 4`: one branch, and the whole request (steps, text encoding,
-    decode: raydit.planner.cost.end_to_end on the best plan's ranks) with each part's share."""
+    decode: raydit.planner.endtoend.end_to_end on the best plan's ranks) with each part's share."""
     from raydit.planner import cost as costmod
     from raydit.planner import plan
+    from raydit.planner.endtoend import end_to_end
     from raydit.planner.report import request_seconds
 
     code, out, _ = run(capsys, "plan", "--model", "wan2.1-t2v-1.3b", "--gpus", "8", "--no-cfg", "--steps", "4",
@@ -204,8 +205,8 @@ def test_no_cfg_prices_the_whole_few_step_request_and_its_shares(capsys):
     node = result.cluster.nodes[0]
     ranks = best.world_size // best.replicas
     link = costmod.Link(node.intra_gb_s, node.device.link_latency_us, node.intra_kind) if ranks > 1 else None
-    expected = costmod.end_to_end(result.model, best.predicted_step_seconds, 4, 1, node.device.flops_per_second,
-                                  geo=result.geometry, ranks=ranks, link=link)
+    expected = end_to_end(result.model, best.predicted_step_seconds, 4, 1, node.device.flops_per_second,
+                          geo=result.geometry, ranks=ranks, link=link)
     assert request_seconds(result, 4).total == pytest.approx(expected.total, rel=1e-12)
     assert whole["denoise"] == pytest.approx(4 * best.predicted_step_seconds, abs=1e-4)
     # At 4 steps the parts around the steps are a visible share; at 50 with CFG, a smaller one.
