@@ -183,10 +183,11 @@ def run_switching(first, second, request, at: set):
 
 def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict) -> dict:
     """Per case, in bfloat16: one rank and every plan of `plans` under each mode (name -> the
-    Runner's keyword arguments; one pipeline per mode, every Runner on it), and one rank in
+    RunConfig's keyword arguments; one pipeline per mode, every Runner on it), and one rank in
     float64 under no mode from the bf16 run's noise. Keys (case, "float64") and (case, mode,
     str(plan or None)); a worker for raydit.parallel.testing.run_distributed."""
     from raydit.models.runner import Runner
+    from raydit.planner.runconfig import RunConfig
 
     bf16 = torch.bfloat16
     out = {}
@@ -200,7 +201,7 @@ def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict) -> dic
         for mode, kwargs in modes.items():
             pipe = case.make(bf16)
             for plan in (None, *plans):
-                runner = Runner(pipe, None if plan is None else prefix_mesh(plan), dtype=bf16, **kwargs)
+                runner = Runner(pipe, None if plan is None else prefix_mesh(plan), dtype=bf16, run=RunConfig(**kwargs))
                 try:
                     out[(case.name, mode, str(plan))] = run_steps(runner, request, case.steps).latents
                 finally:
