@@ -183,7 +183,7 @@ def run_switching(first, second, request, at: set):
 
 def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict) -> dict:
     """Per case, in bfloat16: one rank and every plan of `plans` under each mode (name -> the
-    Runner's keyword arguments; one pipeline per mode, every Runner on it), and one rank in
+    RunConfig's keyword arguments; one pipeline per mode, every Runner on it), and one rank in
     float64 under no mode from the bf16 run's noise. Keys (case, "float64") and (case, mode,
     str(plan or None)); a worker for raydit.parallel.testing.run_distributed."""
     from raydit.models.runner import Runner

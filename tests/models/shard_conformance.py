@@ -145,9 +145,11 @@ def batching_shard_worker(rank: int, world_size: int, build: str, kwargs: dict, 
 
     pipe = resolve_builder(build)(**kwargs)
     mesh = prefix_mesh(MeshPlan(*plan))
+    modes = dict(runner_kwargs or {})
+    dtype = modes.pop("dtype", torch.float32)  # the Runner's own; the rest are the run's modes
     out = {}
     for sharded in (False, True):
-        runner = Runner(pipe, mesh, run=RunConfig(shard_weights=sharded, **(runner_kwargs or {})))
+        runner = Runner(pipe, mesh, dtype=dtype, run=RunConfig(shard_weights=sharded, **modes))
         try:
             out[sharded] = [s.latents for s in run_batched(runner, [GenerationRequest(**q) for q in requests], joins)]
         finally:
