@@ -23,6 +23,7 @@ from raydit.models.registry import family_for_pipeline
 from raydit.models.requests import reference_call
 from raydit.models.runner import Runner
 from raydit.models.schedules import own_scheduler
+from support.lora_files import write_random_lora
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 REQUEST = dict(prompt="a red fox", num_frames=5, height=48, width=80, guidance_scale=5.0, seed=3,
@@ -35,7 +36,7 @@ def _original_wan_file(pipe, directory) -> str:
     """A random LoRA of `pipe`'s transformer, rewritten in Wan's original key names with an
     alpha on every self-attention projection, a bias difference on every projection, a zeroed
     norm `.diff` and a non-zero modulation `diff_m`."""
-    diffusers_file = lora.lora_file(lora.write_random_lora(pipe, directory / "diffusers", seed=21))
+    diffusers_file = lora.lora_file(write_random_lora(pipe, directory / "diffusers", seed=21))
     out, g = {}, torch.Generator().manual_seed(5)
     for key, value in load_file(str(diffusers_file)).items():
         _, _, block, attn, proj, *rest = key.split(".")

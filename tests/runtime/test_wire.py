@@ -56,8 +56,10 @@ def test_a_multistep_history_kept_on_the_device_leaves_every_state_valid():
     torch.testing.assert_close(s3_again.latents, s3.latents, rtol=0, atol=0)
     outputs = s3_again.scheduler_state["model_outputs"]
     assert all(t is not None for t in outputs)
-    assert all(a is b for a, b in zip(outputs, runner.pipe.scheduler.model_outputs))  # references, not copies
-    assert outputs is not runner.pipe.scheduler.model_outputs  # ... in a list of its own
+    held = s3_again.scheduler  # the request's own scheduler object (the pipeline's is untouched)
+    assert held is not None and held is not runner.pipe.scheduler
+    assert all(a is b for a, b in zip(outputs, held.model_outputs))  # references, not copies
+    assert outputs is not held.model_outputs  # ... in a list of its own
 
 
 def test_a_checkpoint_that_travelled_resumes_exactly():

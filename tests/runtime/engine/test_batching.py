@@ -1,7 +1,7 @@
 """Step-level batching on a replica (issue 33 item 1, the runtime): an Engine with max_batch
 runs queued requests of one geometry as one batch against a real local Ray. A request joins at
 the step boundary after it arrives, each leaves when its own steps are done, every request's
-latents equal its run alone (float32, 1e-5), a request whose callback raises (a cancel) leaves
+latents equal its run alone (float32, 1e-4: see FLOAT32), a request whose callback raises (a cancel) leaves
 without touching the others, and a request of another geometry waits for its own turn.
 """
 
@@ -13,7 +13,10 @@ import pytest
 import torch
 
 PROMPT = "a red fox runs"
-FLOAT32 = dict(rtol=1e-5, atol=1e-5)
+# A batched float32 GEMM rounds otherwise than a solo one, and the scheduler carries that over
+# the steps: seen 1.45e-5 on one element of 720 (|latents| about 0.3, CI on 2 cores,
+# 2026-12-02), so 1e-4. A request given another's seed, timestep or guidance differs by O(1).
+FLOAT32 = dict(rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
