@@ -3,6 +3,7 @@ target column, the README section rewrite, and that every script parses its argu
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -202,11 +203,41 @@ def test_cost_model_rows_beyond_one_gpu_are_judged_at_their_own_target():
     assert met["3. cost model beyond one GPU: hunyuanvideo s, 4 x H100 vs xDiT (check)"] == ("within 20%", "yes")
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("benchlib.py",)))
-def test_every_script_parses_help(script):
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "usage:" in proc.stdout
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("benchlib.py",))
+
+# Every script run as `python bench/SCRIPT --help` (runpy, as __main__, with its own argv),
+# one after another in one child process: a fresh Python per script cost 5-17 s each.
+_HELP_ALL = r"""
+import contextlib, io, json, os, runpy, sys
+out = {}
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # bench/, as `python bench/SCRIPT` has it
+for path in sys.argv[1:]:
+    buf, err = io.StringIO(), io.StringIO()
+    sys.argv = [path, "--help"]
+    code = 0
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out[path] = {"code": code, "stdout": buf.getvalue(), "stderr": err.getvalue()}
+print("\n" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict:
+    proc = subprocess.run([sys.executable, "-c", _HELP_ALL, *(str(BENCH / s) for s in SCRIPTS)],
+                          capture_output=True, text=True, timeout=600, cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_parses_help(helps, script):
+    got = helps[str(BENCH / script)]
+    assert got["code"] == 0, got["stderr"]
+    assert "usage:" in got["stdout"]
 
 
 def test_families_predictions_only_rewrites_the_h100_rows_and_keeps_the_measured_ones(tmp_path):

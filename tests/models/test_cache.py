@@ -228,6 +228,7 @@ def test_thresholds_cache_some_steps_and_decide_with_margin(cases, reference):
         assert not torch.equal(ref["latents"], ref["uncached"])
 
 
+@pytest.mark.long  # stage two: every plan's spawned group (~180 s); 2 ranks run in tests/runtime/engine/test_cache.py
 @pytest.mark.slow
 def test_every_plan_gives_the_one_process_latents_and_cached_steps(cases, reference, distributed):
     for case in cases:
@@ -250,6 +251,7 @@ def test_every_plan_gives_the_one_process_latents_and_cached_steps(cases, refere
                                            msg=lambda m: f"{key} rank {rank} decision sums: {m}")
 
 
+@pytest.mark.long  # stage two: the same spawned group
 @pytest.mark.slow
 def test_a_checkpoint_of_any_plan_resumes_on_one_process(cases, reference, distributed):
     """The cached residuals in the checkpoint are full sequences: a checkpoint written by rank

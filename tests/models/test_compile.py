@@ -144,6 +144,7 @@ def eager_refs():
     return out
 
 
+@pytest.mark.long  # stage two: compiles every shape (~65 s)
 @pytest.mark.slow
 def test_runner_warms_up_once_per_shape_and_matches_eager_with_step_caching(eager_refs):
     """Runner(run=RunConfig(compile=True)): the first request of a shape compiles in prepare (reported as

@@ -1,9 +1,10 @@
 """Conformance of every model family: every feasible plan on 1..6 and 8 gloo ranks == one process.
 
 The cases come from each family's own module (`Family.conformance_cases`): a new family adds
-its file and its cases, and this suite runs them. One spawned group of 8 processes runs
-every world size 1..6 and 8 on its first ranks (spawning is the slow part on 2 cores); the
-tests then compare each (case, plan) with the single-process reference computed here.
+its file and its cases, and this suite runs them. One spawned group runs every world size
+the selected tests need on its first ranks: stage one of the suite 1..4 (4 processes), the
+`long` stage 5, 6 and 8 (8 processes); the tests then compare each (case, plan) with the
+single-process reference computed here.
 
 Tolerances (float32): transformer forward rtol 1e-4, atol 1e-5 for outputs of O(1) and
 1e-6 of the output's largest magnitude beyond that (HunyuanVideo's tiny transformer gives
@@ -29,9 +30,29 @@ from raydit.models.families.cogvideox import tiny as cogvideox_tiny
 from raydit.models.families.cogvideox.family import FAMILY as COGVIDEOX
 from raydit.models.runner import Runner
 
-WORLDS = (1, 2, 3, 4, 5, 6, 8)  # 8: the 480p case xDiT refuses
+NARROW = (1, 2, 3, 4)  # stage one of the suite
+WIDE = (5, 6, 8)  # stage two (`long`): 8 is the 480p case xDiT refuses
+WORLDS = NARROW + WIDE
 CFG_WORLDS = (2, 4)  # cfg plans (2; 4 where a family runs four branches) are run on these world sizes
 LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def _marks(world: int) -> list:
+    return [pytest.mark.long] if world in WIDE else []
+
+
+def _selected_worlds(request) -> tuple[int, ...]:
+    """The world sizes this session's selected tests of this file need (so stage one, which
+    deselects the `long` ones, spawns 4 ranks and runs 1..4 only)."""
+    here, worlds = request.node.path, set()
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.path != here:
+            continue
+        if "plan" in params:
+            worlds.add(params["plan"].world_size)
+        worlds.update(params.get("worlds", ()))
+    return tuple(sorted(worlds)) or NARROW
 
 
 def forward_tol(ref: torch.Tensor) -> dict:
@@ -73,19 +94,20 @@ def runner_refs(runner_cases):
 
 
 @pytest.fixture(scope="module")
-def distributed(runner_cases, runner_refs):
+def distributed(request, runner_cases, runner_refs):
     from raydit.parallel.testing import run_distributed
 
     _, checkpoints = runner_refs
+    worlds = _selected_worlds(request)
     return run_distributed(
-        harness.conformance_worker, max(WORLDS), FORWARD_CASES, runner_cases, checkpoints, WORLDS, CFG_WORLDS,
-        [case.name for case in MAIN_CASES], timeout=900,
+        harness.conformance_worker, max(worlds), FORWARD_CASES, runner_cases, checkpoints, worlds,
+        tuple(w for w in CFG_WORLDS if w in worlds), [case.name for case in MAIN_CASES], timeout=900,
     )
 
 
 def _forward_params():
     return [
-        pytest.param(case.name, plan, id=f"{case.name}-{plan}")
+        pytest.param(case.name, plan, id=f"{case.name}-{plan}", marks=_marks(world))
         for case in FORWARD_CASES
         for world in harness.case_worlds(case, WORLDS)
         for plan in harness.feasible_plans(world, case.heads)
@@ -102,8 +124,9 @@ def test_forward_matches_single_process(distributed, forward_refs, case_name, pl
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("worlds", [NARROW, pytest.param(WIDE, marks=pytest.mark.long)], ids=["narrow", "wide"])
 @pytest.mark.parametrize("case", MAIN_CASES, ids=[case.name for case in MAIN_CASES])
-def test_bf16_plans_add_no_more_error_than_bf16(distributed, case):
+def test_bf16_plans_add_no_more_error_than_bf16(distributed, case, worlds):
     """Issue 31 item 2: on every plan, the bfloat16 error against float64 is at most 2x one
     process's bfloat16 error (relative L2 over the tensor), for the forward's output on every
     rank and for every sp_attention call gathered over its ranks. On these tiny cases the
@@ -112,8 +135,8 @@ def test_bf16_plans_add_no_more_error_than_bf16(distributed, case):
     ratio from 1.3-1.5 to 1.8-2.1, over 2x for HunyuanVideo 1.5 only (measured, issue 31)."""
     from raydit.models.precision import BF16_ERROR_FACTOR
 
-    rows = harness.bf16_errors(case, distributed, WORLDS)
-    assert {r["plan"] for r in rows} == {str(p) for w in harness.case_worlds(case, WORLDS)
+    rows = harness.bf16_errors(case, distributed, worlds)
+    assert {r["plan"] for r in rows} == {str(p) for w in harness.case_worlds(case, worlds)
                                          for p in harness.feasible_plans(w, case.heads)}
     bad = [f"{r['plan']} {r['where']}: {r['error']:.3g} = {r['ratio']:.2f} x one process's {r['one_process_error']:.3g}"
            for r in rows if not r["ok"]]
@@ -122,7 +145,7 @@ def test_bf16_plans_add_no_more_error_than_bf16(distributed, case):
 
 def _runner_params():
     return [
-        pytest.param(case.name, plan, id=f"{case.name}-{plan}")
+        pytest.param(case.name, plan, id=f"{case.name}-{plan}", marks=_marks(world))
         for case in LISTED["runner"]
         for world in harness.case_worlds(case, WORLDS)
         for plan in harness.feasible_plans(world, case.heads, cfg_degrees=case.cfg_degrees(world, CFG_WORLDS))

@@ -151,6 +151,7 @@ def _audio_lengths_worker(rank, world_size, thresholds):
     return out, reference[0](**reference[1], return_dict=False)[:2]
 
 
+@pytest.mark.long  # stage two: ~60 s
 def test_audio_tokens_split_from_the_plans_threshold():
     """18 audio tokens on 4 ranks (Ulysses 2 x ring 2): a threshold of 18 splits them (5 a rank, the last 3 real + 2
     pads) and a threshold of 19 keeps all 18 on every rank; both equal one process (1e-5)."""

@@ -15,6 +15,8 @@ import torch
 
 from raydit.models import conformance as harness
 
+pytestmark = pytest.mark.long  # stage two: every plan's spawned group in float64 (~70 s)
+
 TOL = 1e-10
 REQUESTS = {
     "async": dict(prompt="a lighthouse", num_frames=17, height=32, width=48, num_inference_steps=3,

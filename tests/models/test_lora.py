@@ -88,7 +88,9 @@ def _raydit(model, specs):
     return pipe
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-wan", "tiny-ltx2", "tiny-mochi", "tiny-skyreels-df"])
+# LTX-2 (~45 s) in stage two
+@pytest.mark.parametrize("model", ["tiny", "tiny-wan", pytest.param("tiny-ltx2", marks=pytest.mark.long), "tiny-mochi",
+                                   "tiny-skyreels-df"])
 def test_runner_with_two_loras_equals_diffusers(loras, model):
     """One LoRA, then two at different scales, against diffusers' pipeline with the same
     load_lora_weights / set_adapters: max relative difference <= 1e-5, and each visibly
@@ -110,7 +112,7 @@ def test_runner_with_two_loras_equals_diffusers(loras, model):
                run(pipe, GenerationRequest(**request, lora={"a": 0.8}))) > 1e-3
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-ltx2"])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("tiny-ltx2", marks=pytest.mark.long)])  # LTX-2 in stage two
 def test_switching_adapters_is_exact_and_leaves_nothing(loras, model):
     """base, a, base, a@0.3, a: every base request equals a pipeline that never saw a LoRA bit
     for bit; every LoRA request equals its first run bit for bit (no reload, no leak)."""

@@ -84,6 +84,7 @@ def references(cases):
     return refs, checkpoints
 
 
+@pytest.mark.long  # stage two: every plan's spawned group (~65 s)
 @pytest.mark.slow
 def test_every_plan_with_loras_equals_one_process(cases, references):
     from raydit.parallel.testing import run_distributed

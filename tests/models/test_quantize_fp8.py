@@ -76,6 +76,7 @@ def test_one_fp8_linear_matches_fp8_sim(device):
     assert relative_error(outs["fp8"], outs["fp8-sim"]) <= 0.25 * e_fp8
 
 
+@pytest.mark.long  # stage two: compiles the fp8 blocks (~120 s on the CPU)
 def test_fp8_quantizes_the_layers_fp8_sim_does_and_costs_the_same_error(device):
     from raydit.models.compile import compile_blocks
     from raydit.models.quantize import quantize_transformer

@@ -72,6 +72,7 @@ def test_steps_beyond_the_scheduler_are_refused_on_the_driver(healthy, tmp_path)
     assert "in the workers" not in lines[0]  # the driver said it, not a worker
 
 
+@pytest.mark.long  # stage two: ~45 s
 def test_an_error_raised_in_the_workers_is_reported_at_once_and_never_retried(healthy, tmp_path):
     model = _variant(tmp_path, "bad-spacing", timestep_spacing="sideways")
     res = raydit(*_args(healthy["address"], model, 6), cwd=tmp_path)

@@ -19,65 +19,70 @@ import numpy as np
 import pytest
 import torch
 
+from support.cli import raydit, raydit_each
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def raydit(*args, timeout=300, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "raydit.cli", *args],
-        capture_output=True, text=True, timeout=timeout, **kw,
-    )
 
 
 def _gcs_address(ray_module) -> str:
     return ray_module.get_runtime_context().gcs_address
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-        (["--model", "cogvideox-2b"], "has no weights here"),
-        (["--frames", "0"], "frames must be a positive integer, got 0"),  # 10 is rounded, as diffusers does
-        (["--height", "60"], "height"),
-        (["--workers", "0"], "workers 0"),
-        (["--steps", "0"], "--steps 0"),
-        (["--ulysses", "3", "--workers", "3"], "ulysses"),
-        # sparse attention (issue 55): refused before Ray starts
-        (["--sparse-attention", "dense-ish"], "invalid choice: 'dense-ish'"),
-        (["--sparse-attention", "sta", "--sparse-option", "speed=2"], "sparse option(s) speed unknown"),
-        (["--sparse-attention", "sta", "--steps", "2", "--dense-steps", "3"],
-         "dense steps 3 is above the request's 2 steps; give 0..2"),
-        (["--sparse-attention", "sta", "--dense-steps", "-1"], "--dense-steps -1 must be a whole number >= 0"),
-        (["--model", "tiny-wan", "--frames", "9", "--height", "48", "--width", "80", "--sparse-attention", "sta",
-          "--sparse-option", "tile=2,3,5"], "sta tile 2 does not divide the 3 tokens of axis t; tile sizes that do: 1, 3"),
-        (["--sparse-option", "window=1,1,1"], "need a method: add --sparse-attention sta or radial"),
-    ],
-)
-def test_generate_bad_input_is_one_line_and_status_2(args, needle, tmp_path):
+BAD_GENERATE = [
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--model", "cogvideox-2b"], "has no weights here"),
+    (["--frames", "0"], "frames must be a positive integer, got 0"),  # 10 is rounded, as diffusers does
+    (["--height", "60"], "height"),
+    (["--workers", "0"], "workers 0"),
+    (["--steps", "0"], "--steps 0"),
+    (["--ulysses", "3", "--workers", "3"], "ulysses"),
+    # sparse attention (issue 55): refused before Ray starts
+    (["--sparse-attention", "dense-ish"], "invalid choice: 'dense-ish'"),
+    (["--sparse-attention", "sta", "--sparse-option", "speed=2"], "sparse option(s) speed unknown"),
+    (["--sparse-attention", "sta", "--steps", "2", "--dense-steps", "3"],
+     "dense steps 3 is above the request's 2 steps; give 0..2"),
+    (["--sparse-attention", "sta", "--dense-steps", "-1"], "--dense-steps -1 must be a whole number >= 0"),
+    (["--model", "tiny-wan", "--frames", "9", "--height", "48", "--width", "80", "--sparse-attention", "sta",
+      "--sparse-option", "tile=2,3,5"], "sta tile 2 does not divide the 3 tokens of axis t; tile sizes that do: 1, 3"),
+    (["--sparse-option", "window=1,1,1"], "need a method: add --sparse-attention sta or radial"),
+]
+
+
+def _one_line_refusals(outcomes, cases) -> None:
+    """Each refused with status 2 and one line naming the value, before Ray started."""
+    for outcome, (args, needle) in zip(outcomes, cases, strict=True):
+        assert outcome.returncode == 2, (args, outcome.returncode, outcome.stderr)
+        lines = outcome.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("raydit: error:"), (args, outcome.stderr)
+        assert needle in lines[0], (args, needle, lines[0])
+        assert not outcome.ray_started, (args, "Ray was started for a refused command line")
+
+
+def test_generate_bad_input_is_one_line_and_status_2(tmp_path):
+    """Every case in one child process (support.cli.raydit_each: the same cli.main); one of
+    them again as a process of its own, for the exit status the shell sees."""
+    outcomes = raydit_each([["generate", "--prompt", "x", "--device", "cpu", *args] for args, _ in BAD_GENERATE],
+                           cwd=tmp_path)
+    _one_line_refusals(outcomes, BAD_GENERATE)
+    args, needle = BAD_GENERATE[2]
     out = raydit("generate", "--prompt", "x", "--device", "cpu", *args, cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("raydit: error:"), out.stderr
-    assert needle in lines[0]
+    assert out.returncode == 2 and out.stderr.strip() == outcomes[2].stderr.strip(), out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_generate_config_file_names_the_offending_key(tmp_path):
-    cfg = tmp_path / "job.yaml"
-    cfg.write_text("prompt: a cat\nstepz: 3\n")
-    out = raydit("generate", "--config", str(cfg), cwd=tmp_path)
-    assert out.returncode == 2
-    assert "unknown key 'stepz'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    cfg.write_text("prompt: a cat\nsteps: many\n")
-    out = raydit("generate", "--config", str(cfg), cwd=tmp_path)
-    assert out.returncode == 2 and "key 'steps' must be int" in out.stderr
-    out = raydit("generate", cwd=tmp_path)
-    assert out.returncode == 2 and "--prompt is required" in out.stderr
-    # The command line's --cfg choices do not apply to a file: checked before connecting.
-    cfg.write_text("prompt: a cat\ncfg: 3\n")
-    out = raydit("generate", "--config", str(cfg), "--address", "127.0.0.1:9", cwd=tmp_path)
-    assert out.returncode == 2 and "--cfg 3 must be 1, 2 or 4" in out.stderr, out.stderr
+    files = {"stepz.yaml": "prompt: a cat\nstepz: 3\n", "many.yaml": "prompt: a cat\nsteps: many\n",
+             # The command line's --cfg choices do not apply to a file: checked before connecting.
+             "cfg.yaml": "prompt: a cat\ncfg: 3\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    cases = [(["generate", "--config", "stepz.yaml"], "unknown key 'stepz'"),
+             (["generate", "--config", "many.yaml"], "key 'steps' must be int"),
+             (["generate"], "--prompt is required"),
+             (["generate", "--config", "cfg.yaml", "--address", "127.0.0.1:9"], "--cfg 3 must be 1, 2 or 4")]
+    _one_line_refusals(raydit_each([args for args, _ in cases], cwd=tmp_path), cases)
 
 
 def test_example_job_yaml_is_valid():
@@ -280,11 +285,8 @@ def test_verify_refuses_a_tolerance_or_step_count_before_ray_starts(tmp_path):
              (["--atol", "nan"], "atol nan must be a finite number >= 0"),
              (["--steps", "0"], "steps 0 must be a positive integer"),
              (["--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'")]
-    for args, needle in cases:
-        out = raydit("verify", "--device", "cpu", "--address", "127.0.0.1:9", *args, cwd=tmp_path, timeout=60)
-        assert out.returncode == 2, (args, out.stderr)
-        lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+    _one_line_refusals(raydit_each([["verify", "--device", "cpu", "--address", "127.0.0.1:9", *args]
+                                    for args, _ in cases], cwd=tmp_path), cases)
 
 
 def _write_png(path, height=64, width=64):
@@ -307,11 +309,8 @@ def test_image_input_errors_are_one_line_and_status_2(tmp_path):
         (["--model", "tiny", "--image", str(png)], "is text-to-video and takes no image"),
         (["--model", "tiny-i2v"], "is image-to-video: give --image PATH"),
     ]
-    for args, needle in cases:
-        out = raydit("generate", "--prompt", "x", "--device", "cpu", *args, cwd=tmp_path, timeout=120)
-        assert out.returncode == 2, (args, out.stderr)
-        lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+    _one_line_refusals(raydit_each([["generate", "--prompt", "x", "--device", "cpu", *args] for args, _ in cases],
+                                   cwd=tmp_path), cases)
 
 
 @pytest.mark.long  # the second stage (suite time: stage one ran 21:42 at f797430)
@@ -353,13 +352,9 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_run(tmp_pat
         (["--save-latents", "lat.pt"], "--save-latents 'lat.pt' must end in .npy (the video latents; a model with "
                                        "sound adds NAME.audio.npy beside it) or .npz"),
     ]
-    for args, needle in cases:
-        # No Ray listens at that address: an answer naming the path came before any connection.
-        out = raydit("generate", "--prompt", "x", "--device", "cpu", "--address", "127.0.0.1:9", *args,
-                     cwd=tmp_path, timeout=120)
-        assert out.returncode == 2, (args, out.stderr)
-        lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and needle in lines[0], (args, out.stderr)
+    # No Ray listens at that address: an answer naming the path came before any connection.
+    _one_line_refusals(raydit_each([["generate", "--prompt", "x", "--device", "cpu", "--address", "127.0.0.1:9",
+                                     *args] for args, _ in cases], cwd=tmp_path), cases)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clips.mp4", "taken"]
 
 

@@ -22,6 +22,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.long  # stage two: a whole CLI run of LTX-2 with its audio (~55 s)
+
 PROMPT = "a dog barks"
 STEPS, SEED = 2, 3
 # A 2-rank plan against diffusers on one process, float32 on the CPU: the runtime tests' rule

@@ -33,8 +33,13 @@ CASES = {
 }
 
 
+# Stage one kills a rank of a ring plan (LTX-Video) and of a cfg plan (Kandinsky 5); the other
+# families run in stage two (`long`: ~40-80 s each on 2 cores).
+STAGE_ONE = ("tiny-ltx", "tiny-kandinsky5")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", sorted(CASES))
+@pytest.mark.parametrize("model", [m if m in STAGE_ONE else pytest.param(m, marks=pytest.mark.long) for m in sorted(CASES)])
 def test_rank_killed_mid_generation_resumes_with_the_same_latents(ray_local, model):
     from raydit.runtime.engine import Engine
 

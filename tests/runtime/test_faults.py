@@ -22,6 +22,8 @@ import time
 import pytest
 import torch
 
+pytestmark = pytest.mark.long  # stage two: a multi-node cluster and kills at each point of a call (~300 s on 2 cores); stage one keeps test_elastic.py and two families of test_elastic_families.py
+
 STEPS = 3
 TOL = dict(rtol=1e-4, atol=1e-4)
 PROMPT = "a heron in the reeds"
@@ -131,17 +133,17 @@ def test_a_stopped_rank_is_found_by_its_deadline_not_waited_for(rig):
         _kill_soon(pid, sig=signal.SIGSTOP).join()
 
     disarm = _arm(replica.pool, "step", 2, stop_last_rank)
-    t0 = time.monotonic()
     try:
         result = engine.generate(PROMPT, num_inference_steps=STEPS, seed=2, progress=False)
     finally:
         disarm()
         for pid in stopped:  # the pool killed it; make sure nothing stays stopped
             _kill_soon(pid).join()
-    elapsed = time.monotonic() - t0
     failures = _events(result, "failure")
     assert failures and failures[0]["kind"] == "deadline" and failures[0]["step"] == 1, result.events
-    assert elapsed < 120, elapsed  # a deadline of seconds, not the 30 s group timeout x retries
+    # Found once by the deadline, then resumed: not timed out again and again on the group's
+    # collectives (no wall-clock bound: a loaded 2-core machine stretches every step).
+    assert len(failures) == 1, failures
     _close(result, rig["refs"][2])
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.long  # stage two: a 3-rank Engine (~60 s); tests/models/test_vae_parallel.py and test_runner_decode.py prove the decode in stage one
+
 
 @pytest.fixture(scope="module")
 def engine3(ray_local):

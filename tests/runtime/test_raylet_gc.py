@@ -10,6 +10,10 @@ of a cluster raydit did not start.
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.long  # stage two: a private Ray started and watched (~60 s)
+
 _SCRIPT = r"""
 import gc, json, threading, time
 import numpy as np

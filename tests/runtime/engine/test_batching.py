@@ -140,6 +140,7 @@ def test_max_batch_is_checked_before_ray():
         Engine(model="tiny-wan", workers=1, device="cpu", max_batch=0)
 
 
+@pytest.mark.long  # stage two: a kill and a regroup (~50 s)
 def test_a_rank_killed_mid_batch_loses_no_request(ray_local):
     """Rank 1 of a 2-rank replica is killed as the batch's third step starts: the replica
     re-plans on what is left, every request of the batch resumes from its last step, and each

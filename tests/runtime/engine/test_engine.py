@@ -246,6 +246,7 @@ def test_shutdown_leaves_no_actor_and_no_placement_group(ray_local):
     assert ray.available_resources().get("CPU", 0) >= before
 
 
+@pytest.mark.long  # stage two: 4 more ranks on 2 cores (~200 s in stage one)
 def test_two_replicas_serve_a_queue_concurrently(ray_local, engine4):
     """Two replicas of 2 ranks each: queued requests run side by side, all complete, and
     each equals the single-replica engine's result for its seed."""
@@ -303,6 +304,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.long  # stage two: a second Python starting its own Ray (~85 s)
 def test_engines_sharing_one_process_keep_ray_until_the_last_closes(tmp_path):
     """Two Engines in one notebook: closing the first (which started the local Ray) shut Ray
     down under the second, whose next call died on a lost actor and whose shutdown waited 60 s
@@ -355,6 +357,7 @@ def test_submit_does_not_wait_behind_a_recovery(engine4):
     torch.testing.assert_close(torch.from_numpy(result.latents), torch.from_numpy(reference.latents), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.long  # stage two: replicas started and stopped (~50 s)
 def test_replicas_follow_the_queue(ray_local, engine4):
     """max_replicas: a request that waited scale_up_wait_s brings a second replica (planned
     like the first, packed onto free slots), queued requests then run on both, and the extra

@@ -118,6 +118,7 @@ def test_bad_input_is_refused_and_the_engine_keeps_serving(engine, references, l
     _close(_gen(engine, lora="a").latents, references["a"])
 
 
+@pytest.mark.long  # stage two: a kill and a regroup
 def test_a_rank_killed_mid_request_recovers_with_the_adapters(engine, references):
     """A rank killed after the first step: the request is re-planned and resumed with its LoRA
     active (what the survivors and any replacement hold); then a fresh actor joins (growth
@@ -141,6 +142,7 @@ def test_a_rank_killed_mid_request_recovers_with_the_adapters(engine, references
     _close(_gen(engine).latents, references["base"])
 
 
+@pytest.mark.long  # stage two: another Engine and a replaced rank (~50 s)
 def test_fused_lora_equals_unfused_and_survives_a_replaced_rank(ray_local, references, lora_dirs):
     """fuse_lora={"a": 0.5}: every rank merges a into its weights (diffusers' fuse_lora) and drops
     peft's layers; a request naming nothing runs with it. A rank killed mid-request is replaced

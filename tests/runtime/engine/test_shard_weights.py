@@ -26,6 +26,7 @@ def test_bad_input_is_one_line():
                  "--shard-weights"]) == 2
 
 
+@pytest.mark.long  # stage two: a kill and a regroup (~75 s)
 @pytest.mark.slow
 def test_killed_rank_of_a_sharded_replica_resumes_with_the_same_latents(ray_local):
     import ray
