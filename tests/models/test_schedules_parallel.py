@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from raydit.models import conformance as harness
-from raydit.models import lora
 from raydit.models.families.hunyuanvideo.tiny import TINY_HEADS as HUNYUAN_HEADS
 from raydit.models.loading import load_pipeline, resolve_model_dir
 from raydit.models.runner import Runner
+from support.lora_files import write_random_lora
 
 WORLDS = (1, 2, 3, 4)
 CFG_WORLDS = (2, 4)
@@ -45,15 +45,15 @@ def cases(tmp_path_factory):
     a14b_dir = str(resolve_model_dir("tiny-wan-a14b"))
     a14b = load_pipeline("tiny-wan-a14b")
     root = tmp_path_factory.mktemp("sched-lora")
-    loras = {"high": (str(lora.write_random_lora(a14b, root / "high", seed=11)), "transformer"),
-             "low": (str(lora.write_random_lora(a14b, root / "low", seed=12, component="transformer_2")),
+    loras = {"high": (str(write_random_lora(a14b, root / "high", seed=11)), "transformer"),
+             "low": (str(write_random_lora(a14b, root / "low", seed=12, component="transformer_2")),
                      "transformer_2")}
     return [
         harness.RunnerCase("sched-wan-euler", WAN, 6, dict(wan, **LIGHTX2V, guidance_scale=5.0),
                            dict(base_dir=str(resolve_model_dir("tiny-wan"))), steps=4),
         harness.RunnerCase("sched-wan-lcm", WAN, 6, dict(wan, **FASTWAN, guidance_scale=1.0),
                            dict(base_dir=str(resolve_model_dir("tiny-wan"))), steps=3, cfg=False, worlds=(1, 2, 3, 4)),
-        harness.RunnerCase("sched-wan-a14b-lora", "raydit.models.lora:conformance_pipeline", 6,
+        harness.RunnerCase("sched-wan-a14b-lora", "support.lora_files:conformance_pipeline", 6,
                            dict(wan, **LIGHTX2V, guidance_scale=1.0, lora={"high": 1.0, "low": 0.8}),
                            dict(build=WAN, build_kwargs=dict(base_dir=a14b_dir), loras=loras), steps=4, cfg=False,
                            worlds=(2, 4)),
