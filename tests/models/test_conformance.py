@@ -2,8 +2,8 @@
 
 The cases come from each family's own module (`Family.conformance_cases`): a new family adds
 its file and its cases, and this suite runs them. One spawned group runs every world size
-the selected tests need on its first ranks: stage one of the suite 1..4 (4 processes), the
-`long` stage 5, 6 and 8 (8 processes); the tests then compare each (case, plan) with the
+the selected tests need on its first ranks: stage one of the suite 1..3 (3 processes), the
+`long` stage 4, 5, 6 and 8 (8 processes); the tests then compare each (case, plan) with the
 single-process reference computed here.
 
 Tolerances (float32): transformer forward rtol 1e-4, atol 1e-5 for outputs of O(1) and
@@ -30,8 +30,8 @@ from raydit.models.families.cogvideox import tiny as cogvideox_tiny
 from raydit.models.families.cogvideox.family import FAMILY as COGVIDEOX
 from raydit.models.runner import Runner
 
-NARROW = (1, 2, 3, 4)  # stage one of the suite
-WIDE = (5, 6, 8)  # stage two (`long`): 8 is the 480p case xDiT refuses
+NARROW = (1, 2, 3)  # stage one of the suite: Ulysses, ring (3: uneven), cfg
+WIDE = (4, 5, 6, 8)  # stage two (`long`): the hybrids, cfg x sp on 4; 8 is the 480p case xDiT refuses
 WORLDS = NARROW + WIDE
 CFG_WORLDS = (2, 4)  # cfg plans (2; 4 where a family runs four branches) are run on these world sizes
 LATENT_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -43,7 +43,7 @@ def _marks(world: int) -> list:
 
 def _selected_worlds(request) -> tuple[int, ...]:
     """The world sizes this session's selected tests of this file need (so stage one, which
-    deselects the `long` ones, spawns 4 ranks and runs 1..4 only)."""
+    deselects the `long` ones, spawns 3 ranks and runs 1..3 only)."""
     here, worlds = request.node.path, set()
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})

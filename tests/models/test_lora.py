@@ -88,9 +88,9 @@ def _raydit(model, specs):
     return pipe
 
 
-# LTX-2 (~45 s) in stage two
+# LTX-2 and SkyReels' diffusion forcing (~45 s each) in stage two
 @pytest.mark.parametrize("model", ["tiny", "tiny-wan", pytest.param("tiny-ltx2", marks=pytest.mark.long), "tiny-mochi",
-                                   "tiny-skyreels-df"])
+                                   pytest.param("tiny-skyreels-df", marks=pytest.mark.long)])
 def test_runner_with_two_loras_equals_diffusers(loras, model):
     """One LoRA, then two at different scales, against diffusers' pipeline with the same
     load_lora_weights / set_adapters: max relative difference <= 1e-5, and each visibly

@@ -38,7 +38,8 @@ def _model(name: str, height: int, width: int, guidance: float, dtypes: tuple) -
                                                num_inference_steps=3, guidance_scale=guidance, seed=3), dtypes)
 
 
-@pytest.fixture(scope="module", params=MODES)
+# fp8 (torchao) in stage two; fp8-sim, the same sharding rules, in stage one.
+@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.long) if m == "fp8" else m for m in MODES])
 def results(request):
     from fp8_cpu import lifted
 

@@ -13,6 +13,8 @@ import torch
 
 from support.actors import kill_and_wait
 
+pytestmark = pytest.mark.long  # stage two: a multi-node cluster's story (~220 s on 2 cores); stage one kills ranks in test_elastic_families.py
+
 STEPS = 4
 TOL = dict(rtol=1e-4, atol=1e-4)
 PROMPT = "a kite over a windy beach"
