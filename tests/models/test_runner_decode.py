@@ -108,6 +108,7 @@ def families_on_two_ranks():
     return run_distributed(families_decode_worker, 2, timeout=600)
 
 
+@pytest.mark.long  # stage two: six families' decoders on a spawned pair (~35 s); test_runner_decode_on_ranks_equals_one_process stays in stage one
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_decode_on_ranks_equals_one_process(families_on_two_ranks, name):
     """The family's own decode (LTX's with its decode timestep) split by rows over 2 ranks (uneven

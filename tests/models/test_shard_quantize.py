@@ -39,7 +39,8 @@ def _model(name: str, height: int, width: int, guidance: float, dtypes: tuple) -
 
 
 # fp8 (torchao) in stage two; fp8-sim, the same sharding rules, in stage one.
-@pytest.fixture(scope="module", params=[pytest.param(m, marks=pytest.mark.long) if m == "fp8" else m for m in MODES])
+@pytest.fixture(scope="module", params=[pytest.param(m.values[0], marks=[*m.marks, pytest.mark.long])
+                                        if not isinstance(m, str) else m for m in MODES])
 def results(request):
     from fp8_cpu import lifted
 
