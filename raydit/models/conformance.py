@@ -181,21 +181,27 @@ def run_switching(first, second, request, at: set):
     return state.latents
 
 
-def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict) -> dict:
+def mode_plan_runs(rank: int, world_size: int, cases, plans, modes: dict, reference: str = "float64") -> dict:
     """Per case, in bfloat16: one rank and every plan of `plans` under each mode (name -> the
     RunConfig's keyword arguments; one pipeline per mode, every Runner on it), and one rank in
-    float64 under no mode from the bf16 run's noise. Keys (case, "float64") and (case, mode,
-    str(plan or None)); a worker for raydit.parallel.testing.run_distributed."""
+    the `reference` dtype under no mode from the bf16 run's initial noise. Keys (case,
+    reference) and (case, mode, str(plan or None)); a worker for
+    raydit.parallel.testing.run_distributed.
+
+    A scheduler that draws noise at every step draws it in the latents' dtype: CPU torch's
+    bfloat16 draws are its float32 draws rounded (for sizes a multiple of 16), its float64
+    draws are other numbers, so such a request takes a float32 reference."""
     from raydit.models.runner import Runner
     from raydit.planner.runconfig import RunConfig
 
     bf16 = torch.bfloat16
+    ref_dtype = getattr(torch, reference)
     out = {}
     for case in cases:
         request = case.make_request()
-        runner = Runner(case.make(torch.float64), dtype=torch.float64, init_dtype=bf16)
+        runner = Runner(case.make(ref_dtype), dtype=ref_dtype, init_dtype=bf16)
         try:
-            out[(case.name, "float64")] = run_steps(runner, request, case.steps).latents
+            out[(case.name, reference)] = run_steps(runner, request, case.steps).latents
         finally:
             runner.close()
         for mode, kwargs in modes.items():
