@@ -5,6 +5,8 @@ The reference is diffusers' own WanPipeline given the same scheduler, built with
 no generator to `scheduler.step`: for a scheduler that draws fresh noise at every step the
 reference wraps `step` to pass the pipeline's generator (the one its latents came from), which
 is what the runner does with the request's generator.
+HunyuanVideo and LTX-2 with a sigma list: the reference is their own pipeline given the list
+through its documented `sigmas` argument (LTX-2 shifts it by its `mu`; dropping the `mu` fails it).
 Tolerance (float32): rtol 1e-4, atol 1e-4, as the conformance suite's latents.
 Every plan against one worker: tests/models/test_schedules_parallel.py.
 """
@@ -213,3 +215,48 @@ def test_checkpoint_request_round_trips():
     import json
 
     assert GenerationRequest(**json.loads(json.dumps(request.to_dict()))) == request
+
+
+# -- other families: diffusers' own `sigmas` argument is the reference --------------------------
+class _GivenSigmas:
+    """Within the block, `pipe(...)` is diffusers' own pipeline call with `sigmas=` added (its
+    documented argument: HunyuanVideoPipeline and LTX2Pipeline take a custom sigma list; LTX-2
+    applies its `mu` shift to it), so the family's reference call runs unchanged."""
+
+    def __init__(self, pipe, sigmas):
+        self.pipe, self.sigmas, self.cls = pipe, list(sigmas), type(pipe)
+
+    def __enter__(self):
+        sigmas = self.sigmas
+
+        class Given(self.cls):
+            def __call__(self, *args, **kwargs):
+                return super().__call__(*args, sigmas=sigmas, **kwargs)
+
+        self.pipe.__class__ = Given
+        return self.pipe
+
+    def __exit__(self, *exc):
+        self.pipe.__class__ = self.cls
+
+
+@pytest.mark.parametrize("name, fields", [
+    ("tiny-hunyuan", dict(num_frames=9, guidance_scale=6.0)),
+    ("tiny-ltx2", dict(num_frames=9, height=64, width=64, guidance_scale=3.0)),
+])
+def test_one_worker_with_a_sigma_list_equals_the_pipelines_own_sigmas(name, fields):
+    from raydit.models.registry import family_for_pipeline
+
+    pipe = load_pipeline(name)
+    sigmas = (1.0, 0.8, 0.45, 0.2)  # not either pipeline's own 4-step spacing (1, 0.75, 0.5, 0.25)
+    request = _request(**dict(fields, sigmas=sigmas, num_inference_steps=len(sigmas)))
+    runner = Runner(pipe)
+    got = runner.family.output_latents(pipe, _run(runner, request))
+    family = family_for_pipeline(pipe)
+    with _GivenSigmas(pipe, sigmas):
+        expected = family.reference_latents(pipe, request)
+    for g, e in zip(harness.latent_streams(got), harness.latent_streams(expected)):
+        torch.testing.assert_close(g, e, **TOL)
+    # The list matters: the pipeline's own spacing at 4 steps gives other latents.
+    own = family.reference_latents(pipe, _request(**dict(fields, num_inference_steps=len(sigmas))))
+    assert (harness.latent_streams(own)[0] - harness.latent_streams(got)[0]).abs().max() > 1e-3
