@@ -232,7 +232,11 @@ def build_scheduler(base, name: str | None = None, options=(), *, label: str = "
     if cls_name not in fits:
         raise ValueError(f"scheduler {cls_name!r} does not fit this pipeline ({type(base).__name__}); "
                          f"use one of: {', '.join(fits)}")
-    cls = _schedulers_cached()[cls_name]
+    cls = _schedulers_cached().get(cls_name)
+    if cls is None:  # listed as compatible, but diffusers could not import it (a missing backend)
+        usable = ", ".join(n for n in fits if n in _schedulers_cached())
+        raise ValueError(f"scheduler {cls_name!r} is not importable from this diffusers (a package it needs, e.g. "
+                         f"torchsde, is missing): install that package or use one of: {usable}")
     takes = _init_names(cls)
     unknown = sorted(k for k in options if k not in takes)
     if unknown:
@@ -248,7 +252,12 @@ def build_scheduler(base, name: str | None = None, options=(), *, label: str = "
                      type(base).__name__, theirs[0], config[theirs[0]], wanted[0], wanted[0])
     # Only the keys the class takes: from_config logs the others as unexpected.
     config = {k: v for k, v in config.items() if k in takes}
-    return cls.from_config(config, **options)
+    try:
+        return cls.from_config(config, **options)
+    except Exception as e:  # noqa: BLE001 - a class that cannot start from this config raises anything
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{cls_name} cannot be built from {type(base).__name__}'s config ({type(e).__name__}: "
+                         f"{first}); set its options with scheduler_options or choose another scheduler") from None
 
 
 def _set_timesteps_from_list(scheduler, which: str, values: tuple[float, ...]) -> None:
@@ -264,7 +273,11 @@ def _set_timesteps_from_list(scheduler, which: str, values: tuple[float, ...]) -
     def set_timesteps(num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None, **kwargs):
         if mu is not None:
             kwargs["mu"] = mu
-        original(num_inference_steps=len(values), device=device, **{which: list(values)}, **kwargs)
+        import numpy as np
+
+        # An array, as diffusers' pipelines pass their own lists (UniPC's flow shift multiplies it).
+        original(num_inference_steps=len(values), device=device, **{which: np.array(values, dtype=np.float64)},
+                 **kwargs)
 
     # An instance attribute, not data: live_scheduler_state leaves it out.
     scheduler.set_timesteps = set_timesteps
@@ -284,6 +297,16 @@ def own_scheduler(base, request=None, *, name=None, options=(), sigmas=None, tim
         _set_timesteps_from_list(scheduler, "sigmas", normalize_steps("sigmas", sigmas))
     elif timesteps is not None:
         _set_timesteps_from_list(scheduler, "timesteps", normalize_steps("timesteps", timesteps))
+    if (sigmas is not None or timesteps is not None) and not scheduler.config.get("use_dynamic_shifting"):
+        # Set the list once now (a scheduler shifted by the family's `mu` waits for it): a list
+        # the class cannot run is one line here, on the driver's check too, not an error deep
+        # in a worker's prepare. The family's own call sets it again on its device.
+        try:
+            scheduler.set_timesteps(device="cpu")
+        except Exception as e:  # noqa: BLE001 - diffusers raises several kinds here
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"{type(scheduler).__name__} cannot run the {'sigmas' if sigmas is not None else 'timesteps'}"
+                             f" list given ({first}); use FlowMatchEulerDiscreteScheduler or drop the list") from None
     return scheduler
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -197,6 +198,12 @@ def test_bad_lists_are_refused_in_one_line(fields, match):
     (dict(scheduler="NoSuchScheduler"), "FlowMatchEulerDiscreteScheduler.*FlowMatchLCMScheduler"),
     (dict(scheduler="DDIMScheduler", sigmas=(1.0, 0.5), num_inference_steps=2), "takes no sigmas list"),
     (dict(scheduler="FlowMatchEulerDiscreteScheduler", scheduler_options={"flow_shiftt": 5}), "takes no option flow_shiftt"),
+    # diffusers lists it for UniPC but cannot import it without torchsde (KeyError before)
+    (dict(scheduler="DPMSolverSDEScheduler"), "not importable.*torchsde.*FlowMatchEulerDiscreteScheduler"),
+    # Wan's config lacks its sigma_min (a TypeError inside its __init__ before)
+    (dict(scheduler="EDMEulerScheduler"), "EDMEulerScheduler cannot be built from UniPCMultistepScheduler's config"),
+    # a list the class takes by name but cannot run with a step count (a ValueError in every worker before)
+    (dict(scheduler="EulerDiscreteScheduler", timesteps=(999.0, 500.0), num_inference_steps=2), "cannot run the timesteps"),
 ])
 def test_bad_schedulers_are_refused_in_one_line(wan, fields, match):
     with pytest.raises(ValueError, match=match) as info:
@@ -259,4 +266,54 @@ def test_one_worker_with_a_sigma_list_equals_the_pipelines_own_sigmas(name, fiel
         torch.testing.assert_close(g, e, **TOL)
     # The list matters: the pipeline's own spacing at 4 steps gives other latents.
     own = family.reference_latents(pipe, _request(**dict(fields, num_inference_steps=len(sigmas))))
+    assert (harness.latent_streams(own)[0] - harness.latent_streams(got)[0]).abs().max() > 1e-3
+
+
+class _ListedScheduler:
+    """Within the block, the pipeline's scheduler is one of a class written here: the pipeline's
+    own class whose `set_timesteps` takes the list whatever spacing the pipeline asks for (its
+    device and `mu` kept), for pipelines whose call takes no sigma list. The list goes as an
+    array, as diffusers' pipelines pass their own (UniPC's flow shift takes no Python list)."""
+
+    def __init__(self, pipe, sigmas):
+        self.pipe, self.sigmas, self.base = pipe, list(sigmas), pipe.scheduler
+
+    def __enter__(self):
+        listed = self.sigmas
+
+        class Listed(type(self.base)):
+            def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, **kwargs):
+                if mu is not None:
+                    kwargs["mu"] = mu
+                return super().set_timesteps(num_inference_steps=len(listed), device=device, sigmas=np.array(listed),
+                                             **kwargs)
+
+        # As the runner swaps it: DiffusionPipeline.__setattr__ would rewrite the pipeline's config.
+        object.__setattr__(self.pipe, "scheduler", Listed.from_config(self.base.config))
+        return self.pipe
+
+    def __exit__(self, *exc):
+        object.__setattr__(self.pipe, "scheduler", self.base)
+
+
+@pytest.mark.parametrize("case_name", ["ltx-t2v", "mochi-t2v", "kandinsky5-t2v", "hunyuanvideo15-t2v",
+                                       "skyreels-df-causal"])
+def test_one_worker_with_a_sigma_list_equals_the_pipeline_on_that_list(case_name):
+    """LTX-Video (its mu shift on the list), Mochi (a list in place of its linear-quadratic
+    sigmas), Kandinsky 5, HunyuanVideo 1.5 and SkyReels-V2's diffusion forcing (every frame's
+    scheduler a copy of the listed one)."""
+    from raydit.models.registry import family_for_pipeline
+
+    (case,) = [c for c in harness.family_cases(build=True)["runner"] if c.name == case_name]
+    pipe = case.make()
+    sigmas = (1.0, 0.8, 0.45)
+    fields = dict(case.request, sigmas=sigmas, num_inference_steps=len(sigmas))
+    runner = Runner(pipe)
+    got = runner.family.output_latents(pipe, _run(runner, GenerationRequest(**fields)))
+    family = family_for_pipeline(pipe)
+    with _ListedScheduler(pipe, sigmas):
+        expected = family.reference_latents(pipe, GenerationRequest(**dict(case.request, num_inference_steps=3)))
+    for g, e in zip(harness.latent_streams(got), harness.latent_streams(expected)):
+        torch.testing.assert_close(g, e, **TOL)
+    own = family.reference_latents(pipe, GenerationRequest(**dict(case.request, num_inference_steps=3)))
     assert (harness.latent_streams(own)[0] - harness.latent_streams(got)[0]).abs().max() > 1e-3
