@@ -45,3 +45,29 @@ def test_engine_config_refuses_a_cfg_degree_without_guidance():
         EngineConfig(cfg=2, guidance=False)
     assert engine_kwargs({"no_cfg": True}, "serve")["guidance"] is False
     assert engine_kwargs({}, "generate")["guidance"] is True
+
+
+@pytest.mark.parametrize("guidance_scale, cfg, said", [(1.0, 2, True), (5.0, 2, False), (1.0, 1, False)])
+def test_a_guidance_1_request_on_a_cfg_plan_is_said_in_one_line(caplog, guidance_scale, cfg, said):
+    """Issue 54 item 6: such a request runs its one branch on every cfg group; one logged line
+    says so and names the fix. The replicas are a stand-in (their plans only), no Ray."""
+    import logging
+    from types import SimpleNamespace
+
+    from raydit.models.requests import GenerationRequest
+    from raydit.runtime.engine.api import Requests
+
+    replicas = SimpleNamespace(items=[SimpleNamespace(plan=SimpleNamespace(cfg=cfg)), SimpleNamespace(plan=None)])
+    requests = Requests(model="m", model_dir="d", takes_image=False, call_defaults={}, cache=None, cache_threshold=None,
+                        checkpoint_dir=None, num_train_timesteps=1000, model_identity={}, planning=None, loras=None,
+                        replicas=replicas, queue=None, events=None)
+    request = GenerationRequest(prompt="a fox", num_frames=5, height=48, width=80, guidance_scale=guidance_scale)
+    with caplog.at_level(logging.WARNING, logger="raydit"):
+        requests.say_one_branch_on_cfg(request)
+    lines = [r.getMessage() for r in caplog.records if r.name == "raydit"]
+    if said:
+        assert len(lines) == 1 and "\n" not in lines[0]
+        assert f"guidance_scale 1 runs one guidance branch, but the plan has cfg {cfg}" in lines[0]
+        assert "guidance=False (--no-cfg)" in lines[0]
+    else:
+        assert lines == []
