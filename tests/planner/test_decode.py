@@ -209,7 +209,7 @@ def test_the_decode_prices_its_other_ops_at_the_elementwise_bandwidth():
     assert bf16.elementwise == pytest.approx(81 * 720 * 1280 * 22379.6 * 2 / 4000e9)
     assert bf16.seconds == pytest.approx(bf16.compute + bf16.elementwise)
     fp32 = decode_cost(spec, geo, 1, 1e15, 1.0, 0.0, elementwise_gb_s=4000.0, value_bytes=4)
-    assert fp32.compute == pytest.approx(bf16.compute / FLOAT32_CONV_SHARE)  # TF32 convolutions
+    assert FLOAT32_CONV_SHARE == 0.5 and fp32.compute == pytest.approx(2 * bf16.compute)  # TF32 convolutions
     assert fp32.elementwise == pytest.approx(2 * bf16.elementwise)
     faster = decode_cost(spec, geo, 1, 1e15, 1.0, 0.0, elementwise_gb_s=8000.0)
     assert faster.elementwise == pytest.approx(bf16.elementwise / 2) and faster.compute == bf16.compute
