@@ -33,7 +33,12 @@ MISSES = {
                     "but torch 2.11 puts cuDNN first; suspected, unmeasured: the per-head LayerNorm of "
                     "q and k over rows of 64 (torch's layer_norm is slow at short rows, "
                     "pytorch/pytorch#69963; Wan normalizes across heads and is not missed), and q, k "
-                    "leaving it contiguous while v stays a transposed view",
+                    "leaving it contiguous while v stays a transposed view. Counted since (issue 56): "
+                    "native_layer_norm makes its transposed q / k input contiguous inside the kernel "
+                    "(expect_contiguous), a copy bench_blockcounts' dispatch counter cannot see: 8 "
+                    "bytes a token and channel more, 4 ms of the 98 ms missed (-16% -> -15%), so not "
+                    "the term; the short-row LayerNorm's rate (2 x 1.07M rows of 64 a layer) needs a "
+                    "measurement (bench_opsweep) before it can be priced",
     "mochi-1": "-12% (SwiGLU counted): 1.6 ms of a 13 ms layer unexplained; its attention loops over the "
                "batch with a host sync (torch.nonzero) per sample, but the layer's host work (about 150 "
                "ops) is far below its GPU time, so the sync alone cannot expose it; its 1536-wide text "
