@@ -53,23 +53,23 @@ GB = 1e9
 # reach: a fit on one published decode (bench/bench_costmodel.py, role "fit"): SGLang's
 # HunyuanVideo 77 x 480 x 848 decode, 5.71 s on one H200 before its parallel decode (FIELD.md),
 # decoded framewise and tiled in fp16 as SGLang's HunyuanVideo pipeline does (its HunyuanConfig's
-# vae_precision): of the 5.71 s, the elementwise ops' 0.450 s (12792.4 values per decoded
-# pixel-frame, 7.18e7 of them, 2 bytes each, at the H200 table's 4086 GB/s) leave 5.260 s to the
-# convolutions' 1.235e15 FLOP: / (989e12 x 0.31, H200) = 0.766. (Fit before the elementwise
+# vae_precision): of the 5.71 s, the elementwise ops' 0.525 s (12792.4 values per decoded
+# pixel-frame, 7.18e7 of them, 2 bytes each, at the H200 table's 3499 GB/s) leave 5.185 s to the
+# convolutions' 1.235e15 FLOP: / (989e12 x 0.31, H200) = 0.777. (Fit before the elementwise
 # term: 0.706.) Its check,
 # TensorRT-LLM's Wan 2.2 720p decode (2.72 s on one B200), missed at 0.71 by -77% with the
 # convolutions alone in bf16; its pipeline decodes in float32 (wan_t2v.py loads the VAE with
 # torch_dtype=torch.float32): TF32 convolutions (FLOAT32_CONV_SHARE) and 4-byte elementwise
-# traffic bring it to -21% (docs/benchmarks/costmodel.md).
-VAE_EFFICIENCY = 0.77
+# traffic bring it to -15% (docs/benchmarks/costmodel.md).
+VAE_EFFICIENCY = 0.78
 # The share of a device's BF16 tensor rate its float32 convolutions reach: cuDNN runs them in
 # TF32 (torch.backends.cudnn.allow_tf32 is on by default), whose published dense peak is half
 # the BF16 / FP16 one on every datacenter part the planner knows (H100 SXM 494.7 / 989.4
 # TFLOP/s, A100 156 / 312, HGX B200 18 / 36 PFLOPS with sparsity for 8 GPUs). Published, no fit.
 FLOAT32_CONV_SHARE = 0.5
 # The elementwise bandwidth a decode is priced at where the caller names no device with an op
-# table: the H100's measured (bench_opsweep 2026-11-27: an add of 134217728 elements).
-DEFAULT_ELEMENTWISE_GB_S = 2852.0
+# table: the H100's measured (bench_opsweep 2026-11-27: a DiT block's eager elementwise chain).
+DEFAULT_ELEMENTWISE_GB_S = 2442.0
 # Elementwise values per convolution FLOP for a decoder whose own are not counted
 # (DecoderShape.elementwise_values 0): the counted HunyuanVideo decoder's 12792.4 values per
 # decoded pixel-frame over its 1.716e7 FLOP (the lower of the two counted: Wan 2.1's is 22379.6

@@ -254,7 +254,7 @@ class DeviceTable:
 
     def describe(self) -> str:
         """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130): elementwise
-        4086 GB/s (carried from ...), launch 10.5 us (...), compiled 0.186 of the elementwise
+        3499 GB/s (carried from ...), launch 10.5 us (...), compiled 0.186 of the elementwise
         work'. The Engine's start-up plan table and `raydit plan` print it: the rates a prediction
         used, with where the figures that were not measured on this type came from."""
         notes = []
