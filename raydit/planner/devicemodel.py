@@ -19,8 +19,9 @@ with the class's own rate (`Roofline`):
                  "fp8" (8-bit attention), "bf16-masked" (a boolean mask on one device:
                  ModelSpec.masked_attention; MASKED_STAND_IN where not measured)
     elementwise  norms, modulation, rotary, residuals, activations: bytes moved at the measured
-                 elementwise bandwidth; `compile` fuses them (`compiled_fraction` of the bytes
-                 and launches remain)
+                 elementwise bandwidth (what a DiT block's eager chain of such ops reached, its
+                 bytes counted as the families' are: bench_opsweep); `compile` fuses them
+                 (`compiled_fraction` of the bytes and launches remain)
     all_to_all, p2p   by message size: latency + bytes / bandwidth at the nearest measured size
 
 A table (raydit/planner/tables/<gpu>.json, loaded as data) holds the figures with their
