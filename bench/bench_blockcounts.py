@@ -13,7 +13,8 @@ projection out are not counted):
                with two kinds of block, HunyuanVideo's dual- and single-stream, weighs them by
                the released model's counts). Mochi's attention loops over the samples of a
                batch: its count is at the batch of two the pipeline runs.
-    bytes      the input and output bytes of those ops, as their slope in the video tokens
+    bytes      the input and output bytes of those ops (and the copy a norm kernel makes of a
+               non-contiguous input inside itself: bench_opsweep.hidden_copy_bytes), as their slope in the video tokens
                (the difference of the two lengths over the difference of their tokens x batch x
                width): bytes per video token and channel, what the planner multiplies by the
                step's tokens and width (ModelSpec.elementwise_bytes). The slope leaves out
@@ -28,6 +29,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+
+from bench_opsweep import hidden_copy_bytes  # a norm's copy of its non-contiguous input, inside the kernel
 
 SKIP = {"mm", "addmm", "bmm", "linear", "matmul", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
@@ -81,7 +84,7 @@ def _counter():
             if name not in SKIP and name not in VIEWS:
                 self.launches += 1
                 ts = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-                self.bytes += sum(t.numel() * t.element_size() for t in ts)
+                self.bytes += sum(t.numel() * t.element_size() for t in ts) + hidden_copy_bytes(name, args)
             return out
 
     return Count

@@ -41,7 +41,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
 from raydit.planner import BUILTIN_MODELS, device_type, model_spec, plan  # noqa: E402
 from raydit.planner import cost as costmod  # noqa: E402
-from raydit.planner.decode import VAE_EFFICIENCY, decode_cost, decode_flops  # noqa: E402
+from raydit.planner.decode import (VAE_EFFICIENCY, decode_cost, decode_flops, device_elementwise_gb_s,  # noqa: E402
+                                   elementwise_values)
 from raydit.planner.endtoend import end_to_end  # noqa: E402
 
 TARGET = 0.15
@@ -146,7 +147,7 @@ def anchors() -> list[dict]:
             # request's geometry on one rank, whatever the GPU count.
             dev = device_type(gpu_type)
             dec = decode_cost(spec, spec.geometry(frames, height, width), 1, dev.flops_per_second, dev.link_gb_s,
-                              dev.link_latency_us, tiled=True)
+                              dev.link_latency_us, tiled=True, elementwise_gb_s=device_elementwise_gb_s(gpu_type))
             e2e = end_to_end(spec, step, steps, branches, dev.flops_per_second, dec.seconds)
             predicted, parts = e2e.total, e2e.to_dict()
         else:
@@ -235,11 +236,14 @@ def decode_anchors() -> list[dict]:
     hv = model_spec("hunyuanvideo")
     h200 = device_type("H200")
     geo = hv.geometry(77, 480, 848)
-    dec = decode_cost(hv, geo, 1, h200.flops_per_second, h200.link_gb_s, h200.link_latency_us, tiled=True)
+    # SGLang's HunyuanConfig decodes in fp16 (vae_precision): 2 bytes a value, the fp16 (= BF16) rate.
+    dec = decode_cost(hv, geo, 1, h200.flops_per_second, h200.link_gb_s, h200.link_latency_us, tiled=True,
+                      elementwise_gb_s=device_elementwise_gb_s("H200"), value_bytes=2)
     row("SGLang HunyuanVideo decode 77 x 480 x 848, 1 x H200 (before its parallel decode)", hv.name, "H200",
         "77 x 480 x 848", 5.71, dec.seconds, "s / decode", "fit",
-        f"set VAE_EFFICIENCY = {VAE_EFFICIENCY} (framewise, tiled: {decode_flops(hv, geo, True):.3e} FLOP)",
-        dec.to_dict())
+        f"set VAE_EFFICIENCY = {VAE_EFFICIENCY} (framewise, tiled, fp16: {decode_flops(hv, geo, True):.3e} FLOP in "
+        f"convolutions; {elementwise_values(hv, geo, True):.3e} elementwise values at the H200 table's "
+        f"{device_elementwise_gb_s('H200'):g} GB/s)", dec.to_dict())
 
     wan = model_spec("wan2.2-t2v-a14b")
     wgeo = wan.geometry(81, 720, 1280)
@@ -252,10 +256,15 @@ def decode_anchors() -> list[dict]:
         "81 x 720 x 1280", 370.8, 40 * step_at_1 / b200_rate, "s / denoise", "fit",
         f"set the B200's DiT efficiency = {b200_eff:.3f} of {B200_PEAK / 1e12:.0f} TFLOP/s (used by the next row only)",
         {"step_flop": f"{step_at_1:.4e}"})
-    wdec = decode_cost(wan, wgeo, 1, b200_rate, 1.0, 0.0)
+    # TensorRT-LLM's wan_t2v.py loads the VAE with torch_dtype=torch.float32: TF32 convolutions, 4-byte values.
+    wdec = decode_cost(wan, wgeo, 1, b200_rate, 1.0, 0.0, elementwise_gb_s=device_elementwise_gb_s("B200"),
+                       value_bytes=4)
     row("TensorRT-LLM Wan 2.2 720p decode (81 x 720 x 1280), 1 x B200", wan.name, "B200", "81 x 720 x 1280", 2.72,
         wdec.seconds, "s / decode", "check",
-        f"Wan 2.1 VAE, untiled: {decode_flops(wan, wgeo):.3e} FLOP at VAE_EFFICIENCY x the B200 rate", wdec.to_dict())
+        f"Wan 2.1 VAE, untiled, float32 (TensorRT-LLM's wan_t2v.py): {decode_flops(wan, wgeo):.3e} FLOP at "
+        f"VAE_EFFICIENCY x FLOAT32_CONV_SHARE x the B200 rate (TF32) + {elementwise_values(wan, wgeo):.3e} "
+        f"elementwise values x 4 bytes at the B200 table's {device_elementwise_gb_s('B200'):g} GB/s "
+        f"(-77% before: bf16 convolutions alone)", wdec.to_dict())
     return rows
 
 
@@ -301,7 +310,8 @@ def multi_gpu_rows() -> dict:
     for (gpu, height, width), (counts, figures) in XDIT_HUNYUAN.items():
         dev = device_type(gpu)
         geo = spec.geometry(129, height, width)
-        dec = decode_cost(spec, geo, 1, dev.flops_per_second, dev.link_gb_s, dev.link_latency_us, tiled=True)
+        dec = decode_cost(spec, geo, 1, dev.flops_per_second, dev.link_gb_s, dev.link_latency_us, tiled=True,
+                          elementwise_gb_s=device_elementwise_gb_s(gpu))
         shape = f"129 x {height} x {width}, 50 steps"
         model_denoise = serial = None
         for n, published in zip(counts, figures):

@@ -165,7 +165,7 @@ def predictions() -> dict:
     from bench_costmodel import XDIT_HUNYUAN, published_step
 
     from raydit.planner import device_type, model_spec
-    from raydit.planner.decode import decode_cost
+    from raydit.planner.decode import decode_cost, device_elementwise_gb_s
     from raydit.planner.endtoend import end_to_end
 
     out = {}
@@ -177,7 +177,7 @@ def predictions() -> dict:
     for family, (model, frames, height, width) in requests.items():
         spec = model_spec(model)
         dec = decode_cost(spec, spec.geometry(frames, height, width), 1, dev.flops_per_second, dev.link_gb_s,
-                          dev.link_latency_us, tiled=True)
+                          dev.link_latency_us, tiled=True, elementwise_gb_s=device_elementwise_gb_s("H100"))
         rows = []
         for n in (1, 2, 4, 8):
             # xDiT's HunyuanVideo runs ran the official repository's FlashAttention-2; the

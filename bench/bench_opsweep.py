@@ -12,9 +12,11 @@ measure keep the table's previous ones with their `source` (raydit.planner.devic
 
 Parts (bf16 on CUDA; float32 on a CPU --smoke):
   launch       per-launch cost: 2000 tiny adds queued, divided
-  elementwise  bandwidth of a large add (read 2, write 1 tensors), and compile's fusion: a DiT
-               block's elementwise chain (float32 layer norm, modulation, gate, residual, tanh-GELU)
-               eager against torch.compile: compiled_fraction = compiled / eager time
+  elementwise  a DiT block's elementwise chain (float32 layer norm, modulation, gate, residual,
+               tanh-GELU) eager: the bytes into and out of its ops (counted as bench_blockcounts
+               counts a family's, so the two meet in the planner) over its time is the table's
+               elementwise bandwidth; a large add (read 2, write 1 tensors) beside it, recorded;
+               compile's fusion: the chain under torch.compile, compiled_fraction = compiled / eager
   gemm         bf16 GEMMs at DiT shapes (rows 1k..64k x widths 1536..16384) and square ones
   fp8          the same through torch._scaled_mm (e4m3, row-wise scales), where the GPU has FP8
   attention    SDPA (the ring-1 kernel) and the LSE kernels (cuDNN / flash with log-sum-exp) at
@@ -168,7 +170,7 @@ class Sweep:
         c = torch.empty_like(a)
         t = self.timed(lambda: torch.add(a, b, out=c))
         gb_s = 3 * n * a.element_size() / t / 1e9
-        self.table["elementwise_gb_s"] = {"value": _sig(gb_s), "source": self.source(f"add of {n} elements, 3 tensors moved")}
+        self.table["add_gb_s"] = {"value": _sig(gb_s), "source": self.source(f"add of {n} elements, 3 tensors moved")}
         tokens, hidden = (256, 64) if self.smoke else (32760, 1536)
         x = torch.randn(1, tokens, hidden, device=self.dev, dtype=self.dtype)
         y = torch.randn(1, tokens, 4 * hidden, device=self.dev, dtype=self.dtype)
@@ -183,7 +185,11 @@ class Sweep:
 
         with torch.no_grad():
             eager = self.timed(lambda: chain(x, y, mod))
-            out = {"elementwise_gb_s": gb_s, "chain_eager_s": eager}
+            moved = chain_bytes(chain, x, y, mod)
+            self.table["elementwise_gb_s"] = {"value": _sig(moved / eager / 1e9), "source": self.source(
+                f"a DiT block's eager elementwise chain at {tokens} x {hidden}: {moved / 1e9:.3f} GB into and out "
+                f"of its ops in {eager * 1e3:.3f} ms; an add of {n} elements reached {_sig(gb_s)} GB/s")}
+            out = {"add_gb_s": gb_s, "chain_bytes": moved, "chain_eager_s": eager}
             try:
                 compiled_fn = torch.compile(chain, fullgraph=True)
                 compiled = self.timed(lambda: compiled_fn(x, y, mod), warmup=3)
@@ -321,6 +327,29 @@ class Sweep:
         return {"p2p_gb_s": gb_s, "latency_us": lat}
 
 
+def chain_bytes(fn, *args) -> int:
+    """Bytes into and out of every op `fn(*args)` dispatches but views, as bench_blockcounts counts
+    a family's block (the same rule on both sides of the planner's elementwise term)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Count(TorchDispatchMode):
+        moved = 0
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            out = func(*a, **(kw or {}))
+            if func._overloadpacket.__name__ not in ("view", "_unsafe_view", "select", "expand", "unsqueeze"):
+                self.moved += sum(t.numel() * t.element_size() for t in tree_flatten((a, kw, out))[0]
+                                  if isinstance(t, torch.Tensor))
+            return out
+
+    c = Count()
+    with torch.no_grad(), c:
+        fn(*args)
+    return c.moved
+
+
 def scaled_table(base: dict, name: str) -> dict:
     """A table for `name` scaled from a measured one by published specs (module docstring of
     raydit.planner.devicemodel): compute rates by the peak ratio per dtype, bytes by bandwidth,
@@ -343,8 +372,10 @@ def scaled_table(base: dict, name: str) -> dict:
         r8 = ratio["fp8"] if kernel in ("int8", "fp8") else ratio["bf16"]
         t["attention"][kernel] = [dict(r, tflops=round(r["tflops"] * r8, 2), source="scaled: " + r["source"])
                                   for r in rows] if r8 else []
-    for key in ("hbm_gb_s", "elementwise_gb_s"):
-        t[key] = {"value": round(t[key]["value"] * dst["hbm"] / src["hbm"], 1), "source": "scaled: " + t[key]["source"]}
+    for key in ("hbm_gb_s", "elementwise_gb_s", "add_gb_s"):
+        if key in t:
+            t[key] = {"value": round(t[key]["value"] * dst["hbm"] / src["hbm"], 1),
+                      "source": "scaled: " + t[key]["source"]}
     for kind in ("all_to_all", "p2p"):
         t[kind] = [dict(r, gb_s=round(r["gb_s"] * dst["link"] / src["link"], 1), source="scaled: " + r["source"])
                    for r in t.get(kind) or []]
@@ -364,6 +395,22 @@ def write_scaled(tables: Path = TABLES) -> list[Path]:
 def _h100_unmeasured(tables: Path) -> bool:
     p = tables / "h100.json"
     return not p.exists() or json.loads(p.read_text()).get("provenance", "").startswith("scaled")
+
+
+# Kernels that copy a non-contiguous input to a contiguous one inside themselves (ATen's
+# `input.expect_contiguous()` in layer_norm's and group_norm's CPU and CUDA kernels): a copy no
+# dispatch mode sees, as the kernel's own call. CogVideoX's per-head LayerNorm of q and k takes
+# them as [B, heads, S, head_dim] views of [B, S, heads, head_dim].
+HIDDEN_COPY_OPS = ("native_layer_norm", "native_group_norm")
+
+
+def hidden_copy_bytes(name: str, args) -> int:
+    """Bytes the kernel `name` moves copying its non-contiguous first input (read and write),
+    beyond the inputs and outputs a dispatch mode counts; 0 for any other op or input."""
+    x = args[0] if args else None
+    if name not in HIDDEN_COPY_OPS or not hasattr(x, "is_contiguous") or x.is_contiguous():
+        return 0
+    return 2 * x.numel() * x.element_size()
 
 
 def count_blocks() -> dict:
@@ -389,7 +436,7 @@ def count_blocks() -> dict:
             if name not in skip and name not in views:
                 ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
                 ts = [t for t in ins + [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)] if t.numel() > 1000]
-                self.bytes += sum(t.numel() * t.element_size() for t in ts)
+                self.bytes += sum(t.numel() * t.element_size() for t in ts) + hidden_copy_bytes(name, args)
             return out
 
     real_sdpa = F.scaled_dot_product_attention

@@ -19,6 +19,9 @@ from raydit.planner.model import DecoderShape
 # 18). Halo counts by forward pre-hooks on the same meta-device decoder (5 x 32 x 32 latents, one
 # call of 17 frames: 35 convolutions with a 1-row halo, 30 group norms; 2342 halo values per
 # output frame and column): per latent frame of the framewise decode (stride 3, each output frame
-# decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms.
+# decoded 17/12 times) 3318 values, 11.7 exchanges, 10 norms. Its other ops move 12792.4 values per
+# decoded pixel-frame (bench/bench_decodecounts.py on diffusers' framewise, tiled decode of
+# 77 x 480 x 848: replicate pads, group norms, SiLU, residual adds, cache cats, upsampling).
 HUNYUAN_VIDEO_DECODER = DecoderShape(1.716e7, 3318, 11.7, 10.0, 128, 17, attention_channels=512,
-                                      call_frames=5, call_stride=3, tile=32, tile_stride=24)
+                                      call_frames=5, call_stride=3, tile=32, tile_stride=24,
+                                      elementwise_values=12792.4)

@@ -7,7 +7,19 @@ to rank 0. Per video, with n = ranks, H x W output pixels, F output frames, e by
 
     compute   t_c = F H W m / P_vae x ceil(rows / n) / rows      (the largest band paces)
               m = FLOP per output pixel and frame of the family's decoder (2 x MACs, counted
-              on diffusers' decoders with real configs: each family's DecoderShape), P_vae = P x VAE_EFFICIENCY
+              on diffusers' decoders with real configs: each family's DecoderShape), P_vae = P x
+              VAE_EFFICIENCY, x FLOAT32_CONV_SHARE where the decode runs in float32 (TF32 convolutions)
+    memory    t_e = F H W v e_d / B_e x ceil(rows / n) / rows
+              v = values per pixel-frame the decoder's other ops move (norms, activations, the
+              causal caches' concatenations and pads, upsampling, residual adds: DecoderShape.
+              elementwise_values, counted by bench/bench_decodecounts.py), e_d = the decode's
+              bytes per value (the run's dtype: 2; 4 in float32), B_e = the device's measured
+              elementwise bandwidth (its op table: raydit.planner.devicemodel). Convolutions and
+              these ops are separate kernels in eager mode, so their times add. Launches are not
+              priced: the decoder's ops work on whole frames (milliseconds each), so the host
+              queues them faster than the GPU runs them (Wan 2.1's 720p decode: 7992 launches,
+              0.08 s of host time; HunyuanVideo's tiled 77 x 480 x 848: 58869, 0.6 s, against
+              their seconds of GPU time).
     halo      t_h = [n > 1] (x a + 2 F W h e / B)                 (both neighbours at once)
               x = halo exchanges (one per convolution taller than one row, per call of the
               decoder), h = halo values per output frame and output column (DecoderShape)
@@ -37,20 +49,32 @@ from dataclasses import dataclass
 from raydit.planner.model import DecoderShape, ModelSpec, VideoGeometry
 
 GB = 1e9
-# Fraction of the device's DiT rate (DeviceType.flops_per_second) a VAE decoder reaches: a
-# fit on one published decode (bench/bench_costmodel.py, role "fit"): SGLang's HunyuanVideo
-# 77 x 480 x 848 decode, 5.71 s on one H200 before its parallel decode (FIELD.md), decoded
-# framewise and tiled as SGLang's video pipelines do: decode_flops = 1.235e15 FLOP, / 5.71 s
-# / (989e12 x 0.31, H200) = 0.706. Its check, TensorRT-LLM's Wan 2.2 720p decode (2.72 s on
-# one B200), misses at this value: -77% (docs/benchmarks/costmodel.json). Not the decoders'
-# shapes: on one CPU thread (fp32, random weights, diffusers' default configs, 3 x 8 x 8
-# latents -> 9 x 64 x 64, FLOP by torch.utils.flop_counter, 2 rounds, load ~4) Wan 2.1's
-# decoder reached 61-62 GFLOP/s against HunyuanVideo's 75-76 (0.81x), far from the 0.23x the
-# check implies. The B200 rate it is predicted at is fit on TensorRT-LLM's own denoising time
-# (0.63 of the BF16 peak against H100's 0.285): if that run used FP8 kernels the rate is
-# overstated about 2x; that, B200's conv kernels, or what the published decode time includes
-# is the miss, and none of them is measurable here.
-VAE_EFFICIENCY = 0.71
+# Fraction of the device's DiT rate (DeviceType.flops_per_second) a VAE decoder's convolutions
+# reach: a fit on one published decode (bench/bench_costmodel.py, role "fit"): SGLang's
+# HunyuanVideo 77 x 480 x 848 decode, 5.71 s on one H200 before its parallel decode (FIELD.md),
+# decoded framewise and tiled in fp16 as SGLang's HunyuanVideo pipeline does (its HunyuanConfig's
+# vae_precision): of the 5.71 s, the elementwise ops' 0.525 s (12792.4 values per decoded
+# pixel-frame, 7.18e7 of them, 2 bytes each, at the H200 table's 3499 GB/s) leave 5.185 s to the
+# convolutions' 1.235e15 FLOP: / (989e12 x 0.31, H200) = 0.777. (Fit before the elementwise
+# term: 0.706.) Its check,
+# TensorRT-LLM's Wan 2.2 720p decode (2.72 s on one B200), missed at 0.71 by -77% with the
+# convolutions alone in bf16; its pipeline decodes in float32 (wan_t2v.py loads the VAE with
+# torch_dtype=torch.float32): TF32 convolutions (FLOAT32_CONV_SHARE) and 4-byte elementwise
+# traffic bring it to -15% (docs/benchmarks/costmodel.md).
+VAE_EFFICIENCY = 0.78
+# The share of a device's BF16 tensor rate its float32 convolutions reach: cuDNN runs them in
+# TF32 (torch.backends.cudnn.allow_tf32 is on by default), whose published dense peak is half
+# the BF16 / FP16 one on every datacenter part the planner knows (H100 SXM 494.7 / 989.4
+# TFLOP/s, A100 156 / 312, HGX B200 18 / 36 PFLOPS with sparsity for 8 GPUs). Published, no fit.
+FLOAT32_CONV_SHARE = 0.5
+# The elementwise bandwidth a decode is priced at where the caller names no device with an op
+# table: the H100's measured (bench_opsweep 2026-11-27: a DiT block's eager elementwise chain).
+DEFAULT_ELEMENTWISE_GB_S = 2442.0
+# Elementwise values per convolution FLOP for a decoder whose own are not counted
+# (DecoderShape.elementwise_values 0): the counted HunyuanVideo decoder's 12792.4 values per
+# decoded pixel-frame over its 1.716e7 FLOP (the lower of the two counted: Wan 2.1's is 22379.6
+# over 8.48e6). A stated stand-in until bench_decodecounts counts the decoder.
+STAND_IN_VALUES_PER_FLOP = 12792.4 / 1.716e7
 # Live full-resolution activations at the decoder's peak (input, norm output, conv output, residual).
 LIVE = 4
 TEXT_ENCODER_PLACES = ("every-rank", "one-rank", "cpu")
@@ -74,17 +98,19 @@ class DecodeCost:
     """One video's decode on `ranks` ranks: seconds (with parts) and peak GB per rank."""
 
     ranks: int
-    compute: float
+    compute: float  # the convolutions (and a mid-block attention)
     halo: float
     gather: float
     peak_gb: float
+    elementwise: float = 0.0  # the other ops' memory traffic (module docstring: t_e)
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.halo + self.gather
+        return self.compute + self.elementwise + self.halo + self.gather
 
     def to_dict(self) -> dict:
         return {"ranks": self.ranks, "seconds": round(self.seconds, 4), "compute": round(self.compute, 4),
+                "elementwise": round(self.elementwise, 4),
                 "halo": round(self.halo, 4), "gather": round(self.gather, 4), "peak_gb": round(self.peak_gb, 2)}
 
 
@@ -115,9 +141,29 @@ def decode_flops(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> fl
     decoder calls produce (overlapping tiles and framewise calls counted as decoded), plus
     4 N^2 C per call where the decoder attends over a call's N latent tokens. `tiled`: the
     spatial tiling diffusers' enable_tiling() adds (families with a `tile`)."""
+    pixels, attention = _decoded(spec, geo, tiled)
+    return pixels * decoder_shape(spec).flops_per_pixel + attention
+
+
+def decoded_pixel_frames(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> float:
+    """Output pixel-frames the decoder calls produce for one video (overlapping tiles and
+    framewise calls counted as decoded, frames the VAE drops included)."""
+    return _decoded(spec, geo, tiled)[0]
+
+
+def elementwise_values(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> float:
+    """Values one video's decode moves outside its convolutions (DecoderShape.elementwise_values
+    per decoded pixel-frame; uncounted: STAND_IN_VALUES_PER_FLOP x its FLOP per pixel-frame)."""
+    d = decoder_shape(spec)
+    per_pixel = d.elementwise_values or STAND_IN_VALUES_PER_FLOP * d.flops_per_pixel
+    return decoded_pixel_frames(spec, geo, tiled) * per_pixel
+
+
+def _decoded(spec: ModelSpec, geo: VideoGeometry, tiled: bool) -> tuple[float, float]:
+    """(decoded pixel-frames, FLOP of the decoder's attention) of one video."""
     d = decoder_shape(spec)
     if not d.attention_channels and not d.call_frames and not (tiled and d.tile):
-        return (geo.frames + d.dropped_frames) * geo.height * geo.width * d.flops_per_pixel
+        return float((geo.frames + d.dropped_frames) * geo.height * geo.width), 0.0
     s, t = spec.vae_spatial, spec.vae_temporal
     lh, lw, lt = geo.latent_height, geo.latent_width, geo.latent_frames
     calls_t = _call_latent_frames(d, lt)
@@ -125,26 +171,45 @@ def decode_flops(spec: ModelSpec, geo: VideoGeometry, tiled: bool = False) -> fl
         tiles = [(a, b) for a in _spans(lh, d.tile, d.tile_stride) for b in _spans(lw, d.tile, d.tile_stride)]
     else:
         tiles = [(lh, lw)]
-    total = 0.0
+    pixels = attention = 0.0
     for ft in calls_t:
         for th, tw in tiles:
             out_frames = 1 + t * (ft - 1)
-            total += out_frames * th * s * tw * s * d.flops_per_pixel
-            total += 4.0 * (ft * th * tw) ** 2 * d.attention_channels
-    return total
+            pixels += out_frames * th * s * tw * s
+            attention += 4.0 * (ft * th * tw) ** 2 * d.attention_channels
+    return pixels, attention
+
+
+def device_elementwise_gb_s(device_name: str) -> float:
+    """The elementwise bandwidth of a device type's op table (raydit.planner.devicemodel), or
+    DEFAULT_ELEMENTWISE_GB_S for a type without one (cpu)."""
+    from raydit.planner.devicemodel import table_for
+
+    table = table_for(device_name)
+    return table.data["elementwise_gb_s"]["value"] if table is not None else DEFAULT_ELEMENTWISE_GB_S
 
 
 def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: float, link_gb_s: float,
-                link_latency_us: float, *, tiled: bool = False) -> DecodeCost:
+                link_latency_us: float, *, tiled: bool = False, elementwise_gb_s: float = DEFAULT_ELEMENTWISE_GB_S,
+                value_bytes: int | None = None) -> DecodeCost:
     """Predicted decode of one video on a replica of `ranks` ranks (module docstring);
-    tiled: as diffusers' enable_tiling() decodes (decode_flops)."""
+    tiled: as diffusers' enable_tiling() decodes (decode_flops); `elementwise_gb_s`: the
+    device's elementwise bandwidth (device_elementwise_gb_s); `value_bytes`: bytes per value the
+    decode runs in (None: the run's, spec.bytes_per_param; 4: float32, TF32 convolutions)."""
     d = decoder_shape(spec)
     n = decode_ranks(spec, geo, ranks)
     e = spec.bytes_per_param
+    e_dec = value_bytes if value_bytes is not None else e
+    if e_dec not in (2, 4):
+        raise ValueError(f"value_bytes {value_bytes!r} must be 2 (bf16 / fp16) or 4 (float32)")
+    if not elementwise_gb_s > 0:
+        raise ValueError(f"elementwise_gb_s {elementwise_gb_s!r} must be > 0")
     rows = geo.latent_height
     band = -(-rows // n)
     pixels = geo.frames * geo.height * geo.width
-    compute = decode_flops(spec, geo, tiled) / (flops_per_s * VAE_EFFICIENCY) * band / rows
+    conv_rate = flops_per_s * VAE_EFFICIENCY * (FLOAT32_CONV_SHARE if e_dec == 4 else 1.0)
+    compute = decode_flops(spec, geo, tiled) / conv_rate * band / rows
+    memory = elementwise_values(spec, geo, tiled) * e_dec / (elementwise_gb_s * GB) * band / rows
     a = link_latency_us * 1e-6
     bw = link_gb_s * GB
     halo = gather = 0.0
@@ -156,7 +221,7 @@ def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: fl
         halo += 2 * d.attention_channels * sum(_call_latent_frames(d, geo.latent_frames)) \
             * geo.latent_height * geo.latent_width * e * (n - 1) / n / bw
         gather = a + pixels * 3 * e * (n - 1) / n / bw
-    return DecodeCost(n, compute, halo, gather, decode_peak_gb(spec, geo, ranks))
+    return DecodeCost(n, compute, halo, gather, decode_peak_gb(spec, geo, ranks), memory)
 
 
 def decode_activations_gb(spec: ModelSpec, geo: VideoGeometry, ranks: int) -> float:

@@ -19,8 +19,9 @@ with the class's own rate (`Roofline`):
                  "fp8" (8-bit attention), "bf16-masked" (a boolean mask on one device:
                  ModelSpec.masked_attention; MASKED_STAND_IN where not measured)
     elementwise  norms, modulation, rotary, residuals, activations: bytes moved at the measured
-                 elementwise bandwidth; `compile` fuses them (`compiled_fraction` of the bytes
-                 and launches remain)
+                 elementwise bandwidth (what a DiT block's eager chain of such ops reached, its
+                 bytes counted as the families' are: bench_opsweep); `compile` fuses them
+                 (`compiled_fraction` of the bytes and launches remain)
     all_to_all, p2p   by message size: latency + bytes / bandwidth at the nearest measured size
 
 A table (raydit/planner/tables/<gpu>.json, loaded as data) holds the figures with their
@@ -254,7 +255,7 @@ class DeviceTable:
 
     def describe(self) -> str:
         """'H200 op table of 2026-11-26 (measured; NVIDIA H200, torch 2.11.0+cu130): elementwise
-        4086 GB/s (carried from ...), launch 10.5 us (...), compiled 0.186 of the elementwise
+        3499 GB/s (carried from ...), launch 10.5 us (...), compiled 0.186 of the elementwise
         work'. The Engine's start-up plan table and `raydit plan` print it: the rates a prediction
         used, with where the figures that were not measured on this type came from."""
         notes = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raydit.planner.cost import Link
-from raydit.planner.decode import broadcast_seconds, decode_cost
+from raydit.planner.decode import DEFAULT_ELEMENTWISE_GB_S, broadcast_seconds, decode_cost
 from raydit.planner.model import ModelSpec, VideoGeometry
 
 
@@ -51,12 +51,13 @@ def text_encode_seconds(spec: ModelSpec, prompts: int, flops_per_s: float, ranks
 
 def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, flops_per_s: float,
                decode_seconds: float | None = None, *, geo: VideoGeometry | None = None, ranks: int = 1,
-               link: Link | None = None) -> EndToEnd:
+               link: Link | None = None, elementwise_gb_s: float = DEFAULT_ELEMENTWISE_GB_S) -> EndToEnd:
     """A video's predicted seconds on a replica of `ranks` ranks: `steps` x `step_seconds`
     plus the text encoding (with the broadcast of the embeddings) and the VAE decode of `geo`
     (default: the model's default request) split over the ranks (raydit.planner.decode); a
     `decode_seconds` given replaces the decode's estimate. `link`: the replica's link, needed
-    for ranks > 1."""
+    for ranks > 1; `elementwise_gb_s`: the device's elementwise bandwidth the decode's other ops
+    run at (decode.device_elementwise_gb_s)."""
     if ranks < 1:
         raise ValueError(f"ranks {ranks} must be >= 1")
     if ranks > 1 and link is None:
@@ -64,7 +65,8 @@ def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, 
     if decode_seconds is None:
         geo = geo if geo is not None else spec.geometry()
         gb_s, latency_us = (link.gb_s, link.latency_us) if link is not None else (1.0, 0.0)
-        decode_seconds = decode_cost(spec, geo, ranks, flops_per_s, gb_s, latency_us).seconds
+        decode_seconds = decode_cost(spec, geo, ranks, flops_per_s, gb_s, latency_us,
+                                     elementwise_gb_s=elementwise_gb_s).seconds
     prompts = min(branches, 2)  # the positive and negative prompts; LTX-2's other branches reuse the positive
     return EndToEnd(steps, steps * step_seconds, text_encode_seconds(spec, prompts, flops_per_s, ranks, link),
                     decode_seconds)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from raydit.planner import cost as costmod
 from raydit.planner.cluster import ClusterSpec, NodeSpec
 from raydit.planner.cost import Link, StepCost
-from raydit.planner.decode import decode_cost
+from raydit.planner.decode import decode_cost, device_elementwise_gb_s
 from raydit.planner.hardware import DeviceType
 from raydit.planner.layouts import cfg_degrees_text
 from raydit.planner.model import ModelSpec, VideoGeometry
@@ -411,7 +411,8 @@ class LayoutJudge:
             runs=run_records,
             replica_step_seconds=tuple(steps),
             decode=decode_cost(spec, geo, C * sp, self.nodes[0].node.device.flops_per_second, self.nodes[0].intra.gb_s,
-                               self.nodes[0].intra.latency_us),
+                               self.nodes[0].intra.latency_us,
+                               elementwise_gb_s=device_elementwise_gb_s(self.nodes[0].node.device.name)),
             audio_split_tokens=audio_threshold,
             shard_weights=shard, gather=gather,
         )

@@ -58,6 +58,12 @@ class DecoderShape:
     # Output frames the decoder makes beyond the video's and the VAE then drops (Mochi's decoder
     # makes t x T frames for T latent frames and drops the first t - 1): decoded, so counted.
     dropped_frames: int = 0
+    # Values (input and output elements) the decoder's ops other than its convolutions and GEMMs
+    # move per decoded pixel-frame (norms, activations, the causal caches' concatenations and
+    # pads, upsampling, residual adds, the growing output's concatenation), counted on diffusers'
+    # decode by bench/bench_decodecounts.py; priced at the decode's bytes per value and the
+    # device's elementwise bandwidth (raydit.planner.decode). 0: not counted (a stand-in, there).
+    elementwise_values: float = 0.0
 
 
 @dataclass(frozen=True)

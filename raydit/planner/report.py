@@ -89,6 +89,7 @@ def request_seconds(result: PlanResult, steps: int, plan: Plan | None = None):
     embeddings' broadcast) and the VAE decode split over the replica's ranks
     (raydit.planner.endtoend.end_to_end). At a few steps the parts around the steps are no longer small."""
     from raydit.planner import cost as costmod
+    from raydit.planner.decode import device_elementwise_gb_s
     from raydit.planner.endtoend import end_to_end
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -99,7 +100,8 @@ def request_seconds(result: PlanResult, steps: int, plan: Plan | None = None):
     ranks = plan.world_size // plan.replicas
     link = costmod.Link(node.intra_gb_s, node.device.link_latency_us, node.intra_kind) if ranks > 1 else None
     return end_to_end(result.model, plan.predicted_step_seconds, steps, result.branches,
-                              node.device.flops_per_second, geo=result.geometry, ranks=ranks, link=link)
+                      node.device.flops_per_second, geo=result.geometry, ranks=ranks, link=link,
+                      elementwise_gb_s=device_elementwise_gb_s(node.device.name))
 
 
 def request_shares(e2e) -> dict:

@@ -258,6 +258,40 @@ def test_the_elementwise_count_matches_diffusers_blocks():
         assert model_spec(name).elementwise_bytes == pytest.approx(got[family], rel=0.03), family
 
 
+def test_the_elementwise_bandwidth_is_the_measured_eager_chains():
+    """Issue 56: the counted elementwise bytes are priced at what a DiT block's eager elementwise
+    chain reached on the H100 (bench_opsweep 2026-11-27: its ops' bytes, counted by the rule the
+    families' are, 7.065 GB in 2.893 ms), not at one large add's 2852 GB/s (kept beside); the H200
+    and the scaled tables carry the same fraction of their published HBM peak."""
+    h100, h200 = dm.table_for("H100"), dm.table_for("H200")
+    assert h100.data["elementwise_gb_s"]["value"] == round(7.06515264e9 / 2.893e-3 / 1e9) == 2442
+    assert h100.data["add_gb_s"]["value"] == 2852.0
+    fraction = 2442 / 3350
+    assert h200.data["elementwise_gb_s"]["value"] == pytest.approx(fraction * 4800, abs=0.1)
+    for name, table in dm.builtin_tables().items():
+        hbm = table.data["hbm_gb_s"]["value"]
+        assert table.data["elementwise_gb_s"]["value"] == pytest.approx(fraction * hbm, rel=2e-3), name
+
+
+def test_a_norm_kernel_copying_a_non_contiguous_input_is_counted():
+    """The copy layer_norm's and group_norm's kernels make of a non-contiguous input inside
+    themselves (no dispatch mode sees it): read and write of the input (CogVideoX's per-head
+    LayerNorm of q and k: 8 bytes a token and channel)."""
+    import sys
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(dm.TABLE_DIR.parents[2] / "bench"))
+    import bench_opsweep
+
+    view = SimpleNamespace(is_contiguous=lambda: False, numel=lambda: 1000, element_size=lambda: 2)
+    whole = SimpleNamespace(is_contiguous=lambda: True, numel=lambda: 1000, element_size=lambda: 2)
+    assert bench_opsweep.hidden_copy_bytes("native_layer_norm", (view, [64])) == 4000
+    assert bench_opsweep.hidden_copy_bytes("native_group_norm", (view,)) == 4000
+    assert bench_opsweep.hidden_copy_bytes("native_layer_norm", (whole, [64])) == 0
+    assert bench_opsweep.hidden_copy_bytes("add", (view, view)) == 0
+    assert model_spec("cogvideox-2b").elementwise_bytes == pytest.approx(84.3 + 8)
+
+
 def test_the_sweep_names_the_gpu_types_it_knows():
     import sys
 

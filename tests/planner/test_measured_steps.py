@@ -27,17 +27,15 @@ TOLERANCE = 0.10
 MEASURED_AS = {"Mochi-shaped": ("mochi-1", 16)}
 # Rows the model misses today (issue 56): the row's model -> why (docs/benchmarks/costmodel.md).
 MISSES = {
-    "cogvideox-2b": "-16%: GEMMs (700-775 TFLOP/s), attention (440.8 TFLOP/s, SDPA timed at this very "
-                    "shape) and 84 elementwise bytes a token and channel leave 3.3 ms of a 20.3 ms layer "
-                    "unexplained; at aten's FA2 rate (312 TFLOP/s) the attention would close it (+6%), "
-                    "but torch 2.11 puts cuDNN first; suspected, unmeasured: the per-head LayerNorm of "
-                    "q and k over rows of 64 (torch's layer_norm is slow at short rows, "
-                    "pytorch/pytorch#69963; Wan normalizes across heads and is not missed), and q, k "
-                    "leaving it contiguous while v stays a transposed view",
-    "mochi-1": "-12% (SwiGLU counted): 1.6 ms of a 13 ms layer unexplained; its attention loops over the "
-               "batch with a host sync (torch.nonzero) per sample, but the layer's host work (about 150 "
-               "ops) is far below its GPU time, so the sync alone cannot expose it; its 1536-wide text "
-               "stream's GEMMs are priced at the video width",
+    "cogvideox-2b": "-14%: GEMMs (700-775 TFLOP/s), attention (440.8 TFLOP/s, SDPA timed at this very "
+                    "shape), 92.3 elementwise bytes a token and channel (with the 8 its per-head LayerNorm "
+                    "moves copying q and k contiguous inside the kernel, counted since issue 56) at the "
+                    "measured eager chain's bandwidth leave 2.9 ms of a 20.3 ms layer unexplained; at "
+                    "aten's FA2 rate (312 TFLOP/s) the attention would close it, but torch 2.11 puts cuDNN "
+                    "first; suspected, unmeasured: the LayerNorm kernel's rate on short rows (2 x 1.07M "
+                    "rows of 64 a layer, one block of threads a row: pytorch/pytorch#69963), the cuDNN "
+                    "call's rate with v a transposed view beside contiguous q and k (bench_gpu timed it "
+                    "with all three contiguous); bench_opsweep should time both",
 }
 # Published: LightX2V's table (FIELD.md, 'Speed on one GPU'), diffusers' Wan 2.1 I2V 14B 480p,
 # 81 frames, one H100, guidance on: 9.77 s a step. Tolerance 15%. That run's torch put

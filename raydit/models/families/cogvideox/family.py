@@ -149,8 +149,10 @@ class CogVideoXFamily(Family):
     adapter = CogVideoXAdapter
     batch_branches = True
     decoder = DECODER
-    # CogVideoXBlock at 1920 wide, 1024 + 226 tokens: 202.3 MB (Family.elementwise_bytes).
-    elementwise_bytes = 84.0
+    # CogVideoXBlock at 1920 wide, 1024 + 226 tokens (bench_opsweep --count-blocks): 84.3 bytes a token
+    # and channel through the ops a dispatch mode sees, + 8 that its per-head LayerNorm of q and k moves
+    # copying the [B, heads, S, 64] views contiguous inside the kernel (bench_opsweep.hidden_copy_bytes).
+    elementwise_bytes = 92.3
     elementwise_launches = 32  # per block and call (bench/bench_blockcounts.py; one call runs the batch of two)
     models = staticmethod(builtin_models)
 

@@ -108,8 +108,10 @@ def _low_noise(pipe, t) -> bool:
 # -- the planner's built-in models and decoder (data the registry hands raydit.planner) ----------
 # Wan 2.1 (AutoencoderKLWan, base 96, 21 -> 81 frames): 4.24e6 MAC per output pixel-frame, 6320
 # halo values per output frame and column, 33 exchanges per latent frame, no group norm (RMS norm
-# over channels).
-DECODER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4)
+# over channels); its other ops move 22379.6 values per output pixel-frame (bench/bench_decodecounts.py
+# on diffusers' framewise decode of 81 x 720 x 1280: RMS norms, SiLU, the causal caches' cat and pad,
+# upsampling, residual adds, the growing output's cat; docs/benchmarks/decodecounts.json).
+DECODER = DecoderShape(2 * 4.24e6, 6320, 33.0, 0.0, 96, 4, elementwise_values=22379.6)
 # Wan 2.2's 16x VAE (TI2V-5B: decoder base 256 at half resolution, patch 2; 5 -> 17 frames):
 # 9.33e6 MAC per output pixel-frame, 8934 halo values, 33 exchanges per latent frame; its 256
 # channels at half resolution hold as much as 64 at full resolution.
