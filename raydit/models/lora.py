@@ -200,63 +200,87 @@ def lora_file(path) -> Path:
 
 def read_state_dict(pipeline_cls, path) -> dict:
     """The LoRA's tensors through the pipeline class's own `lora_state_dict` (which converts
-    the other formats diffusers knows for that model); ValueError for a file that is not one."""
+    the other formats diffusers knows for that model: Wan's original and musubi names, Kijai's
+    and diffusion-pipe's `lora_A` / `lora_B` repacks); ValueError for a file that is not one, or
+    in a format none of its converters knows. The raw tensors the conversion leaves out are named
+    in one logged line (`_name_dropped_keys`)."""
     file = lora_file(path)
     try:
-        from safetensors import safe_open
+        from safetensors.torch import load_file
 
-        with safe_open(str(file), framework="pt") as fh:
-            keys = list(fh.keys())
+        raw = load_file(str(file))
     except Exception as exc:  # noqa: BLE001 - any parse failure means "not a safetensors file"
         raise ValueError(f"LoRA {str(file)!r} is not a readable safetensors file ({type(exc).__name__})") from None
-    first = ", ".join(sorted(keys)[:4])
-    if not any(("lora" in k.lower()) for k in keys):
+    first = ", ".join(sorted(raw)[:4])
+    if not any(("lora" in k.lower()) for k in raw):
         raise ValueError(
-            f"{str(file)!r} is not a LoRA: none of its {len(keys)} tensors is a LoRA weight (lora_A / lora_B / "
+            f"{str(file)!r} is not a LoRA: none of its {len(raw)} tensors is a LoRA weight (lora_A / lora_B / "
             f"lora_down / lora_up; its first keys: {first}); give a LoRA file of this model"
         )
     if not hasattr(pipeline_cls, "lora_state_dict"):
         raise ValueError(f"{pipeline_cls.__name__} does not take LoRAs in diffusers")
+    unknown = f"LoRA {str(file)!r} is in a format {pipeline_cls.__name__}'s converters do not know (its first keys: {first})"
     try:
-        state_dict = pipeline_cls.lora_state_dict(str(file))
+        # A copy: a converter may pop from the dict it is given, and `raw` is compared below.
+        state_dict = pipeline_cls.lora_state_dict(dict(raw))
     except Exception as exc:  # noqa: BLE001 - diffusers' own conversion failed on these keys
-        raise ValueError(f"LoRA {str(file)!r} is in a format {pipeline_cls.__name__}'s converters do not know "
-                         f"(its first keys: {first}): {(str(exc).splitlines() or [type(exc).__name__])[0][:160]}"
-                         ) from None
-    _name_dropped_keys(file, keys)
+        raise ValueError(f"{unknown}: {(str(exc).splitlines() or [type(exc).__name__])[0][:160]}") from None
     if isinstance(state_dict, tuple):  # some pipelines return (state_dict, network_alphas)
         state_dict = state_dict[0]
-    return dict(state_dict)
+    state_dict = dict(state_dict)
+    # Keys no converter matched come back as they were (Wan's names without `diffusion_model.`,
+    # DiffSynth's `.lora_A.default.weight`); load_lora_weights would load none of them.
+    components = tuple(getattr(pipeline_cls, "_lora_loadable_modules", ("transformer",)))
+    if not any(k.split(".", 1)[0] in components for k in state_dict):
+        raise ValueError(f"{unknown}; diffusers' format prefixes each key with the component ({', '.join(components)})")
+    _name_dropped_keys(file, raw, state_dict)
+    _complete_lora_biases(state_dict)
+    return state_dict
 
 
-def _dropped_by_diffusers(key: str) -> bool:
-    """A weight difference of an original-Wan-format file (LightX2V, Kijai's repacks) that
-    diffusers' converter (`_convert_non_diffusers_wan_lora_to_diffusers`) drops: a norm's
-    `.diff` / `.diff_b`, a block's modulation `diff_m`, any other full `.diff` but the head's
-    (which it converts)."""
-    if "norm" in key and key.endswith((".diff", ".diff_b")):
-        return True
-    return key.endswith((".diff", ".diff_m")) and "head.head" not in key
+def _complete_lora_biases(state_dict: dict) -> None:
+    """A zero `lora_B.bias` for every LoRA layer without one, in a file that gives bias
+    differences (Wan's `.diff_b`) on some layers only (Kijai's repacks: the FFN, CausVid's
+    `time_projection`, the head). diffusers makes the whole adapter with peft's `lora_bias`, and
+    under load_lora_weights' default `low_cpu_mem_usage` the layers the file gives no bias keep
+    an empty one on the meta device, which the first step fails on. Zero is what peft's own
+    initialisation gives them (load_lora_weights with low_cpu_mem_usage=False) and what the
+    authors' runtimes do: no bias difference where the file has none."""
+    if not any(k.endswith(".lora_B.bias") for k in state_dict):
+        return
+    for key in [k for k in state_dict if k.endswith(".lora_B.weight")]:
+        bias = key.removesuffix("weight") + "bias"
+        if bias not in state_dict:
+            state_dict[bias] = state_dict[key].new_zeros(state_dict[key].shape[0])
 
 
-def _name_dropped_keys(file, keys) -> None:
-    """The file's keys diffusers' converter drops, named in one logged line (how many of them
-    are non-zero too). raydit loads a LoRA exactly as load_lora_weights does, so one worker
-    equals diffusers: the authors' runtimes add such a key to the weight (weight += diff);
-    the norm `.diff` keys of the published files are zeros, so there they change nothing."""
-    dropped = sorted(k for k in keys if _dropped_by_diffusers(k))
+# A LoRA factor or its alpha: converters rescale these into new tensors (alpha / rank), so they
+# cannot be followed by identity; every other tensor a converter keeps, it keeps as it is.
+_FACTOR = re.compile(r"\.(lora_(?:down|up|A|B)(?:\.|$)|alpha$)")
+
+
+def _name_dropped_keys(file, raw: Mapping, converted: Mapping) -> None:
+    """The file's tensors diffusers' converter leaves out, named in one logged line (how many
+    of them are non-zero too): for Wan's original names a norm's `.diff` / `.diff_b`, a block's
+    modulation `diff_m`, a full `.diff` on any layer but the head, AccVideo's `time_projection`
+    `.diff_b` without its LoRA. Found by identity: a kept `.diff_b` (a LoRA bias) or the head's
+    `.diff` is the file's tensor itself in the converted dict, a dropped one is in none of it.
+
+    raydit loads a LoRA exactly as load_lora_weights does, so one worker equals diffusers; the
+    authors' runtimes add such a key to the weight (weight += scale * diff), which diffusers (and
+    so raydit) does not: the line says so instead of dropping them silently. The norm `.diff`
+    keys of the published files are zeros, so there it changes nothing."""
+    kept = {id(v) for v in converted.values()}
+    dropped = sorted(k for k, v in raw.items() if not _FACTOR.search(k) and id(v) not in kept)
     if not dropped:
         return
     import logging
 
-    from safetensors import safe_open
-
-    with safe_open(str(file), framework="pt") as fh:
-        nonzero = [k for k in dropped if bool(fh.get_tensor(k).ne(0).any())]
+    nonzero = [k for k in dropped if bool(raw[k].ne(0).any())]
     shown = ", ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
     logging.getLogger(__name__).warning(
-        "LoRA %s: %d weight-difference keys (%d non-zero) are not applied, as diffusers' load_lora_weights "
-        "drops them: %s", file.name, len(dropped), len(nonzero), shown)
+        "LoRA %s: %d keys (%d non-zero) are not applied, as diffusers' load_lora_weights drops them: %s",
+        file.name, len(dropped), len(nonzero), shown)
 
 
 def check_state_dict(state_dict: Mapping, transformers: Mapping[str, Any], where: str) -> None:
