@@ -20,7 +20,7 @@ LTX-2, 121 frames at 24 fps, 25 audio tokens a second: round(126.04) = 126.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 POSITIONAL_KINDS = ("sinusoidal", "rotary", "learned")
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -25,13 +23,9 @@ import pytest
 import torch
 
 from raydit.runtime.queue import PROGRESS_FILE, load_progress, model_identity, next_request_dir, save_progress
+from support.cli import raydit
 
 PROMPT = "a red fox"  # within the tiny tokenizer's 16 tokens
-
-
-def raydit(*args, timeout=300, **kw):
-    return subprocess.run([sys.executable, "-m", "raydit.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
 
 
 def _member_span(path, suffix):

@@ -24,12 +24,9 @@ import numpy as np
 import pytest
 import torch
 
+from support.cli import raydit
+
 PROMPT = "a red fox"  # within the tiny tokenizer's 16 tokens: no truncation warning
-
-
-def raydit(*args, timeout=300, **kw):
-    return subprocess.run([sys.executable, "-m", "raydit.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
 
 
 def _variant(tmp_path, name: str, **scheduler) -> str:
