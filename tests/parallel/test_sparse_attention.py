@@ -191,6 +191,28 @@ def test_the_schedule_is_built_once_per_mask_and_positions():
     assert bool((o[:, :, ~live] == 0).all())
 
 
+@pytest.mark.parametrize("keys", [range(50, 53), range(60, 64), range(16, 20)])
+def test_rows_with_no_key_in_a_band_subset_get_zero_and_minus_infinity(keys):
+    # Keys: a few tokens of one band frame (no sink, no text), so most queries attend none of
+    # them: those rows must come out 0 with lse -inf, the others as the boolean mask says.
+    name, cfg, grid, text, first = CASES[3]
+    m = boolean_mask(cfg, grid, text, first)
+    S = m.size(0)
+    q, k, v = qkv(6, S)
+    kp = torch.tensor(list(keys))
+    out, lse = block_sparse_attention(q, k[:, :, kp], v[:, :, kp], torch.arange(S), kp,
+                                      make_mask(cfg, grid, text, first), query_block=4)
+    sub = m[:, kp]
+    live = sub.any(1)
+    assert 0 < int(live.sum()) < S
+    assert bool((out[:, :, ~live] == 0).all()) and bool(torch.isneginf(lse[:, :, ~live]).all())
+    ref = masked_float64(q, k[:, :, kp], v[:, :, kp], sub)
+    torch.testing.assert_close(out.double()[:, :, live], ref[:, :, live], atol=1e-5, rtol=1e-5)
+    s = (q.double() @ k[:, :, kp].double().transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    torch.testing.assert_close(lse.double()[:, :, live], torch.logsumexp(s.masked_fill(~sub, -math.inf), -1)[:, :, live],
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_masks_past_the_cache_budget_are_rebuilt_with_the_same_result(monkeypatch):
     name, cfg, grid, text, first = CASES[3]
     m = boolean_mask(cfg, grid, text, first)
