@@ -21,7 +21,7 @@ Parts:
 Timings: the fastest of --iters calls (a shared host: the least disturbed). Written to --out
 (JSON) and its .md beside it.
 
-    python bench/bench_sparse.py [--layers 2] [--iters 2] [--out docs/benchmarks/sparse.json]
+    python bench/bench_sparse.py [--layers 2] [--iters 2] [--parts attention,step,ring] [--out docs/benchmarks/sparse.json]
 """
 
 from __future__ import annotations
@@ -147,8 +147,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="transformer blocks (Wan 1.3B has 30)")
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--parts", default="attention,step,ring",
+                    help="comma-separated parts to run (attention: one layer, seconds; step: minutes; ring: seconds)")
     ap.add_argument("--out", default="docs/benchmarks/sparse.json")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"attention", "step", "ring"}:
+        ap.error(f"--parts {args.parts!r}: give some of attention, step, ring")
     from raydit.parallel.testing import run_distributed
     from raydit.planner.sparse import density
 
@@ -158,16 +163,19 @@ def main() -> None:
                         "head_dim": HEAD_DIM, "layers": args.layers, "dtype": "float32"},
               "settings": SETTINGS, "density": {n: round(density(config(n), GRID), 4) for n in SETTINGS},
               "threads": args.threads}
-    result["attention"] = attention_part(args.iters)
-    steps = {}
-    for workers in (1, 2):
-        got = run_distributed(step_worker, workers, args.layers, args.iters, timeout=1200, threads=args.threads)[0]
-        steps[workers] = {k: round(v, 4) for k, v in got.items()}
-        print({"workers": workers, **steps[workers]}, flush=True)
-    result["step_seconds"] = steps
-    ring = run_distributed(ring_worker, 4, timeout=600, threads=args.threads)
-    result["ring_bytes_4_ranks"] = {name: sum(r[name] for r in ring) for name in ring[0]}
-    print(result["ring_bytes_4_ranks"], flush=True)
+    if "attention" in parts:
+        result["attention"] = attention_part(args.iters)
+    if "step" in parts:
+        steps = {}
+        for workers in (1, 2):
+            got = run_distributed(step_worker, workers, args.layers, args.iters, timeout=1200, threads=args.threads)[0]
+            steps[workers] = {k: round(v, 4) for k, v in got.items()}
+            print({"workers": workers, **steps[workers]}, flush=True)
+        result["step_seconds"] = steps
+    if "ring" in parts:
+        ring = run_distributed(ring_worker, 4, timeout=600, threads=args.threads)
+        result["ring_bytes_4_ranks"] = {name: sum(r[name] for r in ring) for name in ring[0]}
+        print(result["ring_bytes_4_ranks"], flush=True)
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -184,15 +192,17 @@ def markdown(r: dict) -> str:
              "Fastest of the repeats.", "",
              "| part | dense | " + " | ".join(SETTINGS) + " |", "|---|---|" + "---|" * len(SETTINGS),
              "| density | 1 | " + " | ".join(f"{r['density'][n]:.3f}" for n in SETTINGS) + " |"]
-    att = {row["mask"]: row for row in r["attention"]}
-    lines.append(f"| attention s (one layer; dense: sdpa / block kernel) | {att['dense (torch sdpa)']['seconds']} / "
-                 f"{att['dense (block kernel, whole windows)']['seconds']} | "
-                 + " | ".join(f"{att[n]['seconds']} ({att[n]['vs_density_x_sdpa']}x / "
-                              f"{att[n]['vs_density_x_kernel_dense']}x of d x dense)" for n in SETTINGS) + " |")
-    for w, row in r["step_seconds"].items():
+    att = {row["mask"]: row for row in r.get("attention", [])}
+    if att:
+        lines.append(f"| attention s (one layer; dense: sdpa / block kernel) | {att['dense (torch sdpa)']['seconds']} / "
+                     f"{att['dense (block kernel, whole windows)']['seconds']} | "
+                     + " | ".join(f"{att[n]['seconds']} ({att[n]['vs_density_x_sdpa']}x / "
+                                  f"{att[n]['vs_density_x_kernel_dense']}x of d x dense)" for n in SETTINGS) + " |")
+    for w, row in r.get("step_seconds", {}).items():
         lines.append(f"| step s, {w} worker(s) | {row['dense']} | " + " | ".join(str(row[n]) for n in SETTINGS) + " |")
-    b = r["ring_bytes_4_ranks"]
-    lines.append(f"| ring bytes sent, 4 ranks | {b['dense']:,} | " + " | ".join(f"{b[n]:,}" for n in SETTINGS) + " |")
+    if "ring_bytes_4_ranks" in r:
+        b = r["ring_bytes_4_ranks"]
+        lines.append(f"| ring bytes sent, 4 ranks | {b['dense']:,} | " + " | ".join(f"{b[n]:,}" for n in SETTINGS) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -64,7 +64,8 @@ def block_positions(layout: SeqLayout, ulysses: int, ring_rank: int) -> Tensor:
 
 @functools.lru_cache(maxsize=64)
 def needs_table(mask: VideoMask, layout: SeqLayout, ulysses: int, ring: int) -> tuple[tuple[bool, ...], ...]:
-    """needs[o][r]: whether a query of ring rank r attends a key of ring rank o's block."""
+    """needs[o][r]: whether a query of ring rank r attends a key of ring rank o's block (from the
+    mask's class tables, VideoMask.any_allowed: no token-pair mask)."""
     pos = [block_positions(layout, ulysses, r) for r in range(ring)]
     return tuple(tuple(mask.any_allowed(pos[r], pos[o]) for r in range(ring)) for o in range(ring))
 

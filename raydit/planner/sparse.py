@@ -307,10 +307,12 @@ def as_sparse_config(value) -> SparseConfig | None:
 
 
 # -- the planner's price of a sparse step ------------------------------------------------------
-# Time of the block-sparse kernel beyond density x dense: walking the block table, gathering
-# the kept key blocks, masking the partly kept ones. Measured on the CPU kernel (docs/benchmarks/
-# sparse_kernel.json: t / t_dense - d = 0.05 to 0.08 at d 0.04 to 0.33, t_dense the same kernel
-# with whole windows; that kernel's dense is itself 1.7x torch's SDPA there). No GPU figure yet.
+# Time of the block-sparse kernel beyond density x dense: the fused calls' shorter query blocks,
+# the gathered keys, the masked band edges. Measured on the CPU kernel (docs/benchmarks/
+# sparse_kernel.json, 1 core, float32: t / t_dense - d = 0.05 to 0.08 for STA at d 0.04 to 0.33,
+# t_dense the same kernel with whole windows, itself within 1.05x of torch's SDPA). Radial's bands
+# cost more (0.47 at d 0.79 there: their edges are half kept), which this one figure leaves out.
+# No GPU figure yet.
 SPARSE_BLOCK_OVERHEAD = 0.05
 
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from raydit.parallel import SeqLayout, build_mesh, gather_sequence, sp_attention
+from raydit.parallel.kernels import sparse as sparse_kernel
 from raydit.parallel.kernels.sparse import VideoMask, block_sparse_attention
-from raydit.parallel.sparse_ring import ring_tally
+from raydit.parallel.sparse_ring import block_positions, needs_table, ring_tally
 from raydit.parallel.testing import run_distributed
 from raydit.planner.sparse import SparseConfig, density
 
@@ -108,7 +109,7 @@ def test_one_process_equals_dense_attention_with_the_boolean_mask(case):
     S = m.size(0)
     q, k, v = qkv(1, S)
     pos = torch.arange(S)
-    out, lse = block_sparse_attention(q, k, v, pos, pos, make_mask(cfg, grid, text, first), query_block=16, key_block=8)
+    out, lse = block_sparse_attention(q, k, v, pos, pos, make_mask(cfg, grid, text, first), query_block=16)
     torch.testing.assert_close(out.double(), masked_float64(q, k, v, m), atol=1e-5, rtol=1e-5)
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(HEAD_DIM)
     torch.testing.assert_close(lse.double(), torch.logsumexp(s.masked_fill(~m, -math.inf), -1), atol=1e-5, rtol=1e-5)
@@ -130,9 +131,134 @@ def test_unsorted_subsets_of_tokens_merge_into_the_whole():
 
     out = lse = None
     for part in keys.chunk(3):
-        o, l = block_sparse_attention(q, k[:, :, part], v[:, :, part], torch.arange(S), part, mask, key_block=4)
+        o, l = block_sparse_attention(q, k[:, :, part], v[:, :, part], torch.arange(S), part, mask, query_block=4)
         out, lse = merge_attention(out, lse, o, l)
     torch.testing.assert_close(out.double(), masked_float64(q, k, v, m), atol=1e-5, rtol=1e-5)
+
+
+def _pairs(task_part, n):
+    return len(range(n)[task_part]) if isinstance(task_part, slice) else task_part.numel()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_schedule_computes_only_what_the_mask_keeps(case):
+    # The block skipping is real: STA's tasks carry no mask and multiply exactly the allowed
+    # pairs; radial's masked tasks keep only live rows and columns (each attends / is attended
+    # at least once), and its unmasked ones only allowed pairs.
+    name, cfg, grid, text, first = case
+    m = boolean_mask(cfg, grid, text, first)
+    S = m.size(0)
+    pos = torch.arange(S)
+    schedule = sparse_kernel._build_schedule(make_mask(cfg, grid, text, first), pos, pos, 16)
+    computed, seen = 0, torch.zeros(S, S, dtype=torch.int64)
+    for task in schedule.tasks:
+        rows, keys = torch.arange(S)[task.rows], torch.arange(S)[task.keys]
+        block = m[rows][:, keys]
+        if task.allowed is None:
+            assert bool(block.all())
+        else:
+            assert torch.equal(task.allowed, block)
+            assert bool(block.any(0).all()) and bool(block.any(1).all())
+        computed += rows.numel() * keys.numel()
+        seen[rows[:, None], keys[None, :]] += 1
+    assert int(seen.max()) == 1, "a pair is computed twice"
+    assert bool((seen[m] == 1).all()), "an allowed pair is missed"
+    if cfg.method == "sta":
+        assert all(t.allowed is None for t in schedule.tasks)
+        assert computed == int(m.sum())
+    else:
+        assert computed < 1.5 * int(m.sum())
+
+
+def test_the_schedule_is_built_once_per_mask_and_positions():
+    name, cfg, grid, text, first = CASES[2]
+    S = grid[0] * grid[1] * grid[2] + text
+    q, k, v = qkv(4, S)
+    mask, pos = make_mask(cfg, grid, text, first), torch.arange(S)
+    sparse_kernel.schedules.clear()
+    built = sparse_kernel.schedules.built
+    first_out = block_sparse_attention(q, k, v, pos, pos, mask)
+    again = block_sparse_attention(q, k, v, pos.clone(), pos.clone(), mask)
+    assert sparse_kernel.schedules.built == built + 1
+    torch.testing.assert_close(again, first_out, atol=0, rtol=0)
+    half = pos[: S // 2]  # other keys: another schedule, not the cached one
+    o, _ = block_sparse_attention(q, k[:, :, : S // 2], v[:, :, : S // 2], pos, half, mask)
+    assert sparse_kernel.schedules.built == built + 2
+    m = boolean_mask(cfg, grid, text, first)[:, : S // 2]
+    live = m.any(1)
+    ref = masked_float64(q, k[:, :, : S // 2], v[:, :, : S // 2], m)
+    torch.testing.assert_close(o.double()[:, :, live], ref[:, :, live], atol=1e-5, rtol=1e-5)
+    assert bool((o[:, :, ~live] == 0).all())
+
+
+@pytest.mark.parametrize("keys", [range(50, 53), range(60, 64), range(16, 20)])
+def test_rows_with_no_key_in_a_band_subset_get_zero_and_minus_infinity(keys):
+    # Keys: a few tokens of one band frame (no sink, no text), so most queries attend none of
+    # them: those rows must come out 0 with lse -inf, the others as the boolean mask says.
+    name, cfg, grid, text, first = CASES[3]
+    m = boolean_mask(cfg, grid, text, first)
+    S = m.size(0)
+    q, k, v = qkv(6, S)
+    kp = torch.tensor(list(keys))
+    out, lse = block_sparse_attention(q, k[:, :, kp], v[:, :, kp], torch.arange(S), kp,
+                                      make_mask(cfg, grid, text, first), query_block=4)
+    sub = m[:, kp]
+    live = sub.any(1)
+    assert 0 < int(live.sum()) < S
+    assert bool((out[:, :, ~live] == 0).all()) and bool(torch.isneginf(lse[:, :, ~live]).all())
+    ref = masked_float64(q, k[:, :, kp], v[:, :, kp], sub)
+    torch.testing.assert_close(out.double()[:, :, live], ref[:, :, live], atol=1e-5, rtol=1e-5)
+    s = (q.double() @ k[:, :, kp].double().transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    torch.testing.assert_close(lse.double()[:, :, live], torch.logsumexp(s.masked_fill(~sub, -math.inf), -1)[:, :, live],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_masks_past_the_cache_budget_are_rebuilt_with_the_same_result(monkeypatch):
+    name, cfg, grid, text, first = CASES[3]
+    m = boolean_mask(cfg, grid, text, first)
+    S = m.size(0)
+    q, k, v = qkv(5, S)
+    monkeypatch.setattr(sparse_kernel, "BIAS_CACHE_BYTES", 0)
+    sparse_kernel.schedules.clear()
+    for _ in range(2):
+        out, _ = block_sparse_attention(q, k, v, torch.arange(S), torch.arange(S), make_mask(cfg, grid, text, first),
+                                        query_block=8)
+        torch.testing.assert_close(out.double(), masked_float64(q, k, v, m), atol=1e-5, rtol=1e-5)
+    sparse_kernel.schedules.clear()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_ring_transfer_rule_equals_the_token_rule(case):
+    # any_allowed works on the class tables (and radial's band distances); the token rule is
+    # the independent boolean mask. Subsets: ring blocks of Ulysses x ring layouts with pad,
+    # and scattered random subsets, small enough to miss each other.
+    name, cfg, grid, text, first = case
+    m = boolean_mask(cfg, grid, text, first)
+    mask = make_mask(cfg, grid, text, first)
+    parts = parts_of(grid, text, first)
+
+    def token_rule(qp, kp):
+        qp, kp = qp[qp >= 0], kp[kp >= 0]
+        return bool(m[qp][:, kp].any())
+
+    subsets = []
+    for ulysses, ring in ((1, 2), (1, 3), (2, 2), (1, 4), (1, 7)):
+        layout = SeqLayout(parts, ulysses * ring)
+        subsets += [block_positions(layout, ulysses, r) for r in range(ring)]
+    g = torch.Generator().manual_seed(7)
+    for size in (1, 2, 3, 5, 9):
+        subsets += [torch.randperm(m.size(0), generator=g)[:size] for _ in range(12)]
+    outcomes = set()
+    for qp in subsets:
+        for kp in subsets[::3]:
+            got = mask.any_allowed(qp, kp)
+            assert got == token_rule(qp, kp), (qp.tolist(), kp.tolist())
+            outcomes.add(got)
+    assert outcomes == {True, False}
+    layout = SeqLayout(parts, 4)
+    pos = [block_positions(layout, 1, r) for r in range(4)]
+    assert needs_table(mask, layout, 1, 4) == tuple(tuple(token_rule(pos[r], pos[o]) for r in range(4))
+                                                     for o in range(4))
 
 
 # -- every plan --------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """Block-sparse attention that returns the log-sum-exp, on any subset of a sequence's tokens.
 
-Legend: B batch, H heads, Sq query tokens, Sk key tokens, D head dim, Q / K tokens of one
-query / key block.
+Legend: B batch, H heads, N = B * H, Sq query tokens, Sk key tokens, D head dim.
 
 The mask (raydit.planner.sparse says which video query attends which video key) is kept in
 GLOBAL token positions: position p of the whole joint sequence (parts concatenated,
@@ -12,17 +11,21 @@ results merge by their lse into the one-process result.
     out = softmax(s + M) v, lse = logsumexp(s + M), s = scale * q k^T, M = 0 where allowed, -inf not
 A query row with no allowed key gets out 0, lse -inf (what the ring merge expects).
 
-Where the time goes: tokens are sorted into the method's block order (STA: tile order, so
-a tile's tokens are one block and a block pair is all in or all out; radial: raster order),
-cut into query blocks of Q and key blocks of K tokens; per query block only the key blocks
-with at least one allowed pair are gathered and multiplied, so the work falls with the
-density. The token mask is applied only to block pairs that are partly allowed.
+Where the time goes: a schedule, built once per (mask, query positions, key positions) and
+cached, since every layer, head and step of a request reuses it, lists fused attention calls.
+Tokens fall in classes (STA's tiles, radial's frames, text); query classes that attend the same
+key classes share calls. Key classes a group attends whole are one call with no mask (all of
+STA: a tile pair is all in or all out, so STA multiplies exactly the pairs it keeps); key
+classes attended in part (radial's bands) are taken per chunk of queries, each with exactly the
+keys one of its queries attends, under the token mask, and merged into the rows by their lse.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -31,7 +34,6 @@ from torch import Tensor
 from raydit.planner.sparse import SparseConfig, radial_band
 
 QUERY_BLOCK = 128
-KEY_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,21 @@ class VideoMask:
         table[: C + 1, C] = True
         return table
 
+    @cached_property
+    def _class_full(self) -> Tensor:
+        # (C + 2, C + 2) bool: whether EVERY token of class a attends every token of class b.
+        # STA: the tile rule is the token rule, so this is `_class_table`; radial: the sink frame
+        # and bands that cover the frame (|i - j| <= P - 1 always); the rest of radial's kept
+        # frame pairs are bands, attended in part.
+        if self.config.method == "sta":
+            return self._class_table
+        F, Hp, Wp = self.grid
+        frames = torch.arange(F)
+        table = self._class_table.clone()
+        band = self._radial_bands[(frames[:, None] - frames[None, :]).abs()]
+        table[:F, :F] = (frames[None, :] == 0) | (band >= Hp * Wp - 1)
+        return table
+
     def classes(self, pos: Tensor) -> Tensor:
         """Each token's class (int64) in `_class_table`: its tile (STA) or frame (radial)."""
         F, Hp, Wp = self.grid
@@ -138,10 +155,28 @@ class VideoMask:
             cls = f
         return torch.where(inside, cls, torch.where(pos >= 0, torch.full_like(pos, C), torch.full_like(pos, C + 1)))
 
-    def any_allowed(self, q_pos: Tensor, k_pos: Tensor, chunk: int = 1024) -> bool:
-        """Whether any query of q_pos attends any key of k_pos (the ring's transfer rule)."""
-        for i in range(0, q_pos.numel(), chunk):
-            if bool(self.allowed(q_pos[i:i + chunk, None], k_pos[None, :]).any()):
+    def any_allowed(self, q_pos: Tensor, k_pos: Tensor) -> bool:
+        """Whether any query of q_pos attends any key of k_pos (the ring's transfer rule), from
+        the class tables: a class pair attended whole answers at once; radial's bands (the only
+        pairs attended in part) by the nearest in-frame distance, O(n log n) instead of the
+        O(Sq x Sk) token mask."""
+        q_cls, k_cls = self.classes(q_pos), self.classes(k_pos)
+        qc, kc = torch.unique(q_cls), torch.unique(k_cls)
+        if bool(self._class_full[qc][:, kc].any()):
+            return True
+        part = self._class_table[qc][:, kc] & ~self._class_full[qc][:, kc]
+        if not bool(part.any()):
+            return False
+        # Radial bands: frames a (queries) and b (keys) meet when some |i - j| <= band.
+        F, Hp, Wp = self.grid
+        P = Hp * Wp
+        for a, b in (p.tolist() for p in part.nonzero()):
+            fq, fk = int(qc[a]), int(kc[b])
+            i = (q_pos[q_cls == fq] - self.video_start) % P
+            j = ((k_pos[k_cls == fk] - self.video_start) % P).sort().values
+            at = torch.searchsorted(j, i).clamp(max=j.numel() - 1)
+            nearest = torch.minimum((j[at] - i).abs(), (j[(at - 1).clamp(min=0)] - i).abs())
+            if bool((nearest <= int(self._radial_bands[abs(fq - fk)])).any()):
                 return True
         return False
 
@@ -154,14 +189,154 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# -- the schedule: which query rows meet which keys, built once per (mask, positions) ------------
+@dataclass(frozen=True)
+class _Task:
+    """One fused attention call: queries `rows` against keys `keys` (index tensors, or slices
+    where the indices are one ascending run, so no copy is made), under `allowed` (Q, K) bool
+    (None: every pair). `merge`: the rows already hold another task's result, which this one
+    joins by lse."""
+
+    rows: Tensor | slice
+    keys: Tensor | slice
+    allowed: Tensor | None
+    merge: bool
+
+
+@dataclass
+class _Schedule:
+    tasks: list[_Task]
+    biases: dict = field(default_factory=dict)  # (task index, dtype) -> additive float mask, where cached
+    bias_bytes: int = 0
+
+
+# The additive masks of one schedule are kept (in the query's dtype) while they take at most this
+# much memory; past it they are rebuilt from the kept bool masks at every call (a pass over the
+# masked pairs, small beside the products).
+BIAS_CACHE_BYTES = 256 << 20
+_SCHEDULE_CACHE_SIZE = 64
+
+
+class _ScheduleCache:
+    """LRU of schedules keyed on (mask, query positions, key positions, query block): the mask is
+    the same for every layer, head and step of a request, and so are a rank's positions."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.built = 0  # schedules built, for tests
+
+    def get(self, mask: VideoMask, q_pos: Tensor, k_pos: Tensor, query_block: int) -> _Schedule:
+        key = (mask, q_pos.cpu().numpy().tobytes(), k_pos.cpu().numpy().tobytes(), query_block, str(q_pos.device))
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found
+        schedule = _build_schedule(mask, q_pos, k_pos, query_block)
+        with self._lock:
+            self.built += 1
+            self._items[key] = schedule
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return schedule
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+schedules = _ScheduleCache(_SCHEDULE_CACHE_SIZE)
+
+
+def _as_run(idx: Tensor) -> Tensor | slice:
+    """An index tensor as a slice where it is one ascending run (a view instead of a gather)."""
+    n = idx.numel()
+    if n and int(idx[-1]) - int(idx[0]) == n - 1 and bool((idx[1:] - idx[:-1] == 1).all()):
+        return slice(int(idx[0]), int(idx[0]) + n)
+    return idx
+
+
+def _build_schedule(mask: VideoMask, q_pos: Tensor, k_pos: Tensor, query_block: int) -> _Schedule:
+    """The tasks of one (mask, positions): query classes (STA tiles, radial frames, text) with the
+    same key classes form a group; a group's keys of classes it attends whole form one task with
+    no mask (STA: every key; radial: the sink frame, its own and near frames, text); the keys of
+    classes it attends in part (radial's bands) are taken per chunk of `query_block` queries,
+    each chunk keeping exactly the keys one of its queries attends, under the token mask."""
+    full_t, any_t = mask._class_full, mask._class_table
+    q_order = torch.argsort(mask.order(q_pos), stable=True)
+    k_order = torch.argsort(mask.order(k_pos), stable=True)
+    q_cls, k_cls = mask.classes(q_pos)[q_order], mask.classes(k_pos)[k_order]
+    pad = any_t.size(0) - 1
+    present_k = torch.zeros(any_t.size(0), dtype=torch.bool)
+    present_k[k_cls] = True
+    groups: dict[tuple, list[int]] = {}
+    for c in torch.unique(q_cls).tolist():
+        if c == pad:
+            continue
+        full, part = full_t[c] & present_k, any_t[c] & ~full_t[c] & present_k
+        groups.setdefault((tuple(full.tolist()), tuple(part.tolist())), []).append(c)
+    tasks: list[_Task] = []
+    for (full, part), members in groups.items():
+        in_group = torch.zeros(any_t.size(0), dtype=torch.bool)
+        in_group[members] = True
+        rows = q_order[in_group[q_cls]]
+        # Within a task the order of rows and keys is free: ascending, so runs are views.
+        full_keys = k_order[torch.tensor(full)[k_cls]].sort().values
+        if full_keys.numel():
+            tasks.append(_Task(_as_run(rows.sort().values), _as_run(full_keys), None, merge=False))
+        cand = k_order[torch.tensor(part)[k_cls]].sort().values
+        if not cand.numel():
+            continue
+        cand_pos = k_pos[cand]
+        # Chunks of equal size within the group (rows in block order: radial's in-frame order),
+        # so no chunk is a sliver: the fused kernel pays for a short chunk nearly as for a full one.
+        n = -(-rows.numel() // query_block)
+        size = -(-rows.numel() // n)
+        bounds = list(range(0, rows.numel(), size)) + [rows.numel()]
+        for start, stop in zip(bounds, bounds[1:]):
+            chunk = rows[start:stop].sort().values
+            allowed = mask.allowed(q_pos[chunk][:, None], cand_pos[None, :])  # (Q, candidates)
+            cols, live = allowed.any(dim=0), allowed.any(dim=1)
+            if not bool(cols.any()):
+                continue
+            allowed = allowed[live][:, cols]
+            tasks.append(_Task(_as_run(chunk[live]), _as_run(cand[cols]),
+                               None if bool(allowed.all()) else allowed, merge=bool(full_keys.numel())))
+    return _Schedule(tasks)
+
+
+def _bias(schedule: _Schedule, i: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Task i's additive mask (0 allowed, -inf not) in `dtype`, cached within the byte budget."""
+    found = schedule.biases.get((i, dtype, device))
+    if found is not None:
+        return found
+    allowed = schedule.tasks[i].allowed.to(device)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, -math.inf)
+    size = bias.numel() * bias.element_size()
+    if schedule.bias_bytes + size <= BIAS_CACHE_BYTES:
+        schedule.biases[(i, dtype, device)] = bias
+        schedule.bias_bytes += size
+    return bias
+
+
+def _take(x_NSD: Tensor, idx: Tensor | slice) -> Tensor:
+    # Gathers on a (B * H, S, D) view: index_select along dim 1 of a 3-d tensor copies whole rows
+    # of D, about 2.5x faster than along dim 2 of the 4-d one.
+    return x_NSD[:, idx] if isinstance(idx, slice) else x_NSD.index_select(1, idx)
+
+
 def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos: Tensor, k_pos: Tensor,
-                           mask: VideoMask, scale: float | None = None, *, query_block: int | None = None,
-                           key_block: int = KEY_BLOCK) -> tuple[Tensor, Tensor]:
+                           mask: VideoMask, scale: float | None = None, *,
+                           query_block: int | None = None) -> tuple[Tensor, Tensor]:
     """(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) float32 / float64) of attention under
     `mask`, q_pos (Sq,) and k_pos (Sk,) the tokens' global positions (-1: pad). Every head
     shares the mask. Runs on any device; CUDA has `flex_block_sparse_attention` too.
-    query_block None: STA's tile volume (a query block is one tile, whose keys are exactly
-    its window's tiles), else QUERY_BLOCK."""
+    query_block: the queries of one masked call (radial's bands), QUERY_BLOCK by default.
+
+    The schedule (`_build_schedule`) is built on the first call for these positions and reused
+    (`schedules`); the calls then only gather, attend and merge."""
     B, H, Sq, D = q_BHSD.shape
     Sk = k_BHSD.size(2)
     if q_pos.shape != (Sq,) or k_pos.shape != (Sk,):
@@ -169,72 +344,56 @@ def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos
                          f"{Sk} keys; give one global position per token")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    if query_block is None:
-        Tt, Th, Tw = mask.config.tile
-        query_block = min(max(Tt * Th * Tw, 16), 1024) if mask.config.method == "sta" else QUERY_BLOCK
     acc = _acc_dtype(q_BHSD.dtype)
     out = q_BHSD.new_zeros(B, H, Sq, v_BHSD.size(-1), dtype=acc)
     lse = torch.full((B, H, Sq), -math.inf, dtype=acc, device=q_BHSD.device)
     if Sq == 0 or Sk == 0:
-        return out.to(q_BHSD.dtype), lse.to(torch.float64 if acc == torch.float64 else torch.float32)
-    q_pos, k_pos = q_pos.to(q_BHSD.device), k_pos.to(q_BHSD.device)
-    q_perm = torch.argsort(mask.order(q_pos), stable=True)
-    k_perm = torch.argsort(mask.order(k_pos), stable=True)
-    # Keys already in block order (radial; a raster range) are used in place when all live.
-    ordered = bool((k_perm == torch.arange(Sk, device=k_perm.device)).all())
-    whole: tuple[Tensor, Tensor] | None = (k_BHSD, v_BHSD) if ordered else None
-    qp, kp = q_pos[q_perm], k_pos[k_perm]
-    # Keys in block order, padded to whole key blocks with pad positions (never allowed).
-    n_kb = -(-Sk // key_block)
-    pad = n_kb * key_block - Sk
-    kp_padded = torch.cat([kp, kp.new_full((pad,), -1)])
-    # Which key blocks a query block may attend, from the class table (tiles or frames: a
-    # bound that holds for every token pair), so the token mask is built only where it may
-    # be true and the mask's cost falls with the density like the products'.
-    table = mask._class_table.to(q_BHSD.device)
-    q_cls, k_cls = mask.classes(qp), mask.classes(kp_padded)
-    for start in range(0, Sq, query_block):
-        rows = q_perm[start:start + query_block]
-        reach = table[torch.unique(q_cls[start:start + query_block])].any(dim=0)  # (C + 2,)
-        live = reach[k_cls].view(n_kb, key_block).any(dim=1)  # (n_kb,)
-        if not bool(live.any()):
-            continue
-        keys = live.repeat_interleave(key_block)[:Sk].nonzero().squeeze(1)
-        allowed = mask.allowed(qp[start:start + query_block, None], kp[keys][None, :])  # (Q, Ka)
-        if not bool(allowed.any()):
-            continue
-        if keys.numel() == Sk:  # every key block live: one sorted copy at most, shared by the blocks
-            if whole is None:
-                whole = k_BHSD[:, :, k_perm], v_BHSD[:, :, k_perm]
-            k_blk, v_blk = whole
+        return out.to(q_BHSD.dtype), lse
+    schedule = schedules.get(mask, q_pos.cpu(), k_pos.cpu(), query_block or QUERY_BLOCK)
+    # (B, H, S, D) -> (N = B * H, S, D): a view, or one copy where the layout does not allow it.
+    q_NSD, k_NSD, v_NSD = (x.reshape(B * H, x.size(2), x.size(3)) for x in (q_BHSD, k_BHSD, v_BHSD))
+    out_NSD, lse_NS = out.view(B * H, Sq, -1), lse.view(B * H, Sq)
+    for i, task in enumerate(schedule.tasks):
+        bias = None if task.allowed is None else _bias(schedule, i, q_BHSD.dtype, q_BHSD.device)
+        rows = task.rows if isinstance(task.rows, slice) else task.rows.to(q_BHSD.device)
+        keys = task.keys if isinstance(task.keys, slice) else task.keys.to(q_BHSD.device)
+        o, l = _attend(*(_take(x, idx).view(B, H, -1, x.size(2)) for x, idx in
+                         ((q_NSD, rows), (k_NSD, keys), (v_NSD, keys))), bias, scale, acc)
+        o, l = o.reshape(B * H, o.size(2), -1).to(acc), l.reshape(B * H, -1).to(acc)
+        if task.merge:
+            o, l = _merge(_take(out_NSD, rows), _take(lse_NS[..., None], rows)[..., 0], o, l)
+        if isinstance(rows, slice):
+            out_NSD[:, rows] = o
+            lse_NS[:, rows] = l
         else:
-            k_idx = k_perm[keys]
-            k_blk, v_blk = k_BHSD[:, :, k_idx], v_BHSD[:, :, k_idx]
-        o, l = _attend(q_BHSD[:, :, rows], k_blk, v_blk, allowed, scale, acc)
-        out[:, :, rows] = o.to(acc)
-        lse[:, :, rows] = l.to(acc)
+            out_NSD.index_copy_(1, rows, o)
+            lse_NS.index_copy_(1, rows, l)
     return out.to(q_BHSD.dtype), lse
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float, acc: torch.dtype) -> tuple[Tensor, Tensor]:
-    """One query block against its gathered keys under the (Q, Ka) token mask -> (out, lse)."""
-    bias = None
-    if not bool(allowed.all()):
-        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, -math.inf)
+def _merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Two partial results of the same rows over disjoint keys, every lse finite (each task's
+    rows attend at least one of its keys):
+        lse = log(exp(lse_a) + exp(lse_b)),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+    computed with m = max(lse_a, lse_b) subtracted first, so both weights lie in [0, 1]."""
+    m = torch.maximum(lse_a, lse_b)
+    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = w_a + w_b
+    out = (out_a * (w_a / total).unsqueeze(-1)).addcmul_(out_b, (w_b / total).unsqueeze(-1))
+    return out, m + torch.log(total)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """One task: queries against their keys under the additive (Q, K) mask -> (out, lse); every
+    query row has at least one allowed key."""
     if q.device.type == "cpu":
-        # torch's fused CPU flash kernel (the 'torch-cpu' LSE kernel) with the block's mask.
-        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
-    else:
-        s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
-        if bias is not None:
-            s = s + bias.to(acc)
-        l = torch.logsumexp(s, dim=-1)
-        o = torch.matmul(torch.exp(s - torch.where(torch.isfinite(l), l, torch.zeros_like(l)).unsqueeze(-1)), v.to(acc))
-    dead = ~allowed.any(dim=1)  # rows with no key here: out 0, lse -inf (the kernel says lse 0)
-    if bool(dead.any()):
-        o = o.masked_fill(dead[:, None], 0.0)
-        l = l.masked_fill(dead, -math.inf)
-    return o, l
+        # torch's fused CPU flash kernel (the 'torch-cpu' LSE kernel), the task's mask if any.
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
+    s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias.to(acc)
+    l = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - l.unsqueeze(-1)), v.to(acc)), l
 
 
 def dense_masked_reference(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos: Tensor, k_pos: Tensor,
@@ -279,5 +438,5 @@ def flex_block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, 
     return out, lse.float()
 
 
-__all__ = ["KEY_BLOCK", "QUERY_BLOCK", "VideoMask", "block_sparse_attention", "dense_masked_reference",
+__all__ = ["BIAS_CACHE_BYTES", "QUERY_BLOCK", "VideoMask", "block_sparse_attention", "dense_masked_reference",
            "flex_block_sparse_attention"]
