@@ -43,6 +43,14 @@ from raydit.models.requests import GenerationRequest, to_uint8_frames
 UNCOND, COND = 0, 1
 
 
+def patched_grid(latents, patch_t: int, patch_h: int, patch_w: int) -> tuple[int, int, int]:
+    """The (frames, rows, columns) token grid of [B, C, F, H, W] latents under a (t, h, w)
+    patch, for a transformer that flattens its patches frame-major, then rows, then columns
+    (a Conv3d patch's flatten(2), or a per-frame Conv2d's): Family.token_grid's answer."""
+    F, H, W = latents.shape[-3:]
+    return (F // patch_t, H // patch_h, W // patch_w)
+
+
 def cat_branches(branches: list) -> dict:
     """[{k: [1, ...]}, ...] -> {k: [n, ...]}: branches as one batch, in their order (tensors
     concatenated, other values taken from the first)."""

@@ -18,6 +18,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+# Said in the refusal; each is a family whose Family.token_grid answers (README, Sparse attention).
+SPARSE_FAMILIES = ("Wan 2.1 / 2.2, SkyReels-V2 (not diffusion forcing), HunyuanVideo, CogVideoX, Mochi and "
+                   "LTX-Video")
+
 
 def sparse_setting(state) -> Any:
     """The SparseConfig `state`'s current step runs, or None (dense request, or a dense step)."""
@@ -35,7 +39,7 @@ def check_sparse_request(family, pipe, state) -> None:
     grid = family.token_grid(pipe, state)
     if grid is None:
         raise ValueError(f"sparse attention is not available for {type(pipe).__name__} (family {family.name!r}) "
-                         "yet; it runs on Wan's pipelines: drop sparse_attention")
+                         f"yet; it runs on {SPARSE_FAMILIES}: drop sparse_attention")
     config.check_grid(grid)
 
 
@@ -55,6 +59,7 @@ class _Source:
         self.tokens = grid[0] * grid[1] * grid[2]
         self.block = 0  # the block running now (a pre-hook on every block sets it)
         self._masks: dict = {}
+        self.sparse_calls = self.masked = 0  # calls past the dense layers; of them, given a mask
 
     def __call__(self, layout):
         from raydit.parallel.kernels.sparse import VideoMask
@@ -62,8 +67,10 @@ class _Source:
         parts = layout.part_lengths
         if self.block < self.config.dense_layers or len(parts) <= self.video_part:
             return None
+        self.sparse_calls += 1
         if parts[self.video_part] != self.tokens:
             return None  # another stream's attention (an audio part): no video grid to mask
+        self.masked += 1
         mask = self._masks.get(parts)
         if mask is None:  # one per layout: its class table and block order are built once
             mask = self._masks[parts] = VideoMask(self.config, self.grid, sum(parts[:self.video_part]), sum(parts))
@@ -92,3 +99,7 @@ def sparse_step(family, pipe, config, grid, attention_mode: str, parallelized: b
                 stack.callback(block.register_forward_pre_hook(enter).remove)
         stack.enter_context(sparse_attention(source))
         yield
+    if source.sparse_calls and not source.masked:
+        # Never a silently dense step: a grid that matches no call is the family's mistake.
+        raise RuntimeError(f"sparse attention: none of this step's {source.sparse_calls} attention calls has the "
+                           f"{source.tokens} video tokens of the grid {grid} ({type(family).__name__}.token_grid)")

@@ -15,6 +15,8 @@ Tiny Wan 2.1: 9 frames 48 x 80 -> a (3, 3, 5) token grid, 6 heads.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -148,15 +150,99 @@ def test_tiles_that_do_not_divide_the_grid_are_refused_naming_the_divisors(runne
         runner.prepare(request)
 
 
-def test_a_family_without_a_token_grid_refuses_sparse_requests():
-    from raydit.models.families.cogvideox import cases as cogvideox_cases
-    from raydit.models.families.cogvideox import tiny as cogvideox_tiny
-
-    r = Runner(cogvideox_cases.cogvideox_pipeline(str(cogvideox_tiny.tiny_pipeline_dir())))
+@pytest.mark.parametrize("case_name", ["kandinsky5-t2v", "skyreels-df-causal"])
+def test_a_family_without_a_token_grid_refuses_sparse_requests(case_name):
+    (case,) = [c for c in harness.family_cases(build=True)["runner"] if c.name == case_name]
+    r = Runner(case.make())
     try:
-        request = GenerationRequest(prompt="waves", num_frames=9, height=48, width=48, num_inference_steps=2,
-                                    sparse_attention="sta")
-        with pytest.raises(ValueError, match="sparse attention is not available for CogVideoXPipeline"):
+        request = GenerationRequest(**dict(case.request, sparse_attention="sta"))
+        with pytest.raises(ValueError, match=r"sparse attention is not available for \w+ \(family .*\) yet; it runs "
+                                             r"on Wan.*HunyuanVideo.*: drop sparse_attention") as err:
             r.prepare(request)
+        assert "\n" not in str(err.value)
     finally:
         r.close()
+
+
+# -- the other families' token grids -------------------------------------------------------------
+# Each family's main case, and the ones whose video sits elsewhere in the call: CogVideoX's text
+# comes first, HunyuanVideo's and Mochi's after the video, LTX-Video packs its latents, CogVideoX
+# 1.5 patches two frames a token, HunyuanVideo's image-to-video replaces frame 0.
+FAMILY_CASES = ["hunyuanvideo-embedded", "hunyuanvideo-i2v", "cogvideox-2b-h30-rows30", "cogvideox-1.5-patch_t2-dpm",
+                "mochi-t2v", "ltx-t2v", "ltx-i2v", "skyreels-t2v", "wan-t2v"]
+FAMILY_STA = {"method": "sta", "tile": (1, 1, 1), "window": (1, 3, 3), "dense_steps": 0}
+
+
+def _family_case(name):
+    (case,) = [c for c in harness.family_cases(build=True)["runner"] if c.name == name]
+    return case
+
+
+@pytest.mark.parametrize("case_name", FAMILY_CASES)
+def test_every_video_self_attention_call_gets_the_mask_at_the_video(monkeypatch, case_name):
+    """Through the family's own layout: every sp_attention call of a sparse step is masked (none
+    left dense because its video part is not the grid's tokens), the mask sits where the video
+    does in the joint sequence (the text before it, CogVideoX; after it, HunyuanVideo, Mochi),
+    the sparse steps change the result, and dense steps = all steps is dense bit for bit."""
+    from raydit.models import sparse_steps
+
+    seen = []
+
+    class Recording(sparse_steps._Source):
+        def __call__(self, layout):
+            mask = super().__call__(layout)
+            seen.append((tuple(layout.part_lengths), mask))
+            return mask
+
+    monkeypatch.setattr(sparse_steps, "_Source", Recording)
+    case = _family_case(case_name)
+    runner = Runner(case.make())
+    try:
+        request = case.make_request()
+        steps = request.num_inference_steps
+        dense = harness.run_steps(runner, request, None).latents
+        assert seen == []
+        same = harness.run_steps(runner, request.__class__(**{**request.to_dict(), "sparse_attention":
+                                                              {**FAMILY_STA, "dense_steps": steps}}), None).latents
+        assert torch.equal(same, dense) and seen == []
+        sparse = harness.run_steps(runner, request.__class__(**{**request.to_dict(), "sparse_attention": FAMILY_STA}),
+                                   None).latents
+        assert rel(sparse, dense) > 1e-3
+        state = runner.prepare(request)
+        F, Hp, Wp = runner.family.token_grid(runner.pipe, state)
+        video = sparse_steps._video_part(runner.family)
+        assert seen and all(mask is not None for _, mask in seen), [p for p, m in seen if m is None][:3]
+        for parts, mask in seen:
+            assert mask.grid == (F, Hp, Wp) and parts[video] == F * Hp * Wp
+            assert mask.video_start == sum(parts[:video]) and mask.total_tokens == sum(parts)
+        if case_name.startswith("cogvideox"):
+            assert video == 1 and seen[0][1].video_start > 0  # the text first
+    finally:
+        runner.close()
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_every_plan_of_the_other_families_equals_one_worker():
+    """HunyuanVideo (video then text), CogVideoX (text then video), Mochi and LTX-Video under STA
+    on Ulysses 2, ring 4 (uneven), hybrid 2 x 2 and cfg 2 x ring 2 (where the case has cfg): one
+    worker within rtol/atol 1e-4 (float32)."""
+    from raydit.parallel.testing import run_distributed
+
+    names = ["hunyuanvideo-embedded", "cogvideox-2b-h30-rows30", "mochi-t2v", "ltx-t2v"]
+    cases = []
+    for name in names:
+        case = _family_case(name)
+        cases.append(dataclasses.replace(case, request={**case.request, "sparse_attention": FAMILY_STA},
+                                         worlds=(2, 4)))
+    runners = {c.name: Runner(c.make()) for c in cases}
+    refs = {c.name: harness.run_steps(runners[c.name], c.make_request(), c.steps).latents for c in cases}
+    out = run_distributed(harness.conformance_worker, 4, [], cases, {}, (2, 4), (4,), timeout=900)
+    seen = 0
+    for case in cases:
+        for world in (2, 4):
+            for plan in harness.feasible_plans(world, case.heads, cfg_degrees=case.cfg_degrees(world, (4,))):
+                got = out[0]["runner"][(case.name, str(plan), "fresh")]
+                torch.testing.assert_close(got, refs[case.name], **TOL, msg=lambda m: f"{case.name} {plan}: {m}")
+                seen += 1
+    assert seen >= 4 * len(cases)

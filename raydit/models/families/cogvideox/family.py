@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raydit.models.adapter import ForwardContext, GatherOutput, ModelAdapter, SequenceParallelPlan, SplitInput
-from raydit.models.family import Family, Prepared
+from raydit.models.family import Family, Prepared, patched_grid
 from raydit.models.quantize_options import block_linear_params
 from raydit.models.requests import png_to_image, reference_call
 from raydit.planner.model import DecoderShape
@@ -272,6 +272,15 @@ class CogVideoXFamily(Family):
     # The rows of a call lead these inputs (the rotary table and ofs follow the geometry, which
     # requests sharing a call have in common): requests of one geometry share calls.
     batched_inputs = ("hidden_states", "encoder_hidden_states", "timestep")
+
+    def token_grid(self, pipe, state):
+        # CogVideoXPatchEmbed: latents [B, F, C, H, W] patched per frame (a Conv2d; 1.5's
+        # patch_size_t groups frames first), frame-major; the joint sequence is [text ; video].
+        import torch
+
+        config = pipe.transformer.config
+        F, _, H, W = state.latents.shape[-4:]
+        return patched_grid(torch.empty(0, 0, F, H, W), config.patch_size_t or 1, config.patch_size, config.patch_size)
 
     def model_inputs(self, pipe, state, t, branch):
         import torch

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from raydit.models.adapter import ModelAdapter
 from raydit.models.decoders import HUNYUAN_VIDEO_DECODER
-from raydit.models.family import Family, Prepared
+from raydit.models.family import Family, Prepared, patched_grid
 from raydit.models.requests import check_frames, check_size, linear_sigma_timesteps, png_to_image, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
@@ -382,6 +382,12 @@ class HunyuanVideoFamily(Family):
     # text apart).
     batched_inputs = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask",
                       "pooled_projections", "guidance")
+
+    def token_grid(self, pipe, state):
+        # HunyuanVideoPatchEmbed: a Conv3d of (patch_size_t, patch_size, patch_size), flatten(2);
+        # the joint sequence is [video ; valid text], the text's rows and columns stay whole.
+        config = pipe.transformer.config
+        return patched_grid(state.latents, config.patch_size_t, config.patch_size, config.patch_size)
 
     def model_inputs(self, pipe, state, t, branch):
         import torch

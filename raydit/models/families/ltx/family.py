@@ -236,6 +236,14 @@ class LTXFamily(Family):
     # rows (per sample, or per token with an image); the rotary inputs follow the geometry.
     batched_inputs = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask")
 
+    def token_grid(self, pipe, state):
+        # The pipeline packs [B, C, F, H, W] latents into (F / pt, H / p, W / p) patches,
+        # frame-major (_pack_latents); self-attention (attn1) sees only the video.
+        c = state.context
+        return (c["latent_frames"] // pipe.transformer_temporal_patch_size,
+                c["latent_height"] // pipe.transformer_spatial_patch_size,
+                c["latent_width"] // pipe.transformer_spatial_patch_size)
+
     def model_inputs(self, pipe, state, t, branch):
         import torch
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 
 from raydit.models.adapter import ModelAdapter
-from raydit.models.family import Family, Prepared
+from raydit.models.family import Family, Prepared, patched_grid
 from raydit.models.requests import check_frames, check_size, masked_prompt_branches, reference_call
 from raydit.models.joint_text import JointTextProcessor, joint_text_plan
 from raydit.models.joint_text import valid_text_counts as valid_text_counts_of
@@ -266,6 +266,12 @@ class MochiFamily(Family):
         timesteps, _ = retrieve_timesteps(pipe.scheduler, n, device, None, sigmas)
         pipe.scheduler.set_begin_index(0)
         return Prepared(latents=latents, timesteps=timesteps)
+
+    def token_grid(self, pipe, state):
+        # MochiTransformer3DModel: each frame patched by a Conv2d, flatten(1, 2) frame-major;
+        # the joint sequence is [video ; valid text].
+        p = pipe.transformer.config.patch_size
+        return patched_grid(state.latents, 1, p, p)
 
     def model_inputs(self, pipe, state, t, branch):
         import torch

@@ -258,6 +258,11 @@ class SkyReelsFamily(WanFamily):
     def _forcing(pipe) -> bool:
         return type(pipe).__name__ == DF_PIPELINE
 
+    def token_grid(self, pipe, state):
+        # Diffusion forcing calls the transformer on a window of the latents, not the whole:
+        # no grid for it yet (its sparse requests are refused in one line).
+        return None if self._forcing(pipe) else super().token_grid(pipe, state)
+
     def check_request(self, pipe, request) -> None:
         from raydit.models.family import Family
 
