@@ -279,6 +279,11 @@ class Family:
         return [m for m in (getattr(pipe, n, None) for n in ("text_encoder", "text_encoder_2", "image_encoder"))
                 if m is not None]
 
+    def has_token_grid(self, pipeline_class: str) -> bool:
+        """Whether `token_grid` answers for this pipeline class: sparse requests are refused on
+        the driver, before any worker loads the model, where it does not."""
+        return type(self).token_grid is not Family.token_grid
+
     def token_grid(self, pipe, state: "DenoiseState") -> tuple[int, int, int] | None:
         """The (frames, rows, columns) grid of `state`'s video tokens after patching, in the
         raster order the transformer flattens them (sparse attention's masks are defined on

@@ -31,6 +31,11 @@ def sparse_setting(state) -> Any:
     return config
 
 
+def _not_available(pipeline_class: str, family) -> ValueError:
+    return ValueError(f"sparse attention is not available for {pipeline_class} (family {family.name!r}) yet; it "
+                      f"runs on {SPARSE_FAMILIES}: drop sparse_attention")
+
+
 def check_sparse_request(family, pipe, state) -> None:
     """Refuse (one line) a sparse request this family or this geometry cannot run."""
     config = state.request.sparse_attention
@@ -38,9 +43,22 @@ def check_sparse_request(family, pipe, state) -> None:
         return
     grid = family.token_grid(pipe, state)
     if grid is None:
-        raise ValueError(f"sparse attention is not available for {type(pipe).__name__} (family {family.name!r}) "
-                         f"yet; it runs on {SPARSE_FAMILIES}: drop sparse_attention")
+        raise _not_available(type(pipe).__name__, family)
     config.check_grid(grid)
+
+
+def check_sparse_for_model(model_dir) -> None:
+    """On the driver, before any worker loads the model: refuse (one line) sparse attention for
+    a model directory whose pipeline has no token grid."""
+    from pathlib import Path
+
+    from raydit.models.loading import pipeline_class
+    from raydit.models.registry import family_for_class
+
+    name = pipeline_class(Path(model_dir))
+    family = family_for_class(name)
+    if not family.has_token_grid(name):
+        raise _not_available(name, family)
 
 
 def _video_part(family) -> int:

@@ -47,6 +47,10 @@ BAD_GENERATE = [
     (["--model", "tiny-wan", "--frames", "9", "--height", "48", "--width", "80", "--sparse-attention", "sta",
       "--sparse-option", "tile=2,3,5"], "sta tile 2 does not divide the 3 tokens of axis t; tile sizes that do: 1, 3"),
     (["--sparse-option", "window=1,1,1"], "need a method: add --sparse-attention sta or radial"),
+    (["--model", "tiny-kandinsky5", "--sparse-attention", "sta"],
+     "sparse attention is not available for Kandinsky5T2VPipeline (family 'kandinsky5') yet"),
+    (["--model", "tiny-skyreels-df", "--sparse-attention", "sta"],
+     "sparse attention is not available for SkyReelsV2DiffusionForcingPipeline"),
 ]
 
 

@@ -138,7 +138,10 @@ class Requests:
         g = self.planning.spec.geometry(request.num_frames, request.height, request.width)
         check_for_model(self.model_dir, request.scheduler, request.scheduler_options, request.sigmas,
                         request.timesteps)
-        if request.sparse_attention is not None:  # the tiles against the token grid
+        if request.sparse_attention is not None:  # the family's grid, the tiles against it
+            from raydit.models.sparse_steps import check_sparse_for_model
+
+            check_sparse_for_model(self.model_dir)
             request.sparse_attention.check_grid((g.token_frames, g.token_rows, g.token_cols))
         self.loras.check_request(request)
         self.say_one_branch_on_cfg(request)

@@ -258,6 +258,9 @@ class SkyReelsFamily(WanFamily):
     def _forcing(pipe) -> bool:
         return type(pipe).__name__ == DF_PIPELINE
 
+    def has_token_grid(self, pipeline_class: str) -> bool:
+        return pipeline_class != DF_PIPELINE
+
     def token_grid(self, pipe, state):
         # Diffusion forcing calls the transformer on a window of the latents, not the whole:
         # no grid for it yet (its sparse requests are refused in one line).
