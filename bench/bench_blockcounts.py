@@ -29,8 +29,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+from pathlib import Path
 
 from bench_opsweep import hidden_copy_bytes  # a norm's copy of its non-contiguous input, inside the kernel
+from benchlib import dispatch_counter, write_json
 
 SKIP = {"mm", "addmm", "bmm", "linear", "matmul", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
@@ -65,29 +67,6 @@ CASES = {
     "mochi": ("mochi", "mochi_forward", [dict(latent_frames=f, latent_height=8, latent_width=12, heads=6, head_dim=16,
                                               valid=(9, 9)) for f in (2, 4)], None, None),
 }
-
-
-def _counter():
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.launches = 0
-            self.bytes = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            name = func._overloadpacket.__name__
-            if name not in SKIP and name not in VIEWS:
-                self.launches += 1
-                ts = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-                self.bytes += sum(t.numel() * t.element_size() for t in ts) + hidden_copy_bytes(name, args)
-            return out
-
-    return Count
 
 
 def _as_loaded(transformer):
@@ -146,7 +125,7 @@ def count_family(name: str) -> dict:
             return real(seed, **dict(c, **{key: value}))
 
         mod.tiny_transformer = widened
-    Count = _counter()
+    Count = dispatch_counter(VIEWS, hidden_copy_bytes)
     results = []
     try:
         for kw in calls:
@@ -171,12 +150,12 @@ def count_family(name: str) -> dict:
     (t1, b, width, lists1), (t2, _, _, lists2) = results
     w = weights or {k: 1 for k in lists1}
     total = sum(w.values())
-    launches = sum(w[k] * sum(c.launches for c in lists2[k]) / len(lists2[k]) for k in w) / total
-    slope = sum(w[k] * (sum(c.bytes for c in lists2[k]) / len(lists2[k]) - sum(c.bytes for c in lists1[k]) / len(lists1[k]))
+    launches = sum(w[k] * sum(c.total(0, SKIP) for c in lists2[k]) / len(lists2[k]) for k in w) / total
+    slope = sum(w[k] * (sum(c.total(2, SKIP) for c in lists2[k]) / len(lists2[k]) - sum(c.total(2, SKIP) for c in lists1[k]) / len(lists1[k]))
                 for k in w) / total
     return {"elementwise_bytes": round(slope / ((t2 - t1) * b * width), 1), "elementwise_launches": round(launches),
             "batch": b, "width": width, "tokens": [t1, t2],
-            "per_block_kind": {k: {"launches": sum(c.launches for c in lists2[k]) / len(lists2[k])} for k in lists2}}
+            "per_block_kind": {k: {"launches": sum(c.total(0, SKIP) for c in lists2[k]) / len(lists2[k])} for k in lists2}}
 
 
 def main(argv=None) -> int:
@@ -192,9 +171,8 @@ def main(argv=None) -> int:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(name, json.dumps(out[name]), flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+        path = Path(args.out)
+        write_json(path.stem, out, path.parent)
     return 0
 
 

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from benchlib import dispatch_counter, write_json
 
 CONV = {"convolution", "_convolution", "conv3d", "conv2d", "conv1d", "cudnn_convolution",
         "mkldnn_convolution", "slow_conv3d", "slow_conv3d_forward", "_slow_conv2d_forward"}
@@ -50,37 +53,6 @@ CASES = {
 }
 
 
-def _counter():
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.launches = 0
-            self.conv_launches = 0
-            self.values = 0
-            self.ops = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            name = func._overloadpacket.__name__
-            if name in VIEWS:
-                return out
-            self.launches += 1
-            if name in CONV:
-                self.conv_launches += 1
-            elif name not in MATMUL:
-                ts = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-                n = sum(t.numel() for t in ts)
-                self.values += n
-                self.ops[name] = self.ops.get(name, 0) + n
-            return out
-
-    return Count
-
-
 def _vae(kind: str):
     from diffusers import AutoencoderKLHunyuanVideo, AutoencoderKLWan
 
@@ -102,17 +74,20 @@ def count(name: str) -> dict:
         z = torch.zeros(1, channels, t, h, w, dtype=getattr(torch, dtype))
     if tiled:
         vae.enable_tiling()
-    c = _counter()()
+    c = dispatch_counter(VIEWS)()
     with torch.no_grad(), c:
         out = vae.decode(z, return_dict=False)[0]
     frames, height, width = out.shape[2:]
     assert (frames, height, width) == tuple(request), (out.shape, request)
     pixels = decoded_pixel_frames(spec, geo, tiled)  # as the planner counts them: tiles' overlaps too
-    top = sorted(c.ops.items(), key=lambda kv: -kv[1])[:8]
+    others = {name: row[1] for name, row in c.ops.items() if name not in CONV | MATMUL}  # values by op
+    top = sorted(others.items(), key=lambda kv: -kv[1])[:8]
+    launches = c.total(0)
     return {"anchor": anchor, "model": model, "dtype": dtype, "latent": [t, h, w], "output": [frames, height, width],
-            "tiled": tiled, "decoded_pixel_frames": pixels, "elementwise_values_per_pixel": round(c.values / pixels, 1),
-            "launches": c.launches, "conv_launches": c.conv_launches,
-            "launches_per_pixel": c.launches / pixels,
+            "tiled": tiled, "decoded_pixel_frames": pixels,
+            "elementwise_values_per_pixel": round(sum(others.values()) / pixels, 1),
+            "launches": launches, "conv_launches": sum(c.ops.get(name, [0])[0] for name in CONV),
+            "launches_per_pixel": launches / pixels,
             "largest_ops": {k: round(v / pixels, 1) for k, v in top}}
 
 
@@ -126,9 +101,8 @@ def main(argv=None) -> int:
         out[name] = count(name)
         print(name, json.dumps(out[name]), flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+        path = Path(args.out)
+        write_json(path.stem, out, path.parent)
     return 0
 
 

@@ -258,3 +258,36 @@ def wan_bench_dir(layers: int = 30, dtype: str = "bfloat16", defaults: dict | No
             (Path(directory) / DEFAULTS_FILE).write_text(json.dumps(defaults, indent=1) + "\n")
 
     return str(write_pipeline(Path(root or cache_root()) / name, _Bench))
+
+
+def dispatch_counter(views, extra_bytes=None):
+    """A TorchDispatchMode class that counts what torch dispatches, op by op: for each op name
+    not in `views` (ops that launch no kernel), `ops[name] = [launches, values, bytes]` over its
+    tensor inputs and outputs, plus `extra_bytes(name, args)` where given (memory a kernel moves
+    that no dispatch shows). `total(field, exclude)` sums a field (0 launches, 1 values,
+    2 bytes) over the ops not in `exclude`. Runs on any device, the meta device included."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: dict[str, list] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func._overloadpacket.__name__
+            if name in views:
+                return out
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            row = self.ops.setdefault(name, [0, 0, 0])
+            row[0] += 1
+            row[1] += sum(t.numel() for t in tensors)
+            row[2] += sum(t.numel() * t.element_size() for t in tensors) + (extra_bytes(name, args) if extra_bytes else 0)
+            return out
+
+        def total(self, field: int, exclude=()) -> int:
+            return sum(row[field] for name, row in self.ops.items() if name not in exclude)
+
+    return Count

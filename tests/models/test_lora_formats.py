@@ -203,23 +203,24 @@ def test_downloaded_formats_run_as_diffusers_loads_them(form, tmp_path, caplog):
     assert {n for n, m in pipe.transformer.named_modules() if isinstance(m, BaseTunerLayer)} == modules
 
 
-def test_a_file_no_converter_knows_is_named_by_its_first_keys(tmp_path):
-    pipe = load_pipeline("tiny-wan")
-    weird = tmp_path / "weird.safetensors"
-    save_file({"diffusion_model.blocks.0.mystery.lora_down.weight": torch.zeros(4, 8),
-               "diffusion_model.blocks.0.mystery.lora_up.weight": torch.zeros(8, 4)}, str(weird))
-    with pytest.raises(ValueError, match="format WanPipeline's converters do not know.*blocks.0.mystery.lora_down") as info:
-        lora.read_state_dict(type(pipe), weird)
-    assert "\n" not in str(info.value)
+UNKNOWN_FILES = {
+    "unknown layer": ({"diffusion_model.blocks.0.mystery.lora_down.weight": (4, 8),
+                       "diffusion_model.blocks.0.mystery.lora_up.weight": (8, 4)},
+                      "format WanPipeline's converters do not know.*blocks.0.mystery.lora_down"),
     # Wan's names without `diffusion_model.` (DiffSynth's files): no converter matches them and
     # load_lora_weights would load none of them.
-    bare = tmp_path / "bare.safetensors"
-    save_file({"blocks.0.self_attn.q.lora_A.default.weight": torch.zeros(4, 72),
-               "blocks.0.self_attn.q.lora_B.default.weight": torch.zeros(72, 4)}, str(bare))
-    with pytest.raises(ValueError, match="converters do not know .its first keys: blocks.0.self_attn.q.lora_A") as info:
-        lora.read_state_dict(type(pipe), bare)
+    "no prefix": ({"blocks.0.self_attn.q.lora_A.default.weight": (4, 72),
+                   "blocks.0.self_attn.q.lora_B.default.weight": (72, 4)},
+                  "converters do not know .its first keys: blocks.0.self_attn.q.lora_A"),
+    "not a LoRA": ({"model.layer.weight": (2, 2)}, "first keys: model.layer.weight"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNKNOWN_FILES))
+def test_a_file_no_converter_knows_is_named_by_its_first_keys(tmp_path, kind):
+    keys, match = UNKNOWN_FILES[kind]
+    path = tmp_path / "file.safetensors"
+    save_file({k: torch.zeros(shape) for k, shape in keys.items()}, str(path))
+    with pytest.raises(ValueError, match=match) as info:
+        lora.read_state_dict(type(load_pipeline("tiny-wan")), path)
     assert "\n" not in str(info.value)
-    plain = tmp_path / "plain.safetensors"
-    save_file({"model.layer.weight": torch.zeros(2, 2)}, str(plain))
-    with pytest.raises(ValueError, match="first keys: model.layer.weight"):
-        lora.read_state_dict(type(pipe), plain)
