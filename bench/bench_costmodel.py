@@ -41,8 +41,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import benchlib  # noqa: E402
 from raydit.planner import BUILTIN_MODELS, device_type, model_spec, plan  # noqa: E402
 from raydit.planner import cost as costmod  # noqa: E402
-from raydit.planner.decode import (VAE_EFFICIENCY, decode_cost, decode_flops, device_elementwise_gb_s,  # noqa: E402
-                                   elementwise_values)
+from raydit.planner.decode import VAE_EFFICIENCY, decode_cost, decode_flops, elementwise_values  # noqa: E402
+from raydit.planner.devicemodel import device_elementwise_gb_s  # noqa: E402
 from raydit.planner.endtoend import end_to_end  # noqa: E402
 
 TARGET = 0.15

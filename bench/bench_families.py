@@ -165,7 +165,8 @@ def predictions() -> dict:
     from bench_costmodel import XDIT_HUNYUAN, published_step
 
     from raydit.planner import device_type, model_spec
-    from raydit.planner.decode import decode_cost, device_elementwise_gb_s
+    from raydit.planner.decode import decode_cost
+    from raydit.planner.devicemodel import device_elementwise_gb_s
     from raydit.planner.endtoend import end_to_end
 
     out = {}

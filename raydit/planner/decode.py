@@ -180,21 +180,12 @@ def _decoded(spec: ModelSpec, geo: VideoGeometry, tiled: bool) -> tuple[float, f
     return pixels, attention
 
 
-def device_elementwise_gb_s(device_name: str) -> float:
-    """The elementwise bandwidth of a device type's op table (raydit.planner.devicemodel), or
-    DEFAULT_ELEMENTWISE_GB_S for a type without one (cpu)."""
-    from raydit.planner.devicemodel import table_for
-
-    table = table_for(device_name)
-    return table.data["elementwise_gb_s"]["value"] if table is not None else DEFAULT_ELEMENTWISE_GB_S
-
-
 def decode_cost(spec: ModelSpec, geo: VideoGeometry, ranks: int, flops_per_s: float, link_gb_s: float,
                 link_latency_us: float, *, tiled: bool = False, elementwise_gb_s: float = DEFAULT_ELEMENTWISE_GB_S,
                 value_bytes: int | None = None) -> DecodeCost:
     """Predicted decode of one video on a replica of `ranks` ranks (module docstring);
     tiled: as diffusers' enable_tiling() decodes (decode_flops); `elementwise_gb_s`: the
-    device's elementwise bandwidth (device_elementwise_gb_s); `value_bytes`: bytes per value the
+    device's elementwise bandwidth (devicemodel.device_elementwise_gb_s); `value_bytes`: bytes per value the
     decode runs in (None: the run's, spec.bytes_per_param; 4: float32, TF32 convolutions)."""
     d = decoder_shape(spec)
     n = decode_ranks(spec, geo, ranks)

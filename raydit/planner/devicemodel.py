@@ -361,6 +361,15 @@ def table_for(name: str) -> DeviceTable | None:
     return builtin_tables().get(name)
 
 
+def device_elementwise_gb_s(device_name: str) -> float:
+    """The elementwise bandwidth of a device type's op table, or the decode's
+    DEFAULT_ELEMENTWISE_GB_S for a type without one (cpu): what a decode's other ops run at."""
+    from raydit.planner.decode import DEFAULT_ELEMENTWISE_GB_S
+
+    table = table_for(device_name)
+    return table.data["elementwise_gb_s"]["value"] if table is not None else DEFAULT_ELEMENTWISE_GB_S
+
+
 # -- one device's step, op by op ---------------------------------------------------------------
 
 

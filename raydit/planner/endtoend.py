@@ -57,7 +57,7 @@ def end_to_end(spec: ModelSpec, step_seconds: float, steps: int, branches: int, 
     (default: the model's default request) split over the ranks (raydit.planner.decode); a
     `decode_seconds` given replaces the decode's estimate. `link`: the replica's link, needed
     for ranks > 1; `elementwise_gb_s`: the device's elementwise bandwidth the decode's other ops
-    run at (decode.device_elementwise_gb_s)."""
+    run at (devicemodel.device_elementwise_gb_s)."""
     if ranks < 1:
         raise ValueError(f"ranks {ranks} must be >= 1")
     if ranks > 1 and link is None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from raydit.planner import cost as costmod
 from raydit.planner.cluster import ClusterSpec, NodeSpec
 from raydit.planner.cost import Link, StepCost
-from raydit.planner.decode import decode_cost, device_elementwise_gb_s
+from raydit.planner.decode import decode_cost
+from raydit.planner.devicemodel import device_elementwise_gb_s
 from raydit.planner.hardware import DeviceType
 from raydit.planner.layouts import cfg_degrees_text
 from raydit.planner.model import ModelSpec, VideoGeometry

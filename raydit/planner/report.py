@@ -89,7 +89,7 @@ def request_seconds(result: PlanResult, steps: int, plan: Plan | None = None):
     embeddings' broadcast) and the VAE decode split over the replica's ranks
     (raydit.planner.endtoend.end_to_end). At a few steps the parts around the steps are no longer small."""
     from raydit.planner import cost as costmod
-    from raydit.planner.decode import device_elementwise_gb_s
+    from raydit.planner.devicemodel import device_elementwise_gb_s
     from raydit.planner.endtoend import end_to_end
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

@@ -9,7 +9,8 @@ import pytest
 from raydit.planner import BUILTIN_MODELS, plan
 from raydit.planner.decode import (FLOAT32_CONV_SHARE, STAND_IN_VALUES_PER_FLOP, VAE_EFFICIENCY, decode_cost,
                                    decode_flops, decode_ranks, decoded_pixel_frames, decoder_shape,
-                                   device_elementwise_gb_s, elementwise_values, rank_memory_gb, text_encoder_gb)
+                                   elementwise_values, rank_memory_gb, text_encoder_gb)
+from raydit.planner.devicemodel import device_elementwise_gb_s
 from raydit.planner.endtoend import end_to_end
 
 H100 = dict(flops_per_s=989e12 * 0.35, link_gb_s=450, link_latency_us=8)
