@@ -119,6 +119,27 @@ def test_one_process_equals_dense_attention_with_the_boolean_mask(case):
     assert density(cfg, grid) == pytest.approx(m[v0:v0 + n, v0:v0 + n].double().mean().item(), abs=1e-12)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_keys_and_rows_copied_run_by_run_give_the_same_result(case, monkeypatch):
+    # MIN_RUN 1: every index set of several runs is copied by slices (the path the benchmark's
+    # frames of hundreds of tokens take), here on grids whose runs are a few tokens long.
+    name, cfg, grid, text, first = case
+    m = boolean_mask(cfg, grid, text, first)
+    S = m.size(0)
+    q, k, v = qkv(3, S)
+    pos = torch.arange(S)
+    monkeypatch.setattr(sparse_kernel, "MIN_RUN", 1)
+    sparse_kernel.schedules.clear()
+    mask = make_mask(cfg, grid, text, first)
+    schedule = sparse_kernel._build_schedule(mask, pos, pos, 16)
+    assert any(isinstance(t.keys, tuple) or isinstance(t.rows, tuple) for t in schedule.tasks)
+    out, lse = block_sparse_attention(q, k, v, pos, pos, mask, query_block=16)
+    sparse_kernel.schedules.clear()
+    torch.testing.assert_close(out.double(), masked_float64(q, k, v, m), atol=1e-5, rtol=1e-5)
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s.masked_fill(~m, -math.inf), -1), atol=1e-5, rtol=1e-5)
+
+
 def test_unsorted_subsets_of_tokens_merge_into_the_whole():
     # What a ring rank does: its queries against a scattered subset of keys, merged by lse.
     name, cfg, grid, text, first = CASES[1]
@@ -137,7 +158,14 @@ def test_unsorted_subsets_of_tokens_merge_into_the_whole():
 
 
 def _pairs(task_part, n):
-    return len(range(n)[task_part]) if isinstance(task_part, slice) else task_part.numel()
+    return _indices(task_part, n).numel()
+
+
+def _indices(task_part, n):
+    # A task's rows or keys (slice, tuple of slices, index tensor) as an index tensor.
+    if isinstance(task_part, tuple):
+        return torch.cat([torch.arange(n)[run] for run in task_part])
+    return torch.arange(n)[task_part]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -152,7 +180,7 @@ def test_the_schedule_computes_only_what_the_mask_keeps(case):
     schedule = sparse_kernel._build_schedule(make_mask(cfg, grid, text, first), pos, pos, 16)
     computed, seen = 0, torch.zeros(S, S, dtype=torch.int64)
     for task in schedule.tasks:
-        rows, keys = torch.arange(S)[task.rows], torch.arange(S)[task.keys]
+        rows, keys = _indices(task.rows, S), _indices(task.keys, S)
         block = m[rows][:, keys]
         if task.allowed is None:
             assert bool(block.all())
