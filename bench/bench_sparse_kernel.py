@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
+
+# This checkout's raydit, not whichever one the environment installed (editable installs point elsewhere).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 

@@ -27,6 +27,8 @@ CASES = [
     ("radial-wan+text-after", SparseConfig("radial", block=8), (7, 4, 4), 5, False),
     ("radial-hunyuan", SparseConfig("radial", block=8, near=2, decay=0.5), (7, 4, 4), 0, True),
 ]
+# Bands of three widths (16, 8, 4 for frame distances 1-3, 4-6... of 32-token frames): one-process tests.
+WIDTHS = ("radial-three-widths", SparseConfig("radial", block=4), (7, 4, 8), 3, True)
 HEADS, HEAD_DIM, BATCH = 12, 16, 2  # batch 2: classifier-free guidance without a cfg axis
 
 
@@ -119,6 +121,28 @@ def test_one_process_equals_dense_attention_with_the_boolean_mask(case):
     assert density(cfg, grid) == pytest.approx(m[v0:v0 + n, v0:v0 + n].double().mean().item(), abs=1e-12)
 
 
+@pytest.mark.parametrize("case", CASES + [WIDTHS], ids=[c[0] for c in CASES + [WIDTHS]])
+def test_keys_and_rows_copied_run_by_run_give_the_same_result(case, monkeypatch):
+    # MIN_RUN 1: every index set of several runs is copied by slices (the path the benchmark's
+    # frames of hundreds of tokens take), here on grids whose runs are a few tokens long; radial's
+    # bands in uneven in-frame ranges of 3 (5 or 6 per 16-token frame), several frames a task.
+    name, cfg, grid, text, first = case
+    m = boolean_mask(cfg, grid, text, first)
+    S = m.size(0)
+    q, k, v = qkv(3, S)
+    pos = torch.arange(S)
+    monkeypatch.setattr(sparse_kernel, "MIN_RUN", 1)
+    sparse_kernel.schedules.clear()
+    mask = make_mask(cfg, grid, text, first)
+    schedule = sparse_kernel._build_schedule(mask, pos, pos, 3)
+    assert any(isinstance(t.keys, tuple) or isinstance(t.rows, tuple) for t in schedule.tasks)
+    out, lse = block_sparse_attention(q, k, v, pos, pos, mask, query_block=3)
+    sparse_kernel.schedules.clear()
+    torch.testing.assert_close(out.double(), masked_float64(q, k, v, m), atol=1e-5, rtol=1e-5)
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s.masked_fill(~m, -math.inf), -1), atol=1e-5, rtol=1e-5)
+
+
 def test_unsorted_subsets_of_tokens_merge_into_the_whole():
     # What a ring rank does: its queries against a scattered subset of keys, merged by lse.
     name, cfg, grid, text, first = CASES[1]
@@ -137,10 +161,17 @@ def test_unsorted_subsets_of_tokens_merge_into_the_whole():
 
 
 def _pairs(task_part, n):
-    return len(range(n)[task_part]) if isinstance(task_part, slice) else task_part.numel()
+    return _indices(task_part, n).numel()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def _indices(task_part, n):
+    # A task's rows or keys (slice, tuple of slices, index tensor) as an index tensor.
+    if isinstance(task_part, tuple):
+        return torch.cat([torch.arange(n)[run] for run in task_part])
+    return torch.arange(n)[task_part]
+
+
+@pytest.mark.parametrize("case", CASES + [WIDTHS], ids=[c[0] for c in CASES + [WIDTHS]])
 def test_the_schedule_computes_only_what_the_mask_keeps(case):
     # The block skipping is real: STA's tasks carry no mask and multiply exactly the allowed
     # pairs; radial's masked tasks keep only live rows and columns (each attends / is attended
@@ -152,13 +183,23 @@ def test_the_schedule_computes_only_what_the_mask_keeps(case):
     schedule = sparse_kernel._build_schedule(make_mask(cfg, grid, text, first), pos, pos, 16)
     computed, seen = 0, torch.zeros(S, S, dtype=torch.int64)
     for task in schedule.tasks:
-        rows, keys = torch.arange(S)[task.rows], torch.arange(S)[task.keys]
+        rows, keys = _indices(task.rows, S), _indices(task.keys, S)
         block = m[rows][:, keys]
         if task.allowed is None:
             assert bool(block.all())
         else:
             assert torch.equal(task.allowed, block)
             assert bool(block.any(0).all()) and bool(block.any(1).all())
+            # A radial band task: one key frame, keys no wider than its rows' in-frame range plus
+            # the widest band it holds on either side (rows of one band width a task).
+            P, v0 = grid[1] * grid[2], (text if first else 0)
+            assert len(set(((keys - v0) // P).tolist())) == 1
+            i, j = (rows - v0) % P, (keys - v0) % P
+            reach = torch.where(block, (i[:, None] - j[None, :]).abs(), -1).amax(1)  # each row's band
+            frames = (rows - v0) // P
+            widths = {int(reach[frames == f].max()) for f in frames.unique()}
+            assert len(widths) == 1, f"frames of band widths {widths} in one task"
+            assert int(j.max() - j.min()) <= int(i.max() - i.min()) + 2 * widths.pop()
         computed += rows.numel() * keys.numel()
         seen[rows[:, None], keys[None, :]] += 1
     assert int(seen.max()) == 1, "a pair is computed twice"

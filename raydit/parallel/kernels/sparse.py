@@ -15,9 +15,10 @@ Where the time goes: a schedule, built once per (mask, query positions, key posi
 cached, since every layer, head and step of a request reuses it, lists fused attention calls.
 Tokens fall in classes (STA's tiles, radial's frames, text); query classes that attend the same
 key classes share calls. Key classes a group attends whole are one call with no mask (all of
-STA: a tile pair is all in or all out, so STA multiplies exactly the pairs it keeps); key
-classes attended in part (radial's bands) are taken per chunk of queries, each with exactly the
-keys one of its queries attends, under the token mask, and merged into the rows by their lse.
+STA: a tile pair is all in or all out, so STA multiplies exactly the pairs it keeps); radial's
+bands are taken per key frame, band width and range of in-frame query positions, the queries of
+every frame at such a distance against one run of keys, under the token mask, and merged into the
+rows by their lse (`_band_tasks`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from torch import Tensor
 
 from raydit.planner.sparse import SparseConfig, radial_band
 
-QUERY_BLOCK = 128
+# In-frame query positions of one radial band task (`_band_tasks`): each row computes this many
+# keys - 1 past its band on either side; fewer queries a call run the fused kernel slower per pair.
+# 64 measured best of 49 / 64 / 98 / 128 on the Wan 1.3B shape of bench/bench_sparse.py.
+QUERY_BLOCK = 64
+# Index sets whose runs average at least this many tokens are copied run by run (see `_as_run`).
+MIN_RUN = 16
+_Index = Tensor | slice | tuple  # a task's rows or keys: see `_Task`
 
 
 @dataclass(frozen=True)
@@ -192,13 +199,13 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 # -- the schedule: which query rows meet which keys, built once per (mask, positions) ------------
 @dataclass(frozen=True)
 class _Task:
-    """One fused attention call: queries `rows` against keys `keys` (index tensors, or slices
-    where the indices are one ascending run, so no copy is made), under `allowed` (Q, K) bool
-    (None: every pair). `merge`: the rows already hold another task's result, which this one
-    joins by lse."""
+    """One fused attention call: queries `rows` against keys `keys` (`_Index`: a slice where the
+    indices are one ascending run, so no copy is made; a tuple of slices where they are a few
+    long runs; else an index tensor), under `allowed` (Q, K) bool (None: every pair). `merge`:
+    the rows already hold another task's result, which this one joins by lse."""
 
-    rows: Tensor | slice
-    keys: Tensor | slice
+    rows: _Index
+    keys: _Index
     allowed: Tensor | None
     merge: bool
 
@@ -250,20 +257,27 @@ class _ScheduleCache:
 schedules = _ScheduleCache(_SCHEDULE_CACHE_SIZE)
 
 
-def _as_run(idx: Tensor) -> Tensor | slice:
-    """An index tensor as a slice where it is one ascending run (a view instead of a gather)."""
+def _as_run(idx: Tensor) -> _Index:
+    """An ascending index tensor as a slice where it is one run (a view instead of a gather), as
+    its runs where they are at least MIN_RUN long on average (copied by slices, ~5x faster than
+    index_select's gather of whole rows), else itself."""
     n = idx.numel()
-    if n and int(idx[-1]) - int(idx[0]) == n - 1 and bool((idx[1:] - idx[:-1] == 1).all()):
+    if not n:
+        return idx
+    breaks = ((idx[1:] - idx[:-1]) != 1).nonzero().flatten() + 1
+    if not breaks.numel():
         return slice(int(idx[0]), int(idx[0]) + n)
-    return idx
+    if n < MIN_RUN * (breaks.numel() + 1):
+        return idx
+    starts, stops = [0, *breaks.tolist()], [*breaks.tolist(), n]
+    return tuple(slice(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(starts, stops))
 
 
 def _build_schedule(mask: VideoMask, q_pos: Tensor, k_pos: Tensor, query_block: int) -> _Schedule:
     """The tasks of one (mask, positions): query classes (STA tiles, radial frames, text) with the
     same key classes form a group; a group's keys of classes it attends whole form one task with
-    no mask (STA: every key; radial: the sink frame, its own and near frames, text); the keys of
-    classes it attends in part (radial's bands) are taken per chunk of `query_block` queries,
-    each chunk keeping exactly the keys one of its queries attends, under the token mask."""
+    no mask (STA: every key; radial: the sink frame, its own and near frames, text). The frame
+    pairs radial attends in part (its bands) follow in `_band_tasks`, merged into those rows."""
     full_t, any_t = mask._class_full, mask._class_table
     q_order = torch.argsort(mask.order(q_pos), stable=True)
     k_order = torch.argsort(mask.order(k_pos), stable=True)
@@ -273,12 +287,10 @@ def _build_schedule(mask: VideoMask, q_pos: Tensor, k_pos: Tensor, query_block: 
     present_k[k_cls] = True
     groups: dict[tuple, list[int]] = {}
     for c in torch.unique(q_cls).tolist():
-        if c == pad:
-            continue
-        full, part = full_t[c] & present_k, any_t[c] & ~full_t[c] & present_k
-        groups.setdefault((tuple(full.tolist()), tuple(part.tolist())), []).append(c)
+        if c != pad:
+            groups.setdefault(tuple((full_t[c] & present_k).tolist()), []).append(c)
     tasks: list[_Task] = []
-    for (full, part), members in groups.items():
+    for full, members in groups.items():
         in_group = torch.zeros(any_t.size(0), dtype=torch.bool)
         in_group[members] = True
         rows = q_order[in_group[q_cls]]
@@ -286,25 +298,50 @@ def _build_schedule(mask: VideoMask, q_pos: Tensor, k_pos: Tensor, query_block: 
         full_keys = k_order[torch.tensor(full)[k_cls]].sort().values
         if full_keys.numel():
             tasks.append(_Task(_as_run(rows.sort().values), _as_run(full_keys), None, merge=False))
-        cand = k_order[torch.tensor(part)[k_cls]].sort().values
-        if not cand.numel():
-            continue
-        cand_pos = k_pos[cand]
-        # Chunks of equal size within the group (rows in block order: radial's in-frame order),
-        # so no chunk is a sliver: the fused kernel pays for a short chunk nearly as for a full one.
-        n = -(-rows.numel() // query_block)
-        size = -(-rows.numel() // n)
-        bounds = list(range(0, rows.numel(), size)) + [rows.numel()]
-        for start, stop in zip(bounds, bounds[1:]):
-            chunk = rows[start:stop].sort().values
-            allowed = mask.allowed(q_pos[chunk][:, None], cand_pos[None, :])  # (Q, candidates)
-            cols, live = allowed.any(dim=0), allowed.any(dim=1)
-            if not bool(cols.any()):
-                continue
-            allowed = allowed[live][:, cols]
-            tasks.append(_Task(_as_run(chunk[live]), _as_run(cand[cols]),
-                               None if bool(allowed.all()) else allowed, merge=bool(full_keys.numel())))
+    if mask.config.method == "radial":
+        tasks += _band_tasks(mask, q_pos, k_pos, query_block)
     return _Schedule(tasks)
+
+
+def _band_tasks(mask: VideoMask, q_pos: Tensor, k_pos: Tensor, chunk: int) -> list[_Task]:
+    """Radial's bands: query frame a meets key frame b where the in-frame distance |i - j| <= w,
+    w = band(|a - b|). For key frame b, one band width w and in-frame queries i in [lo, hi) of
+    `chunk` positions, every query frame at a distance with that width attends the same keys,
+    j in [lo - w, hi + w) of frame b: one task holds those queries of all such frames (rows enough
+    for the fused kernel's wide row blocks, ~1.4x faster per pair than one frame's chunk) against
+    that one run of keys (a view, no copy), under the token mask; each task's result merges
+    into its rows by lse. The wasted pairs are the band's edges, (chunk - 1) per row and side."""
+    F, Hp, Wp = mask.grid
+    P = Hp * Wp
+    table = mask._class_table[:F, :F] & ~mask._class_full[:F, :F]  # frame pairs attended in part
+    q_cls, k_cls = mask.classes(q_pos), mask.classes(k_pos)
+    q_at, k_at = (q_pos - mask.video_start) % P, (k_pos - mask.video_start) % P  # in-frame position
+    n = -(-P // chunk)
+    bounds = [P * c // n for c in range(n + 1)]  # equal in-frame ranges, no sliver
+    tasks = []
+    for b in range(F):
+        key_idx = (k_cls == b).nonzero().flatten()
+        frames = table[:, b].nonzero().flatten().tolist()
+        if not key_idx.numel() or not frames:
+            continue
+        by_width: dict[int, list[int]] = {}
+        for a in frames:
+            by_width.setdefault(int(mask._radial_bands[abs(a - b)]), []).append(a)
+        for w, members in by_width.items():
+            row_idx = torch.isin(q_cls, torch.tensor(members)).nonzero().flatten()
+            for lo, hi in zip(bounds, bounds[1:]):
+                rows = row_idx[(q_at[row_idx] >= lo) & (q_at[row_idx] < hi)]
+                keys = key_idx[(k_at[key_idx] >= lo - w) & (k_at[key_idx] < hi + w)]
+                if not rows.numel() or not keys.numel():
+                    continue
+                allowed = mask.allowed(q_pos[rows][:, None], k_pos[keys][None, :])  # (Q, K)
+                cols, live = allowed.any(dim=0), allowed.any(dim=1)
+                if not bool(cols.any()):
+                    continue
+                allowed = allowed[live][:, cols]
+                tasks.append(_Task(_as_run(rows[live]), _as_run(keys[cols]),
+                                   None if bool(allowed.all()) else allowed, merge=True))
+    return tasks
 
 
 def _bias(schedule: _Schedule, i: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -321,10 +358,32 @@ def _bias(schedule: _Schedule, i: int, dtype: torch.dtype, device: torch.device)
     return bias
 
 
-def _take(x_NSD: Tensor, idx: Tensor | slice) -> Tensor:
-    # Gathers on a (B * H, S, D) view: index_select along dim 1 of a 3-d tensor copies whole rows
-    # of D, about 2.5x faster than along dim 2 of the 4-d one.
-    return x_NSD[:, idx] if isinstance(idx, slice) else x_NSD.index_select(1, idx)
+def _take(x_NSD: Tensor, idx: _Index) -> Tensor:
+    # Gathers on a (B * H, S, D) view, whole rows of D: a run is a view, runs are one cat of views;
+    # advanced indexing copies rows ~2.5x faster than index_select (one core, torch 2.13).
+    if isinstance(idx, slice):
+        return x_NSD[:, idx]
+    if isinstance(idx, tuple):
+        return torch.cat([x_NSD[:, run] for run in idx], dim=1)
+    return x_NSD[:, idx]
+
+
+def _put(x_NS: Tensor, idx: _Index, value: Tensor) -> None:
+    """x_NS[:, idx] = value, `idx` as `_take` takes it."""
+    if isinstance(idx, tuple):
+        at = 0
+        for run in idx:
+            n = run.stop - run.start
+            x_NS[:, run] = value[:, at: at + n]
+            at += n
+    elif isinstance(idx, slice):
+        x_NS[:, idx] = value
+    else:
+        x_NS.index_copy_(1, idx, value)
+
+
+def _on(idx: _Index, device: torch.device) -> _Index:
+    return idx.to(device) if isinstance(idx, Tensor) else idx
 
 
 def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos: Tensor, k_pos: Tensor,
@@ -333,7 +392,7 @@ def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos
     """(out (B, H, Sq, D) in q's dtype, lse (B, H, Sq) float32 / float64) of attention under
     `mask`, q_pos (Sq,) and k_pos (Sk,) the tokens' global positions (-1: pad). Every head
     shares the mask. Runs on any device; CUDA has `flex_block_sparse_attention` too.
-    query_block: the queries of one masked call (radial's bands), QUERY_BLOCK by default.
+    query_block: the in-frame query positions of one radial band task, QUERY_BLOCK by default.
 
     The schedule (`_build_schedule`) is built on the first call for these positions and reused
     (`schedules`); the calls then only gather, attend and merge."""
@@ -355,32 +414,34 @@ def block_sparse_attention(q_BHSD: Tensor, k_BHSD: Tensor, v_BHSD: Tensor, q_pos
     out_NSD, lse_NS = out.view(B * H, Sq, -1), lse.view(B * H, Sq)
     for i, task in enumerate(schedule.tasks):
         bias = None if task.allowed is None else _bias(schedule, i, q_BHSD.dtype, q_BHSD.device)
-        rows = task.rows if isinstance(task.rows, slice) else task.rows.to(q_BHSD.device)
-        keys = task.keys if isinstance(task.keys, slice) else task.keys.to(q_BHSD.device)
+        rows, keys = _on(task.rows, q_BHSD.device), _on(task.keys, q_BHSD.device)
         o, l = _attend(*(_take(x, idx).view(B, H, -1, x.size(2)) for x, idx in
                          ((q_NSD, rows), (k_NSD, keys), (v_NSD, keys))), bias, scale, acc)
         o, l = o.reshape(B * H, o.size(2), -1).to(acc), l.reshape(B * H, -1).to(acc)
         if task.merge:
-            o, l = _merge(_take(out_NSD, rows), _take(lse_NS[..., None], rows)[..., 0], o, l)
-        if isinstance(rows, slice):
-            out_NSD[:, rows] = o
-            lse_NS[:, rows] = l
+            # In place into the rows' current result: a view where the rows are one run.
+            into = _take(out_NSD, rows)
+            l = _merge_(into, _take(lse_NS[..., None], rows)[..., 0], o, l)
+            if not isinstance(rows, slice):
+                _put(out_NSD, rows, into)
         else:
-            out_NSD.index_copy_(1, rows, o)
-            lse_NS.index_copy_(1, rows, l)
+            _put(out_NSD, rows, o)
+        _put(lse_NS, rows, l)
     return out.to(q_BHSD.dtype), lse
 
 
-def _merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
-    """Two partial results of the same rows over disjoint keys, every lse finite (each task's
-    rows attend at least one of its keys):
+def _merge_(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
+    """Two partial results of the same rows over disjoint keys, lse_b finite (each task's rows
+    attend at least one of its keys); lse_a may be -inf (rows no task has written yet: out_a 0),
+    which gives out_b, lse_b exactly:
         lse = log(exp(lse_a) + exp(lse_b)),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
-    computed with m = max(lse_a, lse_b) subtracted first, so both weights lie in [0, 1]."""
+    computed with m = max(lse_a, lse_b) subtracted first, so both weights lie in [0, 1]. The
+    merged out is written into out_a; returns lse."""
     m = torch.maximum(lse_a, lse_b)
     w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
     total = w_a + w_b
-    out = (out_a * (w_a / total).unsqueeze(-1)).addcmul_(out_b, (w_b / total).unsqueeze(-1))
-    return out, m + torch.log(total)
+    out_a.mul_((w_a / total).unsqueeze(-1)).addcmul_(out_b, (w_b / total).unsqueeze(-1))
+    return m + torch.log(total)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, acc: torch.dtype) -> tuple[Tensor, Tensor]:
