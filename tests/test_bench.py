@@ -292,8 +292,11 @@ def test_bench_gpu_smoke_runs_every_part_on_the_cpu(tmp_path):
     import os
 
     env = dict(os.environ, RAYDIT_NO_PROGRESS="1")
+    # No time budget: the script's 360 s guard for a lent GPU's minutes skipped its last part
+    # (engine_compile) on a loaded 2-core machine (461 s, seen 2026-12-02), a wall-clock outcome.
     done = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--smoke", "--steps", "3", "--iters", "2",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, env=env)
+                           "--budget-s", "1e9", "--out", str(tmp_path)], capture_output=True, text=True, timeout=1500,
+                          env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "gpu.json").read_text())
     parts = result["parts"]
