@@ -237,16 +237,14 @@ def _check_sparse(o: dict) -> None:
     """--sparse-attention against the request's steps and token grid, before Ray starts."""
     from raydit import model_spec
     from raydit.models.loading import resolve_model_dir
-
     from raydit.models.sparse_steps import check_sparse_for_model
 
     config = _options.sparse_from_options(o)
     if o.get("steps") is not None:
         config.dense_step_count(o["steps"])
     model_dir = str(resolve_model_dir(o["model"]))
-    check_sparse_for_model(model_dir)
     g = model_spec(model_dir).geometry(o.get("frames"), o.get("height"), o.get("width"))
-    config.check_grid((g.token_frames, g.token_rows, g.token_cols))
+    check_sparse_for_model(model_dir, config, (g.token_frames, g.token_rows, g.token_cols))
 
 
 def _save_job(o: dict) -> None:

@@ -43,12 +43,11 @@ from raydit.models.requests import GenerationRequest, to_uint8_frames
 UNCOND, COND = 0, 1
 
 
-def patched_grid(latents, patch_t: int, patch_h: int, patch_w: int) -> tuple[int, int, int]:
-    """The (frames, rows, columns) token grid of [B, C, F, H, W] latents under a (t, h, w)
-    patch, for a transformer that flattens its patches frame-major, then rows, then columns
-    (a Conv3d patch's flatten(2), or a per-frame Conv2d's): Family.token_grid's answer."""
-    F, H, W = latents.shape[-3:]
-    return (F // patch_t, H // patch_h, W // patch_w)
+def patched_grid(frames: int, height: int, width: int, patch: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The (frames, rows, columns) token grid of latents of that size under a (t, h, w) patch,
+    for a transformer that flattens its patches frame-major, then rows, then columns (a Conv3d
+    patch's flatten(2), or a per-frame Conv2d's): Family.token_grid's answer."""
+    return (frames // patch[0], height // patch[1], width // patch[2])
 
 
 def cat_branches(branches: list) -> dict:

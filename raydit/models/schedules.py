@@ -255,9 +255,13 @@ def build_scheduler(base, name: str | None = None, options=(), *, label: str = "
     try:
         return cls.from_config(config, **options)
     except Exception as e:  # noqa: BLE001 - a class that cannot start from this config raises anything
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{cls_name} cannot be built from {type(base).__name__}'s config ({type(e).__name__}: "
-                         f"{first}); set its options with scheduler_options or choose another scheduler") from None
+                         f"{_first_line(e)}); set its options with scheduler_options or choose another scheduler") from None
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception diffusers raised, as one line for a refusal."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _set_timesteps_from_list(scheduler, which: str, values: tuple[float, ...]) -> None:
@@ -304,9 +308,8 @@ def own_scheduler(base, request=None, *, name=None, options=(), sigmas=None, tim
         try:
             scheduler.set_timesteps(device="cpu")
         except Exception as e:  # noqa: BLE001 - diffusers raises several kinds here
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ValueError(f"{type(scheduler).__name__} cannot run the {'sigmas' if sigmas is not None else 'timesteps'}"
-                             f" list given ({first}); use FlowMatchEulerDiscreteScheduler or drop the list") from None
+                             f" list given ({_first_line(e)}); use FlowMatchEulerDiscreteScheduler or drop the list") from None
     return scheduler
 
 

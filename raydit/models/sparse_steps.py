@@ -47,9 +47,10 @@ def check_sparse_request(family, pipe, state) -> None:
     config.check_grid(grid)
 
 
-def check_sparse_for_model(model_dir) -> None:
-    """On the driver, before any worker loads the model: refuse (one line) sparse attention for
-    a model directory whose pipeline has no token grid."""
+def check_sparse_for_model(model_dir, config, grid: tuple[int, int, int]) -> None:
+    """On the driver, before any worker loads the model: refuse (one line) sparse setting
+    `config` for a model directory whose pipeline has no token grid, or whose `grid` (the
+    planner's geometry of the request) the setting's tiles do not divide."""
     from pathlib import Path
 
     from raydit.models.loading import pipeline_class
@@ -59,6 +60,7 @@ def check_sparse_for_model(model_dir) -> None:
     family = family_for_class(name)
     if not family.has_token_grid(name):
         raise _not_available(name, family)
+    config.check_grid(grid)
 
 
 def _video_part(family) -> int:

@@ -141,8 +141,8 @@ class Requests:
         if request.sparse_attention is not None:  # the family's grid, the tiles against it
             from raydit.models.sparse_steps import check_sparse_for_model
 
-            check_sparse_for_model(self.model_dir)
-            request.sparse_attention.check_grid((g.token_frames, g.token_rows, g.token_cols))
+            check_sparse_for_model(self.model_dir, request.sparse_attention,
+                                   (g.token_frames, g.token_rows, g.token_cols))
         self.loras.check_request(request)
         self.say_one_branch_on_cfg(request)
         check_steps(self.num_train_timesteps, request.num_inference_steps)

@@ -51,10 +51,11 @@ def test_a_family_without_a_token_grid_is_refused_on_the_driver():
     from raydit.models.loading import resolve_model_dir
     from raydit.models.sparse_steps import check_sparse_for_model
 
-    check_sparse_for_model(resolve_model_dir("tiny-wan"))
-    check_sparse_for_model(resolve_model_dir("tiny-hunyuan"))
+    grid = (3, 3, 5)
+    check_sparse_for_model(resolve_model_dir("tiny-wan"), DEFAULT, grid)
+    check_sparse_for_model(resolve_model_dir("tiny-hunyuan"), DEFAULT, grid)
     for name, pipeline in (("tiny-kandinsky5", "Kandinsky5T2VPipeline"), ("tiny-ltx2", "LTX2Pipeline"),
                            ("tiny-skyreels-df", "SkyReelsV2DiffusionForcingPipeline")):
         with pytest.raises(ValueError, match=f"sparse attention is not available for {pipeline}") as err:
-            check_sparse_for_model(resolve_model_dir(name))
+            check_sparse_for_model(resolve_model_dir(name), DEFAULT, grid)
         assert "\n" not in str(err.value)

@@ -276,11 +276,9 @@ class CogVideoXFamily(Family):
     def token_grid(self, pipe, state):
         # CogVideoXPatchEmbed: latents [B, F, C, H, W] patched per frame (a Conv2d; 1.5's
         # patch_size_t groups frames first), frame-major; the joint sequence is [text ; video].
-        import torch
-
         config = pipe.transformer.config
         F, _, H, W = state.latents.shape[-4:]
-        return patched_grid(torch.empty(0, 0, F, H, W), config.patch_size_t or 1, config.patch_size, config.patch_size)
+        return patched_grid(F, H, W, (config.patch_size_t or 1, config.patch_size, config.patch_size))
 
     def model_inputs(self, pipe, state, t, branch):
         import torch

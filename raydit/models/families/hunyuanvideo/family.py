@@ -387,7 +387,7 @@ class HunyuanVideoFamily(Family):
         # HunyuanVideoPatchEmbed: a Conv3d of (patch_size_t, patch_size, patch_size), flatten(2);
         # the joint sequence is [video ; valid text], the text's rows and columns stay whole.
         config = pipe.transformer.config
-        return patched_grid(state.latents, config.patch_size_t, config.patch_size, config.patch_size)
+        return patched_grid(*state.latents.shape[-3:], (config.patch_size_t, config.patch_size, config.patch_size))
 
     def model_inputs(self, pipe, state, t, branch):
         import torch

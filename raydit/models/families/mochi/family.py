@@ -271,7 +271,7 @@ class MochiFamily(Family):
         # MochiTransformer3DModel: each frame patched by a Conv2d, flatten(1, 2) frame-major;
         # the joint sequence is [video ; valid text].
         p = pipe.transformer.config.patch_size
-        return patched_grid(state.latents, 1, p, p)
+        return patched_grid(*state.latents.shape[-3:], (1, p, p))
 
     def model_inputs(self, pipe, state, t, branch):
         import torch
